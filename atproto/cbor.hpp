@@ -1,0 +1,30 @@
+// Strict DAG-CBOR as atproto uses it: map keys are strings in length-then-bytewise order, no
+// duplicates; minimal-length heads; tag 42 only (CID with a 0x00 prefix); no floats, undefined,
+// indefinite lengths, or other simple values; valid UTF-8 strings.
+#pragma once
+
+#include <cstddef>
+
+#include "atproto/value.hpp"
+#include "base/bytes.hpp"
+#include "base/status.hpp"
+
+namespace atfill::atproto {
+
+struct CborLimits {
+  // Largest input accepted, in bytes.
+  size_t max_bytes = 2 * 1024 * 1024;
+  // Deepest nesting of arrays and maps.
+  size_t max_depth = 128;
+  // Largest declared array/map length or string/bytes length (guards allocations).
+  size_t max_items = 1 << 20;
+};
+
+// Decodes exactly one data item spanning all of `data`. Errors name the byte offset.
+Result<Value> DecodeCbor(ByteView data, const CborLimits& limits = {});
+
+// Encodes `value` (maps are written in canonical order whatever their stored order).
+void EncodeCbor(const Value& value, Bytes* out);
+Bytes EncodeCbor(const Value& value);
+
+}  // namespace atfill::atproto
