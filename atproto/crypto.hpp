@@ -19,7 +19,9 @@ class PublicKey {
   // compressed point (uncompressed points are accepted too).
   static Result<PublicKey> FromDidKey(std::string_view did_key);
   // A DID document's `publicKeyMultibase`: "z..." multibase with the multicodec prefix (the
-  // modern form). Legacy documents without a prefix need `legacy_type`.
+  // modern form). Legacy documents without a prefix need `legacy_type`: the overload taking it
+  // accepts a bare SEC1 point (compressed or uncompressed) of that type, or a modern prefixed key
+  // whose type must equal `legacy_type`.
   static Result<PublicKey> FromMultibase(std::string_view multibase);
   static Result<PublicKey> FromMultibase(std::string_view multibase, KeyType legacy_type);
   // SEC1 point bytes (compressed or uncompressed).
@@ -28,6 +30,10 @@ class PublicKey {
   KeyType type() const;
   // "did:key:z..." with the compressed point.
   std::string ToDidKey() const;
+  // The same key as a modern `publicKeyMultibase`: ToDidKey() without "did:key:".
+  std::string ToMultibase() const;
+  // The 33-byte compressed SEC1 point, whatever form the key was parsed from.
+  const Bytes& compressed_point() const;
 
   // OK when `signature` (64 bytes r||s, low-S) is a valid signature of SHA-256(message).
   // A high-S signature is Invalid even if mathematically valid. Thread-safe.
