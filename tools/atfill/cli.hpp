@@ -1,0 +1,32 @@
+// The launcher's verbs. Each verb parses its own arguments and returns the process exit code.
+#pragma once
+
+#include <span>
+#include <string_view>
+
+namespace atfill::cli {
+
+// Exit codes shared by every verb (README lists them).
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitInputInvalid = 1;  // some input was rejected; the rest was processed
+inline constexpr int kExitUsage = 2;         // bad command line
+inline constexpr int kExitIo = 3;            // a file could not be read or written
+
+struct Verb {
+  std::string_view name;
+  std::string_view summary;
+  std::string_view usage;                   // full --help text
+  int (*run)(std::span<char* const> args);  // args exclude the program and verb names
+};
+
+// True when args contain -h or --help; prints the verb's usage to stdout.
+bool WantsHelp(const Verb& verb, std::span<char* const> args);
+
+int RunCid(std::span<char* const> args);
+int RunCar(std::span<char* const> args);
+int RunSyntax(std::span<char* const> args);
+int RunDemo(std::span<char* const> args);
+
+std::span<const Verb> Verbs();
+
+}  // namespace atfill::cli
