@@ -1,1 +1,434 @@
-// Implementation in progress.
+#include "atproto/cbor.hpp"
+
+#include <simdjson.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+
+namespace atfill::atproto {
+namespace {
+
+enum Major : uint8_t {
+  kUnsigned = 0,
+  kNegative = 1,
+  kByteString = 2,
+  kTextString = 3,
+  kArray = 4,
+  kMap = 5,
+  kTag = 6,
+  kSimple = 7,
+};
+
+constexpr uint64_t kCidTag = 42;
+constexpr uint64_t kInt64Max = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
+
+const char* MajorName(uint8_t major) {
+  static constexpr const char* kNames[] = {"an unsigned integer",
+                                           "a negative integer",
+                                           "a byte string",
+                                           "a text string",
+                                           "an array",
+                                           "a map",
+                                           "a tag",
+                                           "a simple value or float"};
+  return kNames[major & 7];
+}
+
+std::string Quote(std::string_view s) {
+  constexpr size_t kMax = 64;
+  std::string out = "\"";
+  out.append(s.substr(0, kMax));
+  if (s.size() > kMax) out += "...";
+  out += '"';
+  return out;
+}
+
+// Keys and most strings are short ASCII: a word-at-a-time check is cheaper for them than the
+// dispatch into simdjson's vectorised validator, which takes everything else.
+bool IsValidUtf8(const char* p, size_t n) {
+  constexpr size_t kShort = 64;
+  if (n <= kShort) {
+    uint64_t bits = 0;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      uint64_t word;
+      std::memcpy(&word, p + i, 8);
+      bits |= word;
+    }
+    for (; i < n; ++i) bits |= static_cast<uint8_t>(p[i]);
+    if ((bits & 0x8080808080808080ULL) == 0) return true;
+  }
+  return simdjson::validate_utf8(p, n);
+}
+
+class Decoder {
+ public:
+  Decoder(ByteView data, const CborLimits& limits) : data_(data), limits_(limits) {}
+
+  Status DecodeAll(Value* out) {
+    if (data_.size() > limits_.max_bytes) {
+      return Status::OutOfRange("DAG-CBOR input of " + std::to_string(data_.size()) +
+                                " bytes exceeds the limit of " + std::to_string(limits_.max_bytes));
+    }
+    if (!Decode(out, 0)) return std::move(error_);
+    if (pos_ != data_.size()) {
+      Fail(pos_, StatusCode::kInvalid,
+           std::to_string(data_.size() - pos_) + " trailing bytes after the data item");
+      return std::move(error_);
+    }
+    return Status::OK();
+  }
+
+ private:
+  bool Fail(size_t at, StatusCode code, std::string_view what) {
+    error_ = Status(code, "at byte " + std::to_string(at) + ": " + std::string(what));
+    return false;
+  }
+
+  // Reads the head of a major type other than 7 (see DecodeSimple); the argument must be
+  // minimal, and indefinite lengths and reserved values fail.
+  bool ReadHead(uint8_t* major, uint64_t* arg) {
+    const size_t start = pos_;
+    if (pos_ >= data_.size()) return Fail(start, StatusCode::kCorrupt, "input is truncated");
+    const uint8_t initial = data_[pos_++];
+    *major = initial >> 5;
+    const uint8_t info = initial & 0x1f;
+    if (info < 24) {
+      *arg = info;
+      return true;
+    }
+    if (info == 31) {
+      return Fail(start, StatusCode::kInvalid,
+                  std::string("indefinite-length ") + MajorName(*major) + " is not allowed");
+    }
+    if (info > 27) {
+      return Fail(start, StatusCode::kInvalid,
+                  "reserved additional information " + std::to_string(info));
+    }
+    const size_t width = size_t{1} << (info - 24);
+    if (data_.size() - pos_ < width) {
+      return Fail(start, StatusCode::kCorrupt, "input is truncated inside a head");
+    }
+    uint64_t v = 0;
+    for (size_t i = 0; i < width; ++i) v = (v << 8) | data_[pos_ + i];
+    pos_ += width;
+    static constexpr uint64_t kMinForWidth[] = {24, 0x100, 0x10000, 0x100000000};
+    if (v < kMinForWidth[info - 24]) {
+      return Fail(start, StatusCode::kInvalid,
+                  std::string("non-minimal encoding of the head of ") + MajorName(*major));
+    }
+    *arg = v;
+    return true;
+  }
+
+  // The length of a string, array or map must fit the limits and the bytes that remain.
+  bool CheckLength(size_t at, uint64_t length, size_t min_item_bytes, const char* what) {
+    if (length > limits_.max_items) {
+      return Fail(at, StatusCode::kOutOfRange,
+                  std::string(what) + " of " + std::to_string(length) + " exceeds the limit of " +
+                      std::to_string(limits_.max_items));
+    }
+    if (length > (data_.size() - pos_) / min_item_bytes) {
+      return Fail(
+          at, StatusCode::kCorrupt,
+          std::string(what) + " of " + std::to_string(length) + " runs past the end of the input");
+    }
+    return true;
+  }
+
+  bool ReadText(size_t at, uint64_t length, std::string_view* out) {
+    if (!CheckLength(at, length, 1, "text string length")) return false;
+    const char* p = reinterpret_cast<const char*>(data_.data() + pos_);
+    if (!IsValidUtf8(p, length)) {
+      return Fail(at, StatusCode::kInvalid, "text string is not valid UTF-8");
+    }
+    *out = std::string_view(p, length);
+    pos_ += length;
+    return true;
+  }
+
+  bool Decode(Value* out, size_t depth) {
+    const size_t start = pos_;
+    uint8_t major = 0;
+    uint64_t arg = 0;
+    if (pos_ < data_.size() && (data_[pos_] >> 5) == kSimple) return DecodeSimple(out);
+    if (!ReadHead(&major, &arg)) return false;
+    switch (major) {
+      case kUnsigned:
+        if (arg > kInt64Max) {
+          return Fail(start, StatusCode::kOutOfRange,
+                      "integer " + std::to_string(arg) + " is outside the signed 64-bit range");
+        }
+        *out = Value::Int(static_cast<int64_t>(arg));
+        return true;
+      case kNegative:
+        if (arg > kInt64Max) {
+          return Fail(start, StatusCode::kOutOfRange,
+                      "integer -" +
+                          (arg == UINT64_MAX ? std::string("18446744073709551616")
+                                             : std::to_string(arg + 1)) +
+                          " is outside the signed 64-bit range");
+        }
+        *out = Value::Int(-1 - static_cast<int64_t>(arg));
+        return true;
+      case kByteString: {
+        if (!CheckLength(start, arg, 1, "byte string length")) return false;
+        const uint8_t* p = data_.data() + pos_;
+        pos_ += arg;
+        *out = Value::BytesValue(Bytes(p, p + arg));
+        return true;
+      }
+      case kTextString: {
+        std::string_view text;
+        if (!ReadText(start, arg, &text)) return false;
+        *out = Value::String(std::string(text));
+        return true;
+      }
+      case kArray: {
+        if (depth + 1 > limits_.max_depth) {
+          return Fail(start, StatusCode::kOutOfRange,
+                      "nesting exceeds the depth limit of " + std::to_string(limits_.max_depth));
+        }
+        if (!CheckLength(start, arg, 1, "array length")) return false;
+        Value::Array items(arg);
+        for (Value& item : items) {
+          if (!Decode(&item, depth + 1)) return false;
+        }
+        *out = Value::MakeArray(std::move(items));
+        return true;
+      }
+      case kMap:
+        return DecodeMap(start, arg, out, depth);
+      case kTag:
+        return DecodeLink(start, arg, out);
+      default:
+        return Fail(start, StatusCode::kInternal, "unreachable major type");
+    }
+  }
+
+  bool DecodeSimple(Value* out) {
+    const size_t start = pos_;
+    const uint8_t info = data_[pos_] & 0x1f;
+    switch (info) {
+      case 20:
+        ++pos_;
+        *out = Value::Bool(false);
+        return true;
+      case 21:
+        ++pos_;
+        *out = Value::Bool(true);
+        return true;
+      case 22:
+        ++pos_;
+        *out = Value::Null();
+        return true;
+      case 23:
+        return Fail(start, StatusCode::kInvalid, "undefined is not allowed in DAG-CBOR");
+      case 25:
+      case 26:
+      case 27:
+        return Fail(start, StatusCode::kInvalid,
+                    "floating-point numbers are not allowed in atproto data");
+      case 31:
+        return Fail(start, StatusCode::kInvalid,
+                    "unexpected break (0xff) outside an indefinite-length item");
+      default:
+        if (info > 27) {
+          return Fail(start, StatusCode::kInvalid,
+                      "reserved additional information " + std::to_string(info));
+        }
+        return Fail(start, StatusCode::kInvalid,
+                    "simple values other than false, true and null are not allowed");
+    }
+  }
+
+  bool DecodeMap(size_t start, uint64_t count, Value* out, size_t depth) {
+    if (depth + 1 > limits_.max_depth) {
+      return Fail(start, StatusCode::kOutOfRange,
+                  "nesting exceeds the depth limit of " + std::to_string(limits_.max_depth));
+    }
+    // Each entry needs at least a one-byte key and a one-byte value.
+    if (!CheckLength(start, count, 2, "map length")) return false;
+    Value::Map map;
+    map.reserve(count);
+    std::string_view previous;
+    for (uint64_t i = 0; i < count; ++i) {
+      const size_t key_at = pos_;
+      uint8_t major = 0;
+      uint64_t length = 0;
+      if (pos_ < data_.size() && (data_[pos_] >> 5) != kTextString) {
+        return Fail(
+            key_at, StatusCode::kInvalid,
+            std::string("map key must be a text string, not ") + MajorName(data_[pos_] >> 5));
+      }
+      if (!ReadHead(&major, &length)) return false;
+      std::string_view key;
+      if (!ReadText(key_at, length, &key)) return false;
+      if (i > 0 && !CborKeyLess(previous, key)) {
+        if (previous == key) {
+          return Fail(key_at, StatusCode::kInvalid, "duplicate map key " + Quote(key));
+        }
+        return Fail(key_at, StatusCode::kInvalid,
+                    "map keys out of order: " + Quote(key) + " after " + Quote(previous));
+      }
+      previous = key;
+      map.emplace_back(std::string(key), Value());
+      if (!Decode(&map.back().second, depth + 1)) return false;
+    }
+    *out = Value::MakeMap(std::move(map));
+    return true;
+  }
+
+  bool DecodeLink(size_t start, uint64_t tag, Value* out) {
+    if (tag != kCidTag) {
+      return Fail(start, StatusCode::kInvalid,
+                  "tag " + std::to_string(tag) + " is not allowed (only tag 42, a CID link)");
+    }
+    const size_t bytes_at = pos_;
+    if (pos_ < data_.size() && (data_[pos_] >> 5) != kByteString) {
+      return Fail(
+          bytes_at, StatusCode::kInvalid,
+          std::string("tag 42 must wrap a byte string, not ") + MajorName(data_[pos_] >> 5));
+    }
+    uint8_t major = 0;
+    uint64_t length = 0;
+    if (!ReadHead(&major, &length)) return false;
+    if (!CheckLength(bytes_at, length, 1, "CID byte string length")) return false;
+    if (length == 0 || data_[pos_] != 0x00) {
+      return Fail(bytes_at, StatusCode::kInvalid,
+                  "CID link must start with the 0x00 identity-multibase prefix");
+    }
+    auto cid = Cid::FromBinary(data_.subspan(pos_ + 1, length - 1));
+    if (!cid.ok()) {
+      const Status& st = cid.status();
+      return Fail(bytes_at, st.code(), "CID link: " + st.message());
+    }
+    pos_ += length;
+    *out = Value::Link(*cid);
+    return true;
+  }
+
+  ByteView data_;
+  const CborLimits& limits_;
+  size_t pos_ = 0;
+  Status error_;
+};
+
+void AppendHead(uint8_t major, uint64_t v, Bytes* out) {
+  const uint8_t m = static_cast<uint8_t>(major << 5);
+  if (v < 24) {
+    out->push_back(m | static_cast<uint8_t>(v));
+    return;
+  }
+  size_t width;
+  uint8_t info;
+  if (v <= 0xff) {
+    width = 1;
+    info = 24;
+  } else if (v <= 0xffff) {
+    width = 2;
+    info = 25;
+  } else if (v <= 0xffffffff) {
+    width = 4;
+    info = 26;
+  } else {
+    width = 8;
+    info = 27;
+  }
+  uint8_t buf[9];
+  buf[0] = m | info;
+  for (size_t i = 0; i < width; ++i) buf[1 + i] = static_cast<uint8_t>(v >> (8 * (width - 1 - i)));
+  out->insert(out->end(), buf, buf + 1 + width);
+}
+
+void AppendText(std::string_view s, Bytes* out) {
+  AppendHead(kTextString, s.size(), out);
+  out->insert(out->end(), s.begin(), s.end());
+}
+
+void Encode(const Value& value, Bytes* out) {
+  switch (value.kind()) {
+    case Value::Kind::kNull:
+      out->push_back(0xf6);
+      break;
+    case Value::Kind::kBool:
+      out->push_back(value.as_bool() ? 0xf5 : 0xf4);
+      break;
+    case Value::Kind::kInt: {
+      const int64_t i = value.as_int();
+      if (i >= 0) {
+        AppendHead(kUnsigned, static_cast<uint64_t>(i), out);
+      } else {
+        AppendHead(kNegative, static_cast<uint64_t>(-1 - i), out);
+      }
+      break;
+    }
+    case Value::Kind::kString:
+      AppendText(value.as_string(), out);
+      break;
+    case Value::Kind::kBytes: {
+      const Bytes& b = value.as_bytes();
+      AppendHead(kByteString, b.size(), out);
+      out->insert(out->end(), b.begin(), b.end());
+      break;
+    }
+    case Value::Kind::kLink: {
+      const ByteView cid = value.as_link().binary();
+      AppendHead(kTag, kCidTag, out);
+      AppendHead(kByteString, cid.size() + 1, out);
+      out->push_back(0x00);
+      out->insert(out->end(), cid.begin(), cid.end());
+      break;
+    }
+    case Value::Kind::kArray: {
+      const Value::Array& items = value.as_array();
+      AppendHead(kArray, items.size(), out);
+      for (const Value& item : items) Encode(item, out);
+      break;
+    }
+    case Value::Kind::kMap: {
+      const Value::Map& map = value.as_map();
+      AppendHead(kMap, map.size(), out);
+      const auto less = [](const auto& a, const auto& b) { return CborKeyLess(a.first, b.first); };
+      if (std::is_sorted(map.begin(), map.end(), less)) {
+        for (const auto& [k, v] : map) {
+          AppendText(k, out);
+          Encode(v, out);
+        }
+        break;
+      }
+      std::vector<const Value::Map::value_type*> order;
+      order.reserve(map.size());
+      for (const auto& entry : map) order.push_back(&entry);
+      std::stable_sort(order.begin(), order.end(),
+                       [&](const auto* a, const auto* b) { return less(*a, *b); });
+      for (const auto* entry : order) {
+        AppendText(entry->first, out);
+        Encode(entry->second, out);
+      }
+      break;
+    }
+  }
+}
+
+}  // namespace
+
+Result<Value> DecodeCbor(ByteView data, const CborLimits& limits) {
+  Value value;
+  Decoder decoder(data, limits);
+  ATFILL_RETURN_IF_ERROR(decoder.DecodeAll(&value));
+  return value;
+}
+
+void EncodeCbor(const Value& value, Bytes* out) { Encode(value, out); }
+
+Bytes EncodeCbor(const Value& value) {
+  Bytes out;
+  Encode(value, &out);
+  return out;
+}
+
+}  // namespace atfill::atproto

@@ -20,10 +20,15 @@ struct CborLimits {
   size_t max_items = 1 << 20;
 };
 
-// Decodes exactly one data item spanning all of `data`. Errors name the byte offset.
+// Decodes exactly one data item spanning all of `data`. Errors name the byte offset ("at byte 17:
+// map keys out of order: ..."): Invalid for a rule broken, Corrupt for truncated input, OutOfRange
+// for a limit or an integer outside int64, Unsupported for a CID atproto does not use. Only the
+// CBOR rules are checked here: atproto JSON conventions ($type, blob shape) are json.hpp's.
 Result<Value> DecodeCbor(ByteView data, const CborLimits& limits = {});
 
-// Encodes `value` (maps are written in canonical order whatever their stored order).
+// Appends the encoding of `value` to *out (maps are written in canonical order whatever their
+// stored order). A map must not hold the same key twice: that has no DAG-CBOR encoding, and the
+// encoder writes both entries.
 void EncodeCbor(const Value& value, Bytes* out);
 Bytes EncodeCbor(const Value& value);
 

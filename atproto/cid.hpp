@@ -26,16 +26,19 @@ class Cid {
   static Cid Compute(Codec codec, ByteView data);
   // Exactly kBinarySize bytes of binary CID.
   static Result<Cid> FromBinary(ByteView data);
-  // A binary CID at the front of `data` (as in CAR sections); sets *consumed. Other versions,
-  // codecs and hash functions are Unsupported; CIDv0 is Unsupported.
+  // A binary CID at the front of `data` (as in CAR sections); sets *consumed to kBinarySize.
+  // Other versions, codecs and hash functions, and CIDv0, are Unsupported; a short input is
+  // Corrupt.
   static Result<Cid> ReadBinaryPrefix(ByteView data, size_t* consumed);
-  // The multibase base32 string form ("bafy...").
+  // The multibase base32 string form ("bafy..."). Other multibase prefixes ('z', 'f', ...) and
+  // CIDv0 ("Qm...") are Unsupported; anything else that is not a CID is Invalid.
   static Result<Cid> Parse(std::string_view text);
 
   bool valid() const { return bytes_[0] == 0x01; }
   Codec codec() const { return static_cast<Codec>(bytes_[1]); }
   ByteView binary() const { return {bytes_.data(), bytes_.size()}; }
   ByteView digest() const { return {bytes_.data() + 4, 32}; }
+  // "b" + base32 of binary(); empty for the invalid placeholder.
   std::string ToString() const;
 
   friend bool operator==(const Cid&, const Cid&) = default;
