@@ -290,7 +290,10 @@ std::string PublicKey::ToMultibase() const {
   Bytes bytes;
   AppendVarint(impl_->curve->multicodec, &bytes);
   bytes.insert(bytes.end(), impl_->compressed.begin(), impl_->compressed.end());
-  return "z" + Base58BtcEncode(bytes);
+  // Built by append: g++ 12's -Wrestrict misfires on `"z" + std::string&&` in Release builds.
+  std::string out = "z";
+  out += Base58BtcEncode(bytes);
+  return out;
 }
 
 std::string PublicKey::ToDidKey() const { return std::string(kDidKeyPrefix) + ToMultibase(); }
