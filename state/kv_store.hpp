@@ -120,6 +120,11 @@ struct RocksDbOptions {
 // A directory written by a newer schema than this build understands is Unsupported.
 Result<std::unique_ptr<KvStore>> OpenRocksDb(const RocksDbOptions& options);
 
+// A read-only view of a state directory another process holds (a RocksDB secondary instance):
+// reads see what the holder had written when it opened; Write is Unsupported. NotFound when the
+// directory holds no state.
+Result<std::unique_ptr<KvStore>> OpenRocksDbReadOnly(const RocksDbOptions& options);
+
 // Everything in memory; for tests. Values are copied out under a mutex, so readers never see a
 // partly applied batch.
 std::unique_ptr<KvStore> NewMemoryKvStore();

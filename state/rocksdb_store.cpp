@@ -141,10 +141,13 @@ std::string PrefixEnd(std::string_view prefix) {
 
 class RocksDbStore final : public KvStore {
  public:
+  // `secondary_dir` non-empty: a read-only secondary instance whose own folder this store removes.
   RocksDbStore(std::string path, bool sync, std::unique_ptr<rocksdb::DB> db,
                std::vector<rocksdb::ColumnFamilyHandle*> handles,
-               std::array<rocksdb::ColumnFamilyHandle*, kFamilyCount> families)
+               std::array<rocksdb::ColumnFamilyHandle*, kFamilyCount> families,
+               std::string secondary_dir = {})
       : path_(std::move(path)),
+        secondary_dir_(std::move(secondary_dir)),
         db_(std::move(db)),
         handles_(std::move(handles)),
         families_(families) {
@@ -152,11 +155,13 @@ class RocksDbStore final : public KvStore {
   }
 
   ~RocksDbStore() override {
-    // Removed while the lock is still held, so it cannot be the next owner's file.
     std::error_code ec;
-    fs::remove(fs::path(path_) / kOwnerFile, ec);
+    // Removed while the lock is still held, so it cannot be the next owner's file. A read-only
+    // view holds no lock and leaves the owner's file alone.
+    if (secondary_dir_.empty()) fs::remove(fs::path(path_) / kOwnerFile, ec);
     for (auto* h : handles_) db_->DestroyColumnFamilyHandle(h);
     db_->Close().PermitUncheckedError();
+    if (!secondary_dir_.empty()) fs::remove_all(secondary_dir_, ec);
   }
 
   Result<std::optional<std::string>> Get(Family f, std::string_view key) override {
@@ -169,6 +174,10 @@ class RocksDbStore final : public KvStore {
   }
 
   Status Write(const WriteBatch& batch) override {
+    if (!secondary_dir_.empty()) {
+      return Status::Unsupported("state directory " + path_ +
+                                 " is open read-only (another process holds it)");
+    }
     if (batch.empty()) return Status::OK();
     rocksdb::WriteBatch wb;
     for (const auto& op : batch.ops()) {
@@ -244,6 +253,7 @@ class RocksDbStore final : public KvStore {
   }
 
   std::string path_;
+  std::string secondary_dir_;
   std::unique_ptr<rocksdb::DB> db_;
   std::vector<rocksdb::ColumnFamilyHandle*> handles_;
   std::array<rocksdb::ColumnFamilyHandle*, kFamilyCount> families_{};
@@ -293,13 +303,9 @@ Status CheckSchema(KvStore& kv, const std::string& path) {
 
 }  // namespace
 
-Result<std::unique_ptr<KvStore>> OpenRocksDb(const RocksDbOptions& options) {
-  ATFILL_RETURN_IF_ERROR(options.Validate());
-  const std::string& path = options.path;
-  std::error_code ec;
-  fs::create_directories(path, ec);
-  if (ec) return Status::IoError("state: cannot create directory " + path + ": " + ec.message());
+namespace {
 
+rocksdb::DBOptions DbOptions(const RocksDbOptions& options) {
   rocksdb::DBOptions db;
   db.create_if_missing = true;
   db.create_missing_column_families = true;
@@ -311,7 +317,13 @@ Result<std::unique_ptr<KvStore>> OpenRocksDb(const RocksDbOptions& options) {
   db.max_log_file_size = 1 << 20;
   db.stats_dump_period_sec = 0;
   db.info_log_level = rocksdb::InfoLogLevel::WARN_LEVEL;
+  return db;
+}
 
+// Our families first (default, then Family order), then any others already in the directory.
+Result<std::vector<rocksdb::ColumnFamilyDescriptor>> Descriptors(const RocksDbOptions& options,
+                                                                 const rocksdb::DBOptions& db) {
+  const std::string& path = options.path;
   auto cache = rocksdb::NewLRUCache(options.block_cache_bytes);
   auto add = std::make_shared<AddOperator>();
   const rocksdb::ColumnFamilyOptions cf_options = FamilyOptions(options, cache, add);
@@ -331,6 +343,19 @@ Result<std::unique_ptr<KvStore>> OpenRocksDb(const RocksDbOptions& options) {
   }
   std::vector<rocksdb::ColumnFamilyDescriptor> descriptors;
   for (const auto& name : names) descriptors.emplace_back(name, cf_options);
+  return descriptors;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<KvStore>> OpenRocksDb(const RocksDbOptions& options) {
+  ATFILL_RETURN_IF_ERROR(options.Validate());
+  const std::string& path = options.path;
+  std::error_code ec;
+  fs::create_directories(path, ec);
+  if (ec) return Status::IoError("state: cannot create directory " + path + ": " + ec.message());
+  const rocksdb::DBOptions db = DbOptions(options);
+  ATFILL_ASSIGN_OR_RETURN(auto descriptors, Descriptors(options, db));
 
   std::vector<rocksdb::ColumnFamilyHandle*> handles;
   rocksdb::DB* raw = nullptr;
@@ -349,6 +374,38 @@ Result<std::unique_ptr<KvStore>> OpenRocksDb(const RocksDbOptions& options) {
   ATFILL_RETURN_IF_ERROR(CheckSchema(*store, path));
   ATFILL_RETURN_IF_ERROR(WriteOwnerFile(path));
   return std::unique_ptr<KvStore>(std::move(store));
+}
+
+Result<std::unique_ptr<KvStore>> OpenRocksDbReadOnly(const RocksDbOptions& options) {
+  ATFILL_RETURN_IF_ERROR(options.Validate());
+  const std::string& path = options.path;
+  if (!fs::exists(fs::path(path) / "CURRENT")) {
+    return Status::NotFound("state directory " + path + " holds no atfill state yet");
+  }
+  rocksdb::DBOptions db = DbOptions(options);
+  db.create_if_missing = false;
+  db.create_missing_column_families = false;
+  // A secondary instance may keep every file open; -1 is what RocksDB asks for here.
+  db.max_open_files = -1;
+  ATFILL_ASSIGN_OR_RETURN(auto descriptors, Descriptors(options, db));
+  std::string secondary = (fs::temp_directory_path() / "atfill-secondary-XXXXXX").string();
+  if (::mkdtemp(secondary.data()) == nullptr) {
+    return Status::IoError("state: cannot create a folder for a read-only view of " + path);
+  }
+  std::vector<rocksdb::ColumnFamilyHandle*> handles;
+  rocksdb::DB* raw = nullptr;
+  auto s = rocksdb::DB::OpenAsSecondary(db, path, secondary, descriptors, &handles, &raw);
+  if (!s.ok()) {
+    std::error_code ec;
+    fs::remove_all(secondary, ec);
+    return FromRocks(s, "state: opening a read-only view of " + path);
+  }
+  std::unique_ptr<rocksdb::DB> owned(raw);
+  owned->TryCatchUpWithPrimary().PermitUncheckedError();
+  std::array<rocksdb::ColumnFamilyHandle*, kFamilyCount> families{};
+  for (int i = 0; i < kFamilyCount; ++i) families[i] = handles[i + 1];
+  return std::unique_ptr<KvStore>(std::make_unique<RocksDbStore>(
+      path, false, std::move(owned), std::move(handles), families, secondary));
 }
 
 }  // namespace atfill::state

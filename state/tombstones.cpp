@@ -160,4 +160,14 @@ Result<uint64_t> Tombstones::Sweep(int64_t now_us, int64_t retention_us) {
   return removed;
 }
 
+Status Tombstones::ForEachRecord(const std::function<bool(std::string_view uri)>& fn) {
+  return kv_.Scan(Family::kTombstones, std::string(1, kRecordPrefix),
+                  [&](std::string_view key, std::string_view) { return fn(key.substr(1)); });
+}
+
+Status Tombstones::ForEachAccount(const std::function<bool(std::string_view did)>& fn) {
+  return kv_.Scan(Family::kTombstones, std::string(1, kAccountPrefix),
+                  [&](std::string_view key, std::string_view) { return fn(key.substr(1)); });
+}
+
 }  // namespace atfill::state

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -53,6 +54,11 @@ class Tombstones {
   void PutAccount(WriteBatch* batch, std::string_view did, const AccountTombstone& tombstone);
   Result<std::optional<AccountTombstone>> GetAccount(std::string_view did);
   void RemoveAccount(WriteBatch* batch, std::string_view did);
+
+  // Calls fn(uri) / fn(did) for every record / account tombstone, in key order, until fn returns
+  // false. For building in-memory filters at start-up.
+  Status ForEachRecord(const std::function<bool(std::string_view uri)>& fn);
+  Status ForEachAccount(const std::function<bool(std::string_view did)>& fn);
 
   // Removes every tombstone whose time is before now_us - retention_us and returns how many.
   // Commits as it goes (sweep_batch deletions per write); an error leaves earlier commits done.

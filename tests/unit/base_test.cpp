@@ -1,7 +1,9 @@
 #include <gtest/gtest.h>
 
+#include "base/bloom_filter.hpp"
 #include "base/bytes.hpp"
 #include "base/encoding.hpp"
+#include "base/json_writer.hpp"
 #include "base/sha256.hpp"
 #include "base/status.hpp"
 
@@ -93,6 +95,40 @@ TEST(EncodingTest, Hex) {
 TEST(Sha256Test, KnownDigest) {
   EXPECT_EQ(HexEncode(Sha256(AsBytes("abc"))),
             "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+}
+
+}  // namespace
+}  // namespace atfill
+
+namespace atfill {
+namespace {
+
+TEST(JsonWriterTest, NestedWithEscapes) {
+  JsonWriter w;
+  w.BeginObject().Key("a").Int(-1).Key("s").String("q\"\n\x01").Key("l").BeginArray();
+  w.Uint(1).Bool(true).Null().Double(0.5).EndArray().Key("o").BeginObject().EndObject();
+  w.EndObject();
+  EXPECT_EQ(w.str(), "{\"a\":-1,\"s\":\"q\\\"\\n\\u0001\",\"l\":[1,true,null,0.5],\"o\":{}}");
+}
+
+}  // namespace
+}  // namespace atfill
+
+namespace atfill {
+namespace {
+
+TEST(BloomFilterTest, NoFalseNegativesAndFewFalsePositives) {
+  BloomFilter bloom(10000);
+  for (int i = 0; i < 10000; ++i)
+    bloom.Add("at://did:plc:x/app.bsky.feed.post/" + std::to_string(i));
+  for (int i = 0; i < 10000; ++i) {
+    ASSERT_TRUE(bloom.MayContain("at://did:plc:x/app.bsky.feed.post/" + std::to_string(i)));
+  }
+  int false_positives = 0;
+  for (int i = 10000; i < 110000; ++i) {
+    false_positives += bloom.MayContain("at://did:plc:x/app.bsky.feed.post/" + std::to_string(i));
+  }
+  EXPECT_LT(false_positives, 3000);  // ~1% expected; 3% leaves room
 }
 
 }  // namespace

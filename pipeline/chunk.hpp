@@ -1,0 +1,45 @@
+// The unit that flows through the graph: a run of events from one source, in source order.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "pipeline/event.hpp"
+
+namespace atfill::pipeline {
+
+// Bad input found by a source or a stage: skipped, counted and written to the job's error log.
+struct EventError {
+  std::string kind;     // short machine-readable kind: "bad_json", "cid_mismatch", "invalid_did"...
+  std::string key;      // what it concerns: "line 17", an AT URI, a DID
+  std::string message;  // the reason, a sentence
+};
+
+struct EventChunk {
+  // Assigned by the engine: 0, 1, 2... in the order the source produced the chunks.
+  uint64_t seq = 0;
+  // Undecoded input the source's Decode turns into events (e.g. JSON lines, '\n'-separated).
+  std::string raw;
+  // Source position of the first raw unit (a line number, a byte offset...), for error keys.
+  uint64_t raw_first_position = 0;
+  std::vector<Event> events;
+  std::vector<EventError> errors;
+  // The source's resume position once every event of this chunk (and before) is applied.
+  std::string resume_cursor;
+  // Input units read (lines, frames), including ones that produced no event.
+  uint64_t units_read = 0;
+  uint64_t bytes_read = 0;
+  // How far the source is through its input after this chunk, in the unit of its total (for an
+  // event file, bytes of the files as stored); 0 when the source cannot tell.
+  uint64_t input_done = 0;
+  // Events removed by stages for bad input (failed checks, each also in `errors`) or dropped by a
+  // script.
+  uint64_t dropped = 0;
+  // Events the ingest guard refused because a tombstone says they are out of date (not errors).
+  uint64_t refused = 0;
+  // An empty chunk a waiting source emits so the batcher can flush on time.
+  bool tick = false;
+};
+
+}  // namespace atfill::pipeline

@@ -1,0 +1,192 @@
+#include "pipeline/job.hpp"
+
+#include <variant>
+#include <vector>
+
+namespace atfill::pipeline {
+
+Status JobOptions::Validate() const { return Status::OK(); }
+
+JobProgress DeriveProgress(const state::JobRecord& job, uint64_t done, uint64_t total,
+                           int64_t now_us) {
+  JobProgress p;
+  const int64_t end = job.finished_us != 0 ? job.finished_us : now_us;
+  const double seconds = job.started_us != 0 && end > job.started_us
+                             ? static_cast<double>(end - job.started_us) / 1e6
+                             : 0.0;
+  if (seconds > 0) {
+    p.records_per_s = static_cast<double>(job.counters.records_written) / seconds;
+    p.events_per_s = static_cast<double>(job.counters.events_read) / seconds;
+  }
+  if (job.status == state::JobStatus::kCompleted) {
+    p.percent = 100;
+    p.eta_s = 0;
+  } else if (total > 0) {
+    p.percent = std::min(100.0, 100.0 * static_cast<double>(done) / static_cast<double>(total));
+    if (done > 0 && seconds > 0 && done < total) {
+      p.eta_s = static_cast<int64_t>(seconds * static_cast<double>(total - done) /
+                                     static_cast<double>(done));
+    }
+  }
+  return p;
+}
+
+JobProgress DeriveProgress(const state::JobRecord& job, int64_t now_us) {
+  auto get = [&job](const char* k) {
+    auto it = job.counters.extra.find(k);
+    return it == job.counters.extra.end() ? uint64_t{0} : it->second;
+  };
+  return DeriveProgress(job, get(kInputDone), get(kInputTotal), now_us);
+}
+
+JobRunner::JobRunner(state::KvStore* kv, state::JobStore* jobs, state::ErrorLog* errors,
+                     state::JobRecord job, std::string cursor_name, JobOptions options,
+                     std::function<int64_t()> now_us)
+    : kv_(kv),
+      jobs_(jobs),
+      errors_(errors),
+      cursors_(*kv),
+      cursor_name_(std::move(cursor_name)),
+      options_(options),
+      now_us_(now_us ? std::move(now_us) : std::function<int64_t()>(NowMicros)),
+      job_(std::move(job)),
+      snapshot_(job_) {}
+
+Status JobRunner::Save(state::JobRecord record) {
+  state::WriteBatch batch;
+  ATFILL_RETURN_IF_ERROR(jobs_->Put(&batch, record));
+  ATFILL_RETURN_IF_ERROR(kv_->Write(batch));
+  job_ = record;
+  std::lock_guard<std::mutex> lock(snapshot_mu_);
+  snapshot_ = std::move(record);
+  return Status::OK();
+}
+
+Result<state::JobRecord> JobRunner::Run(Engine* engine) {
+  const int64_t start = now_us_();
+  job_.status = state::JobStatus::kRunning;
+  job_.stop_reason = {};
+  job_.finished_us = 0;
+  if (job_.started_us == 0) job_.started_us = start;
+  job_.updated_us = job_.heartbeat_us = start;
+  ATFILL_RETURN_IF_ERROR(Save(job_));
+
+  ATFILL_ASSIGN_OR_RETURN(auto cursor, cursors_.Get(cursor_name_));
+  committed_cursor_ = cursor.value_or("");
+  auto result = engine->Run(committed_cursor_);
+
+  state::JobRecord done = job_;
+  const int64_t now = now_us_();
+  done.updated_us = done.heartbeat_us = now;
+  if (!result.ok()) {
+    done.status = state::JobStatus::kFailed;
+    done.stage = state::JobStage::kFailed;
+    done.stop_reason = {"run_failed", result.status().ToString()};
+  } else if (error_cap_hit_.load()) {
+    done.status = state::JobStatus::kFailed;
+    done.stage = state::JobStage::kFailed;
+    done.stop_reason = {"error_cap", "the job's error log is full (" +
+                                         std::to_string(errors_->options().max_entries_per_job) +
+                                         " entries); fix the input or raise the cap, then resume"};
+  } else if (result->stopped && stop_.load() == StopKind::kCancel) {
+    done.status = state::JobStatus::kCancelled;
+    done.stage = state::JobStage::kCancelled;
+    done.stop_reason = {"cancelled", "cancelled on request"};
+  } else if (result->stopped) {
+    done.status = state::JobStatus::kPaused;
+    done.stop_reason = {"paused", "paused on request; resume continues from the saved cursor"};
+  } else {
+    done.status = state::JobStatus::kCompleted;
+    done.stage = state::JobStage::kCompleted;
+  }
+  if (state::IsTerminal(done.status)) done.finished_us = now;
+  ATFILL_RETURN_IF_ERROR(Save(done));
+  return done;
+}
+
+void JobRunner::RequestStop(StopKind kind) {
+  StopKind expected = StopKind::kNone;
+  // A cancel overrides a pending pause; a pause never downgrades a cancel.
+  if (!stop_.compare_exchange_strong(expected, kind) && kind == StopKind::kCancel) {
+    stop_.store(StopKind::kCancel);
+  }
+}
+
+bool JobRunner::StopRequested() const {
+  return stop_.load() != StopKind::kNone || error_cap_hit_.load();
+}
+
+state::JobRecord JobRunner::Snapshot() const {
+  std::lock_guard<std::mutex> lock(snapshot_mu_);
+  return snapshot_;
+}
+
+Status JobRunner::PrepareCommit(const BatchReport& report, state::WriteBatch* batch) {
+  const PendingBatch& b = *report.batch;
+  pending_ = job_;
+  state::JobCounters& c = pending_.counters;
+  std::vector<state::NewError> errors;
+  const int64_t now = now_us_();
+  uint64_t refused = 0;
+  for (const auto& chunk : b.chunks) {
+    c.events_read += chunk->units_read;
+    c.bytes += chunk->bytes_read;
+    refused += chunk->refused;
+    if (chunk->input_done != 0) c.extra[kInputDone] = chunk->input_done;
+    for (const auto& e : chunk->errors) errors.push_back({e.kind, e.key, e.message, now});
+  }
+  uint64_t records = 0;
+  for (const auto& e : b.events) records += std::holds_alternative<RecordEvent>(e) ? 1 : 0;
+  c.total_records += records;
+  c.records_written += report.stats.records_written();
+  c.failed_records += errors.size();
+  auto bump = [&](const char* name, uint64_t n) {
+    if (n != 0) c.extra[name] += n;
+  };
+  bump("refused", refused);
+  bump("unchanged", report.stats.unchanged);
+  bump("stale", report.stats.stale);
+  bump("deleted", report.stats.deleted);
+  bump("purged_records", report.stats.purged_records);
+
+  if (!errors.empty()) {
+    ATFILL_ASSIGN_OR_RETURN(auto appended, errors_->AppendAll(pending_.id, errors));
+    if (appended.cap_reached && options_.stop_at_error_cap) error_cap_hit_.store(true);
+  }
+  if (!b.chunks.empty()) cursors_.Set(batch, cursor_name_, b.chunks.back()->resume_cursor);
+
+  switch (stop_.load()) {
+    case StopKind::kPause:
+      pending_.status = state::JobStatus::kPausing;
+      break;
+    case StopKind::kCancel:
+      pending_.status = state::JobStatus::kCancelling;
+      break;
+    case StopKind::kNone:
+      break;
+  }
+  pending_.updated_us = pending_.heartbeat_us = now;
+  if (options_.record_batches) {
+    state::BatchAudit audit;
+    audit.batch_no = report.batch_no;
+    // Positions are the source's cursors: where the batch started and where it ended.
+    audit.first_position = committed_cursor_;
+    audit.last_position = b.chunks.empty() ? committed_cursor_ : b.chunks.back()->resume_cursor;
+    audit.count = b.events.size();
+    audit.failures = errors.size();
+    audit.duration_us = report.write_us;
+    audit.attempts = report.attempts;
+    audit.committed_at_us = now;
+    ATFILL_RETURN_IF_ERROR(jobs_->PutBatchAudit(batch, pending_.id, audit));
+  }
+  return jobs_->Put(batch, pending_);
+}
+
+void JobRunner::OnCommitted(const BatchReport& report) {
+  job_ = pending_;
+  if (!report.batch->chunks.empty()) committed_cursor_ = report.batch->chunks.back()->resume_cursor;
+  std::lock_guard<std::mutex> lock(snapshot_mu_);
+  snapshot_ = job_;
+}
+
+}  // namespace atfill::pipeline

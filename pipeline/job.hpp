@@ -1,0 +1,96 @@
+// Jobs: the lifecycle around an Engine run. A JobRunner is the engine's Committer: each committed
+// batch moves the job's cursor, counters, error log entries and audit trail in the same state
+// write. Pause and cancel are two-phase: a request sets pausing/cancelling, the engine notices at
+// its next checkpoint (between chunks), commits what it read, and the job becomes paused/cancelled.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <string>
+
+#include "base/status.hpp"
+#include "pipeline/engine.hpp"
+#include "state/cursors.hpp"
+#include "state/error_log.hpp"
+#include "state/job_store.hpp"
+
+namespace atfill::pipeline {
+
+struct JobOptions {
+  // Keep a per-batch audit trail (positions, count, failures, duration, attempts).
+  bool record_batches = false;
+  // Stop the job when its error log holds this many entries (the error log's cap).
+  bool stop_at_error_cap = true;
+  Status Validate() const;
+};
+
+// Derived figures for people and scripts.
+struct JobProgress {
+  double percent = -1;       // 0..100; -1 when the total is unknown
+  double records_per_s = 0;  // records written per second of running time
+  double events_per_s = 0;   // input events per second of running time
+  int64_t eta_s = -1;        // seconds left; -1 when unknown
+};
+
+// `done` and `total` are in any unit the job measures its input by (bytes, repos...).
+JobProgress DeriveProgress(const state::JobRecord& job, uint64_t done, uint64_t total,
+                           int64_t now_us);
+// The same from the job's own counters: extra["input_done"] of extra["input_total"].
+JobProgress DeriveProgress(const state::JobRecord& job, int64_t now_us);
+
+// Counter names for the input measure.
+inline constexpr const char* kInputDone = "input_done";
+inline constexpr const char* kInputTotal = "input_total";
+
+// What a stop request asks for.
+enum class StopKind : uint8_t { kNone, kPause, kCancel };
+
+class JobRunner : public Committer {
+ public:
+  // The state objects must outlive the runner. `cursor_name` names the job's resume cursor.
+  JobRunner(state::KvStore* kv, state::JobStore* jobs, state::ErrorLog* errors,
+            state::JobRecord job, std::string cursor_name, JobOptions options,
+            std::function<int64_t()> now_us = nullptr);
+
+  // Runs the engine from the job's saved cursor to the end of input, a stop, or a failure, and
+  // records the outcome in the job (completed, paused, cancelled or failed with the reason). The
+  // returned record is the final one. A failure of the run is in the record, not the Status; the
+  // Status is an error only when the job itself could not be read or written.
+  Result<state::JobRecord> Run(Engine* engine);
+
+  // Thread-safe: asks the run to stop at its next checkpoint. The job shows pausing/cancelling
+  // from the next commit on.
+  void RequestStop(StopKind kind);
+
+  // Thread-safe copy of the job as of the last commit.
+  state::JobRecord Snapshot() const;
+
+  // Committer
+  Status PrepareCommit(const BatchReport& report, state::WriteBatch* batch) override;
+  void OnCommitted(const BatchReport& report) override;
+  bool StopRequested() const override;
+
+ private:
+  Status Save(state::JobRecord record);
+
+  state::KvStore* kv_;
+  state::JobStore* jobs_;
+  state::ErrorLog* errors_;
+  state::Cursors cursors_;
+  std::string cursor_name_;
+  JobOptions options_;
+  std::function<int64_t()> now_us_;
+
+  // Owned by the commit path (one batch at a time); published to snapshot_ after each commit.
+  state::JobRecord job_;
+  state::JobRecord pending_;
+  std::string committed_cursor_;
+  std::atomic<StopKind> stop_{StopKind::kNone};
+  std::atomic<bool> error_cap_hit_{false};
+  mutable std::mutex snapshot_mu_;
+  state::JobRecord snapshot_;
+};
+
+}  // namespace atfill::pipeline
