@@ -12,7 +12,7 @@ Status BatcherOptions::Validate() const {
   return Status::OK();
 }
 
-void Batcher::Add(std::shared_ptr<EventChunk> chunk, int64_t now_us) {
+void Batcher::Add(EventChunk* chunk, int64_t now_us) {
   if (pending_.chunks.empty()) pending_.first_added_us = now_us;
   if (pending_.events.empty()) {
     pending_.events = std::move(chunk->events);
@@ -21,7 +21,7 @@ void Batcher::Add(std::shared_ptr<EventChunk> chunk, int64_t now_us) {
                            std::make_move_iterator(chunk->events.end()));
   }
   chunk->events.clear();
-  pending_.chunks.push_back(std::move(chunk));
+  pending_.chunks.push_back(chunk);
 }
 
 bool Batcher::ShouldFlush(int64_t now_us) const {

@@ -2,7 +2,6 @@
 #pragma once
 
 #include <cstdint>
-#include <memory>
 #include <vector>
 
 #include "base/status.hpp"
@@ -21,9 +20,10 @@ struct BatcherOptions {
   Status Validate() const;
 };
 
-// The chunks of one batch, in order, and their events gathered for the sink.
+// The chunks of one batch, in order, and their events gathered for the sink. The chunks are the
+// engine's; the batch only points at them.
 struct PendingBatch {
-  std::vector<std::shared_ptr<EventChunk>> chunks;
+  std::vector<EventChunk*> chunks;
   std::vector<Event> events;
   int64_t first_added_us = 0;
   bool empty() const { return chunks.empty(); }
@@ -35,7 +35,7 @@ class Batcher {
   explicit Batcher(BatcherOptions options) : options_(options) {}
 
   // Takes the chunk's events (moves them out) and keeps the chunk for its cursor and counters.
-  void Add(std::shared_ptr<EventChunk> chunk, int64_t now_us);
+  void Add(EventChunk* chunk, int64_t now_us);
   bool ShouldFlush(int64_t now_us) const;
   bool empty() const { return pending_.empty(); }
   // Hands over what is pending and starts a new batch.

@@ -1,9 +1,5 @@
 #include "pipeline/engine.hpp"
 
-#include <oneapi/tbb/enumerable_thread_specific.h>
-#include <oneapi/tbb/flow_graph.h>
-#include <oneapi/tbb/task_group.h>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -11,25 +7,25 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <unordered_map>
+
+#include "pipeline/engine_graph.hpp"
+#include "pipeline/tsan.hpp"
 
 namespace atfill::pipeline {
 namespace {
 
-using ChunkPtr = std::shared_ptr<EventChunk>;
-namespace flow = tbb::flow;
-
 // Keeps the first failure of a run and cancels the graph; later failures are consequences.
 class FailureLatch {
  public:
-  explicit FailureLatch(tbb::task_group_context* ctx) : ctx_(ctx) {}
-
+  void Attach(internal::GraphHandle* graph) { graph_ = graph; }
   void Fail(Status status) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (first_.ok()) first_ = std::move(status);
     }
     failed_.store(true, std::memory_order_release);
-    ctx_->cancel_group_execution();
+    if (graph_ != nullptr) graph_->Cancel();
   }
   bool failed() const { return failed_.load(std::memory_order_acquire); }
   Status first() const {
@@ -38,7 +34,7 @@ class FailureLatch {
   }
 
  private:
-  tbb::task_group_context* ctx_;
+  internal::GraphHandle* graph_ = nullptr;
   mutable std::mutex mu_;
   Status first_;
   std::atomic<bool> failed_{false};
@@ -56,17 +52,55 @@ void Guarded(FailureLatch* latch, std::string_view where, Fn&& fn) {
   }
 }
 
-// Per-worker states of the unordered transforms.
+// Per-worker states of an unordered transform, one per thread that runs it. (Not oneTBB's
+// enumerable_thread_specific: this file keeps oneTBB's templates out, see engine_graph.cpp.)
 class TransformStates {
  public:
-  explicit TransformStates(const Transform* t)
-      : transform_(t), states_([t] { return t->NewState(); }) {}
-  TransformState* Local() { return states_.local().get(); }
+  explicit TransformStates(const Transform* t) : transform_(t) {}
+  TransformState* Local() {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto& state = states_[std::this_thread::get_id()];
+    if (!state) state = transform_->NewState();
+    return state.get();
+  }
   const Transform* transform() const { return transform_; }
 
  private:
   const Transform* transform_;
-  tbb::enumerable_thread_specific<std::unique_ptr<TransformState>> states_;
+  std::mutex mu_;
+  std::unordered_map<std::thread::id, std::unique_ptr<TransformState>> states_;
+};
+
+// The run's chunks, reused: the in-flight limit bounds how many exist, and a reused chunk keeps
+// its buffers' capacity. Thread-safe.
+class ChunkPool {
+ public:
+  EventChunk* Acquire() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (free_.empty()) {
+      all_.push_back(std::make_unique<EventChunk>());
+      return all_.back().get();
+    }
+    EventChunk* c = free_.back();
+    free_.pop_back();
+    return c;
+  }
+  void Release(EventChunk* c) {
+    c->raw.clear();
+    c->events.clear();
+    c->errors.clear();
+    c->resume_cursor.clear();
+    c->seq = c->raw_first_position = c->units_read = c->bytes_read = c->input_done = 0;
+    c->dropped = c->refused = 0;
+    c->tick = false;
+    std::lock_guard<std::mutex> lock(mu_);
+    free_.push_back(c);
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::unique_ptr<EventChunk>> all_;
+  std::vector<EventChunk*> free_;
 };
 
 }  // namespace
@@ -105,47 +139,132 @@ Engine::Engine(EngineOptions options, Source* source, std::vector<const Transfor
       committer_(committer),
       now_us_(now_us ? std::move(now_us) : std::function<int64_t()>(NowMicros)) {}
 
-Result<RunSummary> Engine::Run(const std::string& resume_cursor) {
-  ATFILL_RETURN_IF_ERROR(options_.Validate());
-  ATFILL_RETURN_IF_ERROR(source_->Seek(resume_cursor));
+namespace {
 
-  const uint32_t workers =
-      options_.workers != 0 ? options_.workers : std::max(1u, std::thread::hardware_concurrency());
-  const uint32_t in_flight =
-      options_.max_chunks_in_flight != 0
-          ? options_.max_chunks_in_flight
-          : static_cast<uint32_t>(options_.batch.max_chunks) + 2 * workers + 2;
-
-  std::vector<std::unique_ptr<TransformStates>> unordered;
-  std::vector<const Transform*> ordered;
-  std::vector<std::unique_ptr<TransformState>> ordered_states;
-  for (const Transform* t : transforms_) {
-    if (t->ordered()) {
-      ordered.push_back(t);
-      ordered_states.push_back(t->NewState());
-    } else {
-      unordered.push_back(std::make_unique<TransformStates>(t));
+// One run of the engine: what each node of the graph does.
+//
+// Hand-offs are annotated for ThreadSanitizer (pipeline/tsan.hpp): a chunk is released by the body
+// that filled it and acquired by the next; the source and the commit side each have a token that
+// orders their serial bodies, which TBB runs on whatever thread is free.
+class EngineRun : public internal::GraphBodies {
+ public:
+  EngineRun(const EngineOptions& options, Source* source,
+            const std::vector<const Transform*>& transforms, Sink* sink, state::KvStore* state,
+            Committer* committer, const std::function<int64_t()>& now_us)
+      : options_(options),
+        source_(source),
+        sink_(sink),
+        state_(state),
+        committer_(committer),
+        now_us_(now_us),
+        batcher_(options.batch) {
+    for (const Transform* t : transforms) {
+      if (t->ordered()) {
+        ordered_.push_back(t);
+        ordered_states_.push_back(t->NewState());
+      } else {
+        unordered_.push_back(std::make_unique<TransformStates>(t));
+      }
     }
   }
 
-  tbb::task_group_context ctx;
-  FailureLatch latch(&ctx);
-  flow::graph g(ctx);
-  RunSummary summary;
-  Batcher batcher(options_.batch);
-  uint64_t next_seq = 0;
-  std::atomic<bool> stopped{false};
+  void Attach(internal::GraphHandle* graph) override {
+    if (graph == nullptr) {
+      // The graph is idle: every body happened before this.
+      HappensAfter(&source_token_);
+      HappensAfter(&work_token_);
+      HappensAfter(&commit_token_);
+    }
+    graph_ = graph;
+    latch_.Attach(graph);
+  }
 
-  flow::limiter_node<ChunkPtr> limiter(g, in_flight);
+  EventChunk* Read() override {
+    HappensAfter(&source_token_);
+    EventChunk* out = nullptr;
+    Guarded(&latch_, "source " + source_->Describe(), [&] {
+      if (latch_.failed()) return;
+      if (committer_->StopRequested()) {
+        stopped_.store(true);
+        return;
+      }
+      EventChunk* chunk = pool_.Acquire();
+      auto more = source_->Read(chunk);
+      if (!more.ok() || !*more) {
+        if (!more.ok()) latch_.Fail(more.status().WithContext("reading " + source_->Describe()));
+        pool_.Release(chunk);
+        return;
+      }
+      chunk->seq = next_seq_++;
+      out = chunk;
+    });
+    if (out != nullptr) HappensBefore(out);
+    HappensBefore(&source_token_);
+    return out;
+  }
 
+  void Work(EventChunk* chunk) override {
+    HappensAfter(chunk);
+    Guarded(&latch_, "decode", [&] {
+      if (latch_.failed()) return;
+      source_->Decode(chunk);
+      for (auto& states : unordered_) {
+        Status s = states->transform()->Process(states->Local(), chunk);
+        if (!s.ok()) {
+          latch_.Fail(s.WithContext(std::string(states->transform()->name())));
+          return;
+        }
+      }
+    });
+    HappensBefore(chunk);
+    HappensBefore(&work_token_);
+  }
+
+  void Commit(EventChunk* chunk) override {
+    HappensAfter(chunk);
+    HappensAfter(&commit_token_);
+    Guarded(&latch_, "commit", [&] {
+      if (latch_.failed()) return;
+      for (size_t i = 0; i < ordered_.size(); ++i) {
+        Status s = ordered_[i]->Process(ordered_states_[i].get(), chunk);
+        if (!s.ok()) {
+          latch_.Fail(s.WithContext(std::string(ordered_[i]->name())));
+          return;
+        }
+      }
+      ++summary_.chunks;
+      summary_.units_read += chunk->units_read;
+      const int64_t now = now_us_();
+      batcher_.Add(chunk, now);
+      if (batcher_.ShouldFlush(now)) Flush(true);
+    });
+    HappensBefore(&commit_token_);
+  }
+
+  // After the graph is idle: commits what is left (also after a stop request, so a pause keeps
+  // everything it read) and returns the outcome.
+  Result<RunSummary> Finish() {
+    HappensAfter(&source_token_);
+    HappensAfter(&commit_token_);
+    if (!latch_.failed()) Guarded(&latch_, "final commit", [&] { Flush(false); });
+    if (latch_.failed()) {
+      for (size_t i = 0; i < ordered_.size(); ++i) {
+        ordered_[i]->OnCommitted(ordered_states_[i].get(), false);
+      }
+      return latch_.first();
+    }
+    summary_.stopped = stopped_.load();
+    return summary_;
+  }
+
+ private:
   // Writes the pending batch to the sink (retrying transient failures), then commits the state
-  // batch; false when the run must end. Runs on the serial commit node, or on this thread once
-  // the graph is idle.
-  auto flush = [&](bool release) -> bool {
-    PendingBatch batch = batcher.Take();
+  // batch; false when the run must end.
+  bool Flush(bool release) {
+    PendingBatch batch = batcher_.Take();
     if (batch.empty()) return true;
     BatchReport report;
-    report.batch_no = summary.batches;
+    report.batch_no = summary_.batches;
     report.batch = &batch;
     const int64_t start = now_us_();
     int64_t delay_ms = options_.sink_retry.initial_delay_ms;
@@ -160,128 +279,84 @@ Result<RunSummary> Engine::Run(const std::string& resume_cursor) {
       const bool transient = err.code() == StatusCode::kUnavailable;
       const bool out_of_attempts = options_.sink_retry.max_attempts != 0 &&
                                    report.attempts >= options_.sink_retry.max_attempts;
-      if (!transient || out_of_attempts || committer_->StopRequested() || latch.failed()) {
-        latch.Fail(err.WithContext("sink " + std::string(sink_->name()) + " failed batch " +
-                                   std::to_string(report.batch_no) + " after " +
-                                   std::to_string(report.attempts) + " attempt(s)"));
+      if (!transient || out_of_attempts || committer_->StopRequested() || latch_.failed()) {
+        latch_.Fail(err.WithContext("sink " + std::string(sink_->name()) + " failed batch " +
+                                    std::to_string(report.batch_no) + " after " +
+                                    std::to_string(report.attempts) + " attempt(s)"));
         return false;
       }
       // A sink outage pauses ingest instead of skipping; sleep in short steps so a stop request
       // is noticed.
       for (int64_t waited = 0; waited < delay_ms && !committer_->StopRequested(); waited += 50) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        std::this_thread::sleep_for(std::chrono::milliseconds(std::min<int64_t>(50, delay_ms)));
       }
       delay_ms = std::min(delay_ms * 2, options_.sink_retry.max_delay_ms);
     }
     report.write_us = now_us_() - start;
 
     state::WriteBatch writes;
-    for (size_t i = 0; i < ordered.size(); ++i) {
-      Status s = ordered[i]->PrepareCommit(ordered_states[i].get(), &writes);
+    for (size_t i = 0; i < ordered_.size(); ++i) {
+      Status s = ordered_[i]->PrepareCommit(ordered_states_[i].get(), &writes);
       if (!s.ok()) {
-        latch.Fail(s.WithContext(std::string(ordered[i]->name())));
+        latch_.Fail(s.WithContext(std::string(ordered_[i]->name())));
         return false;
       }
     }
     Status s = committer_->PrepareCommit(report, &writes);
     if (s.ok()) s = state_->Write(writes);
-    for (size_t i = 0; i < ordered.size(); ++i) {
-      ordered[i]->OnCommitted(ordered_states[i].get(), s.ok());
+    for (size_t i = 0; i < ordered_.size(); ++i) {
+      ordered_[i]->OnCommitted(ordered_states_[i].get(), s.ok());
     }
     if (!s.ok()) {
-      latch.Fail(s.WithContext("committing batch " + std::to_string(report.batch_no)));
+      latch_.Fail(s.WithContext("committing batch " + std::to_string(report.batch_no)));
       return false;
     }
     committer_->OnCommitted(report);
-    ++summary.batches;
-    summary.events += batch.events.size();
-    summary.stats += report.stats;
-    if (release) {
-      for (size_t i = 0; i < batch.chunks.size(); ++i) {
-        limiter.decrementer().try_put(flow::continue_msg());
-      }
-    }
+    ++summary_.batches;
+    summary_.events += batch.events.size();
+    summary_.stats += report.stats;
+    for (EventChunk* c : batch.chunks) pool_.Release(c);
+    if (release) graph_->Release(batch.chunks.size());
     return true;
-  };
-
-  flow::input_node<ChunkPtr> reader(g, [&](tbb::flow_control& fc) -> ChunkPtr {
-    ChunkPtr out;
-    Guarded(&latch, "source " + source_->Describe(), [&] {
-      if (latch.failed()) return;
-      if (committer_->StopRequested()) {
-        stopped.store(true);
-        return;
-      }
-      auto chunk = std::make_shared<EventChunk>();
-      auto more = source_->Read(chunk.get());
-      if (!more.ok()) {
-        latch.Fail(more.status().WithContext("reading " + source_->Describe()));
-        return;
-      }
-      if (!*more) return;
-      chunk->seq = next_seq++;
-      out = std::move(chunk);
-    });
-    if (!out) fc.stop();
-    return out;
-  });
-
-  flow::function_node<ChunkPtr, ChunkPtr> work(g, workers, [&](ChunkPtr chunk) {
-    Guarded(&latch, "decode", [&] {
-      if (latch.failed()) return;
-      source_->Decode(chunk.get());
-      for (auto& states : unordered) {
-        Status s = states->transform()->Process(states->Local(), chunk.get());
-        if (!s.ok()) {
-          latch.Fail(s.WithContext(std::string(states->transform()->name())));
-          return;
-        }
-      }
-    });
-    return chunk;
-  });
-
-  flow::sequencer_node<ChunkPtr> sequencer(g, [](const ChunkPtr& c) { return c->seq; });
-
-  flow::function_node<ChunkPtr, flow::continue_msg> commit(g, flow::serial, [&](ChunkPtr chunk) {
-    Guarded(&latch, "commit", [&] {
-      if (latch.failed()) return;
-      for (size_t i = 0; i < ordered.size(); ++i) {
-        Status s = ordered[i]->Process(ordered_states[i].get(), chunk.get());
-        if (!s.ok()) {
-          latch.Fail(s.WithContext(std::string(ordered[i]->name())));
-          return;
-        }
-      }
-      ++summary.chunks;
-      summary.units_read += chunk->units_read;
-      const int64_t now = now_us_();
-      batcher.Add(std::move(chunk), now);
-      if (batcher.ShouldFlush(now)) flush(true);
-    });
-    return flow::continue_msg();
-  });
-
-  flow::make_edge(reader, limiter);
-  flow::make_edge(limiter, work);
-  flow::make_edge(work, sequencer);
-  flow::make_edge(sequencer, commit);
-  reader.activate();
-  g.wait_for_all();
-
-  // The graph is idle: commit what is left of the input (also after a stop request, so a pause
-  // keeps everything it read).
-  if (!latch.failed()) {
-    Guarded(&latch, "final commit", [&] { flush(false); });
   }
-  if (latch.failed()) {
-    for (size_t i = 0; i < ordered.size(); ++i) {
-      ordered[i]->OnCommitted(ordered_states[i].get(), false);
-    }
-    return latch.first();
-  }
-  summary.stopped = stopped.load();
-  return summary;
+
+  const EngineOptions& options_;
+  Source* source_;
+  Sink* sink_;
+  state::KvStore* state_;
+  Committer* committer_;
+  const std::function<int64_t()>& now_us_;
+  internal::GraphHandle* graph_ = nullptr;
+  FailureLatch latch_;
+  ChunkPool pool_;
+  std::vector<std::unique_ptr<TransformStates>> unordered_;
+  std::vector<const Transform*> ordered_;
+  std::vector<std::unique_ptr<TransformState>> ordered_states_;
+  // Owned by the serial source body.
+  uint64_t next_seq_ = 0;
+  char source_token_ = 0;
+  // Owned by the serial commit body.
+  Batcher batcher_;
+  RunSummary summary_;
+  char commit_token_ = 0;
+  char work_token_ = 0;
+  std::atomic<bool> stopped_{false};
+};
+
+}  // namespace
+
+Result<RunSummary> Engine::Run(const std::string& resume_cursor) {
+  ATFILL_RETURN_IF_ERROR(options_.Validate());
+  ATFILL_RETURN_IF_ERROR(source_->Seek(resume_cursor));
+  const uint32_t workers =
+      options_.workers != 0 ? options_.workers : std::max(1u, std::thread::hardware_concurrency());
+  const uint32_t in_flight =
+      options_.max_chunks_in_flight != 0
+          ? options_.max_chunks_in_flight
+          : static_cast<uint32_t>(options_.batch.max_chunks) + 2 * workers + 2;
+  EngineRun run(options_, source_, transforms_, sink_, state_, committer_, now_us_);
+  internal::RunGraph(&run, workers, in_flight);
+  return run.Finish();
 }
 
 }  // namespace atfill::pipeline

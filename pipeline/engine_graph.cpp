@@ -1,0 +1,61 @@
+// In ThreadSanitizer builds this file is compiled without instrumentation (pipeline/CMakeLists):
+// its code is oneTBB's flow-graph templates, whose synchronisation partly lives in the
+// uninstrumented libtbb and so looks racy to TSan. The node bodies it calls are instrumented and
+// annotate their hand-offs (pipeline/tsan.hpp), so races in atfill's own code are still caught.
+#include "pipeline/engine_graph.hpp"
+
+#include <oneapi/tbb/flow_graph.h>
+#include <oneapi/tbb/task_group.h>
+
+namespace atfill::pipeline::internal {
+namespace {
+
+namespace flow = tbb::flow;
+
+class Graph : public GraphHandle {
+ public:
+  Graph(uint32_t in_flight) : g_(ctx_), limiter_(g_, in_flight) {}
+  void Cancel() override { ctx_.cancel_group_execution(); }
+  void Release(size_t chunks) override {
+    for (size_t i = 0; i < chunks; ++i) limiter_.decrementer().try_put(flow::continue_msg());
+  }
+  flow::graph& g() { return g_; }
+  flow::limiter_node<EventChunk*>& limiter() { return limiter_; }
+
+ private:
+  tbb::task_group_context ctx_;
+  flow::graph g_;
+  flow::limiter_node<EventChunk*> limiter_;
+};
+
+}  // namespace
+
+void RunGraph(GraphBodies* bodies, uint32_t workers, uint32_t in_flight) {
+  Graph graph(in_flight);
+  flow::graph& g = graph.g();
+  flow::input_node<EventChunk*> reader(g, [bodies](tbb::flow_control& fc) -> EventChunk* {
+    EventChunk* chunk = bodies->Read();
+    if (chunk == nullptr) fc.stop();
+    return chunk;
+  });
+  flow::function_node<EventChunk*, EventChunk*> work(g, workers, [bodies](EventChunk* chunk) {
+    bodies->Work(chunk);
+    return chunk;
+  });
+  flow::sequencer_node<EventChunk*> sequencer(g, [](EventChunk* const& c) { return c->seq; });
+  flow::function_node<EventChunk*, flow::continue_msg> commit(g, flow::serial,
+                                                              [bodies](EventChunk* chunk) {
+                                                                bodies->Commit(chunk);
+                                                                return flow::continue_msg();
+                                                              });
+  flow::make_edge(reader, graph.limiter());
+  flow::make_edge(graph.limiter(), work);
+  flow::make_edge(work, sequencer);
+  flow::make_edge(sequencer, commit);
+  bodies->Attach(&graph);
+  reader.activate();
+  g.wait_for_all();
+  bodies->Attach(nullptr);
+}
+
+}  // namespace atfill::pipeline::internal

@@ -1,0 +1,39 @@
+// The flow-graph wiring of the engine, apart from what its nodes do (engine.cpp). Internal.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "pipeline/chunk.hpp"
+
+namespace atfill::pipeline::internal {
+
+// The graph's side, for the node bodies to call back.
+class GraphHandle {
+ public:
+  virtual ~GraphHandle() = default;
+  // Cancels the graph: running bodies finish, nothing new starts. Thread-safe.
+  virtual void Cancel() = 0;
+  // Lets `chunks` more chunks past the in-flight limiter. Called from the commit body.
+  virtual void Release(size_t chunks) = 0;
+};
+
+// What the nodes do.
+class GraphBodies {
+ public:
+  virtual ~GraphBodies() = default;
+  // Called with the graph before it starts, and with nullptr once it is idle and about to go.
+  virtual void Attach(GraphHandle* graph) = 0;
+  // Serial. The next chunk with its seq set, or nullptr at the end of input (or to stop).
+  virtual EventChunk* Read() = 0;
+  // Concurrent, up to `workers` chunks at once.
+  virtual void Work(EventChunk* chunk) = 0;
+  // Serial, in seq order.
+  virtual void Commit(EventChunk* chunk) = 0;
+};
+
+//   Read ─ limiter(in_flight) ─ Work(workers) ─ sequencer(seq) ─ Commit
+// Runs until Read returns nullptr and every chunk passed Commit, or until Cancel.
+void RunGraph(GraphBodies* bodies, uint32_t workers, uint32_t in_flight);
+
+}  // namespace atfill::pipeline::internal
