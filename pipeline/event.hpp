@@ -1,0 +1,80 @@
+// The events every source produces and every stage and sink consumes.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <variant>
+
+#include "atproto/cid.hpp"
+
+namespace atfill::pipeline {
+
+enum class Operation : uint8_t { kCreate, kUpdate, kDelete };
+enum class Origin : uint8_t { kLive, kCrawl, kReplay };
+
+std::string_view OperationName(Operation op);
+std::string_view OriginName(Origin origin);
+
+// One record write or delete, whatever the source.
+struct RecordEvent {
+  std::string did;
+  std::string collection;
+  std::string rkey;
+  Operation operation = Operation::kCreate;
+  // The record's CID as the source stated it; not valid() for deletes.
+  atproto::Cid cid;
+  // The repo revision (TID) of the commit that wrote it; empty when the source gives none
+  // (listRecords does not).
+  std::string rev;
+  // The record exactly as received, atproto JSON; empty for deletes.
+  std::string body;
+  // The record's own createdAt string when it has one (copied, not normalised); else empty.
+  std::string created_at;
+  Origin origin = Origin::kLive;
+  // Where the source found it (its cursor unit: a line number, a time_us, a seq...); events of one
+  // source arrive in increasing position order.
+  uint64_t position = 0;
+
+  // "at://did/collection/rkey"
+  std::string Uri() const;
+};
+
+// Account status as Jetstream and the relay report it.
+enum class AccountStatus : uint8_t {
+  kActive,
+  kDeactivated,
+  kDeleted,
+  kTakendown,
+  kSuspended,
+  kDesynchronized,
+  kThrottled,
+  kOther,
+};
+
+AccountStatus ParseAccountStatus(std::string_view text);
+std::string_view AccountStatusName(AccountStatus status);
+// deleted, takendown and suspended remove the account's records.
+bool StatusPurgesRecords(AccountStatus status);
+
+struct AccountEvent {
+  std::string did;
+  bool active = true;
+  AccountStatus status = AccountStatus::kActive;
+  // Upstream relay sequence number and time (unix microseconds), 0 when unknown.
+  int64_t seq = 0;
+  int64_t time_us = 0;
+  Origin origin = Origin::kLive;
+  uint64_t position = 0;
+};
+
+using Event = std::variant<RecordEvent, AccountEvent>;
+
+inline uint64_t PositionOf(const Event& e) {
+  return std::visit([](const auto& x) { return x.position; }, e);
+}
+inline const std::string& DidOf(const Event& e) {
+  return std::visit([](const auto& x) -> const std::string& { return x.did; }, e);
+}
+
+}  // namespace atfill::pipeline

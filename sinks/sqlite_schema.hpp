@@ -1,0 +1,32 @@
+// Internal to sinks/: the SQLite schema and its versioned migrations.
+//
+// Version 1:
+//   atfill_schema_version(version)           one row: the schema version of this database
+//   atfill_dids(id, did)                     interned DIDs
+//   atfill_collections(id, nsid)             interned collection NSIDs
+//   atfill_record_rows(id, did_id, collection_id, rkey, cid, rev, indexed_at, created_at, record)
+//       unique (did_id, collection_id, rkey); rev and created_at NULL when unknown; indexed_at in
+//       unix microseconds; record is the JSON text exactly as received
+//   atfill_records                           the view raw SQL reads (see sqlite_sink.hpp)
+#pragma once
+
+#include <sqlite3.h>
+
+#include "base/status.hpp"
+
+namespace atfill::sinks::sqlite {
+
+// The version of a database: 0 when it holds no atfill tables yet. A database whose version row is
+// missing or duplicated is Corrupt.
+Result<int> ReadSchemaVersion(sqlite3* db);
+
+// Brings the database to kSqliteSchemaVersion, applying each migration N -> N+1 in order inside one
+// IMMEDIATE transaction (all or nothing). A database written by a newer atfill is Unsupported and
+// left untouched.
+Status MigrateSchema(sqlite3* db);
+
+// Fails unless the database is exactly at kSqliteSchemaVersion (used by read-only openers, which
+// never migrate).
+Status CheckSchemaCurrent(sqlite3* db);
+
+}  // namespace atfill::sinks::sqlite

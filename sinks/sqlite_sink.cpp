@@ -1,0 +1,449 @@
+#include "sinks/sqlite_sink.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+
+#include "sinks/event_checks.hpp"
+#include "sinks/intern_cache.hpp"
+#include "sinks/sqlite_schema.hpp"
+#include "sinks/sqlite_util.hpp"
+
+namespace atfill::sinks {
+namespace {
+
+using pipeline::AccountEvent;
+using pipeline::Event;
+using pipeline::Operation;
+using pipeline::RecordEvent;
+using pipeline::WriteStats;
+using sqlite::BindText;
+using sqlite::BindTextOrNull;
+using sqlite::ColumnText;
+using sqlite::ResetOnExit;
+using sqlite::Stmt;
+
+int64_t SystemNowUs() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+bool IsBusyCode(int rc) { return (rc & 0xff) == SQLITE_BUSY || (rc & 0xff) == SQLITE_LOCKED; }
+
+// The statements of one interned table.
+struct InternTable {
+  Stmt find;    // SELECT id WHERE key = ?1
+  Stmt insert;  // INSERT (key) VALUES (?1)
+  InternCache cache;
+};
+
+class SqliteSink final : public pipeline::Sink {
+ public:
+  // Errors do not name the database; OpenSqliteSink adds it.
+  static Result<std::unique_ptr<pipeline::Sink>> Open(const SqliteSinkOptions& options);
+
+  Result<WriteStats> Write(std::span<const Event> batch) override;
+  std::string_view name() const override { return "sqlite"; }
+
+ private:
+  SqliteSink(SqliteSinkOptions options, sqlite::Db db)
+      : options_(std::move(options)),
+        db_(std::move(db)),
+        dids_{nullptr, nullptr, InternCache(options_.intern_cache_entries)},
+        collections_{nullptr, nullptr, InternCache(options_.intern_cache_entries)} {}
+
+  Status Prepare();
+  Status WriteOnce(std::span<const Event> batch, int64_t now, WriteStats* stats);
+  Status ApplyWrite(const RecordEvent& e, int64_t now, WriteStats* stats);
+  Status ApplyDelete(const RecordEvent& e, WriteStats* stats);
+  Status ApplyAccount(const AccountEvent& e, WriteStats* stats);
+  // Looks up the stored row of (did_id, collection_id, rkey); when it exists calls
+  // on_row(cid, rev) (views valid only during the call) and returns its rowid.
+  template <typename OnRow>
+  Result<std::optional<int64_t>> ReadRow(int64_t did_id, int64_t collection_id,
+                                         std::string_view rkey, OnRow&& on_row);
+  Result<std::optional<int64_t>> Lookup(InternTable& table, std::string_view key);
+  Result<int64_t> Intern(InternTable& table, std::string_view key);
+  // Steps a statement that returns no rows; records the code of a failure for the retry logic.
+  Status Run(sqlite3_stmt* stmt, const char* what);
+  Status Failed(int rc, const char* what);
+  void Rollback();
+
+  SqliteSinkOptions options_;
+  sqlite::Db db_;
+  Stmt begin_, commit_, rollback_;
+  Stmt insert_row_, select_row_, update_row_, update_rev_, delete_row_, purge_did_;
+  InternTable dids_;
+  InternTable collections_;
+  int last_failure_rc_ = SQLITE_OK;
+};
+
+Result<std::unique_ptr<pipeline::Sink>> SqliteSink::Open(const SqliteSinkOptions& options) {
+  // NOMUTEX: the Sink contract already keeps calls on one thread at a time.
+  ATFILL_ASSIGN_OR_RETURN(
+      sqlite::Db db,
+      sqlite::Open(options.path, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX));
+  sqlite3* raw = db.get();
+  sqlite3_busy_timeout(raw, static_cast<int>(options.busy_timeout_ms));
+
+  // Only takes effect while the file is still empty, so it must precede the switch to WAL, which
+  // writes the first page.
+  std::string page_size = "PRAGMA page_size = " + std::to_string(options.page_size_bytes);
+  ATFILL_RETURN_IF_ERROR(sqlite::Exec(raw, page_size.c_str()));
+  {
+    ATFILL_ASSIGN_OR_RETURN(Stmt wal, sqlite::Prepare(raw, "PRAGMA journal_mode = WAL", false));
+    int rc = sqlite3_step(wal.get());
+    if (rc != SQLITE_ROW) return sqlite::ErrorStatus(raw, rc, "switching to WAL mode");
+    if (ColumnText(wal.get(), 0) != "wal") {
+      return Status::Unsupported("cannot use WAL mode (journal_mode stays " +
+                                 std::string(ColumnText(wal.get(), 0)) + ")");
+    }
+  }
+  std::string pragmas = "PRAGMA synchronous = ";
+  pragmas += options.synchronous == SqliteSynchronous::kFull ? "FULL" : "NORMAL";
+  pragmas += "; PRAGMA cache_size = -" + std::to_string(options.cache_bytes / 1024 + 1);
+  ATFILL_RETURN_IF_ERROR(sqlite::Exec(raw, pragmas.c_str()));
+  ATFILL_RETURN_IF_ERROR(sqlite::MigrateSchema(raw));
+
+  int64_t actual_page_size = 0;
+  {
+    ATFILL_ASSIGN_OR_RETURN(Stmt ps, sqlite::Prepare(raw, "PRAGMA page_size", false));
+    int rc = sqlite3_step(ps.get());
+    if (rc != SQLITE_ROW) return sqlite::ErrorStatus(raw, rc, "reading the page size");
+    actual_page_size = sqlite3_column_int64(ps.get(), 0);
+  }
+  if (actual_page_size <= 0) {
+    return Status::Corrupt("the database reports page size " + std::to_string(actual_page_size));
+  }
+  std::string checkpoint = "PRAGMA wal_autocheckpoint = " +
+                           std::to_string(std::clamp<int64_t>(
+                               options.wal_autocheckpoint_bytes / actual_page_size, 1, INT_MAX));
+  ATFILL_RETURN_IF_ERROR(sqlite::Exec(raw, checkpoint.c_str()));
+
+  if (options.max_database_bytes > 0) {
+    uint64_t pages = options.max_database_bytes / static_cast<uint64_t>(actual_page_size);
+    // SQLite never lowers the cap below the file's current size; the first write then fails.
+    std::string cap = "PRAGMA max_page_count = " + std::to_string(std::max<uint64_t>(pages, 1));
+    ATFILL_RETURN_IF_ERROR(sqlite::Exec(raw, cap.c_str()));
+  }
+
+  std::unique_ptr<SqliteSink> sink(new SqliteSink(options, std::move(db)));
+  ATFILL_RETURN_IF_ERROR(sink->Prepare());
+  return std::unique_ptr<pipeline::Sink>(std::move(sink));
+}
+
+Status SqliteSink::Prepare() {
+  sqlite3* db = db_.get();
+  auto prep = [db](Stmt* out, std::string_view sql) -> Status {
+    ATFILL_ASSIGN_OR_RETURN(*out, sqlite::Prepare(db, sql, true));
+    return Status::OK();
+  };
+  ATFILL_RETURN_IF_ERROR(prep(&begin_, "BEGIN IMMEDIATE"));
+  ATFILL_RETURN_IF_ERROR(prep(&commit_, "COMMIT"));
+  ATFILL_RETURN_IF_ERROR(prep(&rollback_, "ROLLBACK"));
+  // New rows are the common case of a backfill: one INSERT that does nothing on conflict is
+  // measurably faster than looking the row up first, and only a conflict pays for the SELECT.
+  ATFILL_RETURN_IF_ERROR(prep(&insert_row_,
+                              "INSERT INTO atfill_record_rows"
+                              "(did_id, collection_id, rkey, cid, rev, indexed_at, created_at, "
+                              "record) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) "
+                              "ON CONFLICT (did_id, collection_id, rkey) DO NOTHING"));
+  ATFILL_RETURN_IF_ERROR(prep(&select_row_,
+                              "SELECT id, cid, rev FROM atfill_record_rows "
+                              "WHERE did_id = ?1 AND collection_id = ?2 AND rkey = ?3"));
+  ATFILL_RETURN_IF_ERROR(prep(&update_row_,
+                              "UPDATE atfill_record_rows SET cid = ?1, rev = ?2, indexed_at = ?3, "
+                              "created_at = ?4, record = ?5 WHERE id = ?6"));
+  ATFILL_RETURN_IF_ERROR(
+      prep(&update_rev_, "UPDATE atfill_record_rows SET rev = ?1 WHERE id = ?2"));
+  ATFILL_RETURN_IF_ERROR(prep(&delete_row_, "DELETE FROM atfill_record_rows WHERE id = ?1"));
+  ATFILL_RETURN_IF_ERROR(prep(&purge_did_, "DELETE FROM atfill_record_rows WHERE did_id = ?1"));
+  ATFILL_RETURN_IF_ERROR(prep(&dids_.find, "SELECT id FROM atfill_dids WHERE did = ?1"));
+  ATFILL_RETURN_IF_ERROR(prep(&dids_.insert, "INSERT INTO atfill_dids(did) VALUES (?1)"));
+  ATFILL_RETURN_IF_ERROR(
+      prep(&collections_.find, "SELECT id FROM atfill_collections WHERE nsid = ?1"));
+  ATFILL_RETURN_IF_ERROR(
+      prep(&collections_.insert, "INSERT INTO atfill_collections(nsid) VALUES (?1)"));
+  return Status::OK();
+}
+
+Result<WriteStats> SqliteSink::Write(std::span<const Event> batch) {
+  WriteStats stats;
+  if (batch.empty()) return stats;
+  const int64_t now = options_.now_us ? options_.now_us() : SystemNowUs();
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point deadline =
+      Clock::now() + std::chrono::milliseconds(options_.busy_timeout_ms);
+  auto backoff = std::chrono::milliseconds(2);
+  for (;;) {
+    auto remaining = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (remaining.count() < 0) remaining = std::chrono::milliseconds(0);
+    // SQLite's own busy handler waits (with backoff) for the lock inside each statement; the loop
+    // below covers a lock lost mid-batch, which only a whole retry of the batch can fix.
+    sqlite3_busy_timeout(db_.get(), static_cast<int>(remaining.count()));
+    last_failure_rc_ = SQLITE_OK;
+    stats = WriteStats{};
+    Status st = WriteOnce(batch, now, &stats);
+    if (st.ok()) return stats;
+    Rollback();
+    if (!IsBusyCode(last_failure_rc_)) return st;
+    remaining = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (remaining.count() <= 0) {
+      return Status::Unavailable(
+          "SQLite database " + options_.path + " stayed locked by another connection for " +
+          std::to_string(options_.busy_timeout_ms) +
+          " ms; nothing of the batch was written (last error: " + sqlite3_errstr(last_failure_rc_) +
+          ")");
+    }
+    std::this_thread::sleep_for(std::min(backoff, remaining));
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(100));
+  }
+}
+
+Status SqliteSink::WriteOnce(std::span<const Event> batch, int64_t now, WriteStats* stats) {
+  ATFILL_RETURN_IF_ERROR(Run(begin_.get(), "BEGIN IMMEDIATE"));
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (const auto* r = std::get_if<RecordEvent>(&batch[i])) {
+      ATFILL_RETURN_IF_ERROR(CheckRecordEvent(*r, i));
+      Status st =
+          r->operation == Operation::kDelete ? ApplyDelete(*r, stats) : ApplyWrite(*r, now, stats);
+      if (!st.ok()) return st.WithContext("event " + std::to_string(i) + " (" + r->Uri() + ")");
+    } else {
+      const auto& a = std::get<AccountEvent>(batch[i]);
+      ATFILL_RETURN_IF_ERROR(CheckAccountEvent(a, i));
+      Status st = ApplyAccount(a, stats);
+      if (!st.ok()) {
+        return st.WithContext("event " + std::to_string(i) + " (account " + a.did + ")");
+      }
+    }
+  }
+  return Run(commit_.get(), "COMMIT");
+}
+
+// What a create/update does to an existing row.
+enum class WriteVerdict : uint8_t { kStale, kUnchanged, kUnchangedNewerRev, kUpdate };
+
+Status SqliteSink::ApplyWrite(const RecordEvent& e, int64_t now, WriteStats* stats) {
+  ATFILL_ASSIGN_OR_RETURN(int64_t did_id, Intern(dids_, e.did));
+  ATFILL_ASSIGN_OR_RETURN(int64_t collection_id, Intern(collections_, e.collection));
+  const std::string cid = e.cid.ToString();
+  {
+    sqlite3_stmt* s = insert_row_.get();
+    ResetOnExit reset(s);
+    sqlite3_bind_int64(s, 1, did_id);
+    sqlite3_bind_int64(s, 2, collection_id);
+    BindText(s, 3, e.rkey);
+    BindText(s, 4, cid);
+    BindTextOrNull(s, 5, e.rev);
+    sqlite3_bind_int64(s, 6, now);
+    BindTextOrNull(s, 7, e.created_at);
+    int rc = BindText(s, 8, e.body);
+    if (rc != SQLITE_OK) return Failed(rc, "binding the record body");
+    ATFILL_RETURN_IF_ERROR(Run(s, "inserting the record"));
+    if (sqlite3_changes(db_.get()) > 0) {
+      ++stats->inserted;
+      return Status::OK();
+    }
+  }
+
+  WriteVerdict verdict = WriteVerdict::kStale;
+  auto decide = [&](std::string_view stored_cid, std::string_view stored_rev) {
+    const bool has_rev = !e.rev.empty();
+    const bool stored_has_rev = !stored_rev.empty();
+    if (has_rev && stored_has_rev && stored_rev > e.rev) {
+      verdict = WriteVerdict::kStale;
+    } else if (stored_cid == cid) {
+      // Raising the stored rev keeps a later delete between the two revs stale.
+      verdict = has_rev && (!stored_has_rev || e.rev > stored_rev)
+                    ? WriteVerdict::kUnchangedNewerRev
+                    : WriteVerdict::kUnchanged;
+    } else if (!has_rev && stored_has_rev) {
+      verdict = WriteVerdict::kStale;
+    } else {
+      verdict = WriteVerdict::kUpdate;
+    }
+  };
+  ATFILL_ASSIGN_OR_RETURN(std::optional<int64_t> rowid,
+                          ReadRow(did_id, collection_id, e.rkey, decide));
+  if (!rowid) return Status::Internal("the insert conflicted but no row matches the key");
+  switch (verdict) {
+    case WriteVerdict::kStale:
+      ++stats->stale;
+      return Status::OK();
+    case WriteVerdict::kUnchanged:
+      ++stats->unchanged;
+      return Status::OK();
+    case WriteVerdict::kUnchangedNewerRev: {
+      sqlite3_stmt* s = update_rev_.get();
+      ResetOnExit reset(s);
+      BindText(s, 1, e.rev);
+      sqlite3_bind_int64(s, 2, *rowid);
+      ATFILL_RETURN_IF_ERROR(Run(s, "raising the record's rev"));
+      ++stats->unchanged;
+      return Status::OK();
+    }
+    case WriteVerdict::kUpdate: {
+      sqlite3_stmt* s = update_row_.get();
+      ResetOnExit reset(s);
+      BindText(s, 1, cid);
+      BindTextOrNull(s, 2, e.rev);
+      sqlite3_bind_int64(s, 3, now);
+      BindTextOrNull(s, 4, e.created_at);
+      int rc = BindText(s, 5, e.body);
+      if (rc != SQLITE_OK) return Failed(rc, "binding the record body");
+      sqlite3_bind_int64(s, 6, *rowid);
+      ATFILL_RETURN_IF_ERROR(Run(s, "updating the record"));
+      ++stats->updated;
+      return Status::OK();
+    }
+  }
+  return Status::Internal("unknown write verdict");
+}
+
+Status SqliteSink::ApplyDelete(const RecordEvent& e, WriteStats* stats) {
+  ATFILL_ASSIGN_OR_RETURN(std::optional<int64_t> did_id, Lookup(dids_, e.did));
+  if (!did_id) return Status::OK();
+  ATFILL_ASSIGN_OR_RETURN(std::optional<int64_t> collection_id, Lookup(collections_, e.collection));
+  if (!collection_id) return Status::OK();
+  bool stale = false;
+  auto decide = [&](std::string_view, std::string_view stored_rev) {
+    stale = !e.rev.empty() && !stored_rev.empty() && stored_rev > e.rev;
+  };
+  ATFILL_ASSIGN_OR_RETURN(std::optional<int64_t> rowid,
+                          ReadRow(*did_id, *collection_id, e.rkey, decide));
+  if (!rowid) return Status::OK();
+  if (stale) {
+    ++stats->stale;
+    return Status::OK();
+  }
+  sqlite3_stmt* s = delete_row_.get();
+  ResetOnExit reset(s);
+  sqlite3_bind_int64(s, 1, *rowid);
+  ATFILL_RETURN_IF_ERROR(Run(s, "deleting the record"));
+  ++stats->deleted;
+  return Status::OK();
+}
+
+Status SqliteSink::ApplyAccount(const AccountEvent& e, WriteStats* stats) {
+  if (!pipeline::StatusPurgesRecords(e.status)) return Status::OK();
+  ++stats->purged_accounts;
+  ATFILL_ASSIGN_OR_RETURN(std::optional<int64_t> did_id, Lookup(dids_, e.did));
+  if (!did_id) return Status::OK();
+  sqlite3_stmt* s = purge_did_.get();
+  ResetOnExit reset(s);
+  sqlite3_bind_int64(s, 1, *did_id);
+  ATFILL_RETURN_IF_ERROR(Run(s, "purging the account's records"));
+  stats->purged_records += static_cast<uint64_t>(sqlite3_changes64(db_.get()));
+  return Status::OK();
+}
+
+template <typename OnRow>
+Result<std::optional<int64_t>> SqliteSink::ReadRow(int64_t did_id, int64_t collection_id,
+                                                   std::string_view rkey, OnRow&& on_row) {
+  sqlite3_stmt* s = select_row_.get();
+  ResetOnExit reset(s);
+  sqlite3_bind_int64(s, 1, did_id);
+  sqlite3_bind_int64(s, 2, collection_id);
+  BindText(s, 3, rkey);
+  int rc = sqlite3_step(s);
+  if (rc == SQLITE_DONE) return std::optional<int64_t>();
+  if (rc != SQLITE_ROW) return Failed(rc, "reading the stored record");
+  on_row(ColumnText(s, 1), ColumnText(s, 2));
+  return std::optional<int64_t>(sqlite3_column_int64(s, 0));
+}
+
+Result<std::optional<int64_t>> SqliteSink::Lookup(InternTable& table, std::string_view key) {
+  if (std::optional<int64_t> id = table.cache.Find(key)) return id;
+  sqlite3_stmt* s = table.find.get();
+  ResetOnExit reset(s);
+  BindText(s, 1, key);
+  int rc = sqlite3_step(s);
+  if (rc == SQLITE_DONE) return std::optional<int64_t>();
+  if (rc != SQLITE_ROW) return Failed(rc, "looking up an interned id");
+  int64_t id = sqlite3_column_int64(s, 0);
+  table.cache.Add(key, id);
+  return std::optional<int64_t>(id);
+}
+
+Result<int64_t> SqliteSink::Intern(InternTable& table, std::string_view key) {
+  ATFILL_ASSIGN_OR_RETURN(std::optional<int64_t> found, Lookup(table, key));
+  if (found) return *found;
+  sqlite3_stmt* s = table.insert.get();
+  ResetOnExit reset(s);
+  BindText(s, 1, key);
+  ATFILL_RETURN_IF_ERROR(Run(s, "interning an id"));
+  int64_t id = sqlite3_last_insert_rowid(db_.get());
+  // Ids added inside the transaction are forgotten by Rollback() if the batch fails.
+  table.cache.Add(key, id);
+  return id;
+}
+
+Status SqliteSink::Run(sqlite3_stmt* stmt, const char* what) {
+  int rc = sqlite3_step(stmt);
+  if (rc == SQLITE_DONE || rc == SQLITE_ROW) return Status::OK();
+  return Failed(rc, what);
+}
+
+Status SqliteSink::Failed(int rc, const char* what) {
+  last_failure_rc_ = rc;
+  return sqlite::ErrorStatus(db_.get(), rc, what).WithContext("SQLite database " + options_.path);
+}
+
+void SqliteSink::Rollback() {
+  // SQLite rolls the transaction back by itself after some errors (SQLITE_FULL, SQLITE_NOMEM...).
+  if (!sqlite3_get_autocommit(db_.get())) {
+    sqlite3_stmt* s = rollback_.get();
+    ResetOnExit reset(s);
+    (void)sqlite3_step(s);  // nothing more to undo if this fails; the batch error is reported
+  }
+  // An id interned by the rolled-back transaction no longer exists; the cache may hold some.
+  dids_.cache.Clear();
+  collections_.cache.Clear();
+}
+
+}  // namespace
+
+Status SqliteSinkOptions::Validate() const {
+  if (path.empty()) return Status::Invalid("SqliteSinkOptions.path is empty");
+  if (path == ":memory:" || path.starts_with("file:")) {
+    return Status::Invalid("SqliteSinkOptions.path must name a file (got '" + path +
+                           "'): WAL mode and readers need one");
+  }
+  if (busy_timeout_ms < 0 || busy_timeout_ms > INT_MAX) {
+    return Status::Invalid("SqliteSinkOptions.busy_timeout_ms must be in [0, " +
+                           std::to_string(INT_MAX) + "], got " + std::to_string(busy_timeout_ms));
+  }
+  if (cache_bytes <= 0) {
+    return Status::Invalid("SqliteSinkOptions.cache_bytes must be positive, got " +
+                           std::to_string(cache_bytes));
+  }
+  if (page_size_bytes < 512 || page_size_bytes > 65536 ||
+      (page_size_bytes & (page_size_bytes - 1)) != 0) {
+    return Status::Invalid(
+        "SqliteSinkOptions.page_size_bytes must be a power of two in [512, 65536], got " +
+        std::to_string(page_size_bytes));
+  }
+  if (wal_autocheckpoint_bytes <= 0) {
+    return Status::Invalid("SqliteSinkOptions.wal_autocheckpoint_bytes must be positive, got " +
+                           std::to_string(wal_autocheckpoint_bytes));
+  }
+  if (intern_cache_entries == 0) {
+    return Status::Invalid("SqliteSinkOptions.intern_cache_entries must be positive");
+  }
+  return Status::OK();
+}
+
+Result<std::unique_ptr<pipeline::Sink>> OpenSqliteSink(const SqliteSinkOptions& options) {
+  ATFILL_RETURN_IF_ERROR(options.Validate());
+  auto sink = SqliteSink::Open(options);
+  if (!sink.ok()) return sink.status().WithContext("opening SQLite database " + options.path);
+  return sink;
+}
+
+}  // namespace atfill::sinks

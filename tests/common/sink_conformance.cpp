@@ -1,0 +1,502 @@
+#include "tests/common/sink_conformance.hpp"
+
+#include <algorithm>
+#include <array>
+#include <utility>
+
+#include "atproto/cid.hpp"
+#include "base/bytes.hpp"
+
+namespace atfill::testing {
+
+using pipeline::AccountStatus;
+using pipeline::Event;
+using pipeline::Operation;
+using pipeline::RecordEvent;
+using pipeline::WriteStats;
+
+std::ostream& operator<<(std::ostream& os, const TableRow& r) {
+  return os << "{uri=" << r.uri << " cid=" << r.cid << " rev=" << r.rev
+            << " created_at=" << r.created_at << " record=" << r.record << "}";
+}
+
+void PrintTo(const SinkConformanceParam& param, std::ostream* os) { *os << param.name; }
+
+std::string SinkConformanceName(const ::testing::TestParamInfo<SinkConformanceParam>& info) {
+  return info.param.name;
+}
+
+namespace {
+
+Event MakeRecord(Operation op, std::string did, std::string collection, std::string rkey,
+                 std::string body, std::string rev, std::string created_at) {
+  RecordEvent e;
+  e.did = std::move(did);
+  e.collection = std::move(collection);
+  e.rkey = std::move(rkey);
+  e.operation = op;
+  if (op != Operation::kDelete)
+    e.cid = atproto::Cid::Compute(atproto::Cid::Codec::kDagCbor, AsBytes(body));
+  e.rev = std::move(rev);
+  e.body = std::move(body);
+  e.created_at = std::move(created_at);
+  return e;
+}
+
+}  // namespace
+
+Event MakeCreate(std::string did, std::string collection, std::string rkey, std::string body,
+                 std::string rev, std::string created_at) {
+  return MakeRecord(Operation::kCreate, std::move(did), std::move(collection), std::move(rkey),
+                    std::move(body), std::move(rev), std::move(created_at));
+}
+
+Event MakeUpdate(std::string did, std::string collection, std::string rkey, std::string body,
+                 std::string rev) {
+  return MakeRecord(Operation::kUpdate, std::move(did), std::move(collection), std::move(rkey),
+                    std::move(body), std::move(rev), "");
+}
+
+Event MakeDelete(std::string did, std::string collection, std::string rkey, std::string rev) {
+  return MakeRecord(Operation::kDelete, std::move(did), std::move(collection), std::move(rkey), "",
+                    std::move(rev), "");
+}
+
+Event MakeAccount(std::string did, AccountStatus status) {
+  pipeline::AccountEvent e;
+  e.did = std::move(did);
+  e.status = status;
+  e.active = status == AccountStatus::kActive;
+  return e;
+}
+
+std::string CidOf(std::string_view body) {
+  return atproto::Cid::Compute(atproto::Cid::Codec::kDagCbor, AsBytes(body)).ToString();
+}
+
+void SinkConformanceTest::SetUp() {
+  auto env = GetParam().make_env([this] { return now_us_; });
+  ASSERT_TRUE(env.ok()) << env.status().ToString();
+  env_ = std::move(env).value();
+  auto sink = env_->OpenSink();
+  ASSERT_TRUE(sink.ok()) << sink.status().ToString();
+  sink_ = std::move(sink).value();
+}
+
+WriteStats SinkConformanceTest::MustWrite(const std::vector<Event>& batch) {
+  auto stats = sink_->Write(batch);
+  EXPECT_TRUE(stats.ok()) << stats.status().ToString();
+  return stats.ok() ? *stats : WriteStats{};
+}
+
+std::vector<TableRow> SinkConformanceTest::MustReadAll() {
+  auto rows = env_->reader().ReadAll();
+  EXPECT_TRUE(rows.ok()) << rows.status().ToString();
+  return rows.ok() ? *rows : std::vector<TableRow>{};
+}
+
+std::optional<int64_t> SinkConformanceTest::MustIndexedAt(std::string_view uri) {
+  auto at = env_->reader().IndexedAtUs(uri);
+  EXPECT_TRUE(at.ok()) << at.status().ToString();
+  return at.ok() ? *at : std::nullopt;
+}
+
+namespace {
+
+constexpr const char* kAlice = "did:plc:alice2ixhq5mvvcy4ygqtfp";
+constexpr const char* kBob = "did:plc:bob7x3ohbx4kdyhrlqwv2mtq";
+constexpr const char* kPost = "app.bsky.feed.post";
+constexpr const char* kLike = "app.bsky.feed.like";
+// Revs are TIDs; they sort as text in time order.
+constexpr const char* kRev1 = "3kaaaaaaaaa2a";
+constexpr const char* kRev2 = "3kbbbbbbbbb2a";
+constexpr const char* kRev3 = "3kccccccccc2a";
+constexpr const char* kRev4 = "3kddddddddd2a";
+
+const std::string kBodyA =
+    R"({"$type":"app.bsky.feed.post","text":"first","createdAt":"2024-01-01T00:00:00.000Z"})";
+const std::string kBodyB =
+    R"({"$type":"app.bsky.feed.post","text":"second","createdAt":"2024-01-01T00:00:00.000Z"})";
+const std::string kBodyC =
+    R"({"$type":"app.bsky.feed.post","text":"third","createdAt":"2024-01-01T00:00:00.000Z"})";
+
+std::string Uri(std::string_view did, std::string_view collection, std::string_view rkey) {
+  return "at://" + std::string(did) + "/" + std::string(collection) + "/" + std::string(rkey);
+}
+
+TableRow Row(std::string_view did, std::string_view collection, std::string_view rkey,
+             const std::string& body, std::string rev, std::string created_at = "") {
+  return TableRow{Uri(did, collection, rkey), CidOf(body), std::move(rev), body,
+                  std::move(created_at)};
+}
+
+// Compares every counter so that a wrong classification anywhere fails.
+void ExpectStats(const WriteStats& got, const WriteStats& want) {
+  EXPECT_EQ(got.inserted, want.inserted) << "inserted";
+  EXPECT_EQ(got.updated, want.updated) << "updated";
+  EXPECT_EQ(got.unchanged, want.unchanged) << "unchanged";
+  EXPECT_EQ(got.stale, want.stale) << "stale";
+  EXPECT_EQ(got.deleted, want.deleted) << "deleted";
+  EXPECT_EQ(got.purged_accounts, want.purged_accounts) << "purged_accounts";
+  EXPECT_EQ(got.purged_records, want.purged_records) << "purged_records";
+}
+
+WriteStats Stats(uint64_t inserted, uint64_t updated, uint64_t unchanged, uint64_t stale,
+                 uint64_t deleted, uint64_t purged_accounts = 0, uint64_t purged_records = 0) {
+  WriteStats s;
+  s.inserted = inserted;
+  s.updated = updated;
+  s.unchanged = unchanged;
+  s.stale = stale;
+  s.deleted = deleted;
+  s.purged_accounts = purged_accounts;
+  s.purged_records = purged_records;
+  return s;
+}
+
+TEST_P(SinkConformanceTest, EmptyBatchWritesNothing) {
+  ExpectStats(MustWrite({}), Stats(0, 0, 0, 0, 0));
+  EXPECT_TRUE(MustReadAll().empty());
+}
+
+TEST_P(SinkConformanceTest, CreatesInsertRows) {
+  WriteStats stats = MustWrite({
+      MakeCreate(kAlice, kPost, "3kp1", kBodyA, kRev1, "2024-01-01T00:00:00.000Z"),
+      MakeCreate(kAlice, kLike, "3kl1", kBodyB, kRev1),
+      MakeCreate(kBob, kPost, "3kp1", kBodyC),
+  });
+  ExpectStats(stats, Stats(3, 0, 0, 0, 0));
+  std::vector<TableRow> want = {
+      Row(kAlice, kLike, "3kl1", kBodyB, kRev1),
+      Row(kAlice, kPost, "3kp1", kBodyA, kRev1, "2024-01-01T00:00:00.000Z"),
+      Row(kBob, kPost, "3kp1", kBodyC, ""),
+  };
+  EXPECT_EQ(MustReadAll(), want);
+  for (const TableRow& row : want) EXPECT_EQ(MustIndexedAt(row.uri), now_us_) << row.uri;
+  EXPECT_EQ(MustIndexedAt(Uri(kBob, kLike, "3kp1")), std::nullopt);
+}
+
+TEST_P(SinkConformanceTest, RecordTextIsStoredExactly) {
+  // Whitespace, key order, escapes and non-ASCII text survive byte for byte.
+  const std::string body =
+      "{ \"text\" : \"h\xc3\xa9llo \\u00e9 \\\"q\\\" \xf0\x9f\xa6\x8b\",\n\t\"$type\":\"x\"}";
+  const std::string big = R"({"text":")" + std::string(100000, 'z') + R"("})";
+  MustWrite({MakeCreate(kAlice, kPost, "a", body, kRev1), MakeCreate(kAlice, kPost, "b", big)});
+  std::vector<TableRow> rows = MustReadAll();
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[0].record, body);
+  EXPECT_EQ(rows[1].record, big);
+}
+
+TEST_P(SinkConformanceTest, IdenticalRedeliveryKeepsRowAndIndexedAt) {
+  MustWrite({MakeCreate(kAlice, kPost, "r", kBodyA, kRev1)});
+  const int64_t first = now_us_;
+  now_us_ += 5'000'000;
+  ExpectStats(MustWrite({MakeCreate(kAlice, kPost, "r", kBodyA, kRev1)}), Stats(0, 0, 1, 0, 0));
+  ExpectStats(MustWrite({MakeUpdate(kAlice, kPost, "r", kBodyA, kRev1)}), Stats(0, 0, 1, 0, 0));
+  EXPECT_EQ(MustReadAll(), std::vector<TableRow>{Row(kAlice, kPost, "r", kBodyA, kRev1)});
+  EXPECT_EQ(MustIndexedAt(Uri(kAlice, kPost, "r")), first);
+}
+
+TEST_P(SinkConformanceTest, RevlessRedeliveryOfRevlessRowIsUnchanged) {
+  MustWrite({MakeCreate(kAlice, kPost, "r", kBodyA)});
+  const int64_t first = now_us_;
+  now_us_ += 1;
+  ExpectStats(MustWrite({MakeCreate(kAlice, kPost, "r", kBodyA)}), Stats(0, 0, 1, 0, 0));
+  EXPECT_EQ(MustIndexedAt(Uri(kAlice, kPost, "r")), first);
+}
+
+TEST_P(SinkConformanceTest, NewerRevReplacesRow) {
+  MustWrite({MakeCreate(kAlice, kPost, "r", kBodyA, kRev1, "2024-01-01T00:00:00.000Z")});
+  now_us_ += 1'000;
+  ExpectStats(MustWrite({MakeUpdate(kAlice, kPost, "r", kBodyB, kRev2)}), Stats(0, 1, 0, 0, 0));
+  // The created_at of the new version replaces the old one (here: none).
+  EXPECT_EQ(MustReadAll(), std::vector<TableRow>{Row(kAlice, kPost, "r", kBodyB, kRev2)});
+  EXPECT_EQ(MustIndexedAt(Uri(kAlice, kPost, "r")), now_us_);
+  // A create (as a re-crawl reports it) upserts the same way.
+  now_us_ += 1'000;
+  ExpectStats(MustWrite({MakeCreate(kAlice, kPost, "r", kBodyC, kRev3, "x")}),
+              Stats(0, 1, 0, 0, 0));
+  EXPECT_EQ(MustReadAll(), std::vector<TableRow>{Row(kAlice, kPost, "r", kBodyC, kRev3, "x")});
+  EXPECT_EQ(MustIndexedAt(Uri(kAlice, kPost, "r")), now_us_);
+}
+
+TEST_P(SinkConformanceTest, OlderRevIsStale) {
+  MustWrite({MakeCreate(kAlice, kPost, "r", kBodyB, kRev2)});
+  const int64_t first = now_us_;
+  now_us_ += 1'000;
+  ExpectStats(MustWrite({MakeUpdate(kAlice, kPost, "r", kBodyA, kRev1)}), Stats(0, 0, 0, 1, 0));
+  // Older even with the same CID: still stale, nothing changes.
+  ExpectStats(MustWrite({MakeCreate(kAlice, kPost, "r", kBodyB, kRev1)}), Stats(0, 0, 0, 1, 0));
+  EXPECT_EQ(MustReadAll(), std::vector<TableRow>{Row(kAlice, kPost, "r", kBodyB, kRev2)});
+  EXPECT_EQ(MustIndexedAt(Uri(kAlice, kPost, "r")), first);
+}
+
+TEST_P(SinkConformanceTest, SameCidWithNewerRevKeepsRowButRaisesRev) {
+  MustWrite({MakeCreate(kAlice, kPost, "r", kBodyA, kRev1)});
+  const int64_t first = now_us_;
+  now_us_ += 1'000;
+  ExpectStats(MustWrite({MakeCreate(kAlice, kPost, "r", kBodyA, kRev3)}), Stats(0, 0, 1, 0, 0));
+  EXPECT_EQ(MustIndexedAt(Uri(kAlice, kPost, "r")), first);
+  EXPECT_EQ(MustReadAll(), std::vector<TableRow>{Row(kAlice, kPost, "r", kBodyA, kRev3)});
+  // The repo re-created the record at rev3 after deleting it at rev2: the late rev2 delete must
+  // not remove it.
+  ExpectStats(MustWrite({MakeDelete(kAlice, kPost, "r", kRev2)}), Stats(0, 0, 0, 1, 0));
+  EXPECT_EQ(MustReadAll().size(), 1u);
+}
+
+TEST_P(SinkConformanceTest, RevlessWriteDoesNotReplaceRevvedRow) {
+  MustWrite({MakeCreate(kAlice, kPost, "r", kBodyA, kRev2)});
+  ExpectStats(MustWrite({MakeUpdate(kAlice, kPost, "r", kBodyB)}), Stats(0, 0, 0, 1, 0));
+  EXPECT_EQ(MustReadAll(), std::vector<TableRow>{Row(kAlice, kPost, "r", kBodyA, kRev2)});
+  // ...unless the CIDs match: then it is a redelivery and the stored rev stays.
+  ExpectStats(MustWrite({MakeCreate(kAlice, kPost, "r", kBodyA)}), Stats(0, 0, 1, 0, 0));
+  EXPECT_EQ(MustReadAll(), std::vector<TableRow>{Row(kAlice, kPost, "r", kBodyA, kRev2)});
+}
+
+TEST_P(SinkConformanceTest, RevlessRowIsReplacedByAnyNewContent) {
+  MustWrite({MakeCreate(kAlice, kPost, "r", kBodyA)});
+  ExpectStats(MustWrite({MakeUpdate(kAlice, kPost, "r", kBodyB)}), Stats(0, 1, 0, 0, 0));
+  EXPECT_EQ(MustReadAll(), std::vector<TableRow>{Row(kAlice, kPost, "r", kBodyB, "")});
+  ExpectStats(MustWrite({MakeUpdate(kAlice, kPost, "r", kBodyC, kRev1)}), Stats(0, 1, 0, 0, 0));
+  EXPECT_EQ(MustReadAll(), std::vector<TableRow>{Row(kAlice, kPost, "r", kBodyC, kRev1)});
+}
+
+TEST_P(SinkConformanceTest, SameCidGivesRevToRevlessRow) {
+  MustWrite({MakeCreate(kAlice, kPost, "r", kBodyA)});
+  ExpectStats(MustWrite({MakeCreate(kAlice, kPost, "r", kBodyA, kRev2)}), Stats(0, 0, 1, 0, 0));
+  EXPECT_EQ(MustReadAll(), std::vector<TableRow>{Row(kAlice, kPost, "r", kBodyA, kRev2)});
+}
+
+TEST_P(SinkConformanceTest, DeleteRemovesOnlyItsRow) {
+  MustWrite({MakeCreate(kAlice, kPost, "r", kBodyA, kRev1),
+             MakeCreate(kAlice, kPost, "s", kBodyB, kRev1),
+             MakeCreate(kBob, kPost, "r", kBodyA, kRev1)});
+  ExpectStats(MustWrite({MakeDelete(kAlice, kPost, "r", kRev2)}), Stats(0, 0, 0, 0, 1));
+  EXPECT_EQ(MustReadAll(), (std::vector<TableRow>{Row(kAlice, kPost, "s", kBodyB, kRev1),
+                                                  Row(kBob, kPost, "r", kBodyA, kRev1)}));
+}
+
+TEST_P(SinkConformanceTest, DeleteAtTheStoredRevRemovesRow) {
+  MustWrite({MakeCreate(kAlice, kPost, "r", kBodyA, kRev2)});
+  ExpectStats(MustWrite({MakeDelete(kAlice, kPost, "r", kRev2)}), Stats(0, 0, 0, 0, 1));
+  EXPECT_TRUE(MustReadAll().empty());
+}
+
+TEST_P(SinkConformanceTest, StaleDeleteIsIgnored) {
+  MustWrite({MakeCreate(kAlice, kPost, "r", kBodyA, kRev3)});
+  ExpectStats(MustWrite({MakeDelete(kAlice, kPost, "r", kRev2)}), Stats(0, 0, 0, 1, 0));
+  EXPECT_EQ(MustReadAll(), std::vector<TableRow>{Row(kAlice, kPost, "r", kBodyA, kRev3)});
+}
+
+TEST_P(SinkConformanceTest, DeleteWithoutRevRemovesRow) {
+  MustWrite(
+      {MakeCreate(kAlice, kPost, "r", kBodyA, kRev3), MakeCreate(kAlice, kPost, "s", kBodyA)});
+  ExpectStats(MustWrite({MakeDelete(kAlice, kPost, "r"), MakeDelete(kAlice, kPost, "s")}),
+              Stats(0, 0, 0, 0, 2));
+  EXPECT_TRUE(MustReadAll().empty());
+}
+
+TEST_P(SinkConformanceTest, DeleteOfMissingRowCountsNothing) {
+  MustWrite({MakeCreate(kAlice, kPost, "r", kBodyA, kRev1)});
+  ExpectStats(
+      MustWrite({MakeDelete(kAlice, kPost, "other", kRev2), MakeDelete(kAlice, kLike, "r", kRev2),
+                 MakeDelete("did:plc:nobody", kPost, "r", kRev2)}),
+      Stats(0, 0, 0, 0, 0));
+  EXPECT_EQ(MustReadAll().size(), 1u);
+}
+
+TEST_P(SinkConformanceTest, PurgingAccountStatusesRemoveAllRowsOfTheDidOnly) {
+  for (AccountStatus status :
+       {AccountStatus::kDeleted, AccountStatus::kTakendown, AccountStatus::kSuspended}) {
+    SCOPED_TRACE(std::string(pipeline::AccountStatusName(status)));
+    MustWrite({MakeCreate(kAlice, kPost, "p1", kBodyA, kRev1),
+               MakeCreate(kAlice, kPost, "p2", kBodyB, kRev1),
+               MakeCreate(kAlice, kLike, "l1", kBodyC, kRev1),
+               MakeCreate(kBob, kPost, "p1", kBodyA, kRev1)});
+    ExpectStats(MustWrite({MakeAccount(kAlice, status)}), Stats(0, 0, 0, 0, 0, 1, 3));
+    EXPECT_EQ(MustReadAll(), std::vector<TableRow>{Row(kBob, kPost, "p1", kBodyA, kRev1)});
+    // Purging again finds nothing left.
+    ExpectStats(MustWrite({MakeAccount(kAlice, status)}), Stats(0, 0, 0, 0, 0, 1, 0));
+  }
+  // A DID the sink never saw.
+  ExpectStats(MustWrite({MakeAccount("did:plc:nobody", AccountStatus::kDeleted)}),
+              Stats(0, 0, 0, 0, 0, 1, 0));
+  EXPECT_EQ(MustReadAll().size(), 1u);
+}
+
+TEST_P(SinkConformanceTest, NonPurgingAccountStatusesChangeNothing) {
+  MustWrite({MakeCreate(kAlice, kPost, "p1", kBodyA, kRev1)});
+  for (AccountStatus status :
+       {AccountStatus::kActive, AccountStatus::kDeactivated, AccountStatus::kDesynchronized,
+        AccountStatus::kThrottled, AccountStatus::kOther}) {
+    SCOPED_TRACE(std::string(pipeline::AccountStatusName(status)));
+    ExpectStats(MustWrite({MakeAccount(kAlice, status)}), Stats(0, 0, 0, 0, 0, 0, 0));
+    EXPECT_EQ(MustReadAll(), std::vector<TableRow>{Row(kAlice, kPost, "p1", kBodyA, kRev1)});
+  }
+}
+
+TEST_P(SinkConformanceTest, EventsApplyInBatchOrder) {
+  // create, delete, create again of one URI in one batch: the last create wins.
+  ExpectStats(MustWrite({MakeCreate(kAlice, kPost, "r", kBodyA, kRev1),
+                         MakeDelete(kAlice, kPost, "r", kRev2),
+                         MakeCreate(kAlice, kPost, "r", kBodyB, kRev3)}),
+              Stats(2, 0, 0, 0, 1));
+  EXPECT_EQ(MustReadAll(), std::vector<TableRow>{Row(kAlice, kPost, "r", kBodyB, kRev3)});
+  // create then update in one batch.
+  ExpectStats(MustWrite({MakeCreate(kBob, kPost, "r", kBodyA, kRev1),
+                         MakeUpdate(kBob, kPost, "r", kBodyC, kRev2)}),
+              Stats(1, 1, 0, 0, 0));
+  // A purge between two creates of the same DID removes only the first.
+  ExpectStats(MustWrite({MakeCreate(kBob, kLike, "x", kBodyA, kRev3),
+                         MakeAccount(kBob, AccountStatus::kDeleted),
+                         MakeCreate(kBob, kLike, "y", kBodyB, kRev4)}),
+              Stats(2, 0, 0, 0, 0, 1, 2));
+  EXPECT_EQ(MustReadAll(), (std::vector<TableRow>{Row(kAlice, kPost, "r", kBodyB, kRev3),
+                                                  Row(kBob, kLike, "y", kBodyB, kRev4)}));
+}
+
+TEST_P(SinkConformanceTest, InvalidEventFailsTheWholeBatch) {
+  MustWrite({MakeCreate(kAlice, kPost, "keep", kBodyA, kRev1)});
+  const std::vector<TableRow> before = MustReadAll();
+
+  struct Case {
+    const char* what;
+    Event bad;
+    const char* message;
+  };
+  Event no_cid = MakeCreate(kBob, kPost, "r", kBodyA, kRev1);
+  std::get<RecordEvent>(no_cid).cid = atproto::Cid();
+  Event no_body = MakeUpdate(kBob, kPost, "r", kBodyA, kRev1);
+  std::get<RecordEvent>(no_body).body.clear();
+  std::vector<Case> cases = {
+      {"empty did", MakeCreate("", kPost, "r", kBodyA), "did"},
+      {"empty collection", MakeCreate(kBob, "", "r", kBodyA), "collection"},
+      {"empty rkey", MakeDelete(kBob, kPost, "", kRev1), "rkey"},
+      {"no cid", no_cid, "CID"},
+      {"no body", no_body, "body"},
+      {"account without did", MakeAccount("", AccountStatus::kDeleted), "did"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    // Valid events before the bad one touch a new DID, a new collection, an existing row and a
+    // purge: none of it may survive.
+    std::vector<Event> batch = {
+        MakeCreate("did:plc:newcomer", "com.example.new", "r", kBodyB, kRev1),
+        MakeUpdate(kAlice, kPost, "keep", kBodyC, kRev2),
+        MakeCreate(kBob, kPost, "r", kBodyB, kRev1),
+        MakeAccount(kBob, AccountStatus::kDeleted),
+        c.bad,
+    };
+    auto stats = sink_->Write(batch);
+    ASSERT_FALSE(stats.ok());
+    EXPECT_EQ(stats.status().code(), StatusCode::kInvalid) << stats.status().ToString();
+    EXPECT_NE(stats.status().message().find("event 4"), std::string::npos)
+        << stats.status().ToString();
+    EXPECT_NE(stats.status().message().find(c.message), std::string::npos)
+        << stats.status().ToString();
+    EXPECT_EQ(MustReadAll(), before);
+  }
+  // The sink still works, and a DID and collection first seen in the failed batches are stored
+  // correctly now (no id from a rolled-back transaction is reused).
+  ExpectStats(MustWrite({MakeCreate("did:plc:newcomer", "com.example.new", "r", kBodyB, kRev1)}),
+              Stats(1, 0, 0, 0, 0));
+  EXPECT_EQ(MustReadAll(), (std::vector<TableRow>{
+                               Row(kAlice, kPost, "keep", kBodyA, kRev1),
+                               Row("did:plc:newcomer", "com.example.new", "r", kBodyB, kRev1)}));
+}
+
+TEST_P(SinkConformanceTest, BlockedDatabaseIsUnavailableAndAppliesNothing) {
+  MustWrite({MakeCreate(kAlice, kPost, "keep", kBodyA, kRev1)});
+  const std::vector<TableRow> before = MustReadAll();
+  std::vector<Event> batch = {MakeCreate(kBob, kPost, "r", kBodyB, kRev1),
+                              MakeUpdate(kAlice, kPost, "keep", kBodyC, kRev2)};
+  {
+    auto blocker = env_->BlockWrites();
+    ASSERT_TRUE(blocker.ok()) << blocker.status().ToString();
+    auto stats = sink_->Write(batch);
+    ASSERT_FALSE(stats.ok());
+    EXPECT_EQ(stats.status().code(), StatusCode::kUnavailable) << stats.status().ToString();
+  }
+  EXPECT_EQ(MustReadAll(), before);
+  ExpectStats(MustWrite(batch), Stats(1, 1, 0, 0, 0));
+  EXPECT_EQ(MustReadAll(), (std::vector<TableRow>{Row(kAlice, kPost, "keep", kBodyC, kRev2),
+                                                  Row(kBob, kPost, "r", kBodyB, kRev1)}));
+}
+
+TEST_P(SinkConformanceTest, SameBatchTwiceLeavesTheSameTable) {
+  MustWrite({MakeCreate(kAlice, kPost, "old", kBodyA, kRev1),
+             MakeCreate(kBob, kLike, "gone", kBodyA, kRev1)});
+  std::vector<Event> batch = {
+      MakeCreate(kAlice, kPost, "new", kBodyA, kRev2),
+      MakeUpdate(kAlice, kPost, "old", kBodyB, kRev2),
+      MakeCreate(kAlice, kLike, "l", kBodyC),
+      MakeDelete(kAlice, kPost, "missing", kRev2),
+      MakeAccount(kBob, AccountStatus::kTakendown),
+      MakeCreate("did:plc:carol", kPost, "c", kBodyC, kRev2, "2024"),
+  };
+  ExpectStats(MustWrite(batch), Stats(3, 1, 0, 0, 0, 1, 1));
+  const std::vector<TableRow> once = MustReadAll();
+  std::vector<std::optional<int64_t>> indexed_once;
+  for (const TableRow& r : once) indexed_once.push_back(MustIndexedAt(r.uri));
+  now_us_ += 60'000'000;
+  ExpectStats(MustWrite(batch), Stats(0, 0, 4, 0, 0, 1, 0));
+  EXPECT_EQ(MustReadAll(), once);
+  std::vector<std::optional<int64_t>> indexed_twice;
+  for (const TableRow& r : once) indexed_twice.push_back(MustIndexedAt(r.uri));
+  EXPECT_EQ(indexed_twice, indexed_once);
+  EXPECT_EQ(once.size(), 4u);
+}
+
+TEST_P(SinkConformanceTest, WritesConvergeInAnyDeliveryOrder) {
+  // Four versions of one record; delivered in every order, one event per batch, the newest wins.
+  std::array<int, 4> order = {0, 1, 2, 3};
+  const std::array<const char*, 4> revs = {kRev1, kRev2, kRev3, kRev4};
+  const std::array<std::string, 4> bodies = {kBodyA, kBodyB, kBodyC, R"({"text":"fourth"})"};
+  int permutation = 0;
+  std::vector<TableRow> want;
+  do {
+    std::string rkey = "p" + std::to_string(permutation++);
+    for (int i : order) {
+      MustWrite({i % 2 == 0 ? MakeCreate(kAlice, kPost, rkey, bodies[i], revs[i])
+                            : MakeUpdate(kAlice, kPost, rkey, bodies[i], revs[i])});
+    }
+    want.push_back(Row(kAlice, kPost, rkey, bodies[3], kRev4));
+  } while (std::next_permutation(order.begin(), order.end()));
+  EXPECT_EQ(permutation, 24);
+  std::sort(want.begin(), want.end(),
+            [](const TableRow& a, const TableRow& b) { return a.uri < b.uri; });
+  EXPECT_EQ(MustReadAll(), want);
+}
+
+TEST_P(SinkConformanceTest, ManyRowsAcrossBatchesAndSinks) {
+  std::vector<TableRow> want;
+  for (int b = 0; b < 3; ++b) {
+    std::vector<Event> batch;
+    for (int i = 0; i < 1000; ++i) {
+      std::string did = "did:plc:user" + std::to_string(i % 50);
+      std::string collection = i % 3 == 0 ? kLike : kPost;
+      std::string rkey = "k" + std::to_string(b) + "-" + std::to_string(i);
+      std::string body = R"({"n":)" + std::to_string(b * 1000 + i) + "}";
+      want.push_back(Row(did, collection, rkey, body, kRev1));
+      batch.push_back(MakeCreate(did, collection, rkey, body, kRev1));
+    }
+    ExpectStats(MustWrite(batch), Stats(1000, 0, 0, 0, 0));
+  }
+  std::sort(want.begin(), want.end(),
+            [](const TableRow& a, const TableRow& b) { return a.uri < b.uri; });
+  EXPECT_EQ(MustReadAll(), want);
+
+  // A second sink on the same database (a restarted process) applies the rules to the same rows.
+  sink_.reset();
+  auto reopened = env_->OpenSink();
+  ASSERT_TRUE(reopened.ok()) << reopened.status().ToString();
+  sink_ = std::move(reopened).value();
+  ExpectStats(MustWrite({MakeCreate("did:plc:user7", kPost, "k0-7", R"({"n":7})", kRev1),
+                         MakeAccount("did:plc:user0", AccountStatus::kDeleted)}),
+              Stats(0, 0, 1, 0, 0, 1, 60));
+  EXPECT_EQ(MustReadAll().size(), 3000u - 60u);
+}
+
+}  // namespace
+}  // namespace atfill::testing

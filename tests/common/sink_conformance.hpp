@@ -1,0 +1,99 @@
+// The Sink conformance suite: every pipeline::Sink implementation runs the same tests of the write
+// rules in pipeline/sink.hpp. An implementation instantiates it with a SinkConformanceParam:
+//
+//   INSTANTIATE_TEST_SUITE_P(Sqlite, SinkConformanceTest,
+//                            ::testing::Values(MySinkParam()), SinkConformanceName);
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "base/status.hpp"
+#include "pipeline/sink.hpp"
+
+namespace atfill::testing {
+
+// A row as every sink stores it; optional columns are empty when the database holds NULL.
+struct TableRow {
+  std::string uri;
+  std::string cid;
+  std::string rev;
+  std::string record;
+  std::string created_at;
+
+  friend bool operator==(const TableRow&, const TableRow&) = default;
+  friend std::ostream& operator<<(std::ostream& os, const TableRow& r);
+};
+
+// Reads back what a sink wrote, through the backend's own read path.
+class TableReader {
+ public:
+  virtual ~TableReader() = default;
+  // Every row, ordered by uri.
+  virtual Result<std::vector<TableRow>> ReadAll() = 0;
+  // The row's indexed_at in unix microseconds, nullopt when there is no such row.
+  virtual Result<std::optional<int64_t>> IndexedAtUs(std::string_view uri) = 0;
+};
+
+// Keeps the backend refusing writes transiently (Unavailable) while it lives.
+class WriteBlocker {
+ public:
+  virtual ~WriteBlocker() = default;
+};
+
+// One empty database for one test.
+class SinkTestEnv {
+ public:
+  virtual ~SinkTestEnv() = default;
+  // A new sink on this env's database (each call a new connection); it must take indexed_at from
+  // the clock the env was made with, and give up on a blocked database within about a second.
+  virtual Result<std::unique_ptr<pipeline::Sink>> OpenSink() = 0;
+  virtual TableReader& reader() = 0;
+  // Holds the database's write lock from another connection until the result dies.
+  virtual Result<std::unique_ptr<WriteBlocker>> BlockWrites() = 0;
+};
+
+struct SinkConformanceParam {
+  std::string name;
+  // Creates a fresh, empty database whose sinks read the time (unix microseconds) from `now_us`.
+  std::function<Result<std::unique_ptr<SinkTestEnv>>(std::function<int64_t()> now_us)> make_env;
+};
+
+void PrintTo(const SinkConformanceParam& param, std::ostream* os);
+std::string SinkConformanceName(const ::testing::TestParamInfo<SinkConformanceParam>& info);
+
+// Event builders shared by the suite and the backend-specific tests. The CID is the real
+// DAG-CBOR-codec CID of the body bytes, so distinct bodies have distinct CIDs.
+pipeline::Event MakeCreate(std::string did, std::string collection, std::string rkey,
+                           std::string body, std::string rev = "", std::string created_at = "");
+pipeline::Event MakeUpdate(std::string did, std::string collection, std::string rkey,
+                           std::string body, std::string rev = "");
+pipeline::Event MakeDelete(std::string did, std::string collection, std::string rkey,
+                           std::string rev = "");
+pipeline::Event MakeAccount(std::string did, pipeline::AccountStatus status);
+// The text form of MakeCreate's CID for `body`.
+std::string CidOf(std::string_view body);
+
+class SinkConformanceTest : public ::testing::TestWithParam<SinkConformanceParam> {
+ protected:
+  void SetUp() override;
+
+  // Writes `batch` with sink_, failing the test on an error.
+  pipeline::WriteStats MustWrite(const std::vector<pipeline::Event>& batch);
+  std::vector<TableRow> MustReadAll();
+  std::optional<int64_t> MustIndexedAt(std::string_view uri);
+
+  int64_t now_us_ = 1'796'029'200'000'000;  // 2026-11-30T09:00:00Z
+  std::unique_ptr<SinkTestEnv> env_;
+  std::unique_ptr<pipeline::Sink> sink_;
+};
+
+}  // namespace atfill::testing

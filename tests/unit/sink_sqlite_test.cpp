@@ -1,0 +1,588 @@
+// The SQLite sink: the Sink conformance suite, plus what only SQLite has (schema versions, the
+// view, file handling, locks, the size cap, the reader).
+#include <gtest/gtest.h>
+#include <sqlite3.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "sinks/sqlite_reader.hpp"
+#include "sinks/sqlite_sink.hpp"
+#include "tests/common/sink_conformance.hpp"
+
+namespace atfill::sinks {
+namespace {
+
+using pipeline::AccountStatus;
+using pipeline::Event;
+using testing::MakeAccount;
+using testing::MakeCreate;
+using testing::MakeDelete;
+using testing::MakeUpdate;
+using testing::SinkConformanceTest;
+
+// A fresh folder under the system temp folder, removed with everything in it.
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern = (std::filesystem::temp_directory_path() / "atfill_sink_XXXXXX").string();
+    if (mkdtemp(pattern.data()) == nullptr) std::abort();
+    path_ = pattern;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+// A raw connection for what the sink API does not offer (inspecting the schema, holding locks).
+class RawDb {
+ public:
+  explicit RawDb(const std::string& path) {
+    EXPECT_EQ(sqlite3_open(path.c_str(), &db_), SQLITE_OK) << path;
+  }
+  ~RawDb() { sqlite3_close(db_); }
+  sqlite3* get() const { return db_; }
+  // Runs `sql`; returns sqlite3_exec's code.
+  int Exec(const std::string& sql) const {
+    char* err = nullptr;
+    int rc = sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, &err);
+    if (err != nullptr) sqlite3_free(err);
+    return rc;
+  }
+  // The first column of every row of `sql`, as text ("NULL" for NULL).
+  std::vector<std::string> Column(const std::string& sql) const {
+    std::vector<std::string> out;
+    sqlite3_stmt* s = nullptr;
+    EXPECT_EQ(sqlite3_prepare_v2(db_, sql.c_str(), -1, &s, nullptr), SQLITE_OK)
+        << sql << ": " << sqlite3_errmsg(db_);
+    while (s != nullptr && sqlite3_step(s) == SQLITE_ROW) {
+      const unsigned char* t = sqlite3_column_text(s, 0);
+      out.push_back(t == nullptr ? "NULL" : reinterpret_cast<const char*>(t));
+    }
+    sqlite3_finalize(s);
+    return out;
+  }
+
+ private:
+  sqlite3* db_ = nullptr;
+};
+
+class SqliteTableReader : public testing::TableReader {
+ public:
+  explicit SqliteTableReader(std::string path) : path_(std::move(path)) {}
+  Result<std::vector<testing::TableRow>> ReadAll() override {
+    ATFILL_ASSIGN_OR_RETURN(std::vector<RecordRow> rows, ReadAllRecords(path_));
+    std::vector<testing::TableRow> out;
+    for (RecordRow& r : rows) {
+      out.push_back({std::move(r.uri), std::move(r.cid), std::move(r.rev), std::move(r.record),
+                     std::move(r.created_at)});
+    }
+    return out;
+  }
+  Result<std::optional<int64_t>> IndexedAtUs(std::string_view uri) override {
+    ATFILL_ASSIGN_OR_RETURN(std::optional<RecordRow> row, GetRecord(path_, uri));
+    if (!row) return std::optional<int64_t>();
+    return std::optional<int64_t>(row->indexed_at_us);
+  }
+
+ private:
+  std::string path_;
+};
+
+class SqliteLock : public testing::WriteBlocker {
+ public:
+  explicit SqliteLock(const std::string& path) : db_(path) {}
+  Status Lock() {
+    if (db_.Exec("BEGIN IMMEDIATE") != SQLITE_OK) {
+      return Status::Internal(std::string("BEGIN IMMEDIATE: ") + sqlite3_errmsg(db_.get()));
+    }
+    return Status::OK();
+  }
+  ~SqliteLock() override { db_.Exec("ROLLBACK"); }
+
+ private:
+  RawDb db_;
+};
+
+class SqliteEnv : public testing::SinkTestEnv {
+ public:
+  explicit SqliteEnv(std::function<int64_t()> now_us)
+      : path_((dir_.path() / "atfill.db").string()), reader_(path_) {
+    options_.path = path_;
+    options_.now_us = std::move(now_us);
+    options_.busy_timeout_ms = 100;
+  }
+  Result<std::unique_ptr<pipeline::Sink>> OpenSink() override { return OpenSqliteSink(options_); }
+  testing::TableReader& reader() override { return reader_; }
+  Result<std::unique_ptr<testing::WriteBlocker>> BlockWrites() override {
+    auto lock = std::make_unique<SqliteLock>(path_);
+    ATFILL_RETURN_IF_ERROR(lock->Lock());
+    return std::unique_ptr<testing::WriteBlocker>(std::move(lock));
+  }
+
+ private:
+  TempDir dir_;
+  std::string path_;
+  SqliteSinkOptions options_;
+  SqliteTableReader reader_;
+};
+
+testing::SinkConformanceParam SqliteParam() {
+  return {"Sqlite",
+          [](std::function<int64_t()> now_us) -> Result<std::unique_ptr<testing::SinkTestEnv>> {
+            return std::unique_ptr<testing::SinkTestEnv>(
+                std::make_unique<SqliteEnv>(std::move(now_us)));
+          }};
+}
+
+INSTANTIATE_TEST_SUITE_P(Sqlite, SinkConformanceTest, ::testing::Values(SqliteParam()),
+                         testing::SinkConformanceName);
+
+constexpr const char* kAlice = "did:plc:alice2ixhq5mvvcy4ygqtfp";
+constexpr const char* kPost = "app.bsky.feed.post";
+constexpr const char* kRev1 = "3kaaaaaaaaa2a";
+constexpr const char* kRev2 = "3kbbbbbbbbb2a";
+const std::string kBody = R"({"$type":"app.bsky.feed.post","text":"hello"})";
+
+class SqliteSinkTest : public ::testing::Test {
+ protected:
+  SqliteSinkTest() {
+    options_.path = Path();
+    options_.now_us = [this] { return now_us_; };
+  }
+  std::string Path() const { return (dir_.path() / "atfill.db").string(); }
+  std::unique_ptr<pipeline::Sink> MustOpen() {
+    auto sink = OpenSqliteSink(options_);
+    EXPECT_TRUE(sink.ok()) << sink.status().ToString();
+    return sink.ok() ? std::move(sink).value() : nullptr;
+  }
+  std::vector<RecordRow> MustReadAll() {
+    auto rows = ReadAllRecords(Path());
+    EXPECT_TRUE(rows.ok()) << rows.status().ToString();
+    return rows.ok() ? *rows : std::vector<RecordRow>{};
+  }
+
+  TempDir dir_;
+  int64_t now_us_ = 1'796'029'200'123'456;  // 2026-11-30T09:00:00.123456Z
+  SqliteSinkOptions options_;
+};
+
+TEST_F(SqliteSinkTest, CreatesTheSchemaInAnEmptyFile) {
+  ASSERT_NE(MustOpen(), nullptr);
+  RawDb db(Path());
+  EXPECT_EQ(db.Column("SELECT version FROM atfill_schema_version"),
+            std::vector<std::string>{std::to_string(kSqliteSchemaVersion)});
+  EXPECT_EQ(db.Column("SELECT name FROM sqlite_schema WHERE type IN ('table', 'view') "
+                      "ORDER BY name"),
+            (std::vector<std::string>{"atfill_collections", "atfill_dids", "atfill_record_rows",
+                                      "atfill_records", "atfill_schema_version"}));
+  EXPECT_EQ(db.Column("PRAGMA journal_mode"), std::vector<std::string>{"wal"});
+}
+
+TEST_F(SqliteSinkTest, ViewHasTheDocumentedColumnsAndFormats) {
+  auto sink = MustOpen();
+  ASSERT_NE(sink, nullptr);
+  ASSERT_TRUE(
+      sink->Write(std::vector<Event>{
+                      MakeCreate(kAlice, kPost, "3kp1", kBody, kRev1, "2024-05-06T07:08:09.010Z"),
+                      MakeCreate(kAlice, kPost, "3kp2", kBody),
+                  })
+          .ok());
+  RawDb db(Path());
+  EXPECT_EQ(db.Column("SELECT name FROM pragma_table_info('atfill_records') ORDER BY cid"),
+            (std::vector<std::string>{"uri", "did", "collection", "rkey", "record", "cid", "rev",
+                                      "indexed_at", "created_at"}));
+  const std::string where = " FROM atfill_records WHERE rkey = '3kp1'";
+  EXPECT_EQ(
+      db.Column("SELECT uri" + where),
+      std::vector<std::string>{"at://did:plc:alice2ixhq5mvvcy4ygqtfp/app.bsky.feed.post/3kp1"});
+  EXPECT_EQ(db.Column("SELECT did || ' ' || collection || ' ' || rkey" + where),
+            std::vector<std::string>{std::string(kAlice) + " " + kPost + " 3kp1"});
+  EXPECT_EQ(db.Column("SELECT record" + where), std::vector<std::string>{kBody});
+  EXPECT_EQ(db.Column("SELECT cid" + where), std::vector<std::string>{testing::CidOf(kBody)});
+  EXPECT_EQ(db.Column("SELECT rev" + where), std::vector<std::string>{kRev1});
+  EXPECT_EQ(db.Column("SELECT indexed_at" + where),
+            std::vector<std::string>{"2026-11-30T09:00:00.123456Z"});
+  EXPECT_EQ(db.Column("SELECT created_at" + where),
+            std::vector<std::string>{"2024-05-06T07:08:09.010Z"});
+  // Raw SQL can use SQLite's JSON functions on the record.
+  EXPECT_EQ(db.Column("SELECT json_extract(record, '$.text')" + where),
+            std::vector<std::string>{"hello"});
+  // No rev and no createdAt are NULL, not empty strings.
+  EXPECT_EQ(db.Column("SELECT typeof(rev) || ' ' || typeof(created_at) FROM atfill_records "
+                      "WHERE rkey = '3kp2'"),
+            std::vector<std::string>{"null null"});
+}
+
+TEST_F(SqliteSinkTest, IndexedAtTextSortsAndRoundTrips) {
+  auto sink = MustOpen();
+  ASSERT_NE(sink, nullptr);
+  const std::vector<int64_t> times = {
+      0, 1, 999'999, 1'000'000, 951'782'400'000'001, 1'796'029'200'123'456, 4'102'444'799'999'999};
+  const std::vector<std::string> texts = {
+      "1970-01-01T00:00:00.000000Z", "1970-01-01T00:00:00.000001Z", "1970-01-01T00:00:00.999999Z",
+      "1970-01-01T00:00:01.000000Z", "2000-02-29T00:00:00.000001Z", "2026-11-30T09:00:00.123456Z",
+      "2099-12-31T23:59:59.999999Z"};
+  for (size_t i = 0; i < times.size(); ++i) {
+    now_us_ = times[i];
+    ASSERT_TRUE(
+        sink->Write(std::vector<Event>{MakeCreate(kAlice, kPost, "t" + std::to_string(i), kBody)})
+            .ok());
+  }
+  std::vector<RecordRow> rows = MustReadAll();
+  ASSERT_EQ(rows.size(), times.size());
+  for (size_t i = 0; i < times.size(); ++i) {
+    EXPECT_EQ(rows[i].rkey, "t" + std::to_string(i));
+    EXPECT_EQ(rows[i].indexed_at, texts[i]);
+    EXPECT_EQ(rows[i].indexed_at_us, times[i]);
+  }
+}
+
+TEST_F(SqliteSinkTest, ReopeningKeepsDataAndIds) {
+  {
+    auto sink = MustOpen();
+    ASSERT_NE(sink, nullptr);
+    ASSERT_TRUE(sink->Write(std::vector<Event>{MakeCreate(kAlice, kPost, "a", kBody, kRev1)}).ok());
+  }
+  auto sink = MustOpen();
+  ASSERT_NE(sink, nullptr);
+  auto stats = sink->Write(std::vector<Event>{MakeCreate(kAlice, kPost, "a", kBody, kRev1),
+                                              MakeCreate(kAlice, kPost, "b", kBody, kRev2)});
+  ASSERT_TRUE(stats.ok()) << stats.status().ToString();
+  EXPECT_EQ(stats->unchanged, 1u);
+  EXPECT_EQ(stats->inserted, 1u);
+  EXPECT_EQ(MustReadAll().size(), 2u);
+  RawDb db(Path());
+  EXPECT_EQ(db.Column("SELECT count(*) FROM atfill_dids"), std::vector<std::string>{"1"});
+  EXPECT_EQ(db.Column("SELECT count(*) FROM atfill_collections"), std::vector<std::string>{"1"});
+}
+
+TEST_F(SqliteSinkTest, RefusesANewerSchemaVersion) {
+  ASSERT_NE(MustOpen(), nullptr);
+  {
+    RawDb db(Path());
+    ASSERT_EQ(db.Exec("UPDATE atfill_schema_version SET version = 99"), SQLITE_OK);
+  }
+  auto sink = OpenSqliteSink(options_);
+  ASSERT_FALSE(sink.ok());
+  EXPECT_EQ(sink.status().code(), StatusCode::kUnsupported);
+  EXPECT_NE(sink.status().message().find("99"), std::string::npos) << sink.status().ToString();
+  EXPECT_NE(sink.status().message().find("newer"), std::string::npos) << sink.status().ToString();
+  auto reader = SqliteReader::Open(Path());
+  ASSERT_FALSE(reader.ok());
+  EXPECT_EQ(reader.status().code(), StatusCode::kUnsupported);
+  // Refusing changed nothing.
+  RawDb db(Path());
+  EXPECT_EQ(db.Column("SELECT version FROM atfill_schema_version"), std::vector<std::string>{"99"});
+}
+
+TEST_F(SqliteSinkTest, RefusesABrokenVersionTable) {
+  ASSERT_NE(MustOpen(), nullptr);
+  {
+    RawDb db(Path());
+    ASSERT_EQ(db.Exec("INSERT INTO atfill_schema_version VALUES (1)"), SQLITE_OK);
+  }
+  auto sink = OpenSqliteSink(options_);
+  ASSERT_FALSE(sink.ok());
+  EXPECT_EQ(sink.status().code(), StatusCode::kCorrupt) << sink.status().ToString();
+  EXPECT_NE(sink.status().message().find("2 rows"), std::string::npos) << sink.status().ToString();
+}
+
+TEST_F(SqliteSinkTest, SharesTheFileWithUserTables) {
+  {
+    RawDb db(Path());
+    ASSERT_EQ(db.Exec("CREATE TABLE posts(x); INSERT INTO posts VALUES (42); "
+                      "PRAGMA user_version = 7"),
+              SQLITE_OK);
+  }
+  auto sink = MustOpen();
+  ASSERT_NE(sink, nullptr);
+  ASSERT_TRUE(sink->Write(std::vector<Event>{MakeCreate(kAlice, kPost, "a", kBody)}).ok());
+  RawDb db(Path());
+  EXPECT_EQ(db.Column("SELECT x FROM posts"), std::vector<std::string>{"42"});
+  EXPECT_EQ(db.Column("PRAGMA user_version"), std::vector<std::string>{"7"});
+  EXPECT_EQ(MustReadAll().size(), 1u);
+}
+
+TEST_F(SqliteSinkTest, RejectsFilesThatAreNotDatabases) {
+  {
+    std::ofstream out(Path());
+    out << "this is not a database, just some text that is long enough to have a header........"
+           "................................................................................";
+  }
+  auto sink = OpenSqliteSink(options_);
+  ASSERT_FALSE(sink.ok());
+  EXPECT_EQ(sink.status().code(), StatusCode::kCorrupt) << sink.status().ToString();
+  EXPECT_NE(sink.status().message().find(Path()), std::string::npos) << sink.status().ToString();
+}
+
+TEST_F(SqliteSinkTest, MissingFolderIsAnIoError) {
+  options_.path = (dir_.path() / "no" / "such" / "dir" / "atfill.db").string();
+  auto sink = OpenSqliteSink(options_);
+  ASSERT_FALSE(sink.ok());
+  EXPECT_EQ(sink.status().code(), StatusCode::kIoError) << sink.status().ToString();
+  EXPECT_NE(sink.status().message().find(options_.path), std::string::npos);
+}
+
+TEST_F(SqliteSinkTest, BusyDatabaseIsUnavailableAfterBoundedRetry) {
+  for (int64_t timeout_ms : {0, 30}) {
+    SCOPED_TRACE(timeout_ms);
+    options_.busy_timeout_ms = timeout_ms;
+    auto sink = MustOpen();
+    ASSERT_NE(sink, nullptr);
+    RawDb holder(Path());
+    ASSERT_EQ(holder.Exec("BEGIN IMMEDIATE"), SQLITE_OK);
+    auto stats = sink->Write(std::vector<Event>{MakeCreate(kAlice, kPost, "a", kBody)});
+    ASSERT_FALSE(stats.ok());
+    EXPECT_EQ(stats.status().code(), StatusCode::kUnavailable);
+    EXPECT_NE(stats.status().message().find("locked"), std::string::npos)
+        << stats.status().ToString();
+    ASSERT_EQ(holder.Exec("ROLLBACK"), SQLITE_OK);
+    EXPECT_TRUE(MustReadAll().empty());
+    EXPECT_TRUE(sink->Write(std::vector<Event>{MakeCreate(kAlice, kPost, "a", kBody)}).ok());
+    EXPECT_EQ(MustReadAll().size(), 1u);
+    ASSERT_EQ(holder.Exec("DELETE FROM atfill_record_rows"), SQLITE_OK);
+  }
+}
+
+TEST_F(SqliteSinkTest, FullDatabaseIsUnavailableAndRollsBack) {
+  {
+    auto sink = MustOpen();
+    ASSERT_NE(sink, nullptr);
+    ASSERT_TRUE(sink->Write(std::vector<Event>{MakeCreate(kAlice, kPost, "keep", kBody)}).ok());
+  }
+  const uint64_t size = std::filesystem::file_size(Path());
+  options_.max_database_bytes = size + 64 * 1024;
+  auto sink = MustOpen();
+  ASSERT_NE(sink, nullptr);
+  // ~1 MB of records cannot fit in 64 KiB more.
+  std::vector<Event> big;
+  for (int i = 0; i < 1000; ++i) {
+    big.push_back(MakeCreate("did:plc:many" + std::to_string(i % 7), kPost, "r" + std::to_string(i),
+                             R"({"text":")" + std::string(1000, 'x') + std::to_string(i) + "\"}"));
+  }
+  auto stats = sink->Write(big);
+  ASSERT_FALSE(stats.ok());
+  EXPECT_EQ(stats.status().code(), StatusCode::kUnavailable) << stats.status().ToString();
+  EXPECT_NE(stats.status().message().find("full"), std::string::npos) << stats.status().ToString();
+  std::vector<RecordRow> rows = MustReadAll();
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0].rkey, "keep");
+  // The sink stays usable for what fits, and ids interned by the failed batch are not reused.
+  auto small = sink->Write(std::vector<Event>{MakeCreate("did:plc:many3", kPost, "small", kBody)});
+  ASSERT_TRUE(small.ok()) << small.status().ToString();
+  rows = MustReadAll();
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[1].did, "did:plc:many3");
+  EXPECT_EQ(rows[1].rkey, "small");
+  // Without the cap the same batch fits.
+  options_.max_database_bytes = 0;
+  sink = MustOpen();
+  ASSERT_NE(sink, nullptr);
+  auto again = sink->Write(big);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->inserted, 1000u);
+}
+
+TEST_F(SqliteSinkTest, SmallInternCacheStaysCorrect) {
+  options_.intern_cache_entries = 2;
+  auto sink = MustOpen();
+  ASSERT_NE(sink, nullptr);
+  std::vector<Event> batch;
+  for (int i = 0; i < 60; ++i) {
+    batch.push_back(MakeCreate("did:plc:d" + std::to_string(i % 10),
+                               "com.example.c" + std::to_string(i % 3), "r" + std::to_string(i),
+                               kBody, kRev1));
+  }
+  auto first = sink->Write(batch);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  EXPECT_EQ(first->inserted, 60u);
+  auto second = sink->Write(batch);
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  EXPECT_EQ(second->unchanged, 60u);
+  std::vector<RecordRow> rows = MustReadAll();
+  ASSERT_EQ(rows.size(), 60u);
+  for (const RecordRow& row : rows) {
+    int i = std::stoi(row.rkey.substr(1));
+    EXPECT_EQ(row.did, "did:plc:d" + std::to_string(i % 10));
+    EXPECT_EQ(row.collection, "com.example.c" + std::to_string(i % 3));
+  }
+  RawDb db(Path());
+  EXPECT_EQ(db.Column("SELECT count(*) FROM atfill_dids"), std::vector<std::string>{"10"});
+  EXPECT_EQ(db.Column("SELECT count(*) FROM atfill_collections"), std::vector<std::string>{"3"});
+}
+
+TEST_F(SqliteSinkTest, PageSizeAppliesToNewDatabasesOnly) {
+  options_.page_size_bytes = 4096;
+  ASSERT_NE(MustOpen(), nullptr);
+  {
+    RawDb db(Path());
+    EXPECT_EQ(db.Column("PRAGMA page_size"), std::vector<std::string>{"4096"});
+  }
+  options_.page_size_bytes = 32768;
+  auto sink = MustOpen();
+  ASSERT_NE(sink, nullptr);
+  ASSERT_TRUE(sink->Write(std::vector<Event>{MakeCreate(kAlice, kPost, "a", kBody)}).ok());
+  RawDb db(Path());
+  EXPECT_EQ(db.Column("PRAGMA page_size"), std::vector<std::string>{"4096"});
+  EXPECT_EQ(MustReadAll().size(), 1u);
+
+  SqliteSinkOptions fresh;
+  fresh.path = (dir_.path() / "default.db").string();
+  ASSERT_TRUE(OpenSqliteSink(fresh).ok());
+  RawDb other(fresh.path);
+  EXPECT_EQ(other.Column("PRAGMA page_size"),
+            std::vector<std::string>{std::to_string(SqliteSinkOptions().page_size_bytes)});
+}
+
+TEST_F(SqliteSinkTest, FullSynchronousModeWrites) {
+  options_.synchronous = SqliteSynchronous::kFull;
+  auto sink = MustOpen();
+  ASSERT_NE(sink, nullptr);
+  ASSERT_TRUE(sink->Write(std::vector<Event>{MakeCreate(kAlice, kPost, "a", kBody)}).ok());
+  EXPECT_EQ(MustReadAll().size(), 1u);
+}
+
+TEST_F(SqliteSinkTest, OptionsAreValidated) {
+  struct Case {
+    const char* field;
+    std::function<void(SqliteSinkOptions*)> mutate;
+  };
+  std::vector<Case> cases = {
+      {"path", [](SqliteSinkOptions* o) { o->path.clear(); }},
+      {"path", [](SqliteSinkOptions* o) { o->path = ":memory:"; }},
+      {"busy_timeout_ms", [](SqliteSinkOptions* o) { o->busy_timeout_ms = -1; }},
+      {"busy_timeout_ms", [](SqliteSinkOptions* o) { o->busy_timeout_ms = 1LL << 40; }},
+      {"cache_bytes", [](SqliteSinkOptions* o) { o->cache_bytes = 0; }},
+      {"wal_autocheckpoint_bytes", [](SqliteSinkOptions* o) { o->wal_autocheckpoint_bytes = 0; }},
+      {"page_size_bytes", [](SqliteSinkOptions* o) { o->page_size_bytes = 1000; }},
+      {"page_size_bytes", [](SqliteSinkOptions* o) { o->page_size_bytes = 256; }},
+      {"page_size_bytes", [](SqliteSinkOptions* o) { o->page_size_bytes = 131072; }},
+      {"intern_cache_entries", [](SqliteSinkOptions* o) { o->intern_cache_entries = 0; }},
+  };
+  EXPECT_TRUE(options_.Validate().ok());
+  for (const Case& c : cases) {
+    SqliteSinkOptions o = options_;
+    c.mutate(&o);
+    Status st = o.Validate();
+    EXPECT_EQ(st.code(), StatusCode::kInvalid) << c.field;
+    EXPECT_NE(st.message().find(c.field), std::string::npos) << st.ToString();
+    auto sink = OpenSqliteSink(o);
+    EXPECT_FALSE(sink.ok()) << c.field;
+  }
+  EXPECT_FALSE(std::filesystem::exists(Path()));
+}
+
+TEST_F(SqliteSinkTest, ReaderLooksUpByUri) {
+  auto sink = MustOpen();
+  ASSERT_NE(sink, nullptr);
+  ASSERT_TRUE(sink->Write(std::vector<Event>{MakeCreate(kAlice, kPost, "a", kBody, kRev1, "c"),
+                                             MakeCreate(kAlice, kPost, "b", kBody)})
+                  .ok());
+  auto reader = SqliteReader::Open(Path());
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  const std::string uri = std::string("at://") + kAlice + "/" + kPost + "/a";
+  auto found = (*reader)->Get(uri);
+  ASSERT_TRUE(found.ok()) << found.status().ToString();
+  ASSERT_TRUE(found->has_value());
+  RecordRow want{uri,     kAlice,
+                 kPost,   "a",
+                 kBody,   testing::CidOf(kBody),
+                 kRev1,   "2026-11-30T09:00:00.123456Z",
+                 now_us_, "c"};
+  EXPECT_EQ(**found, want);
+  auto by_key = (*reader)->Get(kAlice, kPost, "a");
+  ASSERT_TRUE(by_key.ok());
+  EXPECT_EQ(*by_key, *found);
+
+  auto missing = (*reader)->Get(std::string("at://") + kAlice + "/" + kPost + "/zzz");
+  ASSERT_TRUE(missing.ok());
+  EXPECT_FALSE(missing->has_value());
+  auto count = (*reader)->Count();
+  ASSERT_TRUE(count.ok());
+  EXPECT_EQ(*count, 2u);
+
+  for (const char* bad :
+       {"", "http://x/y/z", "at://did:plc:x", "at://did:plc:x/coll",
+        "at://did:plc:x/coll/rkey/extra", "at:///coll/rkey", "at://d//rkey", "at://d/coll/"}) {
+    auto r = (*reader)->Get(bad);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalid) << bad;
+    EXPECT_NE(r.status().message().find("AT URI"), std::string::npos) << r.status().ToString();
+  }
+
+  // A reader open during later writes sees each committed batch.
+  ASSERT_TRUE(sink->Write(std::vector<Event>{MakeDelete(kAlice, kPost, "a")}).ok());
+  auto after = (*reader)->Get(uri);
+  ASSERT_TRUE(after.ok());
+  EXPECT_FALSE(after->has_value());
+}
+
+TEST_F(SqliteSinkTest, ReaderLookupUsesTheKeyIndex) {
+  ASSERT_NE(MustOpen(), nullptr);
+  RawDb db(Path());
+  std::vector<std::string> plan;
+  sqlite3_stmt* s = nullptr;
+  ASSERT_EQ(sqlite3_prepare_v2(db.get(),
+                               "EXPLAIN QUERY PLAN SELECT * FROM atfill_records WHERE did = 'a' "
+                               "AND collection = 'b' AND rkey = 'c'",
+                               -1, &s, nullptr),
+            SQLITE_OK);
+  while (sqlite3_step(s) == SQLITE_ROW) {
+    plan.emplace_back(reinterpret_cast<const char*>(sqlite3_column_text(s, 3)));
+  }
+  sqlite3_finalize(s);
+  ASSERT_FALSE(plan.empty());
+  for (const std::string& step : plan) {
+    EXPECT_EQ(step.find("SCAN"), std::string::npos) << step;
+  }
+}
+
+TEST_F(SqliteSinkTest, ReaderRefusesWhatIsNotAnAtfillDatabase) {
+  auto missing = SqliteReader::Open(Path());
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+  {
+    RawDb db(Path());
+    ASSERT_EQ(db.Exec("CREATE TABLE other(x)"), SQLITE_OK);
+  }
+  auto empty = SqliteReader::Open(Path());
+  ASSERT_FALSE(empty.ok());
+  EXPECT_EQ(empty.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(empty.status().message().find("no atfill tables"), std::string::npos)
+      << empty.status().ToString();
+  auto all = ReadAllRecords(Path());
+  EXPECT_FALSE(all.ok());
+}
+
+TEST_F(SqliteSinkTest, TwoSinksOnOneFileSerialise) {
+  auto first = MustOpen();
+  auto second = MustOpen();
+  ASSERT_NE(first, nullptr);
+  ASSERT_NE(second, nullptr);
+  ASSERT_TRUE(first->Write(std::vector<Event>{MakeCreate(kAlice, kPost, "a", kBody, kRev1)}).ok());
+  // The second sink never saw this DID; it must find the id the first one interned.
+  auto stats =
+      second->Write(std::vector<Event>{MakeUpdate(kAlice, kPost, "a", "{\"v\":2}", kRev2),
+                                       MakeCreate(kAlice, "app.bsky.feed.like", "l", kBody)});
+  ASSERT_TRUE(stats.ok()) << stats.status().ToString();
+  EXPECT_EQ(stats->updated, 1u);
+  EXPECT_EQ(stats->inserted, 1u);
+  ASSERT_TRUE(first->Write(std::vector<Event>{MakeAccount(kAlice, AccountStatus::kDeleted)}).ok());
+  EXPECT_TRUE(MustReadAll().empty());
+  RawDb db(Path());
+  EXPECT_EQ(db.Column("SELECT count(*) FROM atfill_dids"), std::vector<std::string>{"1"});
+  EXPECT_EQ(db.Column("SELECT count(*) FROM atfill_collections"), std::vector<std::string>{"2"});
+}
+
+}  // namespace
+}  // namespace atfill::sinks
