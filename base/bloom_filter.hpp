@@ -7,8 +7,9 @@
 
 namespace atfill {
 
-// Not thread-safe. Sized once for an expected number of keys at ~1% false positives
-// (10 bits and 7 probes per key); past that the false-positive rate grows, nothing breaks.
+// Not thread-safe. Sized once for an expected number of keys at about 1% false positives (at
+// least 10 bits per key, rounded up to a power of two; 7 probes); past that the false-positive
+// rate grows, nothing breaks.
 class BloomFilter {
  public:
   explicit BloomFilter(uint64_t expected_keys);

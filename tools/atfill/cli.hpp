@@ -10,7 +10,8 @@ namespace atfill::cli {
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitInputInvalid = 1;  // some input was rejected; the rest was processed
 inline constexpr int kExitUsage = 2;         // bad command line
-inline constexpr int kExitIo = 3;            // a file could not be read or written
+inline constexpr int kExitIo = 3;            // a file or the state could not be read or written
+inline constexpr int kExitStopped = 4;       // the job stopped before the end (paused, cancelled)
 
 struct Verb {
   std::string_view name;
@@ -26,6 +27,12 @@ int RunCid(std::span<char* const> args);
 int RunCar(std::span<char* const> args);
 int RunSyntax(std::span<char* const> args);
 int RunDemo(std::span<char* const> args);
+int RunIngest(std::span<char* const> args);
+int RunJobs(std::span<char* const> args);
+int RunJob(std::span<char* const> args);
+int RunPause(std::span<char* const> args);
+int RunResume(std::span<char* const> args);
+int RunCancel(std::span<char* const> args);
 
 std::span<const Verb> Verbs();
 

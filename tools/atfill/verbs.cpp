@@ -24,6 +24,39 @@ std::span<const Verb> Verbs() {
        "Shows the inspection verbs (syntax, cid, car) on examples/data.\n"
        "  --data DIR   folder holding records.jsonl and sample.car (default: examples/data)\n",
        RunDemo},
+      {"ingest", "index Jetstream event files (JSON lines, plain or zstd) into the database",
+       "usage: atfill ingest CONFIG FILE... [--dry-run]\n\n"
+       "Runs the files through CID verification and the ingest guard into the configured sink, as\n"
+       "a job. Running the same command again resumes the unfinished job from its saved\n"
+       "position. Bad lines are skipped and listed in the job's error log. Ctrl-C pauses the job\n"
+       "at its next checkpoint (a second Ctrl-C quits at once).\n"
+       "  --dry-run   run the whole graph but write nothing; report what would have been "
+       "written\n\n"
+       "exit: 0 completed, 1 failed, 2 usage or config, 3 files or state unavailable,\n"
+       "      4 paused or cancelled\n",
+       RunIngest},
+      {"jobs", "list jobs",
+       "usage: atfill jobs CONFIG [--json]\n\n"
+       "Lists every job, newest first. Works while another atfill runs (read-only view).\n",
+       RunJobs},
+      {"job", "show one job (counters, errors, batch audit)",
+       "usage: atfill job CONFIG ID [--json] [--errors] [--batches]\n\n"
+       "  --errors    list the job's error log entries\n"
+       "  --batches   list the per-batch audit trail ([jobs] record_batches = true)\n",
+       RunJob},
+      {"pause", "pause a job at its next checkpoint",
+       "usage: atfill pause CONFIG ID\n\n"
+       "Asks the atfill process running the job to pause it (it commits what it read first);\n"
+       "when no process runs it, marks it paused.\n",
+       RunPause},
+      {"resume", "resume a paused, failed or interrupted job",
+       "usage: atfill resume CONFIG ID\n\nRuns the job again from its saved position.\n",
+       RunResume},
+      {"cancel", "cancel a job",
+       "usage: atfill cancel CONFIG ID\n\n"
+       "Asks the atfill process running the job to stop it for good; when no process runs it,\n"
+       "marks it cancelled. What was written stays written.\n",
+       RunCancel},
       {"cid", "print the CID of each record (one JSON object per line)",
        "usage: atfill cid [FILE...]\n\n"
        "Reads records, one JSON object per line, from each FILE (or stdin when none is given)\n"

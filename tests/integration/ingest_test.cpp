@@ -1,0 +1,346 @@
+// `atfill ingest` end to end, as a user runs it: real processes, real SQLite files, real SIGKILL.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <random>
+#include <thread>
+
+#include "atproto/json.hpp"
+#include "sinks/sqlite_reader.hpp"
+#include "tests/common/process.hpp"
+#include "tests/common/test_util.hpp"
+#include "tools/gen/event_gen.hpp"
+
+namespace atfill {
+namespace {
+
+using testing::Child;
+using ::testing::HasSubstr;
+using testing::ProcessResult;
+using testing::RunProcess;
+using testing::TempDir;
+using testing::WriteFile;
+
+const std::string kAtfill = ATFILL_BINARY;
+
+// A working folder with a config writing state/ and out.db inside it.
+struct Workspace {
+  TempDir dir;
+  std::string config;
+  explicit Workspace(const std::string& extra = "") {
+    config = (dir / "atfill.toml").string();
+    WriteFile(config, "[state]\ndir = \"state\"\n[sink.sqlite]\npath = \"out.db\"\n" + extra);
+  }
+  std::string db() const { return (dir / "out.db").string(); }
+  ProcessResult Atfill(std::vector<std::string> args) const {
+    args.insert(args.begin(), kAtfill);
+    return RunProcess(args, dir.path());
+  }
+};
+
+std::string Describe(const ProcessResult& r) {
+  return "exit " + std::to_string(r.exit_code) + " signal " + std::to_string(r.signal) +
+         "\nstdout:\n" + r.out + "\nstderr:\n" + r.err;
+}
+
+std::vector<sinks::RecordRow> Rows(const std::string& db) {
+  auto rows = sinks::ReadAllRecords(db);
+  EXPECT_TRUE(rows.ok()) << rows.status().ToString();
+  return rows.ok() ? *rows : std::vector<sinks::RecordRow>{};
+}
+
+// The table's content, without indexed_at (a time of writing, not of the data).
+std::vector<std::string> Content(const std::string& db) {
+  std::vector<std::string> out;
+  for (const auto& r : Rows(db)) {
+    out.push_back(r.uri + " " + r.cid + " " + r.rev + " " + r.created_at + " " + r.record);
+  }
+  return out;
+}
+
+std::string CommitLine(const std::string& did, const std::string& op, const std::string& rkey,
+                       const std::string& record, const std::string& cid_override = "") {
+  std::string line = "{\"did\":\"" + did +
+                     "\",\"time_us\":1780000000000000,\"kind\":\"commit\","
+                     "\"commit\":{\"rev\":\"3lbqzbaaaaa2a\",\"operation\":\"" +
+                     op + "\",\"collection\":\"app.bsky.feed.post\",\"rkey\":\"" + rkey + "\"";
+  if (!record.empty()) {
+    const std::string cid =
+        cid_override.empty() ? atproto::CidOfRecord(record)->ToString() : cid_override;
+    line += ",\"record\":" + record + ",\"cid\":\"" + cid + "\"";
+  }
+  return line + "}}\n";
+}
+
+TEST(IngestTest, BadInputIsSkippedCountedAndLoggedWithItsLine) {
+  Workspace ws;
+  const std::string did = "did:plc:ewvi7nxzyoun6zhxrhs64oiz";
+  const std::string post1 =
+      R"({"$type":"app.bsky.feed.post","text":"one","createdAt":"2026-11-30T09:00:00.000Z"})";
+  const std::string post2 = R"({"$type":"app.bsky.feed.post","text":"two"})";
+  const std::string other = R"({"$type":"app.bsky.feed.post","text":"other"})";
+  std::string text;
+  text += CommitLine(did, "create", "3lbqzb5ddb22a", post1);  // 1 ok
+  text += "this is not json\n";                               // 2
+  text += CommitLine(did, "create", "3lbqzb5ddb22b", post2,   // 3 wrong CID
+                     atproto::CidOfRecord(other)->ToString());
+  text += CommitLine(did, "move", "3lbqzb5ddb22c", post2);                                    // 4
+  text += CommitLine("did:PLC:nope", "create", "3lbqzb5ddb22d", post2);                       // 5
+  text += CommitLine(did, "create", "a/b", post2);                                            // 6
+  text += "{\"did\":\"" + did + "\",\"time_us\":1,\"kind\":\"identity\",\"identity\":{}}\n";  // 7
+  text += CommitLine(did, "create", "3lbqzb5ddb22e", post2);  // 8 ok
+  text +=
+      R"({"did":")" + did +
+      R"(","kind":"commit","commit":{"rev":"3lbqzbaaaaa2a","operation":"create","collection":"app.bsky.feed.post","rkey":"x1","record":{"$type":"a.b.c","n":0.5},"cid":"bafyreie5cvv4h45feadgeuwhbcutmh6t2ceseocckahdoe6uat64zmz454"}})"
+      "\n";  // 9
+  WriteFile(ws.dir / "events.jsonl", text);
+
+  auto r = ws.Atfill({"ingest", ws.config, (ws.dir / "events.jsonl").string()});
+  ASSERT_EQ(r.exit_code, 0) << Describe(r);
+  EXPECT_THAT(r.err, HasSubstr("9 events read, 2 records written"));
+  EXPECT_THAT(r.err, HasSubstr("6 errors"));
+  const auto rows = Rows(ws.db());
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[0].uri, "at://" + did + "/app.bsky.feed.post/3lbqzb5ddb22a");
+  EXPECT_EQ(rows[0].record, post1);
+  EXPECT_EQ(rows[0].created_at, "2026-11-30T09:00:00.000Z");
+  EXPECT_EQ(rows[1].uri, "at://" + did + "/app.bsky.feed.post/3lbqzb5ddb22e");
+
+  auto errors = ws.Atfill({"job", ws.config, "1", "--errors"});
+  ASSERT_EQ(errors.exit_code, 0) << Describe(errors);
+  EXPECT_THAT(errors.out, HasSubstr("bad_json"));
+  EXPECT_THAT(errors.out, HasSubstr("line 2"));
+  EXPECT_THAT(errors.out, HasSubstr("cid_mismatch"));
+  EXPECT_THAT(errors.out, HasSubstr("at://" + did + "/app.bsky.feed.post/3lbqzb5ddb22b"));
+  EXPECT_THAT(errors.out, HasSubstr("unknown_operation"));
+  EXPECT_THAT(errors.out, HasSubstr("line 4"));
+  EXPECT_THAT(errors.out, HasSubstr("invalid_did"));
+  EXPECT_THAT(errors.out, HasSubstr("line 5"));
+  EXPECT_THAT(errors.out, HasSubstr("invalid_rkey"));
+  EXPECT_THAT(errors.out, HasSubstr("line 6"));
+  EXPECT_THAT(errors.out, HasSubstr("bad_record"));
+  EXPECT_THAT(errors.out, HasSubstr("not an integer"));
+
+  auto json = ws.Atfill({"jobs", ws.config, "--json"});
+  ASSERT_EQ(json.exit_code, 0) << Describe(json);
+  EXPECT_THAT(json.out, HasSubstr("\"status\":\"completed\""));
+  EXPECT_THAT(json.out, HasSubstr("\"failed_records\":6"));
+  EXPECT_THAT(json.out, HasSubstr("\"started_by\":\"cli\""));
+}
+
+TEST(IngestTest, ZstdAndPlainFilesGiveTheSameTable) {
+  gen::EventGenOptions o;
+  o.dids = 50;
+  o.update_ratio = 0.2;
+  o.delete_ratio = 0.1;
+  Workspace plain, packed;
+  ASSERT_TRUE(gen::EventGenerator::WriteFile(o, 5000, (plain.dir / "e.jsonl").string()).ok());
+  ASSERT_TRUE(
+      gen::EventGenerator::WriteFile(o, 5000, (packed.dir / "e.jsonl.zst").string(), true).ok());
+  auto a = plain.Atfill({"ingest", plain.config, (plain.dir / "e.jsonl").string()});
+  auto b = packed.Atfill({"ingest", packed.config, (packed.dir / "e.jsonl.zst").string()});
+  ASSERT_EQ(a.exit_code, 0) << Describe(a);
+  ASSERT_EQ(b.exit_code, 0) << Describe(b);
+  const auto content = Content(plain.db());
+  EXPECT_GT(content.size(), 1000u);
+  EXPECT_EQ(content, Content(packed.db()));
+}
+
+TEST(IngestTest, DryRunWritesNothingAndSaysWhatItWouldHave) {
+  gen::EventGenOptions o;
+  o.dids = 20;
+  o.update_ratio = 0;
+  o.delete_ratio = 0;
+  Workspace ws;
+  ASSERT_TRUE(gen::EventGenerator::WriteFile(o, 2000, (ws.dir / "e.jsonl").string()).ok());
+  auto r = ws.Atfill({"ingest", ws.config, (ws.dir / "e.jsonl").string(), "--dry-run"});
+  ASSERT_EQ(r.exit_code, 0) << Describe(r);
+  EXPECT_THAT(r.err, HasSubstr("2,000 records written (dry run: nothing was written"));
+  EXPECT_FALSE(std::filesystem::exists(ws.db()));
+  auto job = ws.Atfill({"job", ws.config, "1", "--json"});
+  EXPECT_THAT(job.out, HasSubstr("\"dry_run\":\"true\""));
+}
+
+TEST(IngestTest, ConfigErrorsNameTheKeyAndLine) {
+  Workspace ws("[engine]\nbatch_recs = 10\n");
+  WriteFile(ws.dir / "e.jsonl", "");
+  auto r = ws.Atfill({"ingest", ws.config, (ws.dir / "e.jsonl").string()});
+  EXPECT_EQ(r.exit_code, 2) << Describe(r);
+  EXPECT_THAT(r.err, HasSubstr("atfill.toml:6: unknown key 'engine.batch_recs'"));
+
+  Workspace typed("[engine]\nbatch_records = \"many\"\n");
+  r = typed.Atfill({"ingest", typed.config, (ws.dir / "e.jsonl").string()});
+  EXPECT_EQ(r.exit_code, 2) << Describe(r);
+  EXPECT_THAT(r.err, HasSubstr("atfill.toml:6: engine.batch_records must be an integer"));
+
+  Workspace range("[engine]\nbatch_records = 0\n");
+  r = range.Atfill({"ingest", range.config, (ws.dir / "e.jsonl").string()});
+  EXPECT_EQ(r.exit_code, 2) << Describe(r);
+  EXPECT_THAT(r.err, HasSubstr("atfill.toml:6: engine.batch_records = 0 is out of range"));
+}
+
+TEST(IngestTest, BatchAuditTrailListsEveryBatch) {
+  gen::EventGenOptions o;
+  o.dids = 20;
+  Workspace ws("[jobs]\nrecord_batches = true\n[engine]\nbatch_records = 500\n");
+  ASSERT_TRUE(gen::EventGenerator::WriteFile(o, 3000, (ws.dir / "e.jsonl").string()).ok());
+  auto r = ws.Atfill({"ingest", ws.config, (ws.dir / "e.jsonl").string()});
+  ASSERT_EQ(r.exit_code, 0) << Describe(r);
+  auto b = ws.Atfill({"job", ws.config, "1", "--json", "--batches"});
+  ASSERT_EQ(b.exit_code, 0) << Describe(b);
+  // 3,000 events in batches of at least 500: between 2 and 6 entries, the last ending at line 3000.
+  size_t batches = 0;
+  for (size_t at = b.out.find("\"batch\":"); at != std::string::npos;
+       at = b.out.find("\"batch\":", at + 1)) {
+    ++batches;
+  }
+  EXPECT_GE(batches, 2u);
+  EXPECT_LE(batches, 6u);
+  EXPECT_THAT(b.out, HasSubstr(":3000\""));
+}
+
+// Waits until the child has opened the state (its OWNER file exists) or exited.
+bool WaitForState(Child& child, const std::filesystem::path& state_dir) {
+  for (int i = 0; i < 2000 && child.Running(); ++i) {
+    if (std::filesystem::exists(state_dir / "OWNER")) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return false;
+}
+
+TEST(IngestTest, ASecondProcessOnTheSameStateFailsAtOnceNamingTheHolder) {
+  gen::EventGenOptions o;
+  o.dids = 200;
+  Workspace ws;
+  ASSERT_TRUE(gen::EventGenerator::WriteFile(o, 400'000, (ws.dir / "e.jsonl").string()).ok());
+  Child first({kAtfill, "ingest", ws.config, (ws.dir / "e.jsonl").string()}, ws.dir.path());
+  ASSERT_TRUE(WaitForState(first, ws.dir / "state"));
+  auto second = ws.Atfill({"ingest", ws.config, (ws.dir / "e.jsonl").string()});
+  const bool still_running = first.Running();
+  EXPECT_EQ(second.exit_code, 3) << Describe(second);
+  if (still_running) {
+    EXPECT_THAT(second.err, HasSubstr("pid " + std::to_string(first.pid())));
+  }
+  auto listed = ws.Atfill({"jobs", ws.config});
+  EXPECT_EQ(listed.exit_code, 0) << Describe(listed);
+  EXPECT_THAT(listed.out, HasSubstr("ingest"));
+  EXPECT_EQ(first.Wait().exit_code, 0);
+}
+
+TEST(IngestTest, PauseFromAnotherProcessThenResumeReadsEveryEventOnce) {
+  gen::EventGenOptions o;
+  o.dids = 500;
+  Workspace ws;
+  const uint64_t kEvents = 300'000;
+  ASSERT_TRUE(gen::EventGenerator::WriteFile(o, kEvents, (ws.dir / "e.jsonl").string()).ok());
+  Child child({kAtfill, "ingest", ws.config, (ws.dir / "e.jsonl").string()}, ws.dir.path());
+  ASSERT_TRUE(WaitForState(child, ws.dir / "state"));
+  auto pause = ws.Atfill({"pause", ws.config, "1"});
+  ASSERT_EQ(pause.exit_code, 0) << Describe(pause);
+  auto first = child.Wait();
+  if (first.exit_code == 0) {
+    GTEST_FAIL() << "the ingest finished before the pause request reached it; "
+                    "raise kEvents\n"
+                 << Describe(first);
+  }
+  ASSERT_EQ(first.exit_code, 4) << Describe(first);
+  auto shown = ws.Atfill({"job", ws.config, "1", "--json"});
+  EXPECT_THAT(shown.out, HasSubstr("\"status\":\"paused\""));
+  auto resumed = ws.Atfill({"resume", ws.config, "1"});
+  ASSERT_EQ(resumed.exit_code, 0) << Describe(resumed);
+  shown = ws.Atfill({"job", ws.config, "1", "--json"});
+  EXPECT_THAT(shown.out, HasSubstr("\"status\":\"completed\""));
+  // Each line was read by exactly one of the two runs.
+  EXPECT_THAT(shown.out, HasSubstr("\"events_read\":" + std::to_string(kEvents) + ","));
+}
+
+TEST(IngestCrashTest, FiveKillsAtRandomPointsConvergeToTheUninterruptedTable) {
+  gen::EventGenOptions o;
+  o.dids = 2000;
+  o.update_ratio = 0.15;
+  o.delete_ratio = 0.08;
+  o.account_ratio = 0.001;
+  o.seed = 42;
+  TempDir data;
+  const std::string events = (data / "events.jsonl").string();
+  ASSERT_TRUE(gen::EventGenerator::WriteFile(o, 200'000, events).ok());
+
+  Workspace reference("[engine]\nbatch_records = 2000\n");
+  auto ref = reference.Atfill({"ingest", reference.config, events});
+  ASSERT_EQ(ref.exit_code, 0) << Describe(ref);
+  const auto want = Content(reference.db());
+  ASSERT_GT(want.size(), 100'000u);
+
+  uint64_t seed = std::random_device{}();
+  if (const char* s = std::getenv("ATFILL_TEST_SEED")) seed = std::strtoull(s, nullptr, 10);
+  std::mt19937_64 rng(seed);
+  SCOPED_TRACE("ATFILL_TEST_SEED=" + std::to_string(seed));
+  // Five kill points, as row counts the crashed table reaches, spread over the whole run.
+  std::vector<uint64_t> targets;
+  for (int i = 0; i < 5; ++i) {
+    targets.push_back(
+        std::uniform_int_distribution<uint64_t>(want.size() / 20, want.size() * 9 / 10)(rng));
+  }
+  std::sort(targets.begin(), targets.end());
+
+  Workspace crashed("[engine]\nbatch_records = 2000\n");
+  int kills = 0;
+  for (uint64_t target : targets) {
+    Child child({kAtfill, "ingest", crashed.config, events}, crashed.dir.path());
+    // Polls the table (WAL readers never block the writer) until it holds `target` rows.
+    uint64_t rows = 0;
+    while (child.Running()) {
+      if (auto reader = sinks::SqliteReader::Open(crashed.db()); reader.ok()) {
+        if (auto n = (*reader)->Count(); n.ok()) rows = *n;
+      }
+      if (rows >= target) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    if (child.Kill(SIGKILL)) {
+      auto r = child.Wait();
+      EXPECT_EQ(r.signal, SIGKILL) << Describe(r);
+      ++kills;
+    } else {
+      auto r = child.Wait();
+      ASSERT_EQ(r.exit_code, 0) << Describe(r);
+    }
+  }
+  EXPECT_EQ(kills, 5) << "a run finished before its kill point";
+  auto last = crashed.Atfill({"ingest", crashed.config, events});
+  ASSERT_EQ(last.exit_code, 0) << Describe(last);
+
+  const auto got = Content(crashed.db());
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(got[i], want[i]) << "row " << i;
+}
+
+}  // namespace
+}  // namespace atfill
+
+namespace atfill {
+namespace {
+
+TEST(EmbedExampleTest, BuildsAGraphInAFewLinesAndRunsIt) {
+  gen::EventGenOptions o;
+  o.dids = 30;
+  o.bad_ratio = 0.01;
+  TempDir dir;
+  const std::string events = (dir / "e.jsonl").string();
+  ASSERT_TRUE(gen::EventGenerator::WriteFile(o, 3000, events).ok());
+  auto r =
+      RunProcess({EMBED_BATCH_BINARY, events, (dir / "out.db").string(), (dir / "state").string()},
+                 dir.path());
+  ASSERT_EQ(r.exit_code, 0) << Describe(r);
+  EXPECT_THAT(r.out, HasSubstr("job 1 completed: 3000 events"));
+  EXPECT_THAT(r.out, ::testing::Not(HasSubstr(" 0 failed")));  // the bad lines were counted
+  auto rows = sinks::ReadAllRecords((dir / "out.db").string());
+  ASSERT_TRUE(rows.ok());
+  EXPECT_GT(rows->size(), 2000u);
+}
+
+}  // namespace
+}  // namespace atfill

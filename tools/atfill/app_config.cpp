@@ -1,0 +1,69 @@
+#include "tools/atfill/app_config.hpp"
+
+#include "pipeline/config.hpp"
+
+namespace atfill::cli {
+
+Result<AppConfig> LoadAppConfig(const std::string& path) {
+  ATFILL_ASSIGN_OR_RETURN(pipeline::ConfigFile file, pipeline::ConfigFile::Load(path));
+  AppConfig c;
+  c.path = path;
+  c.state.path = "atfill-state";
+  c.sqlite.path = "atfill.db";
+  // Relative defaults resolve against the config's folder, like configured paths.
+  ATFILL_RETURN_IF_ERROR(file.ReadPath("state.dir", &c.state.path));
+  ATFILL_RETURN_IF_ERROR(file.ReadBool("state.sync", &c.state.sync));
+  ATFILL_RETURN_IF_ERROR(file.ReadEnum("sink.kind", &c.sink, {"sqlite"}));
+  ATFILL_RETURN_IF_ERROR(file.ReadPath("sink.sqlite.path", &c.sqlite.path));
+  std::string sync = "normal";
+  ATFILL_RETURN_IF_ERROR(file.ReadEnum("sink.sqlite.synchronous", &sync, {"normal", "full"}));
+  c.sqlite.synchronous =
+      sync == "full" ? sinks::SqliteSynchronous::kFull : sinks::SqliteSynchronous::kNormal;
+  ATFILL_RETURN_IF_ERROR(
+      file.ReadInt("sink.sqlite.busy_timeout_ms", &c.sqlite.busy_timeout_ms, 0, 3'600'000));
+  int64_t cache_mb = c.sqlite.cache_bytes >> 20;
+  ATFILL_RETURN_IF_ERROR(file.ReadInt("sink.sqlite.cache_mb", &cache_mb, 1, 65536));
+  c.sqlite.cache_bytes = cache_mb << 20;
+  int64_t wal_mb = c.sqlite.wal_autocheckpoint_bytes >> 20;
+  ATFILL_RETURN_IF_ERROR(file.ReadInt("sink.sqlite.wal_autocheckpoint_mb", &wal_mb, 0, 65536));
+  c.sqlite.wal_autocheckpoint_bytes = wal_mb << 20;
+
+  auto& e = c.engine;
+  ATFILL_RETURN_IF_ERROR(file.ReadUint("engine.batch_records", &e.batch.max_events, 1, 1'000'000));
+  ATFILL_RETURN_IF_ERROR(file.ReadInt("engine.batch_ms", &e.batch.max_delay_ms, 0, 600'000));
+  ATFILL_RETURN_IF_ERROR(file.ReadUint("engine.batch_chunks", &e.batch.max_chunks, 1, 100'000));
+  ATFILL_RETURN_IF_ERROR(file.ReadUint("engine.workers", &e.workers, 0, 1024));
+  ATFILL_RETURN_IF_ERROR(
+      file.ReadUint("engine.max_chunks_in_flight", &e.max_chunks_in_flight, 0, 1'000'000));
+  ATFILL_RETURN_IF_ERROR(
+      file.ReadInt("engine.sink_retry_initial_ms", &e.sink_retry.initial_delay_ms, 1, 600'000));
+  ATFILL_RETURN_IF_ERROR(
+      file.ReadInt("engine.sink_retry_max_ms", &e.sink_retry.max_delay_ms, 1, 3'600'000));
+  ATFILL_RETURN_IF_ERROR(
+      file.ReadUint("engine.sink_retry_max_attempts", &e.sink_retry.max_attempts, 0, 1'000'000));
+
+  ATFILL_RETURN_IF_ERROR(file.ReadUint("files.chunk_lines", &c.files.chunk_lines, 1, 1'000'000));
+  ATFILL_RETURN_IF_ERROR(
+      file.ReadUint("files.max_line_bytes", &c.files.max_line_bytes, 64, 1 << 30));
+  ATFILL_RETURN_IF_ERROR(file.ReadBool("stages.verify_cids", &c.verify_cids));
+  ATFILL_RETURN_IF_ERROR(file.ReadBool("jobs.record_batches", &c.jobs.record_batches));
+  ATFILL_RETURN_IF_ERROR(
+      file.ReadUint("jobs.error_log_cap", &c.error_log.max_entries_per_job, 1, 100'000'000));
+  int64_t retention_hours = c.tombstones.retention_us / 3'600'000'000;
+  ATFILL_RETURN_IF_ERROR(
+      file.ReadInt("tombstones.retention_hours", &retention_hours, 1, 24 * 365 * 10));
+  c.tombstones.retention_us = retention_hours * 3'600'000'000;
+  ATFILL_RETURN_IF_ERROR(
+      file.ReadDouble("progress.interval_s", &c.progress_interval_s, 0.1, 86'400));
+  ATFILL_RETURN_IF_ERROR(file.Finish());
+
+  // Cross-field rules; the message names the section.
+  if (Status s = c.engine.Validate(); !s.ok()) return s.WithContext(path + ": [engine]");
+  if (Status s = c.sqlite.Validate(); !s.ok()) return s.WithContext(path + ": [sink.sqlite]");
+  if (Status s = c.state.Validate(); !s.ok()) return s.WithContext(path + ": [state]");
+  if (Status s = c.error_log.Validate(); !s.ok()) return s.WithContext(path + ": [jobs]");
+  if (Status s = c.tombstones.Validate(); !s.ok()) return s.WithContext(path + ": [tombstones]");
+  return c;
+}
+
+}  // namespace atfill::cli

@@ -1,0 +1,35 @@
+// The launcher's config file: TOML parsed once into each component's typed options. Every key is
+// documented in docs/config.md.
+#pragma once
+
+#include <string>
+
+#include "base/status.hpp"
+#include "pipeline/engine.hpp"
+#include "pipeline/job.hpp"
+#include "sinks/sqlite_sink.hpp"
+#include "sources/event_file.hpp"
+#include "state/error_log.hpp"
+#include "state/kv_store.hpp"
+#include "state/tombstones.hpp"
+
+namespace atfill::cli {
+
+struct AppConfig {
+  std::string path;                    // the config file
+  state::RocksDbOptions state;         // [state]
+  std::string sink = "sqlite";         // [sink] kind
+  sinks::SqliteSinkOptions sqlite;     // [sink.sqlite]
+  pipeline::EngineOptions engine;      // [engine]
+  sources::EventFileOptions files;     // [files] (paths come from the command line)
+  bool verify_cids = true;             // [stages] verify_cids
+  pipeline::JobOptions jobs;           // [jobs]
+  state::ErrorLogOptions error_log;    // [jobs] error_log_cap
+  state::TombstoneOptions tombstones;  // [tombstones]
+  double progress_interval_s = 10;     // [progress] interval_s (plain log lines)
+};
+
+// Loads and validates CONFIG. Relative paths are relative to the config file's folder.
+Result<AppConfig> LoadAppConfig(const std::string& path);
+
+}  // namespace atfill::cli

@@ -1,0 +1,62 @@
+#include "tools/atfill/state_access.hpp"
+
+#include <unistd.h>
+#include <fstream>
+
+namespace atfill::cli {
+namespace {
+
+OpenedState Wrap(std::unique_ptr<state::KvStore> kv, const AppConfig& config, bool read_only) {
+  OpenedState s;
+  s.kv = std::move(kv);
+  s.jobs = std::make_unique<state::JobStore>(*s.kv);
+  s.errors = std::make_unique<state::ErrorLog>(*s.kv, config.error_log);
+  s.tombstones = std::make_unique<state::Tombstones>(*s.kv, config.tombstones);
+  s.read_only = read_only;
+  return s;
+}
+
+}  // namespace
+
+Result<OpenedState> OpenStateForWrite(const AppConfig& config) {
+  ATFILL_ASSIGN_OR_RETURN(auto kv, state::OpenRocksDb(config.state));
+  return Wrap(std::move(kv), config, false);
+}
+
+Result<OpenedState> OpenStateForRead(const AppConfig& config) {
+  auto kv = state::OpenRocksDb(config.state);
+  if (kv.ok()) return Wrap(std::move(*kv), config, false);
+  if (kv.status().code() != StatusCode::kUnavailable) return kv.status();
+  ATFILL_ASSIGN_OR_RETURN(auto view, state::OpenRocksDbReadOnly(config.state));
+  return Wrap(std::move(view), config, true);
+}
+
+std::filesystem::path RequestPath(const AppConfig& config, uint64_t job, std::string_view what) {
+  return std::filesystem::path(config.state.path) / "requests" /
+         (std::to_string(job) + "." + std::string(what));
+}
+
+Status WriteRequest(const AppConfig& config, uint64_t job, std::string_view what) {
+  const auto path = RequestPath(config, job, what);
+  std::error_code ec;
+  std::filesystem::create_directories(path.parent_path(), ec);
+  if (ec)
+    return Status::IoError("cannot create " + path.parent_path().string() + ": " + ec.message());
+  const auto tmp = path.string() + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp);
+    out << what << "\n";
+    if (!out) return Status::IoError("cannot write " + tmp);
+  }
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) return Status::IoError("cannot write " + path.string() + ": " + ec.message());
+  return Status::OK();
+}
+
+void ClearRequests(const AppConfig& config, uint64_t job) {
+  std::error_code ec;
+  std::filesystem::remove(RequestPath(config, job, "pause"), ec);
+  std::filesystem::remove(RequestPath(config, job, "cancel"), ec);
+}
+
+}  // namespace atfill::cli

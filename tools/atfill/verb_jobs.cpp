@@ -1,0 +1,333 @@
+// atfill jobs | job | pause | resume | cancel: looking at jobs and steering them.
+#include <cinttypes>
+#include <cstdio>
+#include <string>
+
+#include "base/json_writer.hpp"
+#include "pipeline/engine.hpp"
+#include "pipeline/job.hpp"
+#include "tools/atfill/app_config.hpp"
+#include "tools/atfill/cli.hpp"
+#include "tools/atfill/job_view.hpp"
+#include "tools/atfill/state_access.hpp"
+
+namespace atfill::cli {
+namespace {
+
+struct JobArgs {
+  std::string config;
+  uint64_t id = 0;
+  bool json = false;
+  bool batches = false;
+  bool errors = false;
+};
+
+int Fail(std::string_view verb, const std::string& msg, int code) {
+  std::fprintf(stderr, "atfill %.*s: %s\n", static_cast<int>(verb.size()), verb.data(),
+               msg.c_str());
+  return code;
+}
+
+// Parses CONFIG [ID] and the flags the verb allows; returns an exit code on error, -1 when fine.
+int ParseArgs(std::string_view verb, std::span<char* const> args, bool want_id,
+              std::initializer_list<std::string_view> flags, JobArgs* out) {
+  std::vector<std::string> positional;
+  for (const char* a : args) {
+    const std::string_view s = a;
+    if (s.starts_with("--")) {
+      if (std::find(flags.begin(), flags.end(), s) == flags.end()) {
+        return Fail(verb, "unknown option " + std::string(s), kExitUsage);
+      }
+      out->json |= s == "--json";
+      out->batches |= s == "--batches";
+      out->errors |= s == "--errors";
+    } else {
+      positional.emplace_back(s);
+    }
+  }
+  if (positional.size() != (want_id ? 2u : 1u)) {
+    return Fail(verb,
+                want_id ? "usage: atfill " + std::string(verb) + " CONFIG JOB_ID"
+                        : "usage: atfill " + std::string(verb) + " CONFIG",
+                kExitUsage);
+  }
+  out->config = positional[0];
+  if (want_id) {
+    char* end = nullptr;
+    out->id = std::strtoull(positional[1].c_str(), &end, 10);
+    if (out->id == 0 || *end != '\0') {
+      return Fail(verb, "job id '" + positional[1] + "' is not a positive number", kExitUsage);
+    }
+  }
+  return -1;
+}
+
+std::string Percent(const state::JobRecord& job, int64_t now) {
+  const auto p = pipeline::DeriveProgress(job, now);
+  if (p.percent < 0) return "-";
+  char buf[16];
+  std::snprintf(buf, sizeof(buf), "%.1f%%", p.percent);
+  return buf;
+}
+
+}  // namespace
+
+int RunJobs(std::span<char* const> args) {
+  JobArgs a;
+  if (int rc = ParseArgs("jobs", args, false, {"--json"}, &a); rc >= 0) return rc;
+  auto config = LoadAppConfig(a.config);
+  if (!config.ok()) return Fail("jobs", config.status().message(), kExitUsage);
+  auto st = OpenStateForRead(*config);
+  if (!st.ok()) return Fail("jobs", st.status().message(), kExitIo);
+  auto jobs = st->jobs->List();
+  if (!jobs.ok()) return Fail("jobs", jobs.status().message(), kExitIo);
+  const int64_t now = pipeline::NowMicros();
+  if (a.json) {
+    std::string out = "[";
+    for (size_t i = 0; i < jobs->size(); ++i) {
+      out += (i ? "," : "") + JobJson((*jobs)[i], now);
+    }
+    std::printf("%s]\n", out.c_str());
+    return kExitOk;
+  }
+  std::printf("%-5s %-8s %-11s %-24s %7s %14s %12s %10s %-4s %s\n", "ID", "KIND", "STATUS", "STAGE",
+              "DONE", "RECORDS", "ERRORS", "REC/S", "BY", "UPDATED");
+  for (const auto& j : *jobs) {
+    const auto p = pipeline::DeriveProgress(j, now);
+    std::printf("%-5" PRIu64 " %-8s %-11s %-24s %7s %14s %12s %10.0f %-4s %s\n", j.id,
+                j.kind.c_str(), std::string(state::JobStatusName(j.status)).c_str(),
+                std::string(state::JobStageName(j.stage)).c_str(), Percent(j, now).c_str(),
+                FormatCount(j.counters.records_written).c_str(),
+                FormatCount(j.counters.failed_records).c_str(), p.records_per_s,
+                j.started_by.c_str(), FormatTime(j.updated_us).c_str());
+  }
+  if (jobs->empty()) std::printf("(no jobs yet)\n");
+  if (st->read_only) std::printf("(read-only view: another atfill process holds the state)\n");
+  return kExitOk;
+}
+
+int RunJob(std::span<char* const> args) {
+  JobArgs a;
+  if (int rc = ParseArgs("job", args, true, {"--json", "--batches", "--errors"}, &a); rc >= 0) {
+    return rc;
+  }
+  auto config = LoadAppConfig(a.config);
+  if (!config.ok()) return Fail("job", config.status().message(), kExitUsage);
+  auto st = OpenStateForRead(*config);
+  if (!st.ok()) return Fail("job", st.status().message(), kExitIo);
+  auto job = st->jobs->Get(a.id);
+  if (!job.ok()) return Fail("job", job.status().message(), kExitUsage);
+  const int64_t now = pipeline::NowMicros();
+  auto counts = st->errors->CountsByKind(a.id);
+  if (!counts.ok()) return Fail("job", counts.status().message(), kExitIo);
+
+  std::vector<state::BatchAudit> audit;
+  if (a.batches) {
+    auto listed = st->jobs->ListBatchAudit(a.id, 0, SIZE_MAX);
+    if (!listed.ok()) return Fail("job", listed.status().message(), kExitIo);
+    audit = std::move(*listed);
+  }
+  std::vector<state::ErrorEntry> errors;
+  if (a.errors) {
+    auto listed = st->errors->List(a.id, 0, UINT64_MAX);
+    if (!listed.ok()) return Fail("job", listed.status().message(), kExitIo);
+    errors = std::move(*listed);
+  }
+
+  if (a.json) {
+    JsonWriter w;
+    w.BeginObject().Key("job").Raw(JobJson(*job, now));
+    w.Key("errors_by_kind").BeginObject();
+    for (const auto& [k, v] : *counts) w.Key(k).Uint(v);
+    w.EndObject();
+    if (a.batches) {
+      w.Key("batches").BeginArray();
+      for (const auto& b : audit) {
+        w.BeginObject().Key("batch").Uint(b.batch_no).Key("from").String(b.first_position);
+        w.Key("to").String(b.last_position).Key("count").Uint(b.count);
+        w.Key("failures").Uint(b.failures).Key("duration_us").Int(b.duration_us);
+        w.Key("attempts")
+            .Uint(b.attempts)
+            .Key("committed_at")
+            .String(FormatTime(b.committed_at_us));
+        w.EndObject();
+      }
+      w.EndArray();
+    }
+    if (a.errors) {
+      w.Key("errors").BeginArray();
+      for (const auto& e : errors) {
+        w.BeginObject().Key("kind").String(e.kind).Key("key").String(e.key);
+        w.Key("message").String(e.message).Key("attempts").Uint(e.attempts);
+        w.Key("resolved").Bool(e.resolved).EndObject();
+      }
+      w.EndArray();
+    }
+    w.EndObject();
+    std::printf("%s\n", w.str().c_str());
+    return kExitOk;
+  }
+
+  const auto& j = *job;
+  const auto p = pipeline::DeriveProgress(j, now);
+  std::printf("job %" PRIu64 " (%s), started by %s\n", j.id, j.kind.c_str(), j.started_by.c_str());
+  std::printf("  status      %s / %s\n", std::string(state::JobStatusName(j.status)).c_str(),
+              std::string(state::JobStageName(j.stage)).c_str());
+  if (!j.stop_reason.empty()) {
+    std::printf("  stopped     %s: %s\n", j.stop_reason.code.c_str(),
+                j.stop_reason.sentence.c_str());
+  }
+  std::printf("  progress    %s, %.0f records/s, %.0f events/s%s\n", Percent(j, now).c_str(),
+              p.records_per_s, p.events_per_s,
+              p.eta_s >= 0 && j.status == state::JobStatus::kRunning
+                  ? (", ETA " + FormatDuration(p.eta_s)).c_str()
+                  : "");
+  std::printf("  times       created %s, started %s, updated %s, finished %s\n",
+              FormatTime(j.created_us).c_str(), FormatTime(j.started_us).c_str(),
+              FormatTime(j.updated_us).c_str(), FormatTime(j.finished_us).c_str());
+  const auto& c = j.counters;
+  std::printf("  counters    events_read %s, records %s, written %s, failed %s, bytes %s\n",
+              FormatCount(c.events_read).c_str(), FormatCount(c.total_records).c_str(),
+              FormatCount(c.records_written).c_str(), FormatCount(c.failed_records).c_str(),
+              FormatCount(c.bytes).c_str());
+  if (c.total_repos != 0) {
+    std::printf("  repos       total %s, resolved %s, processed %s\n",
+                FormatCount(c.total_repos).c_str(), FormatCount(c.resolved_repos).c_str(),
+                FormatCount(c.processed_repos).c_str());
+  }
+  for (const auto& [k, v] : c.extra) std::printf("  %-11s %s\n", k.c_str(), FormatCount(v).c_str());
+  for (const auto& [k, v] : j.params) {
+    std::string shown = v;
+    for (auto& ch : shown) ch = ch == '\n' ? ' ' : ch;
+    std::printf("  param       %s = %s\n", k.c_str(), shown.c_str());
+  }
+  std::printf("  errors      %s\n", counts->empty() ? "none" : "");
+  for (const auto& [k, v] : *counts)
+    std::printf("    %-22s %s\n", k.c_str(), FormatCount(v).c_str());
+  if (a.batches) {
+    std::printf("\n  %-8s %-28s %-28s %8s %8s %10s %8s\n", "BATCH", "FROM", "TO", "COUNT", "FAILED",
+                "MS", "ATTEMPTS");
+    for (const auto& b : audit) {
+      std::printf("  %-8" PRIu64 " %-28s %-28s %8" PRIu64 " %8" PRIu64 " %10.1f %8u\n", b.batch_no,
+                  b.first_position.c_str(), b.last_position.c_str(), b.count, b.failures,
+                  static_cast<double>(b.duration_us) / 1000.0, b.attempts);
+    }
+    if (audit.empty()) {
+      std::printf("  (no batch audit: set [jobs] record_batches = true in the config)\n");
+    }
+  }
+  if (a.errors) {
+    std::printf("\n");
+    for (const auto& e : errors) {
+      std::printf("  %-18s %-40s %s%s\n", e.kind.c_str(), e.key.c_str(), e.message.c_str(),
+                  e.attempts > 1 ? (" (x" + std::to_string(e.attempts) + ")").c_str() : "");
+    }
+  }
+  if (st->read_only) std::printf("(read-only view: another atfill process holds the state)\n");
+  return kExitOk;
+}
+
+namespace {
+
+// pause and cancel: ask the process running the job, or, when none does, set the job's status.
+int Steer(std::string_view verb, std::span<char* const> args, pipeline::StopKind kind) {
+  JobArgs a;
+  if (int rc = ParseArgs(verb, args, true, {}, &a); rc >= 0) return rc;
+  auto config = LoadAppConfig(a.config);
+  if (!config.ok()) return Fail(verb, config.status().message(), kExitUsage);
+  const char* what = kind == pipeline::StopKind::kPause ? "pause" : "cancel";
+  auto st = OpenStateForWrite(*config);
+  if (!st.ok()) {
+    if (st.status().code() != StatusCode::kUnavailable) {
+      return Fail(verb, st.status().message(), kExitIo);
+    }
+    // Another process runs jobs from this state: hand it the request.
+    if (Status s = WriteRequest(*config, a.id, what); !s.ok()) {
+      return Fail(verb, s.message(), kExitIo);
+    }
+    std::printf("asked the running atfill to %s job %" PRIu64 " at its next checkpoint (%s)\n",
+                what, a.id, st.status().message().c_str());
+    return kExitOk;
+  }
+  auto job = st->jobs->Get(a.id);
+  if (!job.ok()) return Fail(verb, job.status().message(), kExitUsage);
+  if (job->status == state::JobStatus::kCompleted || job->status == state::JobStatus::kCancelled) {
+    return Fail(verb,
+                "job " + std::to_string(a.id) + " is already " +
+                    std::string(state::JobStatusName(job->status)),
+                kExitInputInvalid);
+  }
+  if (kind == pipeline::StopKind::kPause && job->status == state::JobStatus::kPaused) {
+    std::printf("job %" PRIu64 " is already paused\n", a.id);
+    return kExitOk;
+  }
+  // No process runs it, so both phases happen here.
+  const int64_t now = pipeline::NowMicros();
+  job->updated_us = now;
+  if (kind == pipeline::StopKind::kPause) {
+    job->status = state::JobStatus::kPaused;
+    job->stop_reason = {"paused", "paused on request while no process was running it"};
+  } else {
+    job->status = state::JobStatus::kCancelled;
+    job->stage = state::JobStage::kCancelled;
+    job->finished_us = now;
+    job->stop_reason = {"cancelled", "cancelled on request"};
+  }
+  state::WriteBatch batch;
+  Status s = st->jobs->Put(&batch, *job);
+  if (s.ok()) s = st->kv->Write(batch);
+  if (!s.ok()) return Fail(verb, s.message(), kExitIo);
+  std::printf("job %" PRIu64 " %s\n", a.id, std::string(state::JobStatusName(job->status)).c_str());
+  return kExitOk;
+}
+
+}  // namespace
+
+int RunPause(std::span<char* const> args) {
+  return Steer("pause", args, pipeline::StopKind::kPause);
+}
+int RunCancel(std::span<char* const> args) {
+  return Steer("cancel", args, pipeline::StopKind::kCancel);
+}
+
+int RunResume(std::span<char* const> args) {
+  JobArgs a;
+  if (int rc = ParseArgs("resume", args, true, {}, &a); rc >= 0) return rc;
+  auto config = LoadAppConfig(a.config);
+  if (!config.ok()) return Fail("resume", config.status().message(), kExitUsage);
+  state::JobRecord job;
+  {
+    auto st = OpenStateForWrite(*config);
+    if (!st.ok()) return Fail("resume", st.status().message(), kExitIo);
+    auto got = st->jobs->Get(a.id);
+    if (!got.ok()) return Fail("resume", got.status().message(), kExitUsage);
+    job = *got;
+  }
+  if (job.status == state::JobStatus::kCompleted || job.status == state::JobStatus::kCancelled) {
+    return Fail("resume",
+                "job " + std::to_string(a.id) + " is " +
+                    std::string(state::JobStatusName(job.status)) + "; there is nothing to resume",
+                kExitInputInvalid);
+  }
+  if (job.kind != "ingest") {
+    return Fail("resume",
+                "job " + std::to_string(a.id) + " is a " + job.kind +
+                    " job; this atfill resumes ingest jobs only",
+                kExitUsage);
+  }
+  // An ingest job is resumed by running it again on the same files.
+  std::vector<std::string> argv = {a.config};
+  std::string files = job.params["files"];
+  for (size_t start = 0; start <= files.size();) {
+    size_t nl = files.find('\n', start);
+    if (nl == std::string::npos) nl = files.size();
+    if (nl > start) argv.push_back(files.substr(start, nl - start));
+    start = nl + 1;
+  }
+  if (job.params["dry_run"] == "true") argv.push_back("--dry-run");
+  std::vector<char*> ptrs;
+  for (auto& s : argv) ptrs.push_back(s.data());
+  return RunIngest(ptrs);
+}
+
+}  // namespace atfill::cli
