@@ -344,3 +344,56 @@ TEST(EmbedExampleTest, BuildsAGraphInAFewLinesAndRunsIt) {
 
 }  // namespace
 }  // namespace atfill
+
+namespace atfill {
+namespace {
+
+TEST(IngestTest, AFullErrorLogStopsTheJobWithThatReason) {
+  Workspace ws("[jobs]\nerror_log_cap = 5\n[engine]\nbatch_records = 10\n");
+  std::string text;
+  for (int i = 0; i < 50; ++i) text += "not json " + std::to_string(i) + "\n";
+  WriteFile(ws.dir / "bad.jsonl", text);
+  auto r = ws.Atfill({"ingest", ws.config, (ws.dir / "bad.jsonl").string()});
+  EXPECT_EQ(r.exit_code, 1) << Describe(r);
+  EXPECT_THAT(r.err, HasSubstr("error_cap"));
+  auto job = ws.Atfill({"job", ws.config, "1", "--json"});
+  EXPECT_THAT(job.out, HasSubstr("\"status\":\"failed\""));
+  EXPECT_THAT(job.out, HasSubstr("\"code\":\"error_cap\""));
+  EXPECT_THAT(job.out, HasSubstr("\"bad_json\":"));
+}
+
+TEST(IngestTest, CancelWithNoProcessRunningEndsTheJobForGood) {
+  gen::EventGenOptions o;
+  o.dids = 200;
+  Workspace ws;
+  const std::string events = (ws.dir / "e.jsonl").string();
+  ASSERT_TRUE(gen::EventGenerator::WriteFile(o, 300'000, events).ok());
+  // A job left unfinished by a killed process.
+  Child child({kAtfill, "ingest", ws.config, events}, ws.dir.path());
+  ASSERT_TRUE(WaitForState(child, ws.dir / "state"));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_TRUE(child.Kill(SIGKILL)) << "the ingest finished before it could be killed";
+  child.Wait();
+
+  auto cancel = ws.Atfill({"cancel", ws.config, "1"});
+  ASSERT_EQ(cancel.exit_code, 0) << Describe(cancel);
+  EXPECT_THAT(cancel.out, HasSubstr("job 1 cancelled"));
+  auto shown = ws.Atfill({"job", ws.config, "1", "--json"});
+  EXPECT_THAT(shown.out, HasSubstr("\"status\":\"cancelled\""));
+  auto resume = ws.Atfill({"resume", ws.config, "1"});
+  EXPECT_EQ(resume.exit_code, 1) << Describe(resume);
+  EXPECT_THAT(resume.err, HasSubstr("nothing to resume"));
+  auto again = ws.Atfill({"cancel", ws.config, "1"});
+  EXPECT_EQ(again.exit_code, 1) << Describe(again);
+  EXPECT_THAT(again.err, HasSubstr("already cancelled"));
+  // The same command now starts a new job instead of resuming the cancelled one.
+  auto rerun = ws.Atfill({"ingest", ws.config, events});
+  EXPECT_EQ(rerun.exit_code, 0) << Describe(rerun);
+  EXPECT_THAT(rerun.err, HasSubstr("job 2 reads 1 file(s)"));
+  auto unknown = ws.Atfill({"pause", ws.config, "7"});
+  EXPECT_EQ(unknown.exit_code, 2) << Describe(unknown);
+  EXPECT_THAT(unknown.err, HasSubstr("7"));
+}
+
+}  // namespace
+}  // namespace atfill

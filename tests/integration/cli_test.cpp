@@ -1,0 +1,136 @@
+// The inspection verbs and the demo, run as a user runs them.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "tests/common/process.hpp"
+#include "tests/common/test_util.hpp"
+
+namespace atfill {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::ProcessResult;
+using testing::RunProcess;
+using testing::TempDir;
+using testing::WriteFile;
+
+const std::string kAtfill = ATFILL_BINARY;
+const std::string kData = std::string(ATFILL_SOURCE_DIR) + "/examples/data";
+
+ProcessResult Atfill(const TempDir& dir, std::vector<std::string> args) {
+  args.insert(args.begin(), kAtfill);
+  return RunProcess(args, dir.path());
+}
+
+std::vector<std::string> Lines(const std::string& text) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  for (size_t nl; (nl = text.find('\n', start)) != std::string::npos; start = nl + 1) {
+    out.push_back(text.substr(start, nl - start));
+  }
+  return out;
+}
+
+TEST(CliTest, CidPrintsOneLinePerInputLineAndFlagsBadOnes) {
+  TempDir dir;
+  auto r = Atfill(dir, {"cid", kData + "/records.jsonl"});
+  EXPECT_EQ(r.exit_code, 1);
+  const auto out = Lines(r.out);
+  ASSERT_EQ(out.size(), 7u);
+  EXPECT_EQ(out[0], out[1]) << "key order must not change a CID";
+  EXPECT_THAT(out[0], ::testing::StartsWith("bafyrei"));
+  EXPECT_EQ(out[5], "");
+  EXPECT_EQ(out[6], "");
+  EXPECT_THAT(r.err, HasSubstr("error: line 6: "));
+  EXPECT_THAT(r.err, HasSubstr("error: line 7: a record must have a $type"));
+
+  // stdin, and a known CID from the interop fixtures' trivial record shape.
+  WriteFile(dir / "one.jsonl", "{\"$type\":\"app.bsky.feed.post\",\"text\":\"x\"}\n");
+  auto ok = Atfill(dir, {"cid", (dir / "one.jsonl").string()});
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
+  EXPECT_EQ(Lines(ok.out).size(), 1u);
+
+  auto missing = Atfill(dir, {"cid", (dir / "nope.jsonl").string()});
+  EXPECT_EQ(missing.exit_code, 3);
+  EXPECT_THAT(missing.err, HasSubstr("cannot open"));
+}
+
+TEST(CliTest, CarVerifiesAndPrintsRecordsAndTheSignature) {
+  TempDir dir;
+  std::ifstream key_file(kData + "/sample.key");
+  std::string key;
+  std::getline(key_file, key);
+  auto r = Atfill(dir, {"car", kData + "/sample.car", "--key", key});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto out = Lines(r.out);
+  EXPECT_EQ(out.size(), 6u);
+  EXPECT_THAT(r.out, HasSubstr("{\"uri\":\"at://did:plc:atfillsampleaaaaaaaaaaaa/app.bsky.feed.post/"
+                               "3lbqzb5ddb22a\",\"cid\":\"bafyrei"));
+  EXPECT_THAT(r.out, HasSubstr("\"big\":9007199254740993"));
+  EXPECT_THAT(r.err, HasSubstr("6 records"));
+  EXPECT_THAT(r.err, HasSubstr("signature verified"));
+
+  // Another key: the signature does not verify.
+  auto wrong = Atfill(dir, {"car", kData + "/sample.car", "--key",
+                            "did:key:zQ3shqwJEJyMBsBXCWyCBpUBMqxcon9oHB7mCvx4sSpMdLJwc"});
+  EXPECT_EQ(wrong.exit_code, 1);
+  EXPECT_THAT(wrong.err, HasSubstr("signature"));
+}
+
+TEST(CliTest, ATruncatedOrCorruptCarIsAnErrorNamingTheOffsetNeverACrash) {
+  TempDir dir;
+  std::ifstream in(kData + "/sample.car", std::ios::binary);
+  const std::string car((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_GT(car.size(), 200u);
+  WriteFile(dir / "cut.car", car.substr(0, car.size() - 37));
+  auto cut = Atfill(dir, {"car", (dir / "cut.car").string()});
+  EXPECT_EQ(cut.exit_code, 1) << cut.err;
+  EXPECT_EQ(cut.signal, 0);
+  EXPECT_THAT(cut.err, HasSubstr("byte"));
+
+  std::string flipped = car;
+  flipped[car.size() / 2] = static_cast<char>(flipped[car.size() / 2] ^ 0x40);
+  WriteFile(dir / "flip.car", flipped);
+  auto bad = Atfill(dir, {"car", (dir / "flip.car").string()});
+  EXPECT_EQ(bad.exit_code, 1) << bad.err;
+  EXPECT_EQ(bad.signal, 0);
+  EXPECT_THAT(bad.err, HasSubstr("error:"));
+}
+
+TEST(CliTest, SyntaxSaysValidOrWhyNot) {
+  TempDir dir;
+  auto r = Atfill(dir, {"syntax", "rkey", "self", "a/b", "3lbqzb5ddb22a"});
+  EXPECT_EQ(r.exit_code, 1);
+  const auto out = Lines(r.out);
+  ASSERT_EQ(out.size(), 3u);
+  EXPECT_EQ(out[0], "valid");
+  EXPECT_THAT(out[1], ::testing::StartsWith("invalid: "));
+  EXPECT_EQ(out[2], "valid");
+  EXPECT_EQ(Atfill(dir, {"syntax", "tid", "3lbqzb5ddb22a"}).exit_code, 0);
+  EXPECT_EQ(Atfill(dir, {"syntax", "colour", "x"}).exit_code, 2);
+}
+
+TEST(CliTest, EveryVerbHasHelpAndUnknownVerbsAreUsageErrors) {
+  TempDir dir;
+  for (const char* verb : {"demo", "ingest", "jobs", "job", "pause", "resume", "cancel", "cid",
+                           "car", "syntax"}) {
+    auto r = Atfill(dir, {verb, "--help"});
+    EXPECT_EQ(r.exit_code, 0) << verb;
+    EXPECT_THAT(r.out, HasSubstr(std::string("usage: atfill ") + verb)) << verb;
+  }
+  auto r = Atfill(dir, {"frobnicate"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("unknown verb"));
+}
+
+TEST(CliTest, TheDemoRunsAndEveryStepAnswersAsExpected) {
+  TempDir dir;
+  auto r = Atfill(dir, {"demo"});
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("every step answered as expected"));
+}
+
+}  // namespace
+}  // namespace atfill
