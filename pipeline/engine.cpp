@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <deque>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -13,6 +14,16 @@
 #include "pipeline/tsan.hpp"
 
 namespace atfill::pipeline {
+namespace internal {
+
+struct SealedBatch {
+  PendingBatch batch;
+  // The ordered stages' state writes for this batch (tombstones...), committed with the cursor.
+  state::WriteBatch writes;
+};
+
+}  // namespace internal
+
 namespace {
 
 // Keeps the first failure of a run and cancels the graph; later failures are consequences.
@@ -173,7 +184,8 @@ class EngineRun : public internal::GraphBodies {
       // The graph is idle: every body happened before this.
       HappensAfter(&source_token_);
       HappensAfter(&work_token_);
-      HappensAfter(&commit_token_);
+      HappensAfter(&order_token_);
+      HappensAfter(&write_token_);
     }
     graph_ = graph;
     latch_.Attach(graph);
@@ -220,10 +232,11 @@ class EngineRun : public internal::GraphBodies {
     HappensBefore(&work_token_);
   }
 
-  void Commit(EventChunk* chunk) override {
+  internal::SealedBatch* Order(EventChunk* chunk) override {
     HappensAfter(chunk);
-    HappensAfter(&commit_token_);
-    Guarded(&latch_, "commit", [&] {
+    HappensAfter(&order_token_);
+    internal::SealedBatch* sealed = nullptr;
+    Guarded(&latch_, "ordered stages", [&] {
       if (latch_.failed()) return;
       for (size_t i = 0; i < ordered_.size(); ++i) {
         Status s = ordered_[i]->Process(ordered_states_[i].get(), chunk);
@@ -236,20 +249,40 @@ class EngineRun : public internal::GraphBodies {
       summary_.units_read += chunk->units_read;
       const int64_t now = now_us_();
       batcher_.Add(chunk, now);
-      if (batcher_.ShouldFlush(now)) Flush(true);
+      if (batcher_.ShouldFlush(now)) sealed = Seal();
     });
-    HappensBefore(&commit_token_);
+    HappensBefore(&order_token_);
+    if (sealed != nullptr) HappensBefore(sealed);
+    return sealed;
+  }
+
+  void Write(internal::SealedBatch* sealed) override {
+    HappensAfter(sealed);
+    HappensAfter(&write_token_);
+    Guarded(&latch_, "sink", [&] {
+      if (!latch_.failed()) WriteSealed(sealed, true);
+    });
+    HappensBefore(&write_token_);
   }
 
   // After the graph is idle: commits what is left (also after a stop request, so a pause keeps
   // everything it read) and returns the outcome.
   Result<RunSummary> Finish() {
     HappensAfter(&source_token_);
-    HappensAfter(&commit_token_);
-    if (!latch_.failed()) Guarded(&latch_, "final commit", [&] { Flush(false); });
+    HappensAfter(&order_token_);
+    HappensAfter(&write_token_);
+    if (!latch_.failed()) {
+      Guarded(&latch_, "final commit", [&] {
+        if (internal::SealedBatch* sealed = Seal()) WriteSealed(sealed, false);
+      });
+    }
     if (latch_.failed()) {
-      for (size_t i = 0; i < ordered_.size(); ++i) {
-        ordered_[i]->OnCommitted(ordered_states_[i].get(), false);
+      // Batches sealed but never made durable.
+      std::lock_guard<std::mutex> lock(sealed_mu_);
+      for (size_t n = 0; n < sealed_.size(); ++n) {
+        for (size_t i = 0; i < ordered_.size(); ++i) {
+          ordered_[i]->OnCommitted(ordered_states_[i].get(), false);
+        }
       }
       return latch_.first();
     }
@@ -258,11 +291,29 @@ class EngineRun : public internal::GraphBodies {
   }
 
  private:
-  // Writes the pending batch to the sink (retrying transient failures), then commits the state
-  // batch; false when the run must end.
-  bool Flush(bool release) {
+  // Hands what the batcher holds to the sink side, with the ordered stages' writes for it;
+  // nullptr when nothing is pending or a stage failed.
+  internal::SealedBatch* Seal() {
     PendingBatch batch = batcher_.Take();
-    if (batch.empty()) return true;
+    if (batch.empty()) return nullptr;
+    auto sealed = std::make_unique<internal::SealedBatch>();
+    sealed->batch = std::move(batch);
+    for (size_t i = 0; i < ordered_.size(); ++i) {
+      Status s = ordered_[i]->SealBatch(ordered_states_[i].get(), &sealed->writes);
+      if (!s.ok()) {
+        latch_.Fail(s.WithContext(std::string(ordered_[i]->name())));
+        return nullptr;
+      }
+    }
+    std::lock_guard<std::mutex> lock(sealed_mu_);
+    sealed_.push_back(std::move(sealed));
+    return sealed_.back().get();
+  }
+
+  // Writes a sealed batch to the sink (retrying transient failures), then commits its state
+  // writes; false when the run must end.
+  bool WriteSealed(internal::SealedBatch* sealed, bool release) {
+    PendingBatch& batch = sealed->batch;
     BatchReport report;
     report.batch_no = summary_.batches;
     report.batch = &batch;
@@ -294,29 +345,28 @@ class EngineRun : public internal::GraphBodies {
     }
     report.write_us = now_us_() - start;
 
-    state::WriteBatch writes;
-    for (size_t i = 0; i < ordered_.size(); ++i) {
-      Status s = ordered_[i]->PrepareCommit(ordered_states_[i].get(), &writes);
-      if (!s.ok()) {
-        latch_.Fail(s.WithContext(std::string(ordered_[i]->name())));
-        return false;
-      }
-    }
+    state::WriteBatch& writes = sealed->writes;
     Status s = committer_->PrepareCommit(report, &writes);
     if (s.ok()) s = state_->Write(writes);
-    for (size_t i = 0; i < ordered_.size(); ++i) {
-      ordered_[i]->OnCommitted(ordered_states_[i].get(), s.ok());
-    }
     if (!s.ok()) {
       latch_.Fail(s.WithContext("committing batch " + std::to_string(report.batch_no)));
       return false;
+    }
+    for (size_t i = 0; i < ordered_.size(); ++i) {
+      ordered_[i]->OnCommitted(ordered_states_[i].get(), true);
     }
     committer_->OnCommitted(report);
     ++summary_.batches;
     summary_.events += batch.events.size();
     summary_.stats += report.stats;
+    const size_t chunks = batch.chunks.size();
     for (EventChunk* c : batch.chunks) pool_.Release(c);
-    if (release) graph_->Release(batch.chunks.size());
+    {
+      std::lock_guard<std::mutex> lock(sealed_mu_);
+      // Batches are written in the order they were sealed.
+      sealed_.pop_front();
+    }
+    if (release) graph_->Release(chunks);
     return true;
   }
 
@@ -335,11 +385,16 @@ class EngineRun : public internal::GraphBodies {
   // Owned by the serial source body.
   uint64_t next_seq_ = 0;
   char source_token_ = 0;
-  // Owned by the serial commit body.
+  // Owned by the serial ordered body (summary_: chunks and units_read).
   Batcher batcher_;
+  char order_token_ = 0;
+  // Owned by the serial write body (summary_: the rest).
   RunSummary summary_;
-  char commit_token_ = 0;
+  char write_token_ = 0;
   char work_token_ = 0;
+  // Sealed batches not yet written, oldest first.
+  std::mutex sealed_mu_;
+  std::deque<std::unique_ptr<internal::SealedBatch>> sealed_;
   std::atomic<bool> stopped_{false};
 };
 

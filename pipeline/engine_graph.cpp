@@ -43,15 +43,20 @@ void RunGraph(GraphBodies* bodies, uint32_t workers, uint32_t in_flight) {
     return chunk;
   });
   flow::sequencer_node<EventChunk*> sequencer(g, [](EventChunk* const& c) { return c->seq; });
-  flow::function_node<EventChunk*, flow::continue_msg> commit(g, flow::serial,
-                                                              [bodies](EventChunk* chunk) {
-                                                                bodies->Commit(chunk);
+  using OrderNode = flow::multifunction_node<EventChunk*, std::tuple<SealedBatch*>>;
+  OrderNode order(g, flow::serial, [bodies](EventChunk* chunk, OrderNode::output_ports_type& out) {
+    if (SealedBatch* batch = bodies->Order(chunk)) std::get<0>(out).try_put(batch);
+  });
+  flow::function_node<SealedBatch*, flow::continue_msg> write(g, flow::serial,
+                                                              [bodies](SealedBatch* batch) {
+                                                                bodies->Write(batch);
                                                                 return flow::continue_msg();
                                                               });
   flow::make_edge(reader, graph.limiter());
   flow::make_edge(graph.limiter(), work);
   flow::make_edge(work, sequencer);
-  flow::make_edge(sequencer, commit);
+  flow::make_edge(sequencer, order);
+  flow::make_edge(flow::output_port<0>(order), write);
   bodies->Attach(&graph);
   reader.activate();
   g.wait_for_all();

@@ -8,6 +8,9 @@
 
 namespace atfill::pipeline::internal {
 
+// A batch the ordered node sealed, on its way to the sink node; the bodies define it.
+struct SealedBatch;
+
 // The graph's side, for the node bodies to call back.
 class GraphHandle {
  public:
@@ -28,12 +31,16 @@ class GraphBodies {
   virtual EventChunk* Read() = 0;
   // Concurrent, up to `workers` chunks at once.
   virtual void Work(EventChunk* chunk) = 0;
-  // Serial, in seq order.
-  virtual void Commit(EventChunk* chunk) = 0;
+  // Serial, in seq order: the ordered stages and the batcher. Returns a batch when this chunk
+  // completed one, else nullptr.
+  virtual SealedBatch* Order(EventChunk* chunk) = 0;
+  // Serial, in the order batches were sealed: writes the batch to the sink and commits it.
+  virtual void Write(SealedBatch* batch) = 0;
 };
 
-//   Read ─ limiter(in_flight) ─ Work(workers) ─ sequencer(seq) ─ Commit
-// Runs until Read returns nullptr and every chunk passed Commit, or until Cancel.
+//   Read ─ limiter(in_flight) ─ Work(workers) ─ sequencer(seq) ─ Order ─ Write
+// The sink node writes batch N while the ordered node works on batch N+1. Runs until Read returns
+// nullptr and everything passed Write, or until Cancel.
 void RunGraph(GraphBodies* bodies, uint32_t workers, uint32_t in_flight);
 
 }  // namespace atfill::pipeline::internal

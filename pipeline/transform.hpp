@@ -35,11 +35,16 @@ class Transform {
   // after construction; `state` is this worker's (or nullptr).
   virtual Status Process(TransformState* state, EventChunk* chunk) const = 0;
 
-  // Ordered transforms only, around each commit of a batch (every chunk processed so far):
-  // PrepareCommit adds the transform's state writes (tombstones...) to the batch that also moves
-  // the cursor; OnCommitted says whether that batch became durable, so the transform can forget
-  // what it kept for uncommitted chunks.
-  virtual Status PrepareCommit(TransformState* /*state*/, state::WriteBatch* /*batch*/) const {
+  // Ordered transforms only, around each batch. The engine writes batch N to the sink while the
+  // transform already processes the chunks of batch N+1, so:
+  //  * SealBatch runs on the ordered node once the batch's last chunk was processed: it adds the
+  //    transform's state writes for that batch (tombstones...) to `batch`, which the engine
+  //    commits together with the cursor after the sink made the batch durable;
+  //  * OnCommitted runs on the engine's sink node, once per sealed batch in sealing order, when
+  //    that state write is durable (or, with durable false, when the run gave up on it). It may
+  //    run while Process runs on another thread: the transform's state must guard what both
+  //    touch.
+  virtual Status SealBatch(TransformState* /*state*/, state::WriteBatch* /*batch*/) const {
     return Status::OK();
   }
   virtual void OnCommitted(TransformState* /*state*/, bool /*durable*/) const {}

@@ -207,8 +207,23 @@ Result<bool> EventFileSource::Read(pipeline::EventChunk* chunk) {
     chunk->raw_first_position = line_ + 1;
     uint32_t lines = 0;
     bool eof = false;
+    // An oversized line is an error for that line, not the run; an empty line stands in for it so
+    // Decode's line numbers stay right.
+    auto too_long = [&](uint32_t index) {
+      chunk->errors.push_back(
+          {"line_too_long", "line " + std::to_string(line_ + index + 1),
+           "line is longer than " + std::to_string(options_.max_line_bytes) + " bytes"});
+      chunk->raw.push_back('\n');
+    };
     while (lines < options_.chunk_lines) {
       const size_t nl = carry_.find('\n', carry_pos_);
+      if (nl != std::string::npos && nl - carry_pos_ > options_.max_line_bytes) {
+        too_long(lines);
+        offset_ += nl + 1 - carry_pos_;
+        carry_pos_ = nl + 1;
+        ++lines;
+        continue;
+      }
       if (nl != std::string::npos) {
         chunk->raw.append(carry_, carry_pos_, nl + 1 - carry_pos_);
         offset_ += nl + 1 - carry_pos_;
@@ -218,11 +233,8 @@ Result<bool> EventFileSource::Read(pipeline::EventChunk* chunk) {
       }
       const size_t partial = carry_.size() - carry_pos_;
       if (partial > options_.max_line_bytes) {
-        // Skip the oversized line to its end: the line is an error, not the run. An empty line
-        // stands in for it so Decode's line numbers stay right.
-        chunk->errors.push_back(
-            {"line_too_long", "line " + std::to_string(line_ + lines + 1),
-             "line is longer than " + std::to_string(options_.max_line_bytes) + " bytes"});
+        // No newline yet and already too long: skip the line to its end.
+        too_long(lines);
         offset_ += partial;
         carry_.clear();
         carry_pos_ = 0;
@@ -241,7 +253,6 @@ Result<bool> EventFileSource::Read(pipeline::EventChunk* chunk) {
           offset_ += carry_.size();
           carry_.clear();
         }
-        chunk->raw.push_back('\n');
         ++lines;
         if (eof) break;
         continue;

@@ -1,7 +1,9 @@
 #include "stages/ingest_guard.hpp"
 
 #include <algorithm>
+#include <deque>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <unordered_map>
 #include <unordered_set>
@@ -17,10 +19,22 @@ using pipeline::AccountEvent;
 using pipeline::Operation;
 using pipeline::RecordEvent;
 
+// Process and SealBatch run on the engine's ordered node; OnCommitted on its sink node, possibly
+// at the same time, so everything here is under `mu`.
 struct GuardState : pipeline::TransformState {
-  // Tombstones decided by chunks that are not committed yet; nullopt marks a lifted one.
-  std::unordered_map<std::string, state::RecordTombstone> records;
-  std::unordered_map<std::string, std::optional<state::AccountTombstone>> accounts;
+  std::mutex mu;
+  // Tombstones decided by chunks whose batch is not durable yet, with the batch (generation) that
+  // last set each; nullopt marks a lifted account tombstone.
+  template <typename T>
+  struct Pending {
+    T value;
+    uint64_t generation;
+  };
+  std::unordered_map<std::string, Pending<state::RecordTombstone>> records;
+  std::unordered_map<std::string, Pending<std::optional<state::AccountTombstone>>> accounts;
+  // The batch Process is filling, and the sealed batches waiting to be durable, oldest first.
+  uint64_t generation = 0;
+  std::deque<uint64_t> sealed;
 
   // What is in state, so most events need no lookup: a filter over record tombstone URIs and the
   // DIDs with an account tombstone (both confirmed against state before refusing, since a sweep
@@ -28,11 +42,6 @@ struct GuardState : pipeline::TransformState {
   bool loaded = false;
   std::unique_ptr<BloomFilter> stored_records;
   std::unordered_set<std::string> stored_accounts;
-
-  void Clear() {
-    records.clear();
-    accounts.clear();
-  }
 };
 
 Status Load(state::Tombstones* tombstones, GuardState* st) {
@@ -67,6 +76,7 @@ std::unique_ptr<pipeline::TransformState> IngestGuard::NewState() const {
 
 Status IngestGuard::Process(pipeline::TransformState* base, pipeline::EventChunk* chunk) const {
   auto* st = static_cast<GuardState*>(base);
+  std::lock_guard<std::mutex> lock(st->mu);
   if (!st->loaded) ATFILL_RETURN_IF_ERROR(Load(tombstones_, st));
   auto& events = chunk->events;
   size_t keep = 0;
@@ -75,12 +85,12 @@ Status IngestGuard::Process(pipeline::TransformState* base, pipeline::EventChunk
     if (auto* r = std::get_if<RecordEvent>(&events[i])) {
       std::string uri = r->Uri();
       if (r->operation == Operation::kDelete) {
-        st->records[std::move(uri)] = state::RecordTombstone{r->rev, now_us_()};
+        st->records[std::move(uri)] = {state::RecordTombstone{r->rev, now_us_()}, st->generation};
       } else {
         // Account tombstone first: a purged account takes no writes until it is active again.
         std::optional<state::AccountTombstone> account;
         if (auto it = st->accounts.find(r->did); it != st->accounts.end()) {
-          account = it->second;
+          account = it->second.value;
         } else if (st->stored_accounts.count(r->did) != 0) {
           ATFILL_ASSIGN_OR_RETURN(account, tombstones_->GetAccount(r->did));
         }
@@ -89,7 +99,7 @@ Status IngestGuard::Process(pipeline::TransformState* base, pipeline::EventChunk
         } else {
           std::optional<state::RecordTombstone> tomb;
           if (auto it = st->records.find(uri); it != st->records.end()) {
-            tomb = it->second;
+            tomb = it->second.value;
           } else if (st->stored_records->MayContain(uri)) {
             ATFILL_ASSIGN_OR_RETURN(tomb, tombstones_->GetRecord(uri));
           }
@@ -99,10 +109,11 @@ Status IngestGuard::Process(pipeline::TransformState* base, pipeline::EventChunk
       }
     } else if (auto* a = std::get_if<AccountEvent>(&events[i])) {
       if (pipeline::StatusPurgesRecords(a->status)) {
-        st->accounts[a->did] =
-            state::AccountTombstone{std::string(pipeline::AccountStatusName(a->status)), now_us_()};
+        st->accounts[a->did] = {
+            state::AccountTombstone{std::string(pipeline::AccountStatusName(a->status)), now_us_()},
+            st->generation};
       } else if (a->active) {
-        st->accounts[a->did] = std::nullopt;
+        st->accounts[a->did] = {std::nullopt, st->generation};
       }
     }
     if (refuse) {
@@ -116,34 +127,54 @@ Status IngestGuard::Process(pipeline::TransformState* base, pipeline::EventChunk
   return Status::OK();
 }
 
-Status IngestGuard::PrepareCommit(pipeline::TransformState* base, state::WriteBatch* batch) const {
+Status IngestGuard::SealBatch(pipeline::TransformState* base, state::WriteBatch* batch) const {
   auto* st = static_cast<GuardState*>(base);
-  for (const auto& [uri, tomb] : st->records) tombstones_->PutRecord(batch, uri, tomb);
-  for (const auto& [did, tomb] : st->accounts) {
-    if (tomb) {
-      tombstones_->PutAccount(batch, did, *tomb);
+  std::lock_guard<std::mutex> lock(st->mu);
+  // Only what this batch set: a value a later batch sets is written with that batch.
+  for (const auto& [uri, p] : st->records) {
+    if (p.generation == st->generation) tombstones_->PutRecord(batch, uri, p.value);
+  }
+  for (const auto& [did, p] : st->accounts) {
+    if (p.generation != st->generation) continue;
+    if (p.value) {
+      tombstones_->PutAccount(batch, did, *p.value);
     } else {
       tombstones_->RemoveAccount(batch, did);
     }
   }
+  st->sealed.push_back(st->generation++);
   return Status::OK();
 }
 
 void IngestGuard::OnCommitted(pipeline::TransformState* base, bool durable) const {
   auto* st = static_cast<GuardState*>(base);
-  // Durable: state now holds what the overlay held, and the filters learn it. Not durable: the
-  // run ends and the chunks will be read again, so the overlay must not outlive them either way.
-  if (durable && st->loaded) {
-    for (const auto& [uri, tomb] : st->records) st->stored_records->Add(uri);
-    for (const auto& [did, tomb] : st->accounts) {
-      if (tomb) {
-        st->stored_accounts.insert(did);
-      } else {
-        st->stored_accounts.erase(did);
-      }
+  std::lock_guard<std::mutex> lock(st->mu);
+  if (st->sealed.empty()) return;
+  const uint64_t generation = st->sealed.front();
+  st->sealed.pop_front();
+  if (!durable) return;  // the run ends; the chunks will be read again
+  // State now holds this batch's tombstones: the filters learn them, and entries no later batch
+  // changed leave the overlay.
+  for (auto it = st->records.begin(); it != st->records.end();) {
+    if (it->second.generation <= generation) {
+      if (st->loaded) st->stored_records->Add(it->first);
+      it = st->records.erase(it);
+    } else {
+      ++it;
     }
   }
-  st->Clear();
+  for (auto it = st->accounts.begin(); it != st->accounts.end();) {
+    if (it->second.generation <= generation) {
+      if (it->second.value) {
+        st->stored_accounts.insert(it->first);
+      } else {
+        st->stored_accounts.erase(it->first);
+      }
+      it = st->accounts.erase(it);
+    } else {
+      ++it;
+    }
+  }
 }
 
 }  // namespace atfill::stages

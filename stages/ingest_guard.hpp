@@ -28,7 +28,7 @@ class IngestGuard : public pipeline::Transform {
   bool ordered() const override { return true; }
   std::unique_ptr<pipeline::TransformState> NewState() const override;
   Status Process(pipeline::TransformState* state, pipeline::EventChunk* chunk) const override;
-  Status PrepareCommit(pipeline::TransformState* state, state::WriteBatch* batch) const override;
+  Status SealBatch(pipeline::TransformState* state, state::WriteBatch* batch) const override;
   void OnCommitted(pipeline::TransformState* state, bool durable) const override;
 
  private:
