@@ -1,4 +1,5 @@
 #include "atproto/cbor.hpp"
+#include "base/strings.hpp"
 
 #include <simdjson.h>
 
@@ -35,15 +36,6 @@ const char* MajorName(uint8_t major) {
                                            "a tag",
                                            "a simple value or float"};
   return kNames[major & 7];
-}
-
-std::string Quote(std::string_view s) {
-  constexpr size_t kMax = 64;
-  std::string out = "\"";
-  out.append(s.substr(0, kMax));
-  if (s.size() > kMax) out += "...";
-  out += '"';
-  return out;
 }
 
 // Keys and most strings are short ASCII: a word-at-a-time check is cheaper for them than the
@@ -269,10 +261,11 @@ class Decoder {
       if (!ReadText(key_at, length, &key)) return false;
       if (i > 0 && !CborKeyLess(previous, key)) {
         if (previous == key) {
-          return Fail(key_at, StatusCode::kInvalid, "duplicate map key " + Quote(key));
+          return Fail(key_at, StatusCode::kInvalid, "duplicate map key " + QuoteForMessage(key));
         }
         return Fail(key_at, StatusCode::kInvalid,
-                    "map keys out of order: " + Quote(key) + " after " + Quote(previous));
+                    "map keys out of order: " + QuoteForMessage(key) + " after " +
+                        QuoteForMessage(previous));
       }
       previous = key;
       map.emplace_back(std::string(key), Value());

@@ -1,4 +1,5 @@
 #include "atproto/json.hpp"
+#include "base/strings.hpp"
 
 #include <simdjson.h>
 
@@ -162,15 +163,6 @@ const char* TypeName(dom::element e) {
   return "an unknown JSON type";
 }
 
-std::string Quote(std::string_view s) {
-  constexpr size_t kMax = 64;
-  std::string out = "\"";
-  out.append(s.substr(0, kMax));
-  if (s.size() > kMax) out += "...";
-  out += '"';
-  return out;
-}
-
 // Insertion sort: objects are small, and JSON writers often emit keys nearly in order.
 void SortEntries(Entry* first, size_t n) {
   for (size_t i = 1; i < n; ++i) {
@@ -188,7 +180,7 @@ void SortEntries(Entry* first, size_t n) {
 // so "1.0000000000000000001" or "9007199254740993.0" must be judged from the digits themselves.
 Status ExactInteger(std::string_view token, int64_t* out) {
   const auto invalid = [&] {
-    return Status::Invalid(Quote(token) + " is not a valid JSON number");
+    return Status::Invalid(QuoteForMessage(token) + " is not a valid JSON number");
   };
   size_t i = 0;
   const size_t n = token.size();
@@ -244,11 +236,11 @@ Status ExactInteger(std::string_view token, int64_t* out) {
     ++exp10;
   }
   if (exp10 < 0) {
-    return Status::Invalid("number " + Quote(token) +
+    return Status::Invalid("number " + QuoteForMessage(token) +
                            " is not an integer (atproto data has no floating-point numbers)");
   }
   const auto out_of_range = [&] {
-    return Status::OutOfRange("number " + Quote(token) +
+    return Status::OutOfRange("number " + QuoteForMessage(token) +
                               " is outside the signed 64-bit integer range");
   };
   if (static_cast<int64_t>(digits.size()) + exp10 > 19) return out_of_range();
@@ -426,7 +418,7 @@ class JsonEncoder {
     for (size_t i = 0; i < n; ++i) {
       const std::string_view key = entries_[base + i].key;
       if (i > 0 && key == entries_[base + i - 1].key) {
-        return Fail(StatusCode::kInvalid, "duplicate key " + Quote(key));
+        return Fail(StatusCode::kInvalid, "duplicate key " + QuoteForMessage(key));
       }
       if (!key.empty() && key[0] == '$') {
         if (key == "$link") {
@@ -549,7 +541,7 @@ class JsonEncoder {
           return Fail(StatusCode::kInvalid, "blob size must not be negative");
         }
       } else {
-        return Fail(StatusCode::kInvalid, "blob has an unexpected field " + Quote(key));
+        return Fail(StatusCode::kInvalid, "blob has an unexpected field " + QuoteForMessage(key));
       }
     }
     if (!has_ref) return Fail(StatusCode::kInvalid, "blob is missing \"ref\"");

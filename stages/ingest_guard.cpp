@@ -41,6 +41,7 @@ struct GuardState : pipeline::TransformState {
   // may have removed the tombstone since). Loaded at the first chunk.
   bool loaded = false;
   std::unique_ptr<BloomFilter> stored_records;
+  uint64_t stored_record_count = 0;  // keys added to stored_records
   std::unordered_set<std::string> stored_accounts;
 };
 
@@ -54,6 +55,7 @@ Status Load(state::Tombstones* tombstones, GuardState* st) {
   st->stored_records = std::make_unique<BloomFilter>(std::max<uint64_t>(count * 2, 1 << 20));
   ATFILL_RETURN_IF_ERROR(tombstones->ForEachRecord([&](std::string_view uri) {
     st->stored_records->Add(uri);
+    ++st->stored_record_count;
     return true;
   }));
   ATFILL_RETURN_IF_ERROR(tombstones->ForEachAccount([&](std::string_view did) {
@@ -83,9 +85,8 @@ Status IngestGuard::Process(pipeline::TransformState* base, pipeline::EventChunk
   for (size_t i = 0; i < events.size(); ++i) {
     bool refuse = false;
     if (auto* r = std::get_if<RecordEvent>(&events[i])) {
-      std::string uri = r->Uri();
       if (r->operation == Operation::kDelete) {
-        st->records[std::move(uri)] = {state::RecordTombstone{r->rev, now_us_()}, st->generation};
+        st->records[r->Uri()] = {state::RecordTombstone{r->rev, now_us_()}, st->generation};
       } else {
         // Account tombstone first: a purged account takes no writes until it is active again.
         std::optional<state::AccountTombstone> account;
@@ -97,11 +98,15 @@ Status IngestGuard::Process(pipeline::TransformState* base, pipeline::EventChunk
         if (account) {
           refuse = true;
         } else {
+          // With no record tombstone anywhere (a load of creates), nothing to look up.
           std::optional<state::RecordTombstone> tomb;
-          if (auto it = st->records.find(uri); it != st->records.end()) {
-            tomb = it->second.value;
-          } else if (st->stored_records->MayContain(uri)) {
-            ATFILL_ASSIGN_OR_RETURN(tomb, tombstones_->GetRecord(uri));
+          if (!st->records.empty() || st->stored_record_count != 0) {
+            const std::string uri = r->Uri();
+            if (auto it = st->records.find(uri); it != st->records.end()) {
+              tomb = it->second.value;
+            } else if (st->stored_records->MayContain(uri)) {
+              ATFILL_ASSIGN_OR_RETURN(tomb, tombstones_->GetRecord(uri));
+            }
           }
           // TIDs sort as strings in time order.
           refuse = tomb && (r->rev.empty() || r->rev <= tomb->rev);
@@ -157,7 +162,10 @@ void IngestGuard::OnCommitted(pipeline::TransformState* base, bool durable) cons
   // changed leave the overlay.
   for (auto it = st->records.begin(); it != st->records.end();) {
     if (it->second.generation <= generation) {
-      if (st->loaded) st->stored_records->Add(it->first);
+      if (st->loaded) {
+        st->stored_records->Add(it->first);
+        ++st->stored_record_count;
+      }
       it = st->records.erase(it);
     } else {
       ++it;
