@@ -397,3 +397,29 @@ TEST(IngestTest, CancelWithNoProcessRunningEndsTheJobForGood) {
 
 }  // namespace
 }  // namespace atfill
+
+namespace atfill {
+namespace {
+
+TEST(IngestTest, CtrlCPausesAtTheNextCheckpointAndTheSameCommandResumes) {
+  gen::EventGenOptions o;
+  o.dids = 300;
+  Workspace ws;
+  const uint64_t kEvents = 300'000;
+  const std::string events = (ws.dir / "e.jsonl").string();
+  ASSERT_TRUE(gen::EventGenerator::WriteFile(o, kEvents, events).ok());
+  Child child({kAtfill, "ingest", ws.config, events}, ws.dir.path());
+  ASSERT_TRUE(WaitForState(child, ws.dir / "state"));
+  ASSERT_TRUE(child.Kill(SIGINT)) << "the ingest finished before the interrupt";
+  auto first = child.Wait();
+  ASSERT_EQ(first.exit_code, 4) << Describe(first);
+  EXPECT_THAT(first.err, HasSubstr("paused"));
+  auto again = ws.Atfill({"ingest", ws.config, events});
+  ASSERT_EQ(again.exit_code, 0) << Describe(again);
+  EXPECT_THAT(again.err, HasSubstr("resuming job 1 (paused)"));
+  auto shown = ws.Atfill({"job", ws.config, "1", "--json"});
+  EXPECT_THAT(shown.out, HasSubstr("\"events_read\":" + std::to_string(kEvents) + ","));
+}
+
+}  // namespace
+}  // namespace atfill

@@ -109,6 +109,9 @@ int RunIngest(std::span<char* const> args) {
     files.push_back(abs.lexically_normal().string());
   }
 
+  // From here on an interrupt asks for a pause (seen once the job runs) rather than killing.
+  std::signal(SIGINT, OnInterrupt);
+  std::signal(SIGTERM, OnInterrupt);
   auto st = OpenStateForWrite(*config);
   if (!st.ok()) return Fail(st.status().message(), kExitIo);
   const int64_t now = pipeline::NowMicros();
@@ -158,8 +161,6 @@ int RunIngest(std::span<char* const> args) {
   pipeline::Engine engine(config->engine, source->get(), transforms, sink->get(), st->kv.get(),
                           &runner);
 
-  std::signal(SIGINT, OnInterrupt);
-  std::signal(SIGTERM, OnInterrupt);
   ProgressReporter progress([&runner] { return runner.Snapshot(); }, config->progress_interval_s,
                             ::isatty(STDERR_FILENO) != 0);
   Result<state::JobRecord> done = Status::Internal("not run");
