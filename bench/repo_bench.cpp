@@ -20,12 +20,14 @@ const Bytes& RepoOf(int64_t n) {
   RepoWriter writer;
   const char* collections[] = {"app.bsky.feed.post", "app.bsky.feed.like", "app.bsky.graph.follow"};
   for (int64_t i = 0; i < n; ++i) {
-    const std::string rkey = Tid::FromParts(1'780'000'000'000'000 + static_cast<uint64_t>(i) * 1000, 3)->str();
+    const std::string rkey =
+        Tid::FromParts(1'780'000'000'000'000 + static_cast<uint64_t>(i) * 1000, 3)->str();
     const std::string json =
-        "{\"$type\":\"" + std::string(collections[i % 3]) +
-        "\",\"text\":\"post number " + std::to_string(i) +
+        "{\"$type\":\"" + std::string(collections[i % 3]) + "\",\"text\":\"post number " +
+        std::to_string(i) +
         " with enough words to look like a real post on the network, about records and repos\","
-        "\"createdAt\":\"2026-11-30T09:00:00.000Z\",\"langs\":[\"en\"],\"reply\":{\"root\":{\"uri\":"
+        "\"createdAt\":\"2026-11-30T09:00:00.000Z\",\"langs\":[\"en\"],\"reply\":{\"root\":{"
+        "\"uri\":"
         "\"at://did:plc:ewvi7nxzyoun6zhxrhs64oiz/app.bsky.feed.post/3l2zpbbhuvw2h\",\"cid\":"
         "\"bafyreie5cvv4h45feadgeuwhbcutmh6t2ceseocckahdoe6uat64zmz454\"}}}";
     if (!writer.PutJson(collections[i % 3], rkey, json).ok()) std::abort();

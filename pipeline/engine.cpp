@@ -83,27 +83,35 @@ class TransformStates {
 };
 
 // The run's chunks, reused: the in-flight limit bounds how many exist, and a reused chunk keeps
-// its buffers' capacity. Thread-safe.
+// its buffers' capacity. A released chunk is cleared when it is next acquired, on the reading
+// thread, so freeing a batch's events costs the serial sink node nothing. Thread-safe.
 class ChunkPool {
  public:
+  static constexpr size_t kKeptEventCapacity = 4096;
+
   EventChunk* Acquire() {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (free_.empty()) {
-      all_.push_back(std::make_unique<EventChunk>());
-      return all_.back().get();
+    EventChunk* c = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (free_.empty()) {
+        all_.push_back(std::make_unique<EventChunk>());
+        return all_.back().get();
+      }
+      c = free_.back();
+      free_.pop_back();
     }
-    EventChunk* c = free_.back();
-    free_.pop_back();
-    return c;
-  }
-  void Release(EventChunk* c) {
     c->raw.clear();
     c->events.clear();
+    // A batch's worth of events came back on this chunk: keep a chunk's worth of capacity only.
+    if (c->events.capacity() > kKeptEventCapacity) std::vector<Event>().swap(c->events);
     c->errors.clear();
     c->resume_cursor.clear();
     c->seq = c->raw_first_position = c->units_read = c->bytes_read = c->input_done = 0;
     c->dropped = c->refused = 0;
     c->tick = false;
+    return c;
+  }
+  void Release(EventChunk* c) {
     std::lock_guard<std::mutex> lock(mu_);
     free_.push_back(c);
   }
@@ -360,6 +368,9 @@ class EngineRun : public internal::GraphBodies {
     summary_.events += batch.events.size();
     summary_.stats += report.stats;
     const size_t chunks = batch.chunks.size();
+    // The batch's events go back with its first chunk, to be freed (and their vector reused) by
+    // the reading thread.
+    if (!batch.chunks.empty()) batch.chunks.front()->events = std::move(batch.events);
     for (EventChunk* c : batch.chunks) pool_.Release(c);
     {
       std::lock_guard<std::mutex> lock(sealed_mu_);

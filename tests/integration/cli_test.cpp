@@ -66,8 +66,9 @@ TEST(CliTest, CarVerifiesAndPrintsRecordsAndTheSignature) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto out = Lines(r.out);
   EXPECT_EQ(out.size(), 6u);
-  EXPECT_THAT(r.out, HasSubstr("{\"uri\":\"at://did:plc:atfillsampleaaaaaaaaaaaa/app.bsky.feed.post/"
-                               "3lbqzb5ddb22a\",\"cid\":\"bafyrei"));
+  EXPECT_THAT(r.out,
+              HasSubstr("{\"uri\":\"at://did:plc:atfillsampleaaaaaaaaaaaa/app.bsky.feed.post/"
+                        "3lbqzb5ddb22a\",\"cid\":\"bafyrei"));
   EXPECT_THAT(r.out, HasSubstr("\"big\":9007199254740993"));
   EXPECT_THAT(r.err, HasSubstr("6 records"));
   EXPECT_THAT(r.err, HasSubstr("signature verified"));
@@ -114,8 +115,8 @@ TEST(CliTest, SyntaxSaysValidOrWhyNot) {
 
 TEST(CliTest, EveryVerbHasHelpAndUnknownVerbsAreUsageErrors) {
   TempDir dir;
-  for (const char* verb : {"demo", "ingest", "jobs", "job", "pause", "resume", "cancel", "cid",
-                           "car", "syntax"}) {
+  for (const char* verb :
+       {"demo", "ingest", "jobs", "job", "pause", "resume", "cancel", "cid", "car", "syntax"}) {
     auto r = Atfill(dir, {verb, "--help"});
     EXPECT_EQ(r.exit_code, 0) << verb;
     EXPECT_THAT(r.out, HasSubstr(std::string("usage: atfill ") + verb)) << verb;
