@@ -162,9 +162,9 @@ namespace {
 
 // One run of the engine: what each node of the graph does.
 //
-// Hand-offs are annotated for ThreadSanitizer (pipeline/tsan.hpp): a chunk is released by the body
-// that filled it and acquired by the next; the source and the commit side each have a token that
-// orders their serial bodies, which TBB runs on whatever thread is free.
+// Hand-offs are annotated for ThreadSanitizer (pipeline/tsan.hpp): a chunk or sealed batch is
+// released by the body that filled it and acquired by the next; each serial body (read, order,
+// write) has a token that orders its calls, which TBB runs on whatever thread is free.
 class EngineRun : public internal::GraphBodies {
  public:
   EngineRun(const EngineOptions& options, Source* source,
