@@ -87,7 +87,7 @@ class TransformStates {
 // thread, so freeing a batch's events costs the serial sink node nothing. Thread-safe.
 class ChunkPool {
  public:
-  static constexpr size_t kKeptEventCapacity = 4096;
+  static constexpr size_t kKeptEventCapacity = 2048;
 
   EventChunk* Acquire() {
     EventChunk* c = nullptr;

@@ -1,0 +1,273 @@
+// simnet: a simulated atproto network on loopback, for tests, benchmarks and the demo.
+//
+// One listening socket on 127.0.0.1 serves every simulated host, told apart by the HTTP Host
+// header (libcurl resolves any "*.localhost" name to loopback by itself):
+//   relay.localhost:PORT     com.atproto.sync.listReposByCollection, com.atproto.sync.listRepos
+//   plc.localhost:PORT       GET /{did}: the DID document of a did:plc account
+//   pds-0001.localhost:PORT  com.atproto.repo.listRecords, com.atproto.sync.getRepo (a CAR with
+//                            the MST and a signed commit), com.atproto.sync.getRepoStatus
+//   web-0001.localhost:PORT  GET /.well-known/did.json for one did:web account
+// Everything (accounts, keys, records, statuses, which records and accounts carry a fault) is
+// derived from the seed, so the ground truth can be printed without serving. Two things are not
+// reproducible across processes: commit signatures (OpenSSL's ECDSA is randomized; within one
+// Simnet each repo keeps the signature of its first build) and did:web DIDs, which name the port.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "atproto/cid.hpp"
+#include "atproto/crypto.hpp"
+#include "base/bytes.hpp"
+#include "base/status.hpp"
+
+namespace atfill::simnet {
+
+// When a fault hits: with a probability, or by a fixed rule "hit/period" (request number n of the
+// host, 0-based, hits when n % period < hit; for record and account faults n is the record's index
+// in its repo, or the account's index on its PDS). Both zero = never.
+struct FaultRate {
+  double probability = 0;  // 0..1
+  uint32_t hit = 0;
+  uint32_t period = 0;
+
+  bool enabled() const { return probability > 0 || (period > 0 && hit > 0); }
+  // `random` is a uniformly distributed 64-bit value drawn for this decision.
+  bool Hits(uint64_t n, uint64_t random) const;
+};
+
+// The faults of one simulated host. Request faults apply to every request the host answers;
+// record faults to the records of accounts on a PDS; account faults to the accounts of a PDS.
+struct HostFaults {
+  int64_t extra_latency_ms = 0;  // added to SimnetOptions::latency_ms, milliseconds
+  // 429 RateLimitExceeded with RateLimit-Reset (unix seconds) and Retry-After (seconds).
+  FaultRate rate_limit;
+  int64_t rate_limit_reset_s = 2;  // seconds until the advertised reset
+  // 500 / 502 / 503 (in turn, or always server_error_status when set).
+  FaultRate server_error;
+  int server_error_status = 0;
+  // No answer: the request is held SimnetOptions::timeout_hold_ms, then the connection closes.
+  FaultRate timeout;
+  // Content-Length of the whole body, then half of it, then the connection closes.
+  FaultRate truncate;
+  // listRecords states a CID that is not the record's (the repo CAR stays correct).
+  FaultRate cid_mismatch;
+  // The record's text is padded to SimnetOptions::oversize_record_bytes.
+  FaultRate oversize;
+  // getRepo's commit is signed with another key than the DID document's.
+  FaultRate bad_signature;
+  // The DID document's #atproto_pds endpoint is http://10.0.0.1 (a private address)...
+  FaultRate private_endpoint;
+  // ...or ftp://<the real host> (not http).
+  FaultRate bad_scheme;
+
+  // Copies every field of `other` that is set (non-zero) over this one.
+  void Apply(const HostFaults& other);
+};
+
+// Faults for the hosts matching `target`: "*", "relay", "plc", "pds" (every PDS), "web" (every
+// did:web host) or one host name ("pds-0003" or "pds-0003.localhost"). `host_share` picks that
+// share of the matching hosts, deterministically from the seed. Later rules override earlier ones
+// field by field.
+struct FaultRule {
+  std::string target = "*";
+  double host_share = 1;
+  HostFaults faults;
+};
+
+// Parses "RULE;RULE;..." with RULE = "TARGET[@SHARE]:KEY=VALUE,KEY=VALUE,...". Keys: latency_ms,
+// rate_limit, reset_s, error, error_status, timeout, truncate, cid_mismatch, oversize,
+// bad_signature, private_endpoint, bad_scheme. Rates are a probability ("0.25"), a fixed rule
+// ("1/4") or "always". Example: "pds@0.1:rate_limit=0.2,reset_s=1;pds-0002:timeout=always".
+Result<std::vector<FaultRule>> ParseFaultSpec(std::string_view spec);
+
+enum class RecordCountDistribution {
+  kUniform,     // records per account uniform in [min_records, max_records]
+  kLogUniform,  // log-uniform: many small repos, a few large ones (as on the real network)
+};
+
+struct SimnetOptions {
+  // Seed of every generated thing.
+  uint64_t seed = 1;
+  // Accounts in the network; 1..1,000,000.
+  uint32_t accounts = 50;
+  // PDS hosts the accounts are spread over; 1..100,000.
+  uint32_t pds_hosts = 5;
+  // Collections records are drawn from (valid NSIDs).
+  std::vector<std::string> collections = {"app.bsky.feed.post", "app.bsky.feed.like"};
+  // Records per account (all collections together).
+  uint32_t min_records = 0;
+  uint32_t max_records = 40;
+  RecordCountDistribution distribution = RecordCountDistribution::kLogUniform;
+  // Share of accounts that are did:web (each on its own web-NNNN host); 0..1.
+  double did_web_share = 0.05;
+  // Share of accounts deactivated, and taken down; together at most 1.
+  double deactivated_share = 0.02;
+  double takendown_share = 0.01;
+  // Latency of every response, milliseconds (a timer; no thread sleeps).
+  int64_t latency_ms = 0;
+  // Listening port on 127.0.0.1; 0 = ephemeral.
+  uint16_t port = 0;
+  // Fault rules, in order.
+  std::vector<FaultRule> faults;
+  // io threads serving requests; 1..64.
+  int threads = 2;
+  // How long a "timeout" fault holds a request before closing, milliseconds.
+  int64_t timeout_hold_ms = 10'000;
+  // Text size of an "oversize" record, bytes.
+  uint32_t oversize_record_bytes = 2u << 20;
+  // Memory for cached repos (records and CAR bytes); beyond it repos are rebuilt on demand.
+  uint64_t repo_cache_bytes = uint64_t{200} << 20;
+
+  Status Validate() const;
+};
+
+enum class AccountStatus { kActive, kDeactivated, kTakendown };
+std::string_view AccountStatusName(AccountStatus status);  // "active", "deactivated", ...
+
+struct Account {
+  uint32_t index = 0;
+  std::string did;
+  std::string handle;
+  uint32_t pds = 0;  // 0-based PDS index
+  int64_t web = -1;  // 0-based did:web host index, or -1 for did:plc
+  AccountStatus status = AccountStatus::kActive;
+  Bytes key_scalar;                         // the secp256k1 signing key (32 bytes)
+  std::string public_key_multibase;         // its public key, as in the DID document
+  std::vector<uint32_t> collection_counts;  // records per SimnetOptions::collections entry
+  std::string rev;                          // the repo's commit rev (a TID)
+  bool bad_signature = false;
+  bool private_endpoint = false;
+  bool bad_scheme = false;
+};
+
+struct GeneratedRecord {
+  std::string collection;
+  std::string rkey;
+  std::string json;  // the record as served in listRecords' `value`
+  atproto::Cid cid;  // its real CID
+  bool cid_mismatch = false;
+  bool oversize = false;
+};
+
+// One live record (of an active account), as the servers serve it.
+struct TruthRecord {
+  std::string uri;
+  std::string cid;
+  // "" or the faults that concern it, comma-separated: cid_mismatch, oversize, bad_signature
+  // (its repo's commit), bad_endpoint (its DID document points nowhere usable).
+  std::string faults;
+};
+
+struct TruthAccount {
+  std::string did;
+  std::string pds_url;  // the real PDS, whatever the DID document says
+  AccountStatus status = AccountStatus::kActive;
+  uint64_t records = 0;
+  bool bad_signature = false;
+  bool bad_endpoint = false;
+};
+
+struct GroundTruth {
+  std::vector<TruthAccount> accounts;  // sorted by DID
+  std::vector<TruthRecord> records;    // sorted by URI
+  // "uri\tcid\n" per record (with a third column of faults, "-" when none, if `with_faults`).
+  std::string ToTsv(bool with_faults) const;
+};
+
+// The generated network: pure data, no sockets. Const methods are thread-safe.
+class Network {
+ public:
+  // `port` appears in URLs and did:web DIDs.
+  static Result<std::unique_ptr<Network>> Generate(const SimnetOptions& options, uint16_t port);
+
+  const SimnetOptions& options() const { return options_; }
+  uint16_t port() const { return port_; }
+  const std::vector<Account>& accounts() const { return accounts_; }
+  // Account indexes sorted by DID (the relay's listing order).
+  const std::vector<uint32_t>& by_did() const { return by_did_; }
+  const Account* FindDid(std::string_view did) const;
+
+  // Host ids: 0 relay, 1 plc, 2.. PDS hosts, then did:web hosts.
+  size_t host_count() const { return host_names_.size(); }
+  const std::string& host_name(size_t id) const { return host_names_[id]; }
+  // -1 when `name` (lower-case, without the port) is not a simulated host.
+  int64_t HostId(std::string_view name) const;
+  size_t PdsHostId(uint32_t pds) const { return 2 + pds; }
+  const HostFaults& faults(size_t host_id) const { return host_faults_[host_id]; }
+
+  std::string Url(size_t host_id) const;  // "http://<host name>:<port>"
+  std::string relay_url() const { return Url(0); }
+  std::string plc_url() const { return Url(1); }
+  std::string pds_url(uint32_t pds) const { return Url(PdsHostId(pds)); }
+
+  // The account's records, sorted by collection then rkey.
+  Result<std::vector<GeneratedRecord>> Records(const Account& account) const;
+  // The DID document as JSON.
+  std::string DidDocument(const Account& account) const;
+  // The key getRepo's commit is signed with (another one under a bad_signature fault).
+  Result<atproto::PrivateKey> CommitKey(const Account& account) const;
+
+  Result<GroundTruth> Truth() const;
+
+ private:
+  Network() = default;
+
+  SimnetOptions options_;
+  uint16_t port_ = 0;
+  std::vector<Account> accounts_;
+  std::vector<uint32_t> by_did_;
+  std::unordered_map<std::string, uint32_t> did_index_;
+  std::vector<std::string> host_names_;
+  std::unordered_map<std::string, size_t> host_ids_;
+  std::vector<HostFaults> host_faults_;
+};
+
+// Counters since Start(), per kind of answer.
+struct SimnetStats {
+  uint64_t connections = 0;
+  uint64_t requests = 0;
+  uint64_t ok = 0;             // 2xx answers
+  uint64_t client_errors = 0;  // 4xx answers other than 429
+  uint64_t rate_limited = 0;   // 429 faults
+  uint64_t server_errors = 0;  // 5xx faults
+  uint64_t timeouts = 0;       // requests held without an answer
+  uint64_t truncated = 0;      // bodies cut short
+  uint64_t repos_built = 0;    // repos generated (cache misses)
+};
+
+// The network served on loopback. Start() binds, generates the network and starts the io
+// threads; Stop() (also the destructor) closes every connection and joins them. Every method is
+// thread-safe.
+class Simnet {
+ public:
+  static Result<std::unique_ptr<Simnet>> Start(SimnetOptions options);
+  ~Simnet();
+  Simnet(const Simnet&) = delete;
+  Simnet& operator=(const Simnet&) = delete;
+
+  uint16_t port() const;
+  std::string relay_url() const;  // "http://relay.localhost:PORT"
+  std::string plc_url() const;    // "http://plc.localhost:PORT"
+  std::string pds_url(uint32_t pds) const;
+  const Network& network() const;
+  // The ground truth of this instance (did:web DIDs carry its port).
+  Result<GroundTruth> Truth() const;
+  SimnetStats stats() const;
+  // Requests answered (or held) by one host so far.
+  uint64_t host_requests(size_t host_id) const;
+  // Idempotent.
+  void Stop();
+
+ private:
+  struct Impl;
+  explicit Simnet(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace atfill::simnet
