@@ -16,7 +16,7 @@ struct BatcherOptions {
   int64_t max_delay_ms = 200;
   // Flush once this many chunks are pending, whatever their events (bounds memory and keeps the
   // engine's in-flight limit from starving the batcher).
-  uint64_t max_chunks = 64;
+  uint64_t max_chunks = 16;
   Status Validate() const;
 };
 

@@ -321,6 +321,13 @@ class EngineRun : public internal::GraphBodies {
   // Writes a sealed batch to the sink (retrying transient failures), then commits its state
   // writes; false when the run must end.
   bool WriteSealed(internal::SealedBatch* sealed, bool release) {
+    {
+      std::lock_guard<std::mutex> lock(sealed_mu_);
+      if (sealed_.empty() || sealed_.front().get() != sealed) {
+        latch_.Fail(Status::Internal("a batch reached the sink out of the order it was sealed"));
+        return false;
+      }
+    }
     PendingBatch& batch = sealed->batch;
     BatchReport report;
     report.batch_no = summary_.batches;

@@ -7,6 +7,11 @@
 #include <oneapi/tbb/flow_graph.h>
 #include <oneapi/tbb/task_group.h>
 
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+
 namespace atfill::pipeline::internal {
 namespace {
 
@@ -28,6 +33,51 @@ class Graph : public GraphHandle {
   flow::limiter_node<EventChunk*> limiter_;
 };
 
+using WriteNode = flow::async_node<SealedBatch*, flow::continue_msg>;
+
+// One thread that writes sealed batches in the order they were pushed, each holding its graph open
+// (reserve_wait) until it is written.
+class SinkThread {
+ public:
+  explicit SinkThread(GraphBodies* bodies) : bodies_(bodies), thread_([this] { Loop(); }) {}
+  ~SinkThread() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = true;
+    }
+    cv_.notify_one();
+    thread_.join();
+  }
+  void Push(SealedBatch* batch, WriteNode::gateway_type* gateway) {
+    // Notified under the lock: the destructor takes the lock before the condition variable dies.
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.emplace_back(batch, gateway);
+    cv_.notify_one();
+  }
+
+ private:
+  void Loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [this] { return done_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      auto [batch, gateway] = queue_.front();
+      queue_.pop_front();
+      lock.unlock();
+      bodies_->Write(batch);
+      gateway->release_wait();
+      lock.lock();
+    }
+  }
+
+  GraphBodies* bodies_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::pair<SealedBatch*, WriteNode::gateway_type*>> queue_;
+  bool done_ = false;
+  std::thread thread_;
+};
+
 }  // namespace
 
 void RunGraph(GraphBodies* bodies, uint32_t workers, uint32_t in_flight) {
@@ -47,11 +97,15 @@ void RunGraph(GraphBodies* bodies, uint32_t workers, uint32_t in_flight) {
   OrderNode order(g, flow::serial, [bodies](EventChunk* chunk, OrderNode::output_ports_type& out) {
     if (SealedBatch* batch = bodies->Order(chunk)) std::get<0>(out).try_put(batch);
   });
-  flow::function_node<SealedBatch*, flow::continue_msg> write(g, flow::serial,
-                                                              [bodies](SealedBatch* batch) {
-                                                                bodies->Write(batch);
-                                                                return flow::continue_msg();
-                                                              });
+  // The sink writes on a thread of its own, entering the graph through an async_node as I/O does:
+  // a flow-graph worker never blocks on the database, and the sink never waits for a free worker
+  // behind decode tasks. The gateway's reserve_wait keeps the graph from finishing while a batch
+  // is still being written. Serial, so batches reach the thread in the order they were sealed.
+  SinkThread sink(bodies);
+  WriteNode write(g, flow::serial, [&sink](SealedBatch* batch, WriteNode::gateway_type& gw) {
+    gw.reserve_wait();
+    sink.Push(batch, &gw);
+  });
   flow::make_edge(reader, graph.limiter());
   flow::make_edge(graph.limiter(), work);
   flow::make_edge(work, sequencer);
