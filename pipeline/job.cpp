@@ -150,7 +150,9 @@ Status JobRunner::PrepareCommit(const BatchReport& report, state::WriteBatch* ba
   bump("purged_records", report.stats.purged_records);
 
   if (!errors.empty()) {
-    ATFILL_ASSIGN_OR_RETURN(auto appended, errors_->AppendAll(pending_.id, errors));
+    // Into the same state write as the cursor: a replay after a crash re-reads these lines, and
+    // their errors must not be counted twice.
+    ATFILL_ASSIGN_OR_RETURN(auto appended, errors_->AppendAll(pending_.id, errors, batch));
     if (appended.cap_reached && options_.stop_at_error_cap) error_cap_hit_.store(true);
   }
   if (!b.chunks.empty()) cursors_.Set(batch, cursor_name_, b.chunks.back()->resume_cursor);

@@ -185,10 +185,24 @@ Result<ErrorAppendResult> ErrorLog::Append(uint64_t job, const NewError& error) 
 }
 
 Result<ErrorAppendResult> ErrorLog::AppendAll(uint64_t job, std::span<const NewError> errors) {
+  WriteBatch batch;
+  std::lock_guard lock(append_mu_);
+  ATFILL_ASSIGN_OR_RETURN(ErrorAppendResult result, StageLocked(job, errors, &batch));
+  ATFILL_RETURN_IF_ERROR(kv_.Write(batch));
+  return result;
+}
+
+Result<ErrorAppendResult> ErrorLog::AppendAll(uint64_t job, std::span<const NewError> errors,
+                                              WriteBatch* batch) {
+  std::lock_guard lock(append_mu_);
+  return StageLocked(job, errors, batch);
+}
+
+Result<ErrorAppendResult> ErrorLog::StageLocked(uint64_t job, std::span<const NewError> errors,
+                                                WriteBatch* batch) {
   ATFILL_RETURN_IF_ERROR(options_.Validate());
   for (const auto& e : errors) ATFILL_RETURN_IF_ERROR(ValidateKind(e.kind));
   ErrorAppendResult result;
-  std::lock_guard lock(append_mu_);
   ATFILL_ASSIGN_OR_RETURN(StoredTotals totals, LoadTotals(kv_, job));
   // Entries touched by this call, by index key, so repeats within the call coalesce too.
   std::map<std::string, ErrorEntry> touched;
@@ -243,16 +257,14 @@ Result<ErrorAppendResult> ErrorLog::AppendAll(uint64_t job, std::span<const NewE
     ++result.added;
   }
 
-  WriteBatch batch;
   for (const auto& [index, e] : touched) {
     std::string seq;
     codec::AppendBe64(&seq, e.seq);
-    batch.Put(Family::kErrors, index, seq);
-    batch.Put(Family::kErrors, EntryKey(job, e.seq), EncodeEntry(e));
+    batch->Put(Family::kErrors, index, seq);
+    batch->Put(Family::kErrors, EntryKey(job, e.seq), EncodeEntry(e));
   }
-  for (const auto& [kind, n] : kind_counts) batch.Add(Family::kErrors, CountKey(job, kind), n);
-  batch.Put(Family::kErrors, JobKey('m', job), EncodeTotals(totals));
-  ATFILL_RETURN_IF_ERROR(kv_.Write(batch));
+  for (const auto& [kind, n] : kind_counts) batch->Add(Family::kErrors, CountKey(job, kind), n);
+  batch->Put(Family::kErrors, JobKey('m', job), EncodeTotals(totals));
   result.cap_reached = totals.totals.entries >= options_.max_entries_per_job;
   return result;
 }

@@ -80,6 +80,12 @@ class ErrorLog {
   Result<ErrorAppendResult> Append(uint64_t job, const NewError& error);
   // Appends many with one write; coalesces within the call too.
   Result<ErrorAppendResult> AppendAll(uint64_t job, std::span<const NewError> errors);
+  // The same, but the writes go into `batch` for the caller to commit with other state (the
+  // engine commits a batch's errors with its cursor, so a replay after a crash does not count
+  // them twice). It reads what is stored, so `batch` must be committed (or dropped) before the
+  // next append for the same job.
+  Result<ErrorAppendResult> AppendAll(uint64_t job, std::span<const NewError> errors,
+                                      WriteBatch* batch);
 
   // Marks the stored entry resolved (a retry succeeded). NotFound when (kind, key) is not stored.
   // A later Append of the same key clears the flag.
@@ -97,6 +103,10 @@ class ErrorLog {
   const ErrorLogOptions& options() const { return options_; }
 
  private:
+  // Reads what is stored and puts the appends' writes into `batch`; append_mu_ held.
+  Result<ErrorAppendResult> StageLocked(uint64_t job, std::span<const NewError> errors,
+                                        WriteBatch* batch);
+
   KvStore& kv_;
   const ErrorLogOptions options_;
   std::mutex append_mu_;

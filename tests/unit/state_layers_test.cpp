@@ -231,6 +231,30 @@ TYPED_TEST(StateLayers, ErrorLogCoalescesByKindAndKey) {
   EXPECT_TRUE(log.CountsByKind(9)->empty());
 }
 
+TYPED_TEST(StateLayers, ErrorLogStagedAppendsLandWithTheCallersBatch) {
+  ErrorLog log(this->kv());
+  const std::vector<NewError> errors = {Err("bad_json", "line 2", 10),
+                                        Err("bad_json", "line 9", 20)};
+  WriteBatch batch;
+  batch.Put(Family::kCursors, "job/1/file", "0:100:9");
+  auto staged = log.AppendAll(1, errors, &batch);
+  ASSERT_TRUE(staged.ok()) << staged.status().ToString();
+  EXPECT_EQ(staged->added, 2u);
+  // Nothing is visible until the caller commits its batch, then all of it is.
+  EXPECT_EQ(*log.Total(1), 0u);
+  ASSERT_TRUE(this->kv().Write(batch).ok());
+  EXPECT_EQ(*log.Total(1), 2u);
+  EXPECT_EQ(log.List(1, 0, 10)->size(), 2u);
+  // A later staged append builds on what was committed.
+  WriteBatch next;
+  auto again = log.AppendAll(1, std::vector<NewError>{Err("bad_json", "line 2", 30)}, &next);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->coalesced, 1u);
+  ASSERT_TRUE(this->kv().Write(next).ok());
+  EXPECT_EQ((*log.List(1, 0, 10))[0].attempts, 2u);
+  EXPECT_EQ(*log.Total(1), 3u);
+}
+
 TYPED_TEST(StateLayers, ErrorLogCapKeepsExactCounts) {
   ErrorLogOptions options;
   options.max_entries_per_job = 5;
