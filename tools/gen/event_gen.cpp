@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "atproto/json.hpp"
+#include "atproto/syntax.hpp"
 #include "base/json_writer.hpp"
 
 namespace atfill::gen {
@@ -18,16 +19,6 @@ constexpr const char* kCollections[] = {"app.bsky.feed.post",     "app.bsky.feed
 constexpr const char* kWords[] = {"atproto", "index",  "backfill", "stream", "record", "repo",
                                   "commit",  "merkle", "feed",     "label",  "relay",  "pds",
                                   "sky",     "blue",   "graph",    "like",   "post",   "reply"};
-
-std::string Iso(int64_t us) {
-  const std::time_t t = static_cast<std::time_t>(us / 1'000'000);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[40];
-  const size_t n = std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%S", &tm);
-  std::snprintf(buf + n, sizeof(buf) - n, ".%03dZ", static_cast<int>(us / 1000 % 1000));
-  return buf;
-}
 
 }  // namespace
 
@@ -80,7 +71,7 @@ std::string EventGenerator::Body(const std::string& collection, int64_t time_us)
   }
   if (!text.empty()) w.Key("text").String(text);
   w.Key("langs").BeginArray().String("en").EndArray();
-  w.Key("createdAt").String(Iso(time_us));
+  w.Key("createdAt").String(atproto::Datetime::FromUnixMicros(time_us)->str());
   w.EndObject();
   return w.Take();
 }
@@ -143,7 +134,7 @@ std::string EventGenerator::Next() {
     w.Key("active").Bool(active).Key("did").String(Did(did)).Key("seq").Int(
         static_cast<int64_t>(counter_));
     if (!active) w.Key("status").String(kStatuses[rng_() % 3]);
-    w.Key("time").String(Iso(now_us_)).EndObject().EndObject();
+    w.Key("time").String(atproto::Datetime::FromUnixMicros(now_us_)->str()).EndObject().EndObject();
     return w.Take();
   }
   edge += options_.update_ratio;

@@ -52,16 +52,6 @@ enum Tag : uint64_t {
   kTagBadScheme,
 };
 
-std::string Iso(int64_t us) {
-  const std::time_t t = static_cast<std::time_t>(us / 1'000'000);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[40];
-  const size_t n = std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%S", &tm);
-  std::snprintf(buf + n, sizeof(buf) - n, ".%03dZ", static_cast<int>(us / 1000 % 1000));
-  return buf;
-}
-
 std::string Numbered(std::string_view prefix, uint64_t n) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%04llu", static_cast<unsigned long long>(n));
@@ -136,7 +126,7 @@ std::string RecordBody(const SimnetOptions& o, const std::vector<Account>& accou
     oversize = false;  // the text carries the size
   }
   if (oversize) w.Key("padding").String(words(o.oversize_record_bytes, 1));
-  w.Key("createdAt").String(Iso(time_us));
+  w.Key("createdAt").String(atproto::Datetime::FromUnixMicros(time_us)->str());
   w.EndObject();
   return w.Take();
 }
@@ -178,18 +168,6 @@ Status SimnetOptions::Validate() const {
     }
   }
   return Status::OK();
-}
-
-std::string_view AccountStatusName(AccountStatus status) {
-  switch (status) {
-    case AccountStatus::kActive:
-      return "active";
-    case AccountStatus::kDeactivated:
-      return "deactivated";
-    case AccountStatus::kTakendown:
-      return "takendown";
-  }
-  return "active";
 }
 
 Result<std::unique_ptr<Network>> Network::Generate(const SimnetOptions& options, uint16_t port) {

@@ -25,6 +25,7 @@
 #include "atproto/crypto.hpp"
 #include "base/bytes.hpp"
 #include "base/status.hpp"
+#include "pipeline/event.hpp"
 
 namespace atfill::simnet {
 
@@ -127,8 +128,9 @@ struct SimnetOptions {
   Status Validate() const;
 };
 
-enum class AccountStatus { kActive, kDeactivated, kTakendown };
-std::string_view AccountStatusName(AccountStatus status);  // "active", "deactivated", ...
+// The engine's account statuses; simnet serves active, deactivated and takendown accounts.
+using pipeline::AccountStatus;
+using pipeline::AccountStatusName;
 
 struct Account {
   uint32_t index = 0;
