@@ -108,6 +108,16 @@ class EventFileSource::Reader {
     return got;
   }
 
+  bool compressed() const { return zstd_ != nullptr; }
+
+  // Plain files only: continue reading at `offset`.
+  Status SeekPlain(uint64_t offset) {
+    if (::fseeko(file_, static_cast<off_t>(offset), SEEK_SET) != 0) {
+      return Status::IoError("seeking in " + path_ + ": " + std::strerror(errno));
+    }
+    return Status::OK();
+  }
+
   // Compressed bytes consumed (file bytes for plain files).
   uint64_t consumed() const {
     const long pos = std::ftell(file_);
@@ -185,7 +195,16 @@ Status EventFileSource::Seek(const std::string& resume_cursor) {
   ATFILL_RETURN_IF_ERROR(OpenFile(parts[0]));
   line_ = parts[2];
   consumed_.store(done_files_bytes_, std::memory_order_relaxed);
-  // Plain files could seek; zstd files cannot, so both skip by reading (at GB/s).
+  // A plain file seeks to the offset; a zstd stream has no index, so it is decompressed up to it.
+  if (reader_ && !reader_->compressed() && parts[1] > 0) {
+    std::error_code ec;
+    if (parts[1] > std::filesystem::file_size(options_.paths[file_index_], ec) || ec) {
+      return Status::Invalid("event file cursor '" + resume_cursor + "' is past the end of " +
+                             options_.paths[file_index_]);
+    }
+    ATFILL_RETURN_IF_ERROR(reader_->SeekPlain(parts[1]));
+    offset_ = parts[1];
+  }
   std::string skip;
   while (offset_ < parts[1] && reader_) {
     skip.clear();
