@@ -12,6 +12,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "net/endpoint.hpp"
@@ -536,7 +537,17 @@ TEST(HttpClientTest, HostDownDefersQueuedRequestsAndRecoversAfterSuccess) {
   Outcomes outcomes(kRequests);
   auto client = StartClient(options);
   ASSERT_TRUE(client);
+  // Every request is queued before the first answer comes back; otherwise a request submitted
+  // after the host went down would be a new probe (host_down_ms is 0), not a deferred one.
+  server.SetHold(true);
   for (size_t i = 0; i < kRequests; ++i) client->Submit(Get(server.Url()), outcomes.At(i));
+  ASSERT_TRUE(server.WaitForHeld(1, kWait));
+  const auto deadline = std::chrono::steady_clock::now() + kWait;
+  while (client->HostState(server.HostKey()).queued != static_cast<int>(kRequests) - 1) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "requests never queued";
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  server.SetHold(false);
   ASSERT_TRUE(outcomes.WaitAll());
   for (size_t i = 0; i < 5; ++i) {
     ASSERT_TRUE(outcomes[i].ok()) << i << ": " << outcomes[i].status().ToString();
