@@ -2,10 +2,14 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "pipeline/event.hpp"
+#include "state/job_store.hpp"
+#include "state/kv_store.hpp"
 
 namespace atfill::pipeline {
 
@@ -40,6 +44,14 @@ struct EventChunk {
   uint64_t refused = 0;
   // An empty chunk a waiting source emits so the batcher can flush on time.
   bool tick = false;
+  // State writes that belong to this chunk's input (a crawl unit leaving the queue, a listing
+  // cursor and the units its page queued...). They are committed in the same state write as the
+  // batch holding the chunk, after the sink made its events durable; chunks commit in order.
+  state::WriteBatch state_writes;
+  // Deltas to the job's named counters (JobCounters::extra), committed with the batch.
+  std::vector<std::pair<std::string, int64_t>> counters;
+  // The job's stage from this chunk on, when the source knows it.
+  std::optional<state::JobStage> stage;
 };
 
 }  // namespace atfill::pipeline

@@ -109,6 +109,9 @@ class ChunkPool {
     c->seq = c->raw_first_position = c->units_read = c->bytes_read = c->input_done = 0;
     c->dropped = c->refused = 0;
     c->tick = false;
+    c->state_writes.Clear();
+    c->counters.clear();
+    c->stage.reset();
     return c;
   }
   void Release(EventChunk* c) {
@@ -295,6 +298,7 @@ class EngineRun : public internal::GraphBodies {
       return latch_.first();
     }
     summary_.stopped = stopped_.load();
+    if (!summary_.stopped) summary_.unfinished = source_->Unfinished();
     return summary_;
   }
 
@@ -361,6 +365,7 @@ class EngineRun : public internal::GraphBodies {
     report.write_us = now_us_() - start;
 
     state::WriteBatch& writes = sealed->writes;
+    for (const EventChunk* c : batch.chunks) writes.Append(c->state_writes);
     Status s = committer_->PrepareCommit(report, &writes);
     if (s.ok()) s = state_->Write(writes);
     if (!s.ok()) {

@@ -72,6 +72,8 @@ struct RunSummary {
   WriteStats stats;
   // Reading stopped because the committer asked (pause/cancel), not at the end of input.
   bool stopped = false;
+  // At the end of input: the source's Unfinished() reason (empty when it finished everything).
+  state::StopReason unfinished;
 };
 
 class Engine {

@@ -95,6 +95,9 @@ Result<state::JobRecord> JobRunner::Run(Engine* engine) {
   } else if (result->stopped) {
     done.status = state::JobStatus::kPaused;
     done.stop_reason = {"paused", "paused on request; resume continues from the saved cursor"};
+  } else if (!result->unfinished.empty()) {
+    done.status = state::JobStatus::kPaused;
+    done.stop_reason = result->unfinished;
   } else {
     done.status = state::JobStatus::kCompleted;
     done.stage = state::JobStage::kCompleted;
@@ -133,6 +136,10 @@ Status JobRunner::PrepareCommit(const BatchReport& report, state::WriteBatch* ba
     c.bytes += chunk->bytes_read;
     refused += chunk->refused;
     if (chunk->input_done != 0) c.extra[kInputDone] = chunk->input_done;
+    for (const auto& [name, delta] : chunk->counters) {
+      c.extra[name] = static_cast<uint64_t>(static_cast<int64_t>(c.extra[name]) + delta);
+    }
+    if (chunk->stage) pending_.stage = *chunk->stage;
     for (const auto& e : chunk->errors) errors.push_back({e.kind, e.key, e.message, now});
   }
   uint64_t records = 0;

@@ -34,25 +34,47 @@ Status RunOptions::Validate() const {
   return Status::OK();
 }
 
-Result<state::JobRecord> RunAsJob(Source* source, const std::vector<const Transform*>& transforms,
-                                  Sink* sink, state::KvStore* kv, const RunOptions& options) {
+namespace {
+
+Result<state::JobRecord> RunJob(Source* source, const SourceFactory* make_source,
+                                std::string_view kind,
+                                const std::vector<const Transform*>& transforms, Sink* sink,
+                                state::KvStore* kv, const RunOptions& options) {
   ATFILL_RETURN_IF_ERROR(options.Validate());
   state::JobStore jobs(*kv);
   state::ErrorLog errors(*kv, options.error_log);
   state::JobRecord prototype;
-  prototype.kind = "embedded";
-  prototype.stage = state::JobStage::kReplaying;
+  prototype.kind = std::string(kind);
+  prototype.stage =
+      make_source != nullptr ? state::JobStage::kPending : state::JobStage::kReplaying;
   prototype.created_us = NowMicros();
   prototype.started_by = options.started_by;
-  prototype.params = {{"name", options.job_name},
-                      {"source", source->Describe()},
-                      {"sink", std::string(sink->name())}};
+  prototype.params = {{"name", options.job_name}, {"sink", std::string(sink->name())}};
+  if (source != nullptr) prototype.params["source"] = source->Describe();
   bool resumed = false;
   ATFILL_ASSIGN_OR_RETURN(auto job, FindOrCreateJob(&jobs, prototype, {"name"}, &resumed));
+  std::unique_ptr<Source> made;
+  if (make_source != nullptr) {
+    ATFILL_ASSIGN_OR_RETURN(made, (*make_source)(job));
+    source = made.get();
+  }
   JobRunner runner(kv, &jobs, &errors, job, "job/" + std::to_string(job.id) + "/cursor",
                    options.job);
   Engine engine(options.engine, source, transforms, sink, kv, &runner);
   return runner.Run(&engine);
+}
+
+}  // namespace
+
+Result<state::JobRecord> RunAsJob(Source* source, const std::vector<const Transform*>& transforms,
+                                  Sink* sink, state::KvStore* kv, const RunOptions& options) {
+  return RunJob(source, nullptr, "embedded", transforms, sink, kv, options);
+}
+
+Result<state::JobRecord> RunAsJob(const SourceFactory& make_source, std::string_view kind,
+                                  const std::vector<const Transform*>& transforms, Sink* sink,
+                                  state::KvStore* kv, const RunOptions& options) {
+  return RunJob(nullptr, &make_source, kind, transforms, sink, kv, options);
 }
 
 }  // namespace atfill::pipeline

@@ -1,7 +1,10 @@
 // The short way to run a graph as a resumable job, for programs that embed atfill.
 #pragma once
 
+#include <functional>
+#include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "base/status.hpp"
@@ -33,5 +36,12 @@ struct RunOptions {
 // the job as it ended (completed, or failed with the reason).
 Result<state::JobRecord> RunAsJob(Source* source, const std::vector<const Transform*>& transforms,
                                   Sink* sink, state::KvStore* kv, const RunOptions& options);
+
+// The same for a source that keeps state of its own per job (the crawl's queue and cursors): it
+// is made once the job is found or created. `kind` names the job's kind ("backfill"...).
+using SourceFactory = std::function<Result<std::unique_ptr<Source>>(const state::JobRecord& job)>;
+Result<state::JobRecord> RunAsJob(const SourceFactory& make_source, std::string_view kind,
+                                  const std::vector<const Transform*>& transforms, Sink* sink,
+                                  state::KvStore* kv, const RunOptions& options);
 
 }  // namespace atfill::pipeline

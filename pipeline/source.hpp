@@ -5,6 +5,7 @@
 
 #include "base/status.hpp"
 #include "pipeline/chunk.hpp"
+#include "state/job_store.hpp"
 
 namespace atfill::pipeline {
 
@@ -27,6 +28,11 @@ class Source {
   virtual Status Seek(const std::string& resume_cursor) = 0;
 
   virtual std::string Describe() const = 0;
+
+  // After Read returned false: why input that exists was left unread (units deferred because
+  // their host was down...), or empty when the source finished everything. A job that ends with
+  // such a reason pauses with it instead of completing.
+  virtual state::StopReason Unfinished() const { return {}; }
 };
 
 }  // namespace atfill::pipeline

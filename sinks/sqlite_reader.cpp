@@ -135,6 +135,27 @@ Result<uint64_t> SqliteReader::Count() {
   return static_cast<uint64_t>(sqlite3_column_int64(s, 0));
 }
 
+Result<std::vector<std::vector<std::string>>> SqliteReader::Query(std::string_view sql) {
+  sqlite3_stmt* raw = nullptr;
+  int rc =
+      sqlite3_prepare_v2(impl_->db.get(), sql.data(), static_cast<int>(sql.size()), &raw, nullptr);
+  if (rc != SQLITE_OK) return impl_->Fail(rc, "preparing a query");
+  Stmt stmt(raw);
+  std::vector<std::vector<std::string>> rows;
+  const int n = sqlite3_column_count(raw);
+  rows.emplace_back();
+  for (int i = 0; i < n; ++i) rows.back().emplace_back(sqlite3_column_name(raw, i));
+  while ((rc = sqlite3_step(raw)) == SQLITE_ROW) {
+    rows.emplace_back();
+    for (int i = 0; i < n; ++i) {
+      const unsigned char* text = sqlite3_column_text(raw, i);
+      rows.back().emplace_back(text == nullptr ? "" : reinterpret_cast<const char*>(text));
+    }
+  }
+  if (rc != SQLITE_DONE) return impl_->Fail(rc, "running a query");
+  return rows;
+}
+
 Result<std::vector<RecordRow>> ReadAllRecords(const std::string& path) {
   ATFILL_ASSIGN_OR_RETURN(std::unique_ptr<SqliteReader> reader, SqliteReader::Open(path));
   return reader->ReadAll();

@@ -49,6 +49,9 @@ class SqliteReader {
   Result<std::vector<RecordRow>> ReadAll();
   // Number of records.
   Result<uint64_t> Count();
+  // Runs one read-only SQL statement and returns its rows as text (NULL as ""), the column names
+  // first. For tools and the demo; the connection is read-only, so writes fail.
+  Result<std::vector<std::vector<std::string>>> Query(std::string_view sql);
 
  private:
   struct Impl;

@@ -22,6 +22,12 @@ std::string IdKey(uint64_t job, std::string_view id) {
   return key;
 }
 
+std::string DoneKey(uint64_t job, std::string_view id) {
+  std::string key = codec::KeyWithId("d", job);
+  key.append(id);
+  return key;
+}
+
 std::string CountKey(uint64_t job) { return codec::KeyWithId("n", job); }
 
 Result<WorkUnit> DecodeUnit(uint64_t job, std::string_view key, std::string_view value) {
@@ -40,6 +46,16 @@ Result<WorkUnit> DecodeUnit(uint64_t job, std::string_view key, std::string_view
 }
 
 }  // namespace
+
+Result<uint64_t> WorkQueue::LastPosition(uint64_t job) {
+  ATFILL_ASSIGN_OR_RETURN(auto last, kv_.LastKey(Family::kQueue, UnitPrefix(job)));
+  if (!last) return uint64_t{0};
+  uint64_t position = 0;
+  if (!codec::ReadBe64(*last, UnitPrefix(job).size(), &position)) {
+    return Status::Corrupt("work queue of job " + std::to_string(job) + ": malformed unit key");
+  }
+  return position;
+}
 
 Result<uint64_t> WorkQueue::AllocatePosition(uint64_t job) {
   std::lock_guard lock(mu_);
@@ -81,6 +97,16 @@ void WorkQueue::Remove(WriteBatch* batch, uint64_t job, const WorkUnit& unit) {
   batch->Delete(Family::kQueue, UnitKey(job, unit.position));
   batch->Delete(Family::kQueue, IdKey(job, unit.id));
   batch->Add(Family::kQueue, CountKey(job), -1);
+}
+
+void WorkQueue::Finish(WriteBatch* batch, uint64_t job, const WorkUnit& unit) {
+  Remove(batch, job, unit);
+  batch->Put(Family::kQueue, DoneKey(job, unit.id), "");
+}
+
+Result<bool> WorkQueue::IsFinished(uint64_t job, std::string_view unit_id) {
+  ATFILL_ASSIGN_OR_RETURN(auto done, kv_.Get(Family::kQueue, DoneKey(job, unit_id)));
+  return done.has_value();
 }
 
 Result<std::optional<WorkUnit>> WorkQueue::Find(uint64_t job, std::string_view unit_id) {
@@ -151,7 +177,8 @@ Result<uint64_t> WorkQueue::Recount(uint64_t job) {
 
 Status WorkQueue::Clear(uint64_t job) {
   WriteBatch batch;
-  for (const std::string& prefix : {UnitPrefix(job), codec::KeyWithId("u", job)}) {
+  for (const std::string& prefix :
+       {UnitPrefix(job), codec::KeyWithId("u", job), codec::KeyWithId("d", job)}) {
     ATFILL_RETURN_IF_ERROR(
         kv_.Scan(Family::kQueue, prefix, [&](std::string_view key, std::string_view) {
           batch.Delete(Family::kQueue, key);

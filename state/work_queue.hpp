@@ -37,7 +37,7 @@ struct WorkUnit {
 // Recount() rebuilds the counter from the units; call it at resume, when no batch is in flight.
 //
 // Layout (queue family, job J as 8 big-endian bytes): "q"+J+position -> {id, payload};
-// "u"+J+id -> position; "n"+J -> counter.
+// "u"+J+id -> position; "n"+J -> counter; "d"+J+id -> "" for finished units.
 class WorkQueue {
  public:
   explicit WorkQueue(KvStore& kv) : kv_(kv) {}
@@ -47,6 +47,11 @@ class WorkQueue {
   Result<std::optional<uint64_t>> Push(WriteBatch* batch, uint64_t job, std::string_view unit_id,
                                        std::string_view payload);
   void Remove(WriteBatch* batch, uint64_t job, const WorkUnit& unit);
+  // Remove, and remember the id as finished so IsFinished answers true from that commit on
+  // (a crawl does not fetch a finished unit again when a listing names it twice). Only the id
+  // is kept.
+  void Finish(WriteBatch* batch, uint64_t job, const WorkUnit& unit);
+  Result<bool> IsFinished(uint64_t job, std::string_view unit_id);
   // The committed unit with this id, if queued.
   Result<std::optional<WorkUnit>> Find(uint64_t job, std::string_view unit_id);
   // Calls fn for committed units with position > after_position, in insertion order, until fn
@@ -56,6 +61,8 @@ class WorkQueue {
   // The first `limit` units after `after_position`.
   Result<std::vector<WorkUnit>> Pending(uint64_t job, uint64_t after_position, size_t limit);
   Result<uint64_t> Count(uint64_t job);
+  // The position of the last committed unit, 0 when the queue is empty.
+  Result<uint64_t> LastPosition(uint64_t job);
   // Counts the units, stores that as the count, and returns it.
   Result<uint64_t> Recount(uint64_t job);
   // Removes every unit of the job and its count (immediately). Not while batches are in flight.

@@ -594,6 +594,29 @@ TYPED_TEST(StateLayers, WorkQueueOrderCountsAndRemoval) {
             (std::vector<std::string>{"did:plc:c|post", "did:plc:b|like", "did:plc:a|post"}));
 }
 
+TYPED_TEST(StateLayers, WorkQueueFinishedUnitsAreRememberedPerJob) {
+  WorkQueue queue(this->kv());
+  WriteBatch b;
+  auto pos = queue.Push(&b, 1, "did:plc:a", "");
+  ASSERT_TRUE(pos.ok() && pos->has_value());
+  this->Commit(b);
+  EXPECT_FALSE(*queue.IsFinished(1, "did:plc:a"));
+  EXPECT_EQ(*queue.LastPosition(1), **pos);
+  EXPECT_EQ(*queue.LastPosition(7), 0u);
+  auto unit = *queue.Find(1, "did:plc:a");
+  ASSERT_TRUE(unit.has_value());
+  WriteBatch done;
+  queue.Finish(&done, 1, *unit);
+  EXPECT_FALSE(*queue.IsFinished(1, "did:plc:a"));  // not before the commit
+  this->Commit(done);
+  EXPECT_TRUE(*queue.IsFinished(1, "did:plc:a"));
+  EXPECT_FALSE(*queue.IsFinished(2, "did:plc:a"));
+  EXPECT_EQ(*queue.Count(1), 0u);
+  EXPECT_FALSE(queue.Find(1, "did:plc:a")->has_value());
+  ASSERT_TRUE(queue.Clear(1).ok());
+  EXPECT_FALSE(*queue.IsFinished(1, "did:plc:a"));
+}
+
 TYPED_TEST(StateLayers, WorkQueueCountsStayExactAcrossBatchOrderAndDrops) {
   WorkQueue queue(this->kv());
   WriteBatch a, b, dropped;

@@ -46,6 +46,53 @@ Result<AppConfig> LoadAppConfig(const std::string& path) {
   ATFILL_RETURN_IF_ERROR(
       file.ReadUint("files.max_line_bytes", &c.files.max_line_bytes, 64, 1 << 30));
   ATFILL_RETURN_IF_ERROR(file.ReadBool("stages.verify_cids", &c.verify_cids));
+
+  auto& k = c.crawl;
+  ATFILL_RETURN_IF_ERROR(file.ReadString("crawl.relay", &k.relay_url));
+  std::string discovery(sources::DiscoveryName(k.discovery));
+  ATFILL_RETURN_IF_ERROR(
+      file.ReadEnum("crawl.discovery", &discovery, {"listReposByCollection", "listRepos", "dids"}));
+  k.discovery = *sources::ParseDiscovery(discovery);
+  std::string mode(sources::FetchModeName(k.mode));
+  ATFILL_RETURN_IF_ERROR(file.ReadEnum("crawl.mode", &mode, {"listRecords", "getRepo"}));
+  k.mode = *sources::ParseFetchMode(mode);
+  ATFILL_RETURN_IF_ERROR(file.ReadStringList("crawl.collections", &k.collections));
+  ATFILL_RETURN_IF_ERROR(file.ReadStringList("crawl.dids", &k.dids));
+  ATFILL_RETURN_IF_ERROR(file.ReadUint("crawl.list_repos_limit", &k.list_repos_limit, 1, 1000));
+  ATFILL_RETURN_IF_ERROR(file.ReadUint("crawl.list_records_limit", &k.list_records_limit, 1, 100));
+  ATFILL_RETURN_IF_ERROR(
+      file.ReadUint("crawl.discovery_window", &k.discovery_window, 1, 100'000'000));
+  ATFILL_RETURN_IF_ERROR(
+      file.ReadUint("crawl.max_active_units", &k.max_active_units, 0, 1'000'000));
+  ATFILL_RETURN_IF_ERROR(file.ReadUint("crawl.unit_attempts", &k.unit_attempts, 1, 100));
+  ATFILL_RETURN_IF_ERROR(file.ReadInt("crawl.retry_delay_ms", &k.retry_delay_ms, 0, 3'600'000));
+  ATFILL_RETURN_IF_ERROR(file.ReadUint("crawl.recent_repos", &k.recent_repos, 1, 1'000'000));
+  ATFILL_RETURN_IF_ERROR(
+      file.ReadUint("crawl.max_record_bytes", &k.limits.max_record_bytes, 64, 1 << 30));
+  ATFILL_RETURN_IF_ERROR(
+      file.ReadBool("crawl.allow_loopback_endpoints", &k.allow_loopback_endpoints));
+  ATFILL_RETURN_IF_ERROR(
+      file.ReadBool("crawl.allow_private_endpoints", &k.allow_private_endpoints));
+  ATFILL_RETURN_IF_ERROR(file.ReadString("resolver.plc", &k.resolver.plc_url));
+  ATFILL_RETURN_IF_ERROR(
+      file.ReadInt("resolver.cache_ttl_s", &k.resolver.cache_ttl_s, 0, 365 * 86'400));
+  ATFILL_RETURN_IF_ERROR(file.ReadInt("resolver.timeout_ms", &k.resolver.timeout_ms, 100, 600'000));
+  ATFILL_RETURN_IF_ERROR(
+      file.ReadUint("resolver.max_in_flight", &k.resolver_http.max_per_host, 1, 1000));
+  ATFILL_RETURN_IF_ERROR(file.ReadUint("net.max_hosts", &k.http.max_hosts, 1, 100'000));
+  ATFILL_RETURN_IF_ERROR(file.ReadUint("net.per_host", &k.http.max_per_host, 1, 1000));
+  ATFILL_RETURN_IF_ERROR(file.ReadUint("net.max_in_flight", &k.http.max_in_flight, 1, 100'000));
+  ATFILL_RETURN_IF_ERROR(
+      file.ReadInt("net.connect_timeout_ms", &k.http.connect_timeout_ms, 100, 600'000));
+  ATFILL_RETURN_IF_ERROR(file.ReadInt("net.timeout_ms", &k.http.timeout_ms, 100, 3'600'000));
+  int64_t max_response_mb = static_cast<int64_t>(k.http.max_response_bytes >> 20);
+  ATFILL_RETURN_IF_ERROR(file.ReadInt("net.max_response_mb", &max_response_mb, 1, 65536));
+  k.http.max_response_bytes = static_cast<uint64_t>(max_response_mb) << 20;
+  ATFILL_RETURN_IF_ERROR(file.ReadUint("net.retries", &k.http.retry.max_attempts, 1, 100));
+  ATFILL_RETURN_IF_ERROR(file.ReadInt("net.host_down_ms", &k.http.host_down_ms, 0, 86'400'000));
+  ATFILL_RETURN_IF_ERROR(file.ReadString("net.user_agent", &k.http.user_agent));
+  k.resolver_http.user_agent = k.http.user_agent;
+  k.resolver_http.connect_timeout_ms = k.http.connect_timeout_ms;
   ATFILL_RETURN_IF_ERROR(file.ReadBool("jobs.record_batches", &c.jobs.record_batches));
   ATFILL_RETURN_IF_ERROR(
       file.ReadUint("jobs.error_log_cap", &c.error_log.max_entries_per_job, 1, 100'000'000));

@@ -8,6 +8,7 @@
 #include "pipeline/engine.hpp"
 #include "pipeline/job.hpp"
 #include "sinks/sqlite_sink.hpp"
+#include "sources/crawl.hpp"
 #include "sources/event_file.hpp"
 #include "state/error_log.hpp"
 #include "state/kv_store.hpp"
@@ -22,6 +23,7 @@ struct AppConfig {
   sinks::SqliteSinkOptions sqlite;     // [sink.sqlite]
   pipeline::EngineOptions engine;      // [engine]
   sources::EventFileOptions files;     // [files] (paths come from the command line)
+  sources::CrawlOptions crawl;         // [crawl], [resolver], [net]
   bool verify_cids = true;             // [stages] verify_cids
   pipeline::JobOptions jobs;           // [jobs]
   state::ErrorLogOptions error_log;    // [jobs] error_log_cap

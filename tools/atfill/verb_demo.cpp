@@ -1,5 +1,5 @@
-// The main job, for now: the inspection verbs on the files the repository ships. The crawl issue
-// replaces it with a backfill from a simulated network.
+// The main job: the inspection verbs on the files the repository ships, then a backfill of two
+// collections from a simulated network (simnet, in-process on loopback) into SQLite.
 #include <unistd.h>
 
 #include <cstdio>
@@ -10,7 +10,7 @@
 
 #include "sinks/sqlite_reader.hpp"
 #include "tools/atfill/cli.hpp"
-#include "tools/gen/event_gen.hpp"
+#include "tools/simnet/simnet.hpp"
 
 namespace atfill::cli {
 namespace {
@@ -60,9 +60,7 @@ int RunDemo(std::span<char* const> args) {
     return kExitIo;
   }
   std::printf("atfill demo: the atproto data model at work on %s\n", dir.c_str());
-  std::printf(
-      "(the inspection verbs, then the engine on generated events; the backfill from a\n"
-      "simulated network arrives with the crawl)\n");
+  std::printf("(the inspection verbs, then a backfill from a simulated network)\n");
 
   // Each step's exit code is shown; some inputs are invalid on purpose, so the demo itself
   // succeeds when every step answered as expected.
@@ -86,33 +84,91 @@ int RunDemo(std::span<char* const> args) {
                      "signature checked",
                      {"car", car, "--key", key}, RunCar) == kExitOk;
 
-  // The engine: 50,000 generated Jetstream events (with updates, deletes, takedowns and a few bad
-  // lines) through CID verification and the ingest guard into SQLite, as a job.
+  // The crawl: a simulated network on loopback (relay, PLC directory, 50 PDS hosts with
+  // latency, a few faults), backfilled into SQLite as a job.
   const auto work =
       std::filesystem::temp_directory_path() / ("atfill-demo-" + std::to_string(::getpid()));
   std::filesystem::create_directories(work);
-  gen::EventGenOptions events;
-  events.dids = 500;
-  events.account_ratio = 0.002;
-  events.bad_ratio = 0.001;
-  const std::string events_path = (work / "events.jsonl").string();
+  simnet::SimnetOptions net_options;
+  net_options.seed = 2026;
+  net_options.accounts = 2000;
+  net_options.pds_hosts = 50;
+  net_options.latency_ms = 40;
+  net_options.max_records = 80;
+  net_options.collections = {"app.bsky.feed.post", "app.bsky.feed.like", "app.bsky.graph.follow"};
+  // One record in 500 served with a wrong CID, one PDS that rate-limits a fifth of its answers.
+  net_options.faults =
+      *simnet::ParseFaultSpec("pds:cid_mismatch=1/500;pds-0007:rate_limit=0.2,reset_s=1");
+  auto net = simnet::Simnet::Start(net_options);
+  if (!net.ok()) {
+    std::fprintf(stderr, "atfill demo: starting the simulated network: %s\n",
+                 net.status().ToString().c_str());
+    return kExitIo;
+  }
+  std::printf(
+      "\nA simulated atproto network runs on loopback: %u accounts on %u PDS hosts (%lld ms per\n"
+      "answer), a relay at %s and a PLC directory at %s.\n",
+      net_options.accounts, net_options.pds_hosts, static_cast<long long>(net_options.latency_ms),
+      (*net)->relay_url().c_str(), (*net)->plc_url().c_str());
   const std::string config_path = (work / "atfill.toml").string();
-  if (!gen::EventGenerator::WriteFile(events, 50'000, events_path).ok()) return kExitIo;
   {
     std::ofstream config(config_path);
-    config << "[state]\ndir = \"state\"\n[sink.sqlite]\npath = \"atfill.db\"\n";
+    config << "[state]\ndir = \"state\"\n[sink.sqlite]\npath = \"atfill.db\"\n"
+           << "[progress]\ninterval_s = 1\n"
+           << "[crawl]\nrelay = \"" << (*net)->relay_url() << "\"\n"
+           << "collections = [\"app.bsky.feed.post\", \"app.bsky.feed.like\"]\n"
+           << "# simnet lives on 127.0.0.1; the real network is refused such addresses\n"
+           << "allow_loopback_endpoints = true\n"
+           << "[resolver]\nplc = \"" << (*net)->plc_url() << "\"\n";
   }
-  as_expected &= Show("index 50,000 Jetstream events into SQLite (bad lines are logged, not fatal)",
-                      {"ingest", config_path, events_path}, RunIngest) == kExitOk;
-  as_expected &=
-      Show("the job: counters and errors by kind", {"job", config_path, "1"}, RunJob) == kExitOk;
+  as_expected &= Show("backfill two collections: list repos, resolve DIDs, fetch, verify, write",
+                      {"backfill", config_path}, RunBackfill) == kExitOk;
+  as_expected &= Show("the job: counters, throughput, errors by kind", {"job", config_path, "1"},
+                      RunJob) == kExitOk;
+
+  // What a user does next: plain SQL on the atfill_records view.
   auto reader = sinks::SqliteReader::Open((work / "atfill.db").string());
-  auto rows = reader.ok() ? (*reader)->Count() : Result<uint64_t>(reader.status());
-  if (rows.ok()) {
-    std::printf("\n$ sqlite3 atfill.db 'SELECT count(*) FROM atfill_records'\n%llu\n",
-                static_cast<unsigned long long>(*rows));
+  auto print_query = [&](const std::string& sql) {
+    std::printf("\n$ sqlite3 atfill.db \"%s\"\n", sql.c_str());
+    auto rows = reader.ok() ? (*reader)->Query(sql)
+                            : Result<std::vector<std::vector<std::string>>>(reader.status());
+    if (!rows.ok()) {
+      std::printf("error: %s\n", rows.status().ToString().c_str());
+      return false;
+    }
+    for (const auto& row : *rows) {
+      std::string line;
+      for (const auto& cell : row) line += (line.empty() ? "" : " | ") + cell;
+      std::printf("%s\n", line.c_str());
+    }
+    return rows->size() > 1;
+  };
+  as_expected &= print_query(
+      "SELECT collection, count(*) AS records, count(DISTINCT did) AS accounts "
+      "FROM atfill_records GROUP BY collection");
+  as_expected &= print_query(
+      "SELECT uri, json_extract(record, '$.text') AS text FROM atfill_records "
+      "WHERE collection = 'app.bsky.feed.post' ORDER BY created_at DESC LIMIT 3");
+
+  // The table against what the network serves: every live record of the two collections,
+  // except those served with a wrong CID (logged, never written).
+  auto truth = (*net)->Truth();
+  uint64_t expected = 0;
+  if (truth.ok()) {
+    for (const auto& r : truth->records) {
+      const bool wanted = r.uri.find("/app.bsky.feed.post/") != std::string::npos ||
+                          r.uri.find("/app.bsky.feed.like/") != std::string::npos;
+      if (wanted && r.faults.find("cid_mismatch") == std::string::npos) ++expected;
+    }
   }
-  as_expected &= rows.ok() && *rows > 0;
+  auto rows = reader.ok() ? (*reader)->Count() : Result<uint64_t>(reader.status());
+  const bool complete = truth.ok() && rows.ok() && *rows == expected;
+  std::printf("\nThe table holds %llu records; the network serves %llu valid ones: %s\n",
+              static_cast<unsigned long long>(rows.ok() ? *rows : 0),
+              static_cast<unsigned long long>(expected), complete ? "all there" : "MISMATCH");
+  as_expected &= complete;
+  reader = Status::Cancelled("closed");
+  (*net)->Stop();
   std::error_code ec;
   std::filesystem::remove_all(work, ec);
   std::printf("\natfill demo: %s\n", as_expected ? "every step answered as expected"

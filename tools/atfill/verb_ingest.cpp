@@ -17,56 +17,12 @@
 #include "stages/ingest_guard.hpp"
 #include "tools/atfill/app_config.hpp"
 #include "tools/atfill/cli.hpp"
+#include "tools/atfill/job_run.hpp"
 #include "tools/atfill/job_view.hpp"
 #include "tools/atfill/state_access.hpp"
 
 namespace atfill::cli {
 namespace {
-
-std::atomic<int> g_interrupts{0};
-
-extern "C" void OnInterrupt(int) {
-  // The first interrupt pauses the job at its next checkpoint; a second one leaves at once.
-  if (g_interrupts.fetch_add(1) >= 1) _exit(130);
-}
-
-// Watches for stop requests (request files from other atfill processes, Ctrl-C) while a job runs.
-class StopWatcher {
- public:
-  StopWatcher(const AppConfig& config, uint64_t job, pipeline::JobRunner* runner)
-      : config_(config), job_(job), runner_(runner) {
-    thread_ = std::thread([this] { Loop(); });
-  }
-  ~StopWatcher() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      done_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-
- private:
-  void Loop() {
-    std::unique_lock<std::mutex> lock(mu_);
-    while (!cv_.wait_for(lock, std::chrono::milliseconds(200), [this] { return done_; })) {
-      std::error_code ec;
-      if (std::filesystem::exists(RequestPath(config_, job_, "cancel"), ec)) {
-        runner_->RequestStop(pipeline::StopKind::kCancel);
-      } else if (g_interrupts.load() > 0 ||
-                 std::filesystem::exists(RequestPath(config_, job_, "pause"), ec)) {
-        runner_->RequestStop(pipeline::StopKind::kPause);
-      }
-    }
-  }
-  const AppConfig& config_;
-  uint64_t job_;
-  pipeline::JobRunner* runner_;
-  std::thread thread_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool done_ = false;
-};
 
 std::string JoinLines(const std::vector<std::string>& v) {
   std::string out;
@@ -110,8 +66,7 @@ int RunIngest(std::span<char* const> args) {
   }
 
   // From here on an interrupt asks for a pause (seen once the job runs) rather than killing.
-  std::signal(SIGINT, OnInterrupt);
-  std::signal(SIGTERM, OnInterrupt);
+  CatchStopSignals();
   auto st = OpenStateForWrite(*config);
   if (!st.ok()) return Fail(st.status().message(), kExitIo);
   const int64_t now = pipeline::NowMicros();
@@ -151,53 +106,21 @@ int RunIngest(std::span<char* const> args) {
 
   stages::CidVerify verify;
   stages::IngestGuard guard(st->tombstones.get());
-  std::vector<const pipeline::Transform*> transforms;
-  if (config->verify_cids) transforms.push_back(&verify);
-  transforms.push_back(&guard);
-
-  job->counters.extra[pipeline::kInputTotal] = (*source)->total_bytes();
-  pipeline::JobRunner runner(st->kv.get(), st->jobs.get(), st->errors.get(), *job,
-                             "job/" + std::to_string(job->id) + "/file", config->jobs);
-  pipeline::Engine engine(config->engine, source->get(), transforms, sink->get(), st->kv.get(),
-                          &runner);
-
-  ProgressReporter progress([&runner] { return runner.Snapshot(); }, config->progress_interval_s,
-                            ::isatty(STDERR_FILENO) != 0);
-  Result<state::JobRecord> done = Status::Internal("not run");
-  {
-    StopWatcher watcher(*config, job->id, &runner);
-    progress.Start();
-    done = runner.Run(&engine);
-    progress.Stop();
-  }
-  std::signal(SIGINT, SIG_DFL);
-  std::signal(SIGTERM, SIG_DFL);
-  ClearRequests(*config, job->id);
-  if (!done.ok()) return Fail(done.status().message(), kExitIo);
-
-  const auto& c = done->counters;
-  std::fprintf(stderr, "atfill ingest: job %" PRIu64 " %s: %s events read, %s records written%s",
-               done->id, std::string(state::JobStatusName(done->status)).c_str(),
-               FormatCount(c.events_read).c_str(), FormatCount(c.records_written).c_str(),
-               dry_run ? " (dry run: nothing was written; this is what would have been)" : "");
-  std::fprintf(stderr, ", %s errors\n", FormatCount(c.failed_records).c_str());
-  if (c.failed_records > 0) {
-    std::fprintf(stderr,
-                 "atfill ingest: the errors are listed by: atfill job %s %" PRIu64 " --errors\n",
-                 config->path.c_str(), done->id);
-  }
-  if (!done->stop_reason.empty()) {
-    std::fprintf(stderr, "atfill ingest: %s: %s\n", done->stop_reason.code.c_str(),
-                 done->stop_reason.sentence.c_str());
-  }
-  switch (done->status) {
-    case state::JobStatus::kCompleted:
-      return kExitOk;
-    case state::JobStatus::kFailed:
-      return kExitInputInvalid;
-    default:
-      return kExitStopped;
-  }
+  ForegroundJob run;
+  run.verb = "ingest";
+  run.config = &*config;
+  run.state = &*st;
+  run.job = *job;
+  run.job.counters.extra[pipeline::kInputTotal] = (*source)->total_bytes();
+  run.source = source->get();
+  if (config->verify_cids) run.transforms.push_back(&verify);
+  run.transforms.push_back(&guard);
+  run.sink = sink->get();
+  run.cursor_name = "job/" + std::to_string(job->id) + "/file";
+  run.dry_run = dry_run;
+  const int rc = RunInForeground(run);
+  RestoreSignals();
+  return rc;
 }
 
 }  // namespace atfill::cli

@@ -10,6 +10,7 @@
 #include "tools/atfill/cli.hpp"
 #include "tools/atfill/job_view.hpp"
 #include "tools/atfill/state_access.hpp"
+#include "tools/atfill/verb_backfill.hpp"
 
 namespace atfill::cli {
 namespace {
@@ -309,10 +310,11 @@ int RunResume(std::span<char* const> args) {
                     std::string(state::JobStatusName(job.status)) + "; there is nothing to resume",
                 kExitInputInvalid);
   }
+  if (job.kind == "backfill") return ResumeBackfill(a.config, a.id);
   if (job.kind != "ingest") {
     return Fail("resume",
                 "job " + std::to_string(a.id) + " is a " + job.kind +
-                    " job; this atfill resumes ingest jobs only",
+                    " job; this atfill resumes ingest and backfill jobs only",
                 kExitUsage);
   }
   // An ingest job is resumed by running it again on the same files.

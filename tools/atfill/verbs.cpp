@@ -35,6 +35,28 @@ std::span<const Verb> Verbs() {
        "exit: 0 completed, 1 failed, 2 usage or config, 3 files or state unavailable,\n"
        "      4 paused or cancelled\n",
        RunIngest},
+      {"backfill", "crawl repos from a relay (or given DIDs) into the database",
+       "usage: atfill backfill CONFIG [--collection NSID]... [--did DID]...\n"
+       "                       [--mode listRecords|getRepo] [--discovery D] [--relay URL]\n\n"
+       "Lists repos from the relay ([crawl] relay, discovery listReposByCollection or\n"
+       "listRepos), resolves each DID to its PDS, fetches the records of the target collections\n"
+       "(listRecords pages, or one getRepo CAR whose commit signature is verified), verifies\n"
+       "each record's CID and writes them to the configured sink, as a job. The same command\n"
+       "again resumes the unfinished job; finished repos are not fetched again. Ctrl-C pauses.\n"
+       "  --collection NSID   target collection (repeatable; replaces [crawl] collections)\n"
+       "  --did DID           backfill these accounts only, no discovery (repeatable)\n"
+       "  --mode M            listRecords (default) or getRepo\n"
+       "  --discovery D       listReposByCollection (default), listRepos or dids\n"
+       "  --relay URL         the relay (or PDS, with listRepos) to list\n\n"
+       "exit: 0 completed, 1 failed, 2 usage or config, 3 state unavailable,\n"
+       "      4 paused (on request, or with work left: see the stop reason) or cancelled\n",
+       RunBackfill},
+      {"run", "resume every unfinished job after a restart",
+       "usage: atfill run CONFIG\n\n"
+       "Resumes, oldest first, every job that was interrupted (running or pausing when its\n"
+       "process died) or paused with work left; finishes interrupted cancellations. Jobs paused\n"
+       "on request stay paused (atfill resume CONFIG ID).\n",
+       RunRun},
       {"jobs", "list jobs",
        "usage: atfill jobs CONFIG [--json]\n\n"
        "Lists every job, newest first. Works while another atfill runs (read-only view).\n",

@@ -1,0 +1,126 @@
+#include "tools/atfill/job_run.hpp"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cinttypes>
+#include <condition_variable>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <mutex>
+#include <thread>
+
+#include "pipeline/job.hpp"
+#include "tools/atfill/cli.hpp"
+#include "tools/atfill/job_view.hpp"
+
+namespace atfill::cli {
+namespace {
+
+std::atomic<int> g_interrupts{0};
+
+extern "C" void OnInterrupt(int) {
+  // The first interrupt pauses the job at its next checkpoint; a second one leaves at once.
+  if (g_interrupts.fetch_add(1) >= 1) _exit(130);
+}
+
+// Watches for stop requests (request files from other atfill processes, Ctrl-C) while a job runs.
+class StopWatcher {
+ public:
+  StopWatcher(const AppConfig& config, uint64_t job, pipeline::JobRunner* runner)
+      : config_(config), job_(job), runner_(runner) {
+    thread_ = std::thread([this] { Loop(); });
+  }
+  ~StopWatcher() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  void Loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!cv_.wait_for(lock, std::chrono::milliseconds(200), [this] { return done_; })) {
+      std::error_code ec;
+      if (std::filesystem::exists(RequestPath(config_, job_, "cancel"), ec)) {
+        runner_->RequestStop(pipeline::StopKind::kCancel);
+      } else if (g_interrupts.load() > 0 ||
+                 std::filesystem::exists(RequestPath(config_, job_, "pause"), ec)) {
+        runner_->RequestStop(pipeline::StopKind::kPause);
+      }
+    }
+  }
+  const AppConfig& config_;
+  uint64_t job_;
+  pipeline::JobRunner* runner_;
+  std::thread thread_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+};
+
+}  // namespace
+
+void CatchStopSignals() {
+  std::signal(SIGINT, OnInterrupt);
+  std::signal(SIGTERM, OnInterrupt);
+}
+
+void RestoreSignals() {
+  std::signal(SIGINT, SIG_DFL);
+  std::signal(SIGTERM, SIG_DFL);
+}
+
+int RunInForeground(ForegroundJob& spec) {
+  const AppConfig& config = *spec.config;
+  OpenedState& st = *spec.state;
+  ClearRequests(config, spec.job.id);
+  pipeline::JobRunner runner(st.kv.get(), st.jobs.get(), st.errors.get(), spec.job,
+                             spec.cursor_name, config.jobs);
+  pipeline::Engine engine(config.engine, spec.source, spec.transforms, spec.sink, st.kv.get(),
+                          &runner);
+  ProgressReporter progress([&runner] { return runner.Snapshot(); }, config.progress_interval_s,
+                            ::isatty(STDERR_FILENO) != 0);
+  Result<state::JobRecord> done = Status::Internal("not run");
+  {
+    StopWatcher watcher(config, spec.job.id, &runner);
+    progress.Start();
+    done = runner.Run(&engine);
+    progress.Stop();
+  }
+  ClearRequests(config, spec.job.id);
+  if (!done.ok()) {
+    std::fprintf(stderr, "atfill %s: %s\n", spec.verb, done.status().message().c_str());
+    return kExitIo;
+  }
+  const auto& c = done->counters;
+  std::fprintf(stderr, "atfill %s: job %" PRIu64 " %s: %s %s, %s records written%s", spec.verb,
+               done->id, std::string(state::JobStatusName(done->status)).c_str(),
+               FormatCount(c.events_read).c_str(), spec.read_noun,
+               FormatCount(c.records_written).c_str(),
+               spec.dry_run ? " (dry run: nothing was written; this is what would have been)" : "");
+  std::fprintf(stderr, ", %s errors\n", FormatCount(c.failed_records).c_str());
+  if (c.failed_records > 0) {
+    std::fprintf(stderr,
+                 "atfill %s: the errors are listed by: atfill job %s %" PRIu64 " --errors\n",
+                 spec.verb, config.path.c_str(), done->id);
+  }
+  if (!done->stop_reason.empty()) {
+    std::fprintf(stderr, "atfill %s: %s: %s\n", spec.verb, done->stop_reason.code.c_str(),
+                 done->stop_reason.sentence.c_str());
+  }
+  switch (done->status) {
+    case state::JobStatus::kCompleted:
+      return kExitOk;
+    case state::JobStatus::kFailed:
+      return kExitInputInvalid;
+    default:
+      return kExitStopped;
+  }
+}
+
+}  // namespace atfill::cli

@@ -1,0 +1,41 @@
+// Running one job in the foreground for the launcher's verbs: the progress view, Ctrl-C and
+// request files (pause/cancel from another atfill) as stop requests, and the closing summary.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "pipeline/engine.hpp"
+#include "pipeline/source.hpp"
+#include "pipeline/transform.hpp"
+#include "state/job_store.hpp"
+#include "tools/atfill/app_config.hpp"
+#include "tools/atfill/state_access.hpp"
+
+namespace atfill::cli {
+
+// From here on, the first SIGINT/SIGTERM asks the running job to pause at its next checkpoint
+// and a second one exits at once. RestoreSignals puts the defaults back.
+void CatchStopSignals();
+void RestoreSignals();
+
+struct ForegroundJob {
+  const char* verb = "";  // names the verb in messages ("ingest", "backfill")
+  const AppConfig* config = nullptr;
+  OpenedState* state = nullptr;
+  state::JobRecord job;
+  pipeline::Source* source = nullptr;
+  std::vector<const pipeline::Transform*> transforms;
+  pipeline::Sink* sink = nullptr;
+  std::string cursor_name;
+  // Words for the summary: what the job reads ("events", "records fetched").
+  const char* read_noun = "events read";
+  bool dry_run = false;
+};
+
+// Runs the job to its end (completed, paused, cancelled or failed), prints the summary and
+// returns the verb's exit code: 0 completed, 1 failed, 3 state unavailable, 4 paused/cancelled.
+int RunInForeground(ForegroundJob& spec);
+
+}  // namespace atfill::cli
