@@ -376,6 +376,7 @@ class EngineRun : public internal::GraphBodies {
       ordered_[i]->OnCommitted(ordered_states_[i].get(), true);
     }
     committer_->OnCommitted(report);
+    if (!batch.chunks.empty()) source_->Committed(batch.chunks.back()->seq);
     ++summary_.batches;
     summary_.events += batch.events.size();
     summary_.stats += report.stats;

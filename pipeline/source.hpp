@@ -33,6 +33,11 @@ class Source {
   // their host was down...), or empty when the source finished everything. A job that ends with
   // such a reason pauses with it instead of completing.
   virtual state::StopReason Unfinished() const { return {}; }
+
+  // Every chunk with seq <= `through_seq` (the chunks Read returned, counted from 0) is durable:
+  // its events in the sink and its state writes in state. Runs on the engine's sink thread,
+  // possibly while Read runs on another: implementations synchronise what they touch.
+  virtual void Committed(uint64_t /*through_seq*/) {}
 };
 
 }  // namespace atfill::pipeline

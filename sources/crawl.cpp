@@ -303,6 +303,13 @@ struct CrawlSource::Impl {
   uint64_t recent_seq = 0;
   uint64_t deferred = 0;
   std::string last_deferred;
+  // Chunks Read has returned (the seq the engine gives the next one), and the last committed.
+  uint64_t chunks_returned = 0;
+  std::atomic<int64_t> committed_seq{-1};
+  // Units finished in chunks not yet committed: their ids stay in `ids` until then, so a listing
+  // that names them again (getRepo units come from every collection's listing) does not queue
+  // them a second time before IsFinished can see them.
+  std::deque<std::pair<uint64_t, std::string>> finishing;
 
   struct AtomicStats {
     std::atomic<uint64_t> listing_pages{0}, units_queued{0}, units_finished{0}, units_failed{0},
@@ -329,12 +336,18 @@ struct CrawlSource::Impl {
 
   // ---- discovery ----
 
-  std::vector<std::string> UnitIds(std::string_view did, std::vector<std::string>* collections) {
+  // The units of a DID: one per DID for getRepo; for listRecords one per collection, or only
+  // `listed` when a per-collection listing named the DID.
+  std::vector<std::string> UnitIds(std::string_view did, std::string_view listed,
+                                   std::vector<std::string>* collections) {
     std::vector<std::string> out;
     collections->clear();
     if (options.mode == FetchMode::kGetRepo) {
       out.emplace_back(did);
       collections->emplace_back();
+    } else if (!listed.empty()) {
+      out.push_back(std::string(did) + " " + std::string(listed));
+      collections->emplace_back(listed);
     } else {
       for (const auto& c : options.collections) {
         out.push_back(std::string(did) + " " + c);
@@ -346,9 +359,10 @@ struct CrawlSource::Impl {
 
   // Queues the units of one DID (those not queued, finished or in memory already); the pushes
   // go into the chunk's state writes.
-  Status QueueDid(std::string_view did, EventChunk* chunk, uint64_t* queued) {
+  Status QueueDid(std::string_view did, std::string_view listed, EventChunk* chunk,
+                  uint64_t* queued) {
     std::vector<std::string> colls;
-    std::vector<std::string> unit_ids = UnitIds(did, &colls);
+    std::vector<std::string> unit_ids = UnitIds(did, listed, &colls);
     for (size_t i = 0; i < unit_ids.size(); ++i) {
       const std::string& id = unit_ids[i];
       if (ids.count(id) != 0) continue;
@@ -391,7 +405,7 @@ struct CrawlSource::Impl {
       size_t next = l.cursor.empty() ? 0 : std::stoull(l.cursor);
       uint64_t queued = 0;
       while (next < options.dids.size() && units.size() + resume_left < options.discovery_window) {
-        ATFILL_RETURN_IF_ERROR(QueueDid(options.dids[next], chunk, &queued));
+        ATFILL_RETURN_IF_ERROR(QueueDid(options.dids[next], "", chunk, &queued));
         ++next;
       }
       CountQueued(chunk, queued);
@@ -455,7 +469,9 @@ struct CrawlSource::Impl {
             ++inactive;
             continue;
           }
-          ATFILL_RETURN_IF_ERROR(QueueDid(repo.did, chunk, &queued));
+          const bool by_collection = options.discovery == Discovery::kListReposByCollection;
+          ATFILL_RETURN_IF_ERROR(
+              QueueDid(repo.did, by_collection ? std::string_view(l.name) : "", chunk, &queued));
         }
         CountQueued(chunk, queued);
         chunk->counters.emplace_back("repos_listed", static_cast<int64_t>(page->repos.size()));
@@ -602,8 +618,16 @@ struct CrawlSource::Impl {
       log.PutRecent(&chunk->state_writes, job, recent, options.recent_repos);
     }
     --active;
-    ids.erase(u.id);
+    finishing.emplace_back(chunks_returned, u.id);
     units.erase(u.position);
+  }
+
+  void ForgetCommittedFinishes() {
+    const int64_t through = committed_seq.load(std::memory_order_acquire);
+    while (!finishing.empty() && static_cast<int64_t>(finishing.front().first) <= through) {
+      ids.erase(finishing.front().second);
+      finishing.pop_front();
+    }
   }
 
   // A failure that may pass: try the unit again later, or leave it queued for the next run.
@@ -786,6 +810,7 @@ Status CrawlSource::Seek(const std::string& /*resume_cursor*/) {
 Result<bool> CrawlSource::Read(EventChunk* chunk) {
   Impl& s = *impl_;
   chunk->resume_cursor = "crawl";
+  s.ForgetCommittedFinishes();
   for (int round = 0;; ++round) {
     // Handle what completed, at most a chunk's worth.
     {
@@ -816,10 +841,14 @@ Result<bool> CrawlSource::Read(EventChunk* chunk) {
     s.StartUnits();
     chunk->stage =
         s.Discovering() ? state::JobStage::kDiscovering : state::JobStage::kResolvingAndFetching;
-    if (Impl::HasContent(*chunk)) return true;
+    if (Impl::HasContent(*chunk)) {
+      ++s.chunks_returned;
+      return true;
+    }
     if (s.Finished()) return false;
     if (round > 0) {
       chunk->tick = true;
+      ++s.chunks_returned;
       return true;
     }
     std::unique_lock<std::mutex> lock(s.channel->mu);
@@ -917,6 +946,10 @@ state::StopReason CrawlSource::Unfinished() const {
                                     "); resume the job to try them again"};
   }
   return {};
+}
+
+void CrawlSource::Committed(uint64_t through_seq) {
+  impl_->committed_seq.store(static_cast<int64_t>(through_seq), std::memory_order_release);
 }
 
 CrawlStats CrawlSource::stats() const {

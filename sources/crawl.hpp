@@ -116,6 +116,7 @@ class CrawlSource : public pipeline::Source {
   void Decode(pipeline::EventChunk* chunk) const override;
   std::string Describe() const override;
   state::StopReason Unfinished() const override;
+  void Committed(uint64_t through_seq) override;
 
   CrawlStats stats() const;
   net::HttpClientStats http_stats() const;

@@ -213,5 +213,262 @@ INSTANTIATE_TEST_SUITE_P(Modes, CrawlModes,
                            return std::string(sources::FetchModeName(info.param));
                          });
 
+TEST(CrawlTest, RateLimitsAndServerErrorsOnAFifthOfAnswersLoseNothing) {
+  // 10% 429 (with RateLimit-Reset) and 10% 5xx on every PDS, 10% 5xx on the relay and the PLC.
+  auto net = simnet::Simnet::Start(
+      Network(100, 5, "pds:rate_limit=0.1,reset_s=1,error=0.1;relay:error=0.1;plc:error=0.1"));
+  ASSERT_TRUE(net.ok()) << net.status().ToString();
+  auto truth = (*net)->Truth();
+  ASSERT_TRUE(truth.ok());
+  TempDir dir;
+  CrawlOptions o = Crawl(**net, FetchMode::kListRecords);
+  o.unit_attempts = 5;
+  CrawlRun run = RunCrawl(dir.path(), o);
+  EXPECT_EQ(run.job.status, state::JobStatus::kCompleted) << run.job.stop_reason.sentence;
+  const auto want = Expected(*truth, FetchMode::kListRecords);
+  const auto got = Table((dir.path() / "db.sqlite").string());
+  EXPECT_EQ(got, want) << Diff(want, got);
+  const auto stats = (*net)->stats();
+  EXPECT_GT(stats.rate_limited, 10u);
+  EXPECT_GT(stats.server_errors, 10u);
+  EXPECT_EQ(run.error_kinds.count("unit_deferred"), 0u) << Kinds(run.error_kinds);
+}
+
+TEST(CrawlTest, BadInputEndsInTheErrorLogWithItsKindNeverInTheTable) {
+  // Per PDS account index: every 7th commit signed with another key, every 11th DID document
+  // pointing at a private address, every 13th at an ftp:// URL; per record index: every 9th
+  // stated with a wrong CID in listRecords, every 40th oversize.
+  const std::string faults =
+      "pds:bad_signature=1/7,private_endpoint=1/11,bad_scheme=1/13,cid_mismatch=1/9,"
+      "oversize=1/40";
+  for (FetchMode mode : {FetchMode::kListRecords, FetchMode::kGetRepo}) {
+    SCOPED_TRACE(std::string(sources::FetchModeName(mode)));
+    simnet::SimnetOptions so = Network(90, 3, faults);
+    so.deactivated_share = 0;
+    so.takendown_share = 0;
+    so.oversize_record_bytes = 1200 * 1024;
+    auto net = simnet::Simnet::Start(so);
+    ASSERT_TRUE(net.ok()) << net.status().ToString();
+    auto truth = (*net)->Truth();
+    ASSERT_TRUE(truth.ok());
+    TempDir dir;
+    CrawlOptions o = Crawl(**net, mode);
+    // Plus two accounts nobody has: an unknown did:plc and a did:web on no host.
+    CrawlRun run = RunCrawl(dir.path(), o);
+    EXPECT_EQ(run.job.status, state::JobStatus::kCompleted) << run.job.stop_reason.sentence;
+    const auto want = Expected(*truth, mode);
+    const auto got = Table((dir.path() / "db.sqlite").string());
+    EXPECT_EQ(got, want) << Diff(want, got);
+
+    uint64_t bad_endpoint = 0, bad_signature = 0, cid_mismatch = 0, oversize = 0;
+    for (const auto& a : truth->accounts) {
+      if (a.bad_endpoint) {
+        uint64_t listed = 0;
+        for (const auto& acct : (*net)->network().accounts()) {
+          if (acct.did != a.did) continue;
+          for (uint32_t n : acct.collection_counts) listed += n > 0;
+        }
+        bad_endpoint += mode == FetchMode::kGetRepo ? (listed > 0) : listed;
+      } else if (a.bad_signature && mode == FetchMode::kGetRepo && a.records > 0) {
+        ++bad_signature;
+      }
+    }
+    for (const auto& r : truth->records) {
+      if (r.faults.find("bad_endpoint") != std::string::npos) continue;
+      if (mode == FetchMode::kGetRepo && r.faults.find("bad_signature") != std::string::npos) {
+        continue;
+      }
+      if (r.faults.find("oversize") != std::string::npos) {
+        ++oversize;
+      } else if (mode == FetchMode::kListRecords &&
+                 r.faults.find("cid_mismatch") != std::string::npos) {
+        ++cid_mismatch;
+      }
+    }
+    ASSERT_GT(bad_endpoint, 0u);
+    ASSERT_GT(oversize, 0u);
+    std::map<std::string, uint64_t> kinds = {{"bad_endpoint", bad_endpoint},
+                                             {"oversize_record", oversize}};
+    if (mode == FetchMode::kGetRepo) {
+      ASSERT_GT(bad_signature, 0u);
+      kinds["bad_signature"] = bad_signature;
+    } else {
+      ASSERT_GT(cid_mismatch, 0u);
+      kinds["cid_mismatch"] = cid_mismatch;
+    }
+    EXPECT_EQ(Kinds(run.error_kinds), Kinds(kinds));
+    if (Kinds(run.error_kinds) != Kinds(kinds)) {
+      auto kv = state::OpenRocksDb({.path = (dir.path() / "state").string()});
+      state::ErrorLog errors(**kv);
+      auto entries = errors.List(run.job.id, 0, 1000);
+      ASSERT_TRUE(entries.ok());
+      for (const auto& e : *entries) {
+        if (e.kind == "bad_endpoint") {
+          std::string counts;
+          for (const auto& a : (*net)->network().accounts()) {
+            if (e.key.find(a.did) != std::string::npos) {
+              for (uint32_t n : a.collection_counts) counts += std::to_string(n) + ",";
+            }
+          }
+          ADD_FAILURE() << e.key << " x" << e.attempts << " counts " << counts;
+        }
+      }
+    }
+  }
+}
+
+TEST(CrawlTest, AnAccountBackfillTakesTheDidsGivenAndLogsTheOnesThatDoNotResolve) {
+  auto net = simnet::Simnet::Start(Network(40, 3, ""));
+  ASSERT_TRUE(net.ok()) << net.status().ToString();
+  auto truth = (*net)->Truth();
+  ASSERT_TRUE(truth.ok());
+  TempDir dir;
+  CrawlOptions o = Crawl(**net, FetchMode::kGetRepo);
+  o.discovery = Discovery::kDidList;
+  o.relay_url.clear();
+  std::map<std::string, std::string> want;
+  for (const auto& a : truth->accounts) {
+    if (a.status != simnet::AccountStatus::kActive || a.records == 0) continue;
+    o.dids.push_back(a.did);
+    if (o.dids.size() == 5) break;
+  }
+  ASSERT_EQ(o.dids.size(), 5u);
+  for (const auto& r : truth->records) {
+    for (const auto& d : o.dids) {
+      if (r.uri.rfind("at://" + d + "/", 0) == 0) want[r.uri] = r.cid;
+    }
+  }
+  o.dids.push_back("did:plc:aaaaaaaaaaaaaaaaaaaaaaaa");  // valid, unknown to the directory
+  CrawlRun run = RunCrawl(dir.path(), o);
+  EXPECT_EQ(run.job.status, state::JobStatus::kCompleted) << run.job.stop_reason.sentence;
+  EXPECT_EQ(run.stats.listing_pages, 0u);
+  const auto got = Table((dir.path() / "db.sqlite").string());
+  EXPECT_EQ(got, want) << Diff(want, got);
+  EXPECT_EQ(Kinds(run.error_kinds), "did_not_found=1 ");
+}
+
+TEST(CrawlTest, AHostThatStaysDownPausesTheJobAndAResumeFinishesIt) {
+  simnet::SimnetOptions so = Network(60, 3, "pds-0002:error=always,error_status=503");
+  so.deactivated_share = 0;
+  so.takendown_share = 0;
+  auto down = simnet::Simnet::Start(so);
+  ASSERT_TRUE(down.ok()) << down.status().ToString();
+  const uint16_t port = (*down)->port();
+  auto truth = (*down)->Truth();
+  ASSERT_TRUE(truth.ok());
+  TempDir dir;
+  CrawlOptions o = Crawl(**down, FetchMode::kGetRepo);
+  o.unit_attempts = 2;
+  o.http.retry.max_attempts = 2;
+  CrawlRun first = RunCrawl(dir.path(), o);
+  EXPECT_EQ(first.job.status, state::JobStatus::kPaused);
+  EXPECT_EQ(first.job.stop_reason.code, "unfinished_units") << first.job.stop_reason.sentence;
+  EXPECT_GT(first.stats.units_deferred, 0u);
+  EXPECT_EQ(first.error_kinds["unit_deferred"], first.stats.units_deferred);
+  const auto partial = Table((dir.path() / "db.sqlite").string());
+  (*down)->Stop();
+
+  // The host is back (same network, same port): the resume fetches only what was left.
+  so.faults.clear();
+  so.port = port;
+  auto up = simnet::Simnet::Start(so);
+  ASSERT_TRUE(up.ok()) << up.status().ToString();
+  CrawlRun second = RunCrawl(dir.path(), Crawl(**up, FetchMode::kGetRepo));
+  EXPECT_EQ(second.job.id, first.job.id);
+  EXPECT_EQ(second.job.status, state::JobStatus::kCompleted) << second.job.stop_reason.sentence;
+  EXPECT_EQ(second.stats.units_queued, 0u);  // discovery had finished; nothing listed again
+  EXPECT_EQ(second.stats.units_finished, first.stats.units_deferred);
+  const auto want = Expected(*truth, FetchMode::kGetRepo);
+  const auto got = Table((dir.path() / "db.sqlite").string());
+  EXPECT_LT(partial.size(), want.size());
+  EXPECT_EQ(got, want) << Diff(want, got);
+}
+
+// `atfill backfill` as a user runs it, killed with SIGKILL five times at random points, then run
+// to the end: the table equals the ground truth and no finished repo was fetched twice.
+TEST(CrawlTest, FiveSigkillsAndRestartsEndWithTheGroundTruthAndNoRepoFetchedTwice) {
+  simnet::SimnetOptions so = Network(400, 10, "");
+  so.latency_ms = 15;
+  auto net = simnet::Simnet::Start(so);
+  ASSERT_TRUE(net.ok()) << net.status().ToString();
+  auto truth = (*net)->Truth();
+  ASSERT_TRUE(truth.ok());
+  TempDir dir;
+  const std::string config = (dir.path() / "atfill.toml").string();
+  testing::WriteFile(config,
+                     "[state]\ndir = \"state\"\n[sink.sqlite]\npath = \"db.sqlite\"\n"
+                     "[engine]\nbatch_ms = 50\nbatch_records = 500\n[progress]\ninterval_s = 60\n"
+                     "[crawl]\nrelay = \"" +
+                         (*net)->relay_url() +
+                         "\"\ncollections = [\"app.bsky.feed.post\", \"app.bsky.feed.like\"]\n"
+                         "mode = \"getRepo\"\nlist_repos_limit = 40\nmax_active_units = 24\n"
+                         "allow_loopback_endpoints = true\nretry_delay_ms = 100\n"
+                         "[net]\nper_host = 2\n[resolver]\nplc = \"" +
+                         (*net)->plc_url() + "\"\n");
+  uint64_t seed = std::random_device{}();
+  if (const char* s = std::getenv("ATFILL_TEST_SEED")) seed = std::strtoull(s, nullptr, 10);
+  std::mt19937_64 rng(seed);
+  SCOPED_TRACE("ATFILL_TEST_SEED=" + std::to_string(seed));
+  const auto want = Expected(*truth, FetchMode::kGetRepo);
+  // Five kill points, as row counts the crashed table reaches, spread over the whole run.
+  std::vector<uint64_t> targets;
+  for (int i = 0; i < 5; ++i) {
+    targets.push_back(
+        std::uniform_int_distribution<uint64_t>(want.size() / 20, want.size() * 9 / 10)(rng));
+  }
+  std::sort(targets.begin(), targets.end());
+  const std::string db = (dir.path() / "db.sqlite").string();
+  int kills = 0;
+  for (uint64_t target : targets) {
+    testing::Child child({ATFILL_BINARY, "backfill", config}, dir.path());
+    uint64_t rows = 0;
+    while (child.Running() && rows < target) {
+      if (auto reader = sinks::SqliteReader::Open(db); reader.ok()) {
+        if (auto n = (*reader)->Count(); n.ok()) rows = *n;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    if (child.Kill(SIGKILL)) {
+      auto r = child.Wait();
+      EXPECT_EQ(r.signal, SIGKILL) << r.err;
+      ++kills;
+    } else {
+      auto r = child.Wait();
+      ADD_FAILURE() << "a run ended before its kill point (" << target << " rows): " << r.err;
+    }
+  }
+  EXPECT_EQ(kills, 5);
+  auto last = testing::RunProcess({ATFILL_BINARY, "backfill", config}, dir.path());
+  ASSERT_EQ(last.exit_code, 0) << last.err;
+
+  const auto got = Table((dir.path() / "db.sqlite").string());
+  EXPECT_EQ(got, want) << Diff(want, got);
+
+  auto kv = state::OpenRocksDb({.path = (dir.path() / "state").string()});
+  ASSERT_TRUE(kv.ok()) << kv.status().ToString();
+  state::JobStore jobs(**kv);
+  auto all = jobs.List();
+  ASSERT_TRUE(all.ok());
+  ASSERT_EQ(all->size(), 1u) << "every restart resumes the same job";
+  EXPECT_EQ(all->front().status, state::JobStatus::kCompleted);
+  state::WorkQueue queue(**kv);
+  EXPECT_EQ(*queue.Count(all->front().id), 0u);
+  // Each repo that finished is logged once, in the commit that removed it from the queue: a
+  // repo fetched again after it finished would appear twice.
+  state::CrawlLog log(**kv);
+  auto recent = log.Recent(all->front().id);
+  ASSERT_TRUE(recent.ok());
+  std::map<std::string, int> times;
+  for (const auto& r : *recent) ++times[r.did];
+  uint64_t listed = 0;
+  for (const auto& a : (*net)->network().accounts()) {
+    uint64_t n = 0;
+    for (uint32_t c : a.collection_counts) n += c;
+    listed += n > 0;
+  }
+  EXPECT_EQ(times.size(), listed);
+  for (const auto& [did, n] : times) EXPECT_EQ(n, 1) << did << " finished " << n << " times";
+}
+
 }  // namespace
 }  // namespace atfill

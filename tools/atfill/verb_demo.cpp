@@ -98,7 +98,7 @@ int RunDemo(std::span<char* const> args) {
   net_options.collections = {"app.bsky.feed.post", "app.bsky.feed.like", "app.bsky.graph.follow"};
   // One record in 500 served with a wrong CID, one PDS that rate-limits a fifth of its answers.
   net_options.faults =
-      *simnet::ParseFaultSpec("pds:cid_mismatch=1/500;pds-0007:rate_limit=0.2,reset_s=1");
+      *simnet::ParseFaultSpec("pds:cid_mismatch=0.002;pds-0007:rate_limit=0.2,reset_s=1");
   auto net = simnet::Simnet::Start(net_options);
   if (!net.ok()) {
     std::fprintf(stderr, "atfill demo: starting the simulated network: %s\n",
