@@ -103,6 +103,9 @@ struct CrawlRun {
   net::HttpClientStats resolve;
   double seconds = 0;
   int64_t sampled_peak_kb = 0;  // the largest VmRSS seen by the watcher
+  // Transfers running, averaged over the watcher's samples.
+  double avg_fetch_in_flight = 0;
+  double avg_resolve_in_flight = 0;
 };
 
 // Runs one crawl job in a fresh state directory `dir`, as `atfill backfill` does (CID verify, the
@@ -161,9 +164,25 @@ CrawlRun RunCrawl(const fs::path& dir, const CrawlOptions& options, bool dry_run
   bool done = false;
   std::thread watcher([&] {
     bool stopped = false;
+    uint64_t samples = 0;
+    double fetch_sum = 0, resolve_sum = 0;
     std::unique_lock<std::mutex> lock(mu);
     while (!done) {
       out.sampled_peak_kb = std::max(out.sampled_peak_kb, StatusKb("VmRSS"));
+      ++samples;
+      fetch_sum += static_cast<double>((*source)->http_stats().in_flight);
+      resolve_sum += static_cast<double>((*source)->resolver_http_stats().in_flight);
+      out.avg_fetch_in_flight = fetch_sum / static_cast<double>(samples);
+      out.avg_resolve_in_flight = resolve_sum / static_cast<double>(samples);
+      if (std::getenv("XTRACE") && samples % 10 == 0) {
+        auto f = (*source)->http_stats();
+        auto r = (*source)->resolver_http_stats();
+        auto st = (*source)->stats();
+        std::fprintf(stderr, "t=%llu fetch if=%lld q=%lld done=%llu | res if=%lld q=%lld done=%llu | queued=%llu fin=%llu pages=%llu\n",
+                     (unsigned long long)samples, (long long)f.in_flight, (long long)f.queued, (unsigned long long)f.completed,
+                     (long long)r.in_flight, (long long)r.queued, (unsigned long long)r.completed,
+                     (unsigned long long)st.units_queued, (unsigned long long)st.units_finished, (unsigned long long)st.listing_pages);
+      }
       if (!stopped && stop_when && stop_when(**source)) {
         runner.RequestStop(pipeline::StopKind::kPause);
         stopped = true;
@@ -200,6 +219,8 @@ CrawlOptions CrawlOf(const simnet::Simnet& net, FetchMode mode) {
   o.collections = kCollections;
   o.mode = mode;
   o.allow_loopback_endpoints = true;
+  if (const char* e = std::getenv("XPLC")) o.resolver_http.max_per_host = std::atoi(e);
+  if (const char* e = std::getenv("XACTIVE")) o.max_active_units = std::atoi(e);
   return o;
 }
 
@@ -258,6 +279,8 @@ void BM_Crawl(benchmark::State& state) {
   state.counters["stage_bound_s"] = stage_bound_s;
   state.counters["stage_ratio"] = stage_bound_s / s;
   state.counters["elapsed_s"] = s;
+  state.counters["avg_fetch_in_flight"] = run.avg_fetch_in_flight;
+  state.counters["avg_resolve_in_flight"] = run.avg_resolve_in_flight;
   state.counters["peak_rss_mb"] = static_cast<double>(StatusKb("VmHWM")) / 1024.0;
   state.SetLabel(std::string(sources::FetchModeName(mode)) + (dry_run ? ", dry-run" : ", sqlite"));
 }

@@ -272,7 +272,6 @@ struct CrawlSource::Impl {
     std::string page_cursor;
     uint64_t records = 0;
     uint32_t attempts = 0;
-    bool host_counted = false;
   };
 
   CrawlOptions options;
@@ -603,11 +602,15 @@ struct CrawlSource::Impl {
       chunk->counters.emplace_back("units_failed", 1);
       ++stats.units_failed;
     }
+    // A host's units are counted as they end (with done or errors; Decode adds those for a
+    // repo CAR), so a unit that was resolved, then interrupted and resolved again after a
+    // restart counts once.
+    if (!u.pds.empty()) {
+      log.AddHost(&chunk->state_writes, job, u.pds, 1,
+                  !decode_reports && error_kind.empty() ? 1 : 0,
+                  !decode_reports && !error_kind.empty() ? 1 : 0, 0);
+    }
     if (!decode_reports) {
-      if (!u.pds.empty()) {
-        log.AddHost(&chunk->state_writes, job, u.pds, 0, error_kind.empty() ? 1 : 0,
-                    error_kind.empty() ? 0 : 1, 0);
-      }
       state::RecentRepo recent;
       recent.seq = ++recent_seq;
       recent.did = u.did;
@@ -665,10 +668,6 @@ struct CrawlSource::Impl {
     u.pds = o.doc->pds_endpoint;
     while (!u.pds.empty() && u.pds.back() == '/') u.pds.pop_back();
     u.signing_key = o.doc->signing_key;
-    if (!u.host_counted) {
-      u.host_counted = true;
-      log.AddHost(&chunk->state_writes, job, u.pds, 1, 0, 0, 0);
-    }
     SubmitFetch(u);
   }
 

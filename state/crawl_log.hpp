@@ -15,8 +15,8 @@
 namespace atfill::state {
 
 struct HostSummary {
-  std::string host;  // the PDS URL ("https://pds.example.com")
-  uint64_t units = 0;
+  std::string host;    // the PDS URL ("https://pds.example.com")
+  uint64_t units = 0;  // units of this host that ended (done + errors)
   uint64_t done = 0;
   uint64_t errors = 0;
   uint64_t records = 0;

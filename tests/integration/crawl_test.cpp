@@ -468,6 +468,25 @@ TEST(CrawlTest, FiveSigkillsAndRestartsEndWithTheGroundTruthAndNoRepoFetchedTwic
   }
   EXPECT_EQ(times.size(), listed);
   for (const auto& [did, n] : times) EXPECT_EQ(n, 1) << did << " finished " << n << " times";
+  // The per-PDS summary: every host's units all done or failed, records adding up to the table.
+  auto hosts = log.Hosts(all->front().id);
+  ASSERT_TRUE(hosts.ok());
+  EXPECT_EQ(hosts->size(), 10u);
+  uint64_t records = 0, units = 0, ended = 0;
+  for (const auto& h : *hosts) {
+    records += h.records;
+    units += h.units;
+    ended += h.done + h.errors;
+  }
+  EXPECT_EQ(units, ended);
+  EXPECT_EQ(units, listed);
+  EXPECT_EQ(records, got.size());
+  kv->reset();
+  auto shown =
+      testing::RunProcess({ATFILL_BINARY, "job", config, "1", "--hosts", "--recent"}, dir.path());
+  ASSERT_EQ(shown.exit_code, 0) << shown.err;
+  EXPECT_NE(shown.out.find("http://pds-0001.localhost:"), std::string::npos) << shown.out;
+  EXPECT_NE(shown.out.find(times.begin()->first), std::string::npos) << shown.out;
 }
 
 }  // namespace

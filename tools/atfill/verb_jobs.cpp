@@ -6,6 +6,7 @@
 #include "base/json_writer.hpp"
 #include "pipeline/engine.hpp"
 #include "pipeline/job.hpp"
+#include "state/crawl_log.hpp"
 #include "tools/atfill/app_config.hpp"
 #include "tools/atfill/cli.hpp"
 #include "tools/atfill/job_view.hpp"
@@ -21,6 +22,8 @@ struct JobArgs {
   bool json = false;
   bool batches = false;
   bool errors = false;
+  bool hosts = false;
+  bool recent = false;
 };
 
 int Fail(std::string_view verb, const std::string& msg, int code) {
@@ -42,6 +45,8 @@ int ParseArgs(std::string_view verb, std::span<char* const> args, bool want_id,
       out->json |= s == "--json";
       out->batches |= s == "--batches";
       out->errors |= s == "--errors";
+      out->hosts |= s == "--hosts";
+      out->recent |= s == "--recent";
     } else {
       positional.emplace_back(s);
     }
@@ -109,7 +114,9 @@ int RunJobs(std::span<char* const> args) {
 
 int RunJob(std::span<char* const> args) {
   JobArgs a;
-  if (int rc = ParseArgs("job", args, true, {"--json", "--batches", "--errors"}, &a); rc >= 0) {
+  if (int rc = ParseArgs("job", args, true,
+                         {"--json", "--batches", "--errors", "--hosts", "--recent"}, &a);
+      rc >= 0) {
     return rc;
   }
   auto config = LoadAppConfig(a.config);
@@ -133,6 +140,19 @@ int RunJob(std::span<char* const> args) {
     auto listed = st->errors->List(a.id, 0, UINT64_MAX);
     if (!listed.ok()) return Fail("job", listed.status().message(), kExitIo);
     errors = std::move(*listed);
+  }
+  state::CrawlLog crawl_log(*st->kv);
+  std::vector<state::HostSummary> hosts;
+  std::vector<state::RecentRepo> recent;
+  if (a.hosts) {
+    auto listed = crawl_log.Hosts(a.id);
+    if (!listed.ok()) return Fail("job", listed.status().message(), kExitIo);
+    hosts = std::move(*listed);
+  }
+  if (a.recent) {
+    auto listed = crawl_log.Recent(a.id);
+    if (!listed.ok()) return Fail("job", listed.status().message(), kExitIo);
+    recent = std::move(*listed);
   }
 
   if (a.json) {
@@ -161,6 +181,24 @@ int RunJob(std::span<char* const> args) {
         w.BeginObject().Key("kind").String(e.kind).Key("key").String(e.key);
         w.Key("message").String(e.message).Key("attempts").Uint(e.attempts);
         w.Key("resolved").Bool(e.resolved).EndObject();
+      }
+      w.EndArray();
+    }
+    if (a.hosts) {
+      w.Key("hosts").BeginArray();
+      for (const auto& h : hosts) {
+        w.BeginObject().Key("host").String(h.host).Key("units").Uint(h.units);
+        w.Key("done").Uint(h.done).Key("errors").Uint(h.errors).Key("records").Uint(h.records);
+        w.EndObject();
+      }
+      w.EndArray();
+    }
+    if (a.recent) {
+      w.Key("recent").BeginArray();
+      for (const auto& r : recent) {
+        w.BeginObject().Key("did").String(r.did).Key("host").String(r.host);
+        w.Key("rev").String(r.rev).Key("records").Uint(r.records).Key("outcome").String(r.outcome);
+        w.Key("fetched_at").String(FormatTime(r.fetched_at_us)).EndObject();
       }
       w.EndArray();
     }
@@ -222,6 +260,20 @@ int RunJob(std::span<char* const> args) {
     for (const auto& e : errors) {
       std::printf("  %-18s %-40s %s%s\n", e.kind.c_str(), e.key.c_str(), e.message.c_str(),
                   e.attempts > 1 ? (" (x" + std::to_string(e.attempts) + ")").c_str() : "");
+    }
+  }
+  if (a.hosts) {
+    std::printf("\n  %-44s %8s %8s %8s %10s\n", "PDS", "UNITS", "DONE", "ERRORS", "RECORDS");
+    for (const auto& h : hosts) {
+      std::printf("  %-44s %8" PRIu64 " %8" PRIu64 " %8" PRIu64 " %10" PRIu64 "\n", h.host.c_str(),
+                  h.units, h.done, h.errors, h.records);
+    }
+  }
+  if (a.recent) {
+    std::printf("\n  %-20s %-34s %-34s %8s %s\n", "FETCHED", "DID", "PDS", "RECORDS", "OUTCOME");
+    for (const auto& r : recent) {
+      std::printf("  %-20s %-34s %-34s %8" PRIu64 " %s\n", FormatTime(r.fetched_at_us).c_str(),
+                  r.did.c_str(), r.host.c_str(), r.records, r.outcome.c_str());
     }
   }
   if (st->read_only) std::printf("(read-only view: another atfill process holds the state)\n");

@@ -62,9 +62,11 @@ std::span<const Verb> Verbs() {
        "Lists every job, newest first. Works while another atfill runs (read-only view).\n",
        RunJobs},
       {"job", "show one job (counters, errors, batch audit)",
-       "usage: atfill job CONFIG ID [--json] [--errors] [--batches]\n\n"
+       "usage: atfill job CONFIG ID [--json] [--errors] [--batches] [--hosts] [--recent]\n\n"
        "  --errors    list the job's error log entries\n"
-       "  --batches   list the per-batch audit trail ([jobs] record_batches = true)\n",
+       "  --batches   list the per-batch audit trail ([jobs] record_batches = true)\n"
+       "  --hosts     a crawl's summary per PDS: units, done, errors, records\n"
+       "  --recent    a crawl's most recently fetched repos, newest first\n",
        RunJob},
       {"pause", "pause a job at its next checkpoint",
        "usage: atfill pause CONFIG ID\n\n"
