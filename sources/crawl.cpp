@@ -119,7 +119,8 @@ namespace {
 
 constexpr std::string_view kCursorDone = "done";
 constexpr std::string_view kCursorNext = "next:";
-constexpr size_t kMaxCompletionsPerChunk = 256;
+constexpr size_t kCheckpointResolutions = 100;
+constexpr size_t kCheckpointFetches = 10;
 constexpr size_t kMaxRawPerChunk = size_t{16} << 20;
 
 // One response handed from Read to Decode inside chunk->raw:
@@ -252,6 +253,16 @@ struct CrawlSource::Impl {
     std::condition_variable cv;
     std::vector<Completion> items;
   };
+  // Runs on an I/O thread: hands a completion to Read. The channel is shared with the
+  // callbacks, so it outlives a source destroyed while requests are still completing.
+  static void Deliver(Channel& ch, Completion c) {
+    {
+      std::lock_guard<std::mutex> lock(ch.mu);
+      ch.items.push_back(std::move(c));
+    }
+    ch.cv.notify_one();
+  }
+
   struct Listing {
     std::string name;  // collection, "listRepos" or "dids"
     std::string cursor;
@@ -424,17 +435,12 @@ struct CrawlSource::Impl {
                                                          options.list_repos_limit, l.cursor);
     l.in_flight = true;
     const uint64_t index = listing_index;
-    std::shared_ptr<Channel> ch = channel;
-    http->Submit(std::move(request), [ch, index](Result<net::HttpResponse> r) {
+    http->Submit(std::move(request), [ch = channel, index](Result<net::HttpResponse> r) {
       Completion c;
       c.kind = Completion::kListing;
       c.unit = index;
       c.response.emplace(std::move(r));
-      {
-        std::lock_guard<std::mutex> lock(ch->mu);
-        ch->items.push_back(std::move(c));
-      }
-      ch->cv.notify_one();
+      Deliver(*ch, std::move(c));
     });
     return Status::OK();
   }
@@ -548,17 +554,12 @@ struct CrawlSource::Impl {
       if (it == units.end()) continue;
       ++active;
       ++stats.resolutions;
-      std::shared_ptr<Channel> ch = channel;
-      resolver->Resolve(it->second.did, [ch, pos](stages::ResolveOutcome outcome) {
+      resolver->Resolve(it->second.did, [ch = channel, pos](stages::ResolveOutcome outcome) {
         Completion c;
         c.kind = Completion::kResolved;
         c.unit = pos;
         c.outcome = std::move(outcome);
-        {
-          std::lock_guard<std::mutex> lock(ch->mu);
-          ch->items.push_back(std::move(c));
-        }
-        ch->cv.notify_one();
+        Deliver(*ch, std::move(c));
       });
     }
   }
@@ -571,17 +572,12 @@ struct CrawlSource::Impl {
                                                options.list_records_limit, u.page_cursor);
     ++stats.fetch_requests;
     const uint64_t pos = u.position;
-    std::shared_ptr<Channel> ch = channel;
-    http->Submit(std::move(request), [ch, pos](Result<net::HttpResponse> r) {
+    http->Submit(std::move(request), [ch = channel, pos](Result<net::HttpResponse> r) {
       Completion c;
       c.kind = Completion::kFetched;
       c.unit = pos;
       c.response.emplace(std::move(r));
-      {
-        std::lock_guard<std::mutex> lock(ch->mu);
-        ch->items.push_back(std::move(c));
-      }
-      ch->cv.notify_one();
+      Deliver(*ch, std::move(c));
     });
   }
 
@@ -817,21 +813,26 @@ Result<bool> CrawlSource::Read(EventChunk* chunk) {
       for (auto& c : s.channel->items) s.backlog.push_back(std::move(c));
       s.channel->items.clear();
     }
-    size_t handled = 0;
-    while (!s.backlog.empty() && handled < kMaxCompletionsPerChunk &&
-           chunk->raw.size() < kMaxRawPerChunk) {
+    // A chunk ends (and the engine checks for pause and cancel) after a listing page, 100
+    // resolutions or 10 fetch answers, whichever comes first.
+    size_t resolved = 0, fetched = 0;
+    bool listed = false;
+    while (!s.backlog.empty() && !listed && resolved < kCheckpointResolutions &&
+           fetched < kCheckpointFetches && chunk->raw.size() < kMaxRawPerChunk) {
       Impl::Completion c = std::move(s.backlog.front());
       s.backlog.pop_front();
-      ++handled;
       switch (c.kind) {
         case Impl::Completion::kListing:
           ATFILL_RETURN_IF_ERROR(s.HandleListing(c, chunk));
+          listed = true;
           break;
         case Impl::Completion::kResolved:
           s.HandleResolved(c, chunk);
+          ++resolved;
           break;
         case Impl::Completion::kFetched:
           s.HandleFetched(c, chunk);
+          ++fetched;
           break;
       }
     }

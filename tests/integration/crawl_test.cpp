@@ -384,6 +384,50 @@ TEST(CrawlTest, AHostThatStaysDownPausesTheJobAndAResumeFinishesIt) {
   EXPECT_EQ(got, want) << Diff(want, got);
 }
 
+// The launcher's side of the same: `atfill backfill` ends paused with work left (exit 4, the
+// reason named), and after the host recovers `atfill run` resumes that job to the end.
+TEST(CrawlTest, AtfillRunResumesABackfillPausedWithWorkLeft) {
+  simnet::SimnetOptions so = Network(50, 3, "pds-0003:error=always,error_status=502");
+  so.deactivated_share = 0;
+  so.takendown_share = 0;
+  auto down = simnet::Simnet::Start(so);
+  ASSERT_TRUE(down.ok()) << down.status().ToString();
+  const uint16_t port = (*down)->port();
+  auto truth = (*down)->Truth();
+  ASSERT_TRUE(truth.ok());
+  TempDir dir;
+  const std::string config = (dir.path() / "atfill.toml").string();
+  testing::WriteFile(config,
+                     "[state]\ndir = \"state\"\n[sink.sqlite]\npath = \"db.sqlite\"\n"
+                     "[progress]\ninterval_s = 60\n[crawl]\nrelay = \"" +
+                         (*down)->relay_url() +
+                         "\"\ncollections = [\"app.bsky.feed.post\"]\n"
+                         "allow_loopback_endpoints = true\nunit_attempts = 1\n"
+                         "[net]\nretries = 1\n[resolver]\nplc = \"" +
+                         (*down)->plc_url() + "\"\n");
+  auto first = testing::RunProcess({ATFILL_BINARY, "backfill", config}, dir.path());
+  EXPECT_EQ(first.exit_code, 4) << first.err;
+  EXPECT_NE(first.err.find("unfinished_units"), std::string::npos) << first.err;
+  (*down)->Stop();
+
+  so.faults.clear();
+  so.port = port;
+  auto up = simnet::Simnet::Start(so);
+  ASSERT_TRUE(up.ok()) << up.status().ToString();
+  auto resumed = testing::RunProcess({ATFILL_BINARY, "run", config}, dir.path());
+  EXPECT_EQ(resumed.exit_code, 0) << resumed.err;
+  EXPECT_NE(resumed.err.find("resuming backfill job 1"), std::string::npos) << resumed.err;
+  std::map<std::string, std::string> want;
+  for (const auto& [uri, cid] : Expected(*truth, FetchMode::kListRecords)) {
+    if (uri.find("/app.bsky.feed.post/") != std::string::npos) want[uri] = cid;
+  }
+  const auto got = Table((dir.path() / "db.sqlite").string());
+  EXPECT_EQ(got, want) << Diff(want, got);
+  auto again = testing::RunProcess({ATFILL_BINARY, "run", config}, dir.path());
+  EXPECT_EQ(again.exit_code, 0) << again.err;
+  EXPECT_NE(again.err.find("no unfinished job"), std::string::npos) << again.err;
+}
+
 // `atfill backfill` as a user runs it, killed with SIGKILL five times at random points, then run
 // to the end: the table equals the ground truth and no finished repo was fetched twice.
 TEST(CrawlTest, FiveSigkillsAndRestartsEndWithTheGroundTruthAndNoRepoFetchedTwice) {
