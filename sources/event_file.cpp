@@ -9,17 +9,12 @@
 #include <cstring>
 #include <filesystem>
 
-#include "atproto/syntax.hpp"
-#include "atproto/tid.hpp"
+#include "sources/jetstream_frames.hpp"
 
 namespace atfill::sources {
 namespace {
 
-using pipeline::AccountEvent;
 using pipeline::Event;
-using pipeline::Operation;
-using pipeline::RecordEvent;
-namespace od = simdjson::ondemand;
 
 constexpr size_t kReadBlock = 1 << 20;
 
@@ -33,9 +28,17 @@ std::string_view TrimRight(std::string_view s) {
 
 bool IsBlank(std::string_view s) { return TrimRight(s).empty(); }
 
-Status BadEvent(std::string* kind, std::string_view k, std::string msg) {
-  *kind = std::string(k);
-  return Status::Invalid(std::move(msg));
+// A v1 line as an event positioned at `position` (its line number); false for identity events,
+// which carry nothing to apply. `readable` is as for DecodeJetstreamV1.
+Result<bool> ParseLine(std::string_view line, size_t readable, pipeline::Origin origin,
+                       uint64_t position, Event* event, std::string* kind) {
+  JetstreamFrame frame;
+  ATFILL_RETURN_IF_ERROR(DecodeJetstreamV1(line, readable, origin, &frame, kind));
+  auto taken = frame.TakeEvent();
+  if (!taken) return false;
+  std::visit([position](auto& e) { e.position = position; }, *taken);
+  *event = std::move(*taken);
+  return true;
 }
 
 }  // namespace
@@ -328,7 +331,9 @@ void EventFileSource::Decode(pipeline::EventChunk* chunk) const {
     const std::string_view line(raw.data() + start, nl - start);
     if (!IsBlank(line)) {
       Event event;
-      auto parsed = ParseJetstreamLine(line, options_.origin, line_no, &event, &kind);
+      // Parsed in place: Read() left kJsonPadding spare bytes after the chunk.
+      auto parsed =
+          ParseLine(line, raw.capacity() - start, options_.origin, line_no, &event, &kind);
       if (!parsed.ok()) {
         chunk->errors.push_back(
             {kind, "line " + std::to_string(line_no), parsed.status().message()});
@@ -343,175 +348,7 @@ void EventFileSource::Decode(pipeline::EventChunk* chunk) const {
 
 Result<bool> ParseJetstreamLine(std::string_view line, pipeline::Origin origin, uint64_t position,
                                 Event* event, std::string* kind) {
-  thread_local od::parser parser;
-  thread_local std::string padded;
-  // The line is copied into a padded buffer: simdjson reads up to SIMDJSON_PADDING bytes past it.
-  padded.assign(line);
-  padded.reserve(line.size() + simdjson::SIMDJSON_PADDING);
-  od::document doc;
-  if (parser.iterate(padded.data(), padded.size(), padded.capacity()).get(doc) !=
-      simdjson::SUCCESS) {
-    return BadEvent(kind, "bad_json", "not valid JSON");
-  }
-  od::object top;
-  if (doc.get_object().get(top) != simdjson::SUCCESS) {
-    return BadEvent(kind, "bad_json", "not a JSON object");
-  }
-  std::string_view did, ev_kind, rev, op, collection, rkey, record, cid, status;
-  int64_t time_us = 0, seq = 0;
-  bool active = true, has_commit = false, has_account = false, has_record = false;
-  for (auto field : top) {
-    std::string_view key;
-    if (field.unescaped_key().get(key) != simdjson::SUCCESS) {
-      return BadEvent(kind, "bad_json", "not valid JSON");
-    }
-    auto value = field.value();
-    simdjson::error_code err = simdjson::SUCCESS;
-    if (key == "did") {
-      err = value.get_string().get(did);
-    } else if (key == "time_us") {
-      err = value.get_int64().get(time_us);
-    } else if (key == "kind") {
-      err = value.get_string().get(ev_kind);
-    } else if (key == "commit") {
-      has_commit = true;
-      od::object commit;
-      err = value.get_object().get(commit);
-      if (err) break;
-      for (auto cf : commit) {
-        std::string_view ck;
-        if ((err = cf.unescaped_key().get(ck))) break;
-        auto cv = cf.value();
-        if (ck == "rev") {
-          err = cv.get_string().get(rev);
-        } else if (ck == "operation") {
-          err = cv.get_string().get(op);
-        } else if (ck == "collection") {
-          err = cv.get_string().get(collection);
-        } else if (ck == "rkey") {
-          err = cv.get_string().get(rkey);
-        } else if (ck == "cid") {
-          err = cv.get_string().get(cid);
-        } else if (ck == "record") {
-          od::object rec;
-          if ((err = cv.get_object().get(rec))) break;
-          std::string_view raw;
-          if ((err = rec.raw_json().get(raw))) break;
-          record = TrimRight(raw);
-          has_record = true;
-        }
-        if (err) break;
-      }
-    } else if (key == "account") {
-      has_account = true;
-      od::object account;
-      err = value.get_object().get(account);
-      if (err) break;
-      for (auto af : account) {
-        std::string_view ak;
-        if ((err = af.unescaped_key().get(ak))) break;
-        auto av = af.value();
-        if (ak == "active") {
-          err = av.get_bool().get(active);
-        } else if (ak == "status") {
-          err = av.get_string().get(status);
-        } else if (ak == "seq") {
-          err = av.get_int64().get(seq);
-        }
-        if (err) break;
-      }
-    }
-    if (err) {
-      return BadEvent(kind, "bad_event",
-                      "field '" + std::string(key) + "': " + simdjson::error_message(err));
-    }
-  }
-  // After the object, the document is out of tokens unless something follows it.
-  const char* trailing = nullptr;
-  if (doc.current_location().get(trailing) == simdjson::SUCCESS) {
-    return BadEvent(kind, "bad_json", "trailing characters after the JSON object");
-  }
-  if (did.empty()) return BadEvent(kind, "bad_event", "event has no did");
-  if (Status s = atproto::ValidateDid(did); !s.ok()) {
-    return BadEvent(kind, "invalid_did", "did '" + std::string(did) + "': " + s.message());
-  }
-
-  if (ev_kind == "commit") {
-    if (!has_commit) return BadEvent(kind, "bad_event", "commit event has no commit object");
-    RecordEvent r;
-    if (op == "create") {
-      r.operation = Operation::kCreate;
-    } else if (op == "update") {
-      r.operation = Operation::kUpdate;
-    } else if (op == "delete") {
-      r.operation = Operation::kDelete;
-    } else {
-      return BadEvent(kind, "unknown_operation",
-                      "unknown commit operation '" + std::string(op) + "'");
-    }
-    if (Status s = atproto::ValidateNsid(collection); !s.ok()) {
-      return BadEvent(kind, "invalid_collection",
-                      "collection '" + std::string(collection) + "': " + s.message());
-    }
-    if (Status s = atproto::ValidateRecordKey(rkey); !s.ok()) {
-      return BadEvent(kind, "invalid_rkey", "rkey '" + std::string(rkey) + "': " + s.message());
-    }
-    if (!rev.empty()) {
-      if (Status s = atproto::ValidateTid(rev); !s.ok()) {
-        return BadEvent(kind, "invalid_rev", "rev '" + std::string(rev) + "': " + s.message());
-      }
-    }
-    if (r.operation != Operation::kDelete) {
-      if (!has_record) return BadEvent(kind, "bad_event", "create/update without a record");
-      auto parsed_cid = atproto::Cid::Parse(cid);
-      if (!parsed_cid.ok()) {
-        return BadEvent(kind, "invalid_cid",
-                        "cid '" + std::string(cid) + "': " + parsed_cid.status().message());
-      }
-      r.cid = *parsed_cid;
-      r.body.assign(record);
-      // createdAt is copied for the sink's created_at column; a second look at the record only
-      // when the key is there at all.
-      if (record.find("\"createdAt\"") != std::string_view::npos) {
-        thread_local od::parser rec_parser;
-        thread_local std::string rec_padded;
-        rec_padded.assign(record);
-        rec_padded.reserve(record.size() + simdjson::SIMDJSON_PADDING);
-        od::document rdoc;
-        std::string_view created;
-        if (rec_parser.iterate(rec_padded.data(), rec_padded.size(), rec_padded.capacity())
-                    .get(rdoc) == simdjson::SUCCESS &&
-            rdoc["createdAt"].get_string().get(created) == simdjson::SUCCESS) {
-          r.created_at.assign(created);
-        }
-      }
-    }
-    r.did.assign(did);
-    r.collection.assign(collection);
-    r.rkey.assign(rkey);
-    r.rev.assign(rev);
-    r.origin = origin;
-    r.position = position;
-    *event = std::move(r);
-    return true;
-  }
-  if (ev_kind == "account") {
-    if (!has_account) return BadEvent(kind, "bad_event", "account event has no account object");
-    AccountEvent a;
-    a.did.assign(did);
-    a.active = active;
-    a.status = status.empty()
-                   ? (active ? pipeline::AccountStatus::kActive : pipeline::AccountStatus::kOther)
-                   : pipeline::ParseAccountStatus(status);
-    a.seq = seq;
-    a.time_us = time_us;
-    a.origin = origin;
-    a.position = position;
-    *event = std::move(a);
-    return true;
-  }
-  if (ev_kind == "identity") return false;
-  return BadEvent(kind, "unknown_kind", "unknown event kind '" + std::string(ev_kind) + "'");
+  return ParseLine(line, 0, origin, position, event, kind);
 }
 
 }  // namespace atfill::sources

@@ -23,6 +23,7 @@
 #include "state/job_store.hpp"
 #include "state/tombstones.hpp"
 #include "state/work_queue.hpp"
+#include "tests/common/crawl_job.hpp"
 #include "tests/common/process.hpp"
 #include "tools/simnet/simnet.hpp"
 
@@ -88,13 +89,16 @@ std::map<std::string, std::string> Expected(const simnet::GroundTruth& truth, Fe
   return out;
 }
 
-std::map<std::string, std::string> Table(const std::string& db) {
+std::map<std::string, std::string> Table(const std::vector<sinks::RecordRow>& rows) {
   std::map<std::string, std::string> out;
+  for (const auto& r : rows) out[r.uri] = r.cid;
+  return out;
+}
+
+std::map<std::string, std::string> Table(const std::string& db) {
   auto rows = sinks::ReadAllRecords(db);
   EXPECT_TRUE(rows.ok()) << rows.status().ToString();
-  if (!rows.ok()) return out;
-  for (const auto& r : *rows) out[r.uri] = r.cid;
-  return out;
+  return rows.ok() ? Table(*rows) : std::map<std::string, std::string>();
 }
 
 // Lists what differs, a few of each side, for a readable failure.
@@ -115,55 +119,15 @@ std::string Diff(const std::map<std::string, std::string>& want,
   return out;
 }
 
-struct CrawlRun {
-  state::JobRecord job;
-  sources::CrawlStats stats;
-  std::map<std::string, uint64_t> error_kinds;
-  std::vector<state::RecentRepo> recent;
-  std::vector<state::HostSummary> hosts;
-};
+using CrawlRun = testing::CrawlJobRun;
 
-// Runs (or resumes) the crawl job named "crawl" in `dir` to its end.
+// Runs (or resumes) the crawl job with its state and table in `dir`.
 CrawlRun RunCrawl(const std::filesystem::path& dir, const CrawlOptions& options) {
-  CrawlRun out;
-  auto kv = state::OpenRocksDb({.path = (dir / "state").string()});
-  EXPECT_TRUE(kv.ok()) << kv.status().ToString();
-  if (!kv.ok()) return out;
-  sinks::SqliteSinkOptions sink_options;
-  sink_options.path = (dir / "db.sqlite").string();
-  auto sink = sinks::OpenSqliteSink(sink_options);
-  EXPECT_TRUE(sink.ok()) << sink.status().ToString();
-  if (!sink.ok()) return out;
-  state::Tombstones tombstones(**kv);
-  stages::CidVerify verify;
-  stages::IngestGuard guard(&tombstones);
-  pipeline::RunOptions run;
-  run.job_name = "crawl";
-  run.engine.batch.max_delay_ms = 50;
-  CrawlSource* made = nullptr;
-  auto job = pipeline::RunAsJob(
-      [&](const state::JobRecord& j) -> Result<std::unique_ptr<pipeline::Source>> {
-        ATFILL_ASSIGN_OR_RETURN(auto s, CrawlSource::Create(options, j.id, kv->get()));
-        made = s.get();
-        return std::unique_ptr<pipeline::Source>(std::move(s));
-      },
-      "backfill", {&verify, &guard}, sink->get(), kv->get(), run);
-  [&] { ASSERT_TRUE(job.ok()) << job.status().ToString(); }();
-  if (!job.ok()) return out;
-  out.job = *job;
-  if (made != nullptr) out.stats = made->stats();
-  state::ErrorLog errors(**kv);
-  out.error_kinds = *errors.CountsByKind(job->id);
-  state::CrawlLog log(**kv);
-  out.recent = *log.Recent(job->id);
-  out.hosts = *log.Hosts(job->id);
-  return out;
+  return testing::RunCrawlJob(dir / "state", (dir / "db.sqlite").string(), options);
 }
 
 std::string Kinds(const std::map<std::string, uint64_t>& kinds) {
-  std::string s;
-  for (const auto& [k, n] : kinds) s += k + "=" + std::to_string(n) + " ";
-  return s;
+  return testing::KindCounts(kinds);
 }
 
 class CrawlModes : public ::testing::TestWithParam<FetchMode> {};

@@ -2,6 +2,7 @@
 // test fixture: the manifest is parsed, the PDS serves exactly what the manifest says, and the
 // crawl backfills it (listRepos discovery, both fetch modes) into a table equal to the manifest.
 #include "tests/common/peers.hpp"
+#include "tests/common/crawl_job.hpp"
 
 #include <gtest/gtest.h>
 #include <simdjson.h>
@@ -364,68 +365,12 @@ CrawlOptions PeerCrawl(const PeerNetwork& peers, const std::vector<std::string>&
   return o;
 }
 
-struct PeerCrawlRun {
-  state::JobRecord job;
-  sources::CrawlStats stats;
-  std::map<std::string, uint64_t> error_kinds;
-  std::vector<state::ErrorEntry> errors;
-  std::vector<state::RecentRepo> recent;
-  std::vector<sinks::RecordRow> rows;
-};
+using PeerCrawlRun = CrawlJobRun;
 
-// Runs the crawl job `job_name` with its state in `state_dir` into the SQLite table `db` to its
-// end. `prepare` (when set) runs on the state store first.
 PeerCrawlRun RunPeerCrawl(const std::filesystem::path& state_dir, const std::string& db,
                           const CrawlOptions& options, const std::string& job_name,
                           const std::function<void(state::KvStore&)>& prepare = nullptr) {
-  PeerCrawlRun out;
-  auto kv = state::OpenRocksDb({.path = state_dir.string()});
-  EXPECT_TRUE(kv.ok()) << kv.status().ToString();
-  if (!kv.ok()) return out;
-  if (prepare) prepare(**kv);
-  sinks::SqliteSinkOptions sink_options;
-  sink_options.path = db;
-  auto sink = sinks::OpenSqliteSink(sink_options);
-  EXPECT_TRUE(sink.ok()) << sink.status().ToString();
-  if (!sink.ok()) return out;
-  state::Tombstones tombstones(**kv);
-  stages::CidVerify verify;
-  stages::IngestGuard guard(&tombstones);
-  pipeline::RunOptions run;
-  run.job_name = job_name;
-  run.engine.batch.max_delay_ms = 50;
-  sources::CrawlSource* made = nullptr;
-  auto job = pipeline::RunAsJob(
-      [&](const state::JobRecord& j) -> Result<std::unique_ptr<pipeline::Source>> {
-        ATFILL_ASSIGN_OR_RETURN(auto s, sources::CrawlSource::Create(options, j.id, kv->get()));
-        made = s.get();
-        return std::unique_ptr<pipeline::Source>(std::move(s));
-      },
-      "backfill", {&verify, &guard}, sink->get(), kv->get(), run);
-  EXPECT_TRUE(job.ok()) << job.status().ToString();
-  if (!job.ok()) return out;
-  out.job = *job;
-  if (made != nullptr) out.stats = made->stats();
-  state::ErrorLog errors(**kv);
-  out.error_kinds = *errors.CountsByKind(job->id);
-  out.errors = *errors.List(job->id, 0, 100);
-  state::CrawlLog log(**kv);
-  out.recent = *log.Recent(job->id);
-  sink->reset();
-  auto rows = sinks::ReadAllRecords(db);
-  EXPECT_TRUE(rows.ok()) << rows.status().ToString();
-  if (rows.ok()) out.rows = std::move(*rows);
-  return out;
-}
-
-std::string Describe(const PeerCrawlRun& run) {
-  std::string s = "job " + std::string(state::JobStatusName(run.job.status)) + " (" +
-                  run.job.stop_reason.code + ": " + run.job.stop_reason.sentence + "); errors:";
-  for (const auto& [kind, n] : run.error_kinds) s += " " + kind + "=" + std::to_string(n);
-  for (size_t i = 0; i < run.errors.size() && i < 5; ++i) {
-    s += "\n  " + run.errors[i].kind + " " + run.errors[i].key + ": " + run.errors[i].message;
-  }
-  return s;
+  return RunCrawlJob(state_dir, db, options, job_name, prepare);
 }
 
 struct Expected {
