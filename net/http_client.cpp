@@ -485,8 +485,10 @@ class HttpClient::Impl {
 
   // Drops a host that carries no state, so a long crawl over many hosts keeps memory flat.
   void MaybeForget(Host* h) {
-    if (h->in_ready || !h->queue.empty() || !h->backing_off.empty() || h->in_flight.load() > 0 ||
-        h->down.load() || h->consecutive_failures.load() > 0 || h->cooldown_until > Clock::now()) {
+    // While CancelEverything runs, transfers not yet finished may still point at the host.
+    if (cancelling_ || h->in_ready || !h->queue.empty() || !h->backing_off.empty() ||
+        h->in_flight.load() > 0 || h->down.load() || h->consecutive_failures.load() > 0 ||
+        h->cooldown_until > Clock::now()) {
       return;
     }
     std::unique_lock lock(hosts_mu_);
@@ -914,6 +916,7 @@ class HttpClient::Impl {
       accepting_ = false;
       batch.swap(pending_);
     }
+    cancelling_ = true;
     const Status cancelled = Status::Cancelled("HTTP client shut down");
     for (auto& t : batch) {
       counters_.cancelled.fetch_add(1, std::memory_order_relaxed);
@@ -960,6 +963,7 @@ class HttpClient::Impl {
   std::vector<CURL*> idle_easy_;
   uint64_t next_id_ = 1;
   bool schedule_needed_ = false;
+  bool cancelling_ = false;  // CancelEverything has begun; hosts are no longer forgotten
   std::mt19937_64 rng_;
   std::uniform_real_distribution<double> uniform_{0.0, 1.0};
 

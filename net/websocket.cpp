@@ -160,7 +160,12 @@ class WsConnection final : public Connection,
       self->resolver_.cancel();
       beast::get_lowest_layer(self->ws_).close();
     });
-    resolver_.async_resolve(url_.host, std::to_string(url_.port),
+    // "localhost" and "*.localhost" are loopback by definition (RFC 6761 section 6.3), as
+    // libcurl treats them, whatever the system resolver knows.
+    const std::string& h = url_.host;
+    const bool local =
+        h == "localhost" || (h.size() > 10 && h.compare(h.size() - 10, 10, ".localhost") == 0);
+    resolver_.async_resolve(local ? std::string("127.0.0.1") : h, std::to_string(url_.port),
                             [self](beast::error_code ec, tcp::resolver::results_type results) {
                               self->OnResolved(ec, std::move(results));
                             });

@@ -162,7 +162,13 @@ Status JobRunner::PrepareCommit(const BatchReport& report, state::WriteBatch* ba
     ATFILL_ASSIGN_OR_RETURN(auto appended, errors_->AppendAll(pending_.id, errors, batch));
     if (appended.cap_reached && options_.stop_at_error_cap) error_cap_hit_.store(true);
   }
-  if (!b.chunks.empty()) cursors_.Set(batch, cursor_name_, b.chunks.back()->resume_cursor);
+  // The newest position in the batch; chunks without one (ticks, frames that carry no seq) keep
+  // the cursor where it was.
+  const std::string* newest = nullptr;
+  for (const auto& chunk : b.chunks) {
+    if (!chunk->resume_cursor.empty()) newest = &chunk->resume_cursor;
+  }
+  if (newest != nullptr) cursors_.Set(batch, cursor_name_, *newest);
 
   switch (stop_.load()) {
     case StopKind::kPause:
@@ -193,7 +199,9 @@ Status JobRunner::PrepareCommit(const BatchReport& report, state::WriteBatch* ba
 
 void JobRunner::OnCommitted(const BatchReport& report) {
   job_ = pending_;
-  if (!report.batch->chunks.empty()) committed_cursor_ = report.batch->chunks.back()->resume_cursor;
+  for (const auto& chunk : report.batch->chunks) {
+    if (!chunk->resume_cursor.empty()) committed_cursor_ = chunk->resume_cursor;
+  }
   std::lock_guard<std::mutex> lock(snapshot_mu_);
   snapshot_ = job_;
 }

@@ -708,6 +708,30 @@ TEST(HttpClientTest, ShutdownCancelsQueuedWaitingAndRunningRequests) {
   server.SetHold(false);
 }
 
+// Shutting down with one request running and more queued for the same host: cancelling the
+// running one must not drop the host's state while the queued ones still point at it (a crawl
+// paused mid-run does exactly this; ASan caught a use after free here).
+TEST(HttpClientTest, ShutdownWithRequestsQueuedBehindARunningOneOnTheSameHost) {
+  HttpTestServer server([](const TestRequest&) { return testing::JsonResponse(200, "{}"); });
+  server.SetHold(true);
+  HttpClientOptions options = TestOptions();
+  options.max_per_host = 1;
+  constexpr size_t kRequests = 6;
+  Outcomes outcomes(kRequests);
+  auto client = StartClient(options);
+  ASSERT_TRUE(client);
+  for (size_t i = 0; i < kRequests; ++i) client->Submit(Get(server.Url()), outcomes.At(i));
+  ASSERT_TRUE(server.WaitForHeld(1, kWait));
+  client->Shutdown();
+  ASSERT_EQ(outcomes.done(), kRequests);
+  for (size_t i = 0; i < kRequests; ++i) {
+    ASSERT_FALSE(outcomes[i].ok()) << i;
+    EXPECT_EQ(outcomes[i].status().code(), StatusCode::kCancelled) << i;
+  }
+  EXPECT_EQ(client->stats().cancelled, kRequests);
+  server.SetHold(false);
+}
+
 TEST(HttpClientTest, ManyConcurrentRequestsAllComplete) {
   std::vector<std::unique_ptr<HttpTestServer>> servers;
   for (int i = 0; i < 4; ++i) {

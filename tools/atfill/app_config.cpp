@@ -92,6 +92,34 @@ Result<AppConfig> LoadAppConfig(const std::string& path) {
   ATFILL_RETURN_IF_ERROR(file.ReadInt("net.host_down_ms", &k.http.host_down_ms, 0, 86'400'000));
   ATFILL_RETURN_IF_ERROR(file.ReadString("net.user_agent", &k.http.user_agent));
   k.resolver_http.user_agent = k.http.user_agent;
+
+  auto& l = c.live;
+  ATFILL_RETURN_IF_ERROR(file.ReadStringList("live.hosts", &l.hosts));
+  std::string protocol(sources::JetstreamProtocolName(l.protocol));
+  ATFILL_RETURN_IF_ERROR(file.ReadEnum("live.protocol", &protocol, {"auto", "v2", "v1"}));
+  l.protocol = *sources::ParseJetstreamProtocol(protocol);
+  ATFILL_RETURN_IF_ERROR(file.ReadStringList("live.collections", &l.collections));
+  ATFILL_RETURN_IF_ERROR(file.ReadStringList("live.dids", &l.dids));
+  ATFILL_RETURN_IF_ERROR(file.ReadUint("live.start_seq", &l.start_seq, 0, INT64_MAX));
+  ATFILL_RETURN_IF_ERROR(file.ReadBool("live.compress", &l.compress));
+  ATFILL_RETURN_IF_ERROR(file.ReadPath("live.v1_dictionary", &l.v1_dictionary_path));
+  int64_t message_mb = static_cast<int64_t>(l.max_message_bytes >> 20);
+  ATFILL_RETURN_IF_ERROR(file.ReadInt("live.max_message_mb", &message_mb, 1, 1024));
+  l.max_message_bytes = static_cast<uint64_t>(message_mb) << 20;
+  int64_t buffered_mb = static_cast<int64_t>(l.max_buffered_bytes >> 20);
+  ATFILL_RETURN_IF_ERROR(file.ReadInt("live.max_buffered_mb", &buffered_mb, 1, 65536));
+  l.max_buffered_bytes = static_cast<uint64_t>(buffered_mb) << 20;
+  ATFILL_RETURN_IF_ERROR(file.ReadUint("live.chunk_messages", &l.chunk_messages, 1, 1'000'000));
+  ATFILL_RETURN_IF_ERROR(file.ReadInt("live.idle_exit_ms", &l.idle_exit_ms, 0, 86'400'000));
+  ATFILL_RETURN_IF_ERROR(file.ReadBool("live.allow_private_endpoints", &l.allow_private_endpoints));
+  ATFILL_RETURN_IF_ERROR(
+      file.ReadInt("live.reconnect_base_ms", &l.websocket.reconnect.base_backoff_ms, 1, 3'600'000));
+  ATFILL_RETURN_IF_ERROR(
+      file.ReadInt("live.reconnect_max_ms", &l.websocket.reconnect.max_backoff_ms, 1, 3'600'000));
+  ATFILL_RETURN_IF_ERROR(file.ReadUint("live.failover_after",
+                                       &l.websocket.reconnect.failures_before_failover, 1, 1000));
+  ATFILL_RETURN_IF_ERROR(
+      file.ReadInt("live.idle_timeout_ms", &l.websocket.idle_timeout_ms, 0, 3'600'000));
   k.resolver_http.connect_timeout_ms = k.http.connect_timeout_ms;
   ATFILL_RETURN_IF_ERROR(file.ReadBool("jobs.record_batches", &c.jobs.record_batches));
   ATFILL_RETURN_IF_ERROR(

@@ -10,6 +10,7 @@
 #include "sinks/sqlite_sink.hpp"
 #include "sources/crawl.hpp"
 #include "sources/event_file.hpp"
+#include "sources/jetstream.hpp"
 #include "state/error_log.hpp"
 #include "state/kv_store.hpp"
 #include "state/tombstones.hpp"
@@ -24,6 +25,7 @@ struct AppConfig {
   pipeline::EngineOptions engine;      // [engine]
   sources::EventFileOptions files;     // [files] (paths come from the command line)
   sources::CrawlOptions crawl;         // [crawl], [resolver], [net]
+  sources::JetstreamOptions live;      // [live] (no hosts: no live consumer)
   bool verify_cids = true;             // [stages] verify_cids
   pipeline::JobOptions jobs;           // [jobs]
   state::ErrorLogOptions error_log;    // [jobs] error_log_cap

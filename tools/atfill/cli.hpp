@@ -30,6 +30,7 @@ int RunDemo(std::span<char* const> args);
 int RunIngest(std::span<char* const> args);
 int RunBackfill(std::span<char* const> args);
 int RunRun(std::span<char* const> args);
+int RunStatus(std::span<char* const> args);
 int RunJobs(std::span<char* const> args);
 int RunJob(std::span<char* const> args);
 int RunPause(std::span<char* const> args);

@@ -238,15 +238,16 @@ int RunRun(std::span<char* const> args) {
         continue;
       }
       if (ShouldResume(j) && (j.kind == "backfill" || j.kind == "ingest")) todo.push_back(j);
+      if (j.kind == "live" && !state::IsTerminal(j.status)) {
+        // The live job is run below (when configured), not resumed as a backfill.
+        continue;
+      }
     }
   }
   std::sort(todo.begin(), todo.end(),
             [](const state::JobRecord& a, const state::JobRecord& b) { return a.id < b.id; });
-  if (todo.empty()) {
-    std::fprintf(stderr, "atfill run: no unfinished job to resume\n");
-    return kExitOk;
-  }
   int worst = kExitOk;
+  if (todo.empty()) std::fprintf(stderr, "atfill run: no unfinished job to resume\n");
   for (const auto& j : todo) {
     std::fprintf(stderr, "atfill run: resuming %s job %" PRIu64 " (%s)\n", j.kind.c_str(), j.id,
                  std::string(state::JobStatusName(j.status)).c_str());
@@ -255,9 +256,16 @@ int RunRun(std::span<char* const> args) {
     std::vector<char*> argv = {cfg.data(), id.data()};
     const int rc = RunResume(argv);
     worst = std::max(worst, rc);
-    if (rc == kExitStopped) break;  // paused or cancelled by the user: stop here
+    if (rc == kExitStopped) return worst;  // paused or cancelled by the user: stop here
   }
-  return worst;
+  if (config->live.hosts.empty()) return worst;
+  // Then keep the database current from the Jetstream.
+  CatchStopSignals();
+  auto st = OpenStateForWrite(*config);
+  if (!st.ok()) return Fail("run", st.status().message(), kExitIo);
+  const int rc = RunLive(*config, *st);
+  RestoreSignals();
+  return std::max(worst, rc);
 }
 
 }  // namespace atfill::cli

@@ -51,12 +51,17 @@ std::span<const Verb> Verbs() {
        "exit: 0 completed, 1 failed, 2 usage or config, 3 state unavailable,\n"
        "      4 paused (on request, or with work left: see the stop reason) or cancelled\n",
        RunBackfill},
-      {"run", "resume every unfinished job after a restart",
+      {"run", "resume unfinished jobs, then keep the database current from a Jetstream",
        "usage: atfill run CONFIG\n\n"
        "Resumes, oldest first, every job that was interrupted (running or pausing when its\n"
        "process died) or paused with work left; finishes interrupted cancellations. Jobs paused\n"
-       "on request stay paused (atfill resume CONFIG ID).\n",
+       "on request stay paused (atfill resume CONFIG ID). Then, when [live] hosts is set, runs\n"
+       "the live consumer (Jetstream v2, or v1 where v2 is not served) from its saved cursor\n"
+       "until Ctrl-C pauses it.\n",
        RunRun},
+      {"status", "show the live consumer: host, protocol, cursor, lag, rate",
+       "usage: atfill status CONFIG\n\nWorks while atfill run holds the state (read-only view).\n",
+       RunStatus},
       {"jobs", "list jobs",
        "usage: atfill jobs CONFIG [--json]\n\n"
        "Lists every job, newest first. Works while another atfill runs (read-only view).\n",

@@ -1,0 +1,504 @@
+#include "sources/jetstream.hpp"
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <fstream>
+#include <mutex>
+#include <unordered_map>
+
+#include "atproto/syntax.hpp"
+#include "base/bytes.hpp"
+#include "base/strings.hpp"
+#include "net/http_client.hpp"
+#include "net/xrpc_error.hpp"
+#include "sources/jetstream_frames.hpp"
+
+namespace atfill::sources {
+
+std::string_view JetstreamProtocolName(JetstreamProtocol p) {
+  switch (p) {
+    case JetstreamProtocol::kAuto:
+      return "auto";
+    case JetstreamProtocol::kV2:
+      return "v2";
+    case JetstreamProtocol::kV1:
+      return "v1";
+  }
+  return "?";
+}
+
+Result<JetstreamProtocol> ParseJetstreamProtocol(std::string_view text) {
+  for (auto p : {JetstreamProtocol::kAuto, JetstreamProtocol::kV2, JetstreamProtocol::kV1}) {
+    if (text == JetstreamProtocolName(p)) return p;
+  }
+  return Status::Invalid("unknown Jetstream protocol " + QuoteForMessage(text) +
+                         " (expected auto, v2 or v1)");
+}
+
+Status JetstreamOptions::Validate() const {
+  if (hosts.empty()) return Status::Invalid("live: hosts: at least one Jetstream host is needed");
+  for (const auto& h : hosts) {
+    auto url = net::ParseWebSocketUrl(h);
+    if (!url.ok()) return url.status().WithContext("live: hosts");
+  }
+  for (const auto& c : collections) {
+    const bool prefix = c.size() > 2 && c.compare(c.size() - 2, 2, ".*") == 0;
+    if (!prefix && !atproto::Nsid::Parse(c).ok()) {
+      return Status::Invalid("live: collections: " + QuoteForMessage(c) +
+                             " is neither an NSID nor a prefix ending in .*");
+    }
+  }
+  for (const auto& d : dids) {
+    if (!atproto::Did::Parse(d).ok()) {
+      return Status::Invalid("live: dids: " + QuoteForMessage(d) + " is not a DID");
+    }
+  }
+  if (chunk_messages == 0) return Status::Invalid("live: chunk_messages must be at least 1");
+  if (tick_ms < 1) return Status::Invalid("live: tick_ms must be at least 1");
+  if (idle_exit_ms < 0) return Status::Invalid("live: idle_exit_ms must not be negative");
+  if (max_buffered_bytes < max_message_bytes) {
+    return Status::Invalid("live: max_buffered_bytes must be at least max_message_bytes");
+  }
+  return websocket.Validate();
+}
+
+namespace {
+
+// One message as Read frames it for Decode in chunk->raw:
+//   u8 flags, u32 length, bytes
+// flags: bit 0 binary (zstd), bit 1 v1 (else v2), bits 2-3 dictionary (0 none, 1 v2, 2 v1).
+constexpr uint8_t kBinary = 1, kV1Frame = 2;
+constexpr uint8_t kDictV2 = 1 << 2, kDictV1 = 2 << 2;
+
+std::string PercentEncode(std::string_view v) {
+  static const char* hex = "0123456789ABCDEF";
+  std::string out;
+  for (unsigned char c : v) {
+    if (std::isalnum(c) || c == '-' || c == '.' || c == '_' || c == '~' || c == ':' || c == '*') {
+      out.push_back(static_cast<char>(c));
+    } else {
+      out.push_back('%');
+      out.push_back(hex[c >> 4]);
+      out.push_back(hex[c & 15]);
+    }
+  }
+  return out;
+}
+
+std::string HttpBase(const std::string& ws_host) {
+  std::string base = ws_host;
+  while (!base.empty() && base.back() == '/') base.pop_back();
+  if (base.rfind("wss://", 0) == 0) return "https://" + base.substr(6);
+  if (base.rfind("ws://", 0) == 0) return "http://" + base.substr(5);
+  return base;
+}
+
+int64_t SteadyMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+struct JetstreamSource::Impl {
+  struct Message {
+    std::string data;
+    uint8_t flags = 0;
+  };
+  // Shared with the WebSocket handlers, which may outlive a source being destroyed.
+  struct Shared {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<Message> queue;
+    uint64_t queued_bytes = 0;
+    bool stopped = true;               // the session is over (kStopped seen)
+    bool overflowed = false;           // dropped for a full buffer; Read reconnects when drained
+    std::atomic<bool> v1{false};       // speaking v1 now
+    std::atomic<bool> by_time{false};  // resume by witnessed time (CursorTooOld)
+    std::atomic<bool> v2_compress{false};
+    // No event seen yet and start_seq set: v1 asks for the oldest kept (cursor 0... clamped).
+    std::atomic<bool> start_from_oldest{false};
+    std::atomic<uint64_t> last_seq{0};
+    std::atomic<int64_t> last_time_us{0};
+    std::atomic<int64_t> last_message_ms{0};
+    std::atomic<uint64_t> messages{0}, bytes{0}, connections{0}, v1_fallbacks{0}, overflow_drops{0},
+        cursor_too_old{0};
+    std::mutex host_mu;
+    std::string host;
+  };
+
+  JetstreamOptions options;
+  state::KvStore* kv = nullptr;
+  std::unique_ptr<net::WebSocketClient> ws;
+  std::shared_ptr<Shared> shared = std::make_shared<Shared>();
+  std::shared_ptr<const ZstdDictionary> v2_dict;
+  std::shared_ptr<const ZstdDictionary> v1_dict;
+  int64_t started_ms = 0;
+  bool idle_exit = false;
+
+  std::string UrlFor(const std::string& host) const {
+    std::string base = host;
+    while (!base.empty() && base.back() == '/') base.pop_back();
+    const uint64_t seq = shared->last_seq.load();
+    const int64_t time_us = shared->last_time_us.load();
+    std::string q;
+    auto add = [&q](std::string_view k, std::string_view v) {
+      q += q.empty() ? "?" : "&";
+      q += std::string(k) + "=" + PercentEncode(v);
+    };
+    if (shared->v1.load()) {
+      for (const auto& c : options.collections) add("wantedCollections", c);
+      for (const auto& d : options.dids) add("wantedDids", d);
+      // v1 hosts take the witnessed time (the legacy server knows nothing else); a start
+      // before any event asks for the oldest event kept (time 1 is clamped up to it).
+      if (time_us > 0) {
+        add("cursor", std::to_string(time_us));
+      } else if (shared->start_from_oldest.load()) {
+        add("cursor", "1000000000000000");
+      }
+      if (v1_dict) add("compress", "true");
+      add("maxMessageSizeBytes", std::to_string(options.max_message_bytes));
+      return base + "/subscribe" + q;
+    }
+    for (const auto& c : options.collections) add("collections", c);
+    for (const auto& d : options.dids) add("dids", d);
+    if (shared->by_time.load() && time_us > 0) {
+      add("cursor", std::to_string(time_us));
+    } else if (seq > 0) {
+      add("cursor", std::to_string(seq));  // inclusive: the last event comes again
+    }
+    if (shared->v2_compress.load() && v2_dict) add("zstdDictionary", std::to_string(v2_dict->id()));
+    add("maxMessageSizeBytes", std::to_string(options.max_message_bytes));
+    return base + "/xrpc/network.bsky.jetstream.subscribeEvents" + q;
+  }
+
+  Status LoadV2Dictionary() {
+    if (!options.compress || options.protocol == JetstreamProtocol::kV1) return Status::OK();
+    const std::string key = "jetstream/dictionary/" + options.hosts.front();
+    ATFILL_ASSIGN_OR_RETURN(auto cached, kv->Get(state::Family::kMeta, key));
+    if (cached) {
+      auto dict = ZstdDictionary::Load(AsBytes(*cached));
+      if (dict.ok()) {
+        v2_dict = *dict;
+        shared->v2_compress = true;
+        return Status::OK();
+      }
+    }
+    return FetchV2Dictionary();
+  }
+
+  // GET getZstdDictionary from the first host; without one the stream runs uncompressed.
+  Status FetchV2Dictionary() {
+    net::HttpClientOptions ho;
+    ho.allow_private_addresses = options.allow_private_endpoints;
+    ho.retry.max_attempts = 2;
+    ho.timeout_ms = 10'000;
+    ATFILL_ASSIGN_OR_RETURN(auto http, net::HttpClient::Start(ho));
+    net::HttpRequest req;
+    req.url = HttpBase(options.hosts.front()) + "/xrpc/network.bsky.jetstream.getZstdDictionary";
+    auto resp = http->Fetch(req);
+    if (!resp.ok() || resp->status != 200) {
+      shared->v2_compress = false;
+      return Status::OK();
+    }
+    auto dict = ZstdDictionary::Load(AsBytes(resp->body));
+    if (!dict.ok()) {
+      shared->v2_compress = false;
+      return Status::OK();
+    }
+    v2_dict = *dict;
+    shared->v2_compress = true;
+    state::WriteBatch b;
+    b.Put(state::Family::kMeta, "jetstream/dictionary/" + options.hosts.front(), resp->body);
+    return kv->Write(b);
+  }
+
+  Status StartSession() {
+    {
+      std::lock_guard<std::mutex> lock(shared->mu);
+      shared->stopped = false;
+      shared->overflowed = false;
+    }
+    net::WebSocketTarget target;
+    target.hosts = options.hosts;
+    target.url_for = [this](const std::string& host) { return UrlFor(host); };
+    net::WebSocketHandlers handlers;
+    std::shared_ptr<Shared> sh = shared;
+    const uint64_t cap = options.max_buffered_bytes;
+    const bool auto_protocol = options.protocol == JetstreamProtocol::kAuto;
+    const bool have_v1_dict = v1_dict != nullptr;
+    net::WebSocketClient* client = ws.get();
+    handlers.on_message = [sh, cap, have_v1_dict, client](std::string_view data, bool binary) {
+      Message m;
+      m.data.assign(data);
+      const bool v1 = sh->v1.load();
+      m.flags = static_cast<uint8_t>((binary ? kBinary : 0) | (v1 ? kV1Frame : 0));
+      if (binary) m.flags |= v1 ? (have_v1_dict ? kDictV1 : 0) : kDictV2;
+      sh->messages.fetch_add(1);
+      sh->bytes.fetch_add(data.size());
+      sh->last_message_ms.store(SteadyMs());
+      bool overflow = false;
+      {
+        std::lock_guard<std::mutex> lock(sh->mu);
+        sh->queued_bytes += m.data.size();
+        sh->queue.push_back(std::move(m));
+        if (sh->queued_bytes > cap && !sh->overflowed) {
+          sh->overflowed = true;
+          overflow = true;
+        }
+      }
+      sh->cv.notify_one();
+      if (overflow) {
+        sh->overflow_drops.fetch_add(1);
+        client->Close();  // from the loop thread this only asks; Read reconnects when drained
+      }
+    };
+    handlers.on_event = [sh, auto_protocol](const net::ConnectionEvent& e) {
+      {
+        std::lock_guard<std::mutex> lock(sh->host_mu);
+        sh->host = e.host;
+      }
+      switch (e.kind) {
+        case net::ConnectionEventKind::kConnected:
+          sh->connections.fetch_add(1);
+          break;
+        case net::ConnectionEventKind::kRefused: {
+          const net::XrpcError x = net::ParseXrpcError(e.body);
+          if (e.http_status == 404 && auto_protocol && !sh->v1.load()) {
+            sh->v1 = true;  // no v2 here: v1 until the process restarts
+            sh->v1_fallbacks.fetch_add(1);
+          } else if (x.error == "CursorTooOld") {
+            sh->by_time = true;
+            sh->cursor_too_old.fetch_add(1);
+          } else if (x.error == "UnknownZstdDictionary") {
+            sh->v2_compress = false;
+          }
+          break;
+        }
+        case net::ConnectionEventKind::kStopped: {
+          std::lock_guard<std::mutex> lock(sh->mu);
+          sh->stopped = true;
+          sh->cv.notify_one();
+          break;
+        }
+        default:
+          break;
+      }
+      return net::SessionAction::kContinue;
+    };
+    return ws->Connect(std::move(target), std::move(handlers));
+  }
+};
+
+JetstreamSource::JetstreamSource(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+JetstreamSource::~JetstreamSource() {
+  if (impl_->ws) impl_->ws->Close();
+}
+
+Result<std::unique_ptr<JetstreamSource>> JetstreamSource::Create(JetstreamOptions options,
+                                                                 state::KvStore* kv) {
+  options.websocket.allow_private_addresses = options.allow_private_endpoints;
+  options.websocket.max_message_bytes = options.max_message_bytes;
+  if (options.protocol != JetstreamProtocol::kV1) {
+    options.websocket.subprotocol = "xrpc.v1.json";
+  }
+  ATFILL_RETURN_IF_ERROR(options.Validate());
+  auto impl = std::make_unique<Impl>();
+  impl->options = std::move(options);
+  impl->kv = kv;
+  impl->shared->v1 = impl->options.protocol == JetstreamProtocol::kV1;
+  if (!impl->options.v1_dictionary_path.empty()) {
+    std::ifstream in(impl->options.v1_dictionary_path, std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (!in.good() && !in.eof()) {
+      return Status::IoError("live: v1_dictionary " + impl->options.v1_dictionary_path +
+                             ": cannot be read");
+    }
+    auto dict = ZstdDictionary::Load(AsBytes(bytes));
+    if (!dict.ok()) return dict.status().WithContext("live: v1_dictionary");
+    impl->v1_dict = *dict;
+  }
+  ATFILL_ASSIGN_OR_RETURN(impl->ws, net::WebSocketClient::Start(impl->options.websocket));
+  return std::unique_ptr<JetstreamSource>(new JetstreamSource(std::move(impl)));
+}
+
+Status JetstreamSource::Seek(const std::string& resume_cursor) {
+  Impl& s = *impl_;
+  if (resume_cursor.empty() && s.options.start_seq > 0) {
+    s.shared->last_seq = s.options.start_seq;
+    s.shared->start_from_oldest = true;
+  }
+  if (!resume_cursor.empty()) {
+    const size_t colon = resume_cursor.find(':');
+    uint64_t seq = 0;
+    int64_t time_us = 0;
+    try {
+      seq = std::stoull(resume_cursor.substr(0, colon));
+      if (colon != std::string::npos) time_us = std::stoll(resume_cursor.substr(colon + 1));
+    } catch (const std::exception&) {
+      return Status::Corrupt("Jetstream cursor " + QuoteForMessage(resume_cursor) +
+                             " is not <seq>:<time_us>");
+    }
+    s.shared->last_seq = seq;
+    s.shared->last_time_us = time_us;
+  }
+  ATFILL_RETURN_IF_ERROR(s.LoadV2Dictionary());
+  s.started_ms = SteadyMs();
+  s.shared->last_message_ms = s.started_ms;
+  return s.StartSession();
+}
+
+Result<bool> JetstreamSource::Read(pipeline::EventChunk* chunk) {
+  Impl& s = *impl_;
+  Impl::Shared& sh = *s.shared;
+  std::unique_lock<std::mutex> lock(sh.mu);
+  if (sh.queue.empty()) {
+    sh.cv.wait_for(lock, std::chrono::milliseconds(s.options.tick_ms),
+                   [&] { return !sh.queue.empty(); });
+  }
+  uint32_t n = 0;
+  while (!sh.queue.empty() && n < s.options.chunk_messages) {
+    Impl::Message& m = sh.queue.front();
+    chunk->raw.push_back(static_cast<char>(m.flags));
+    const uint32_t len = static_cast<uint32_t>(m.data.size());
+    char b[4];
+    std::memcpy(b, &len, 4);
+    chunk->raw.append(b, 4);
+    chunk->raw.append(m.data);
+    sh.queued_bytes -= m.data.size();
+    chunk->bytes_read += m.data.size();
+    sh.queue.pop_front();
+    ++n;
+  }
+  const bool drained = sh.queue.empty();
+  const bool reconnect =
+      sh.overflowed && sh.stopped && sh.queued_bytes < s.options.max_buffered_bytes / 2;
+  lock.unlock();
+  chunk->units_read = n;
+  if (reconnect) ATFILL_RETURN_IF_ERROR(s.StartSession());
+  if (n == 0) {
+    if (s.options.idle_exit_ms > 0 && drained &&
+        SteadyMs() - sh.last_message_ms.load() >= s.options.idle_exit_ms) {
+      s.idle_exit = true;
+      return false;
+    }
+    chunk->tick = true;
+  }
+  return true;
+}
+
+void JetstreamSource::Decode(pipeline::EventChunk* chunk) const {
+  const Impl& s = *impl_;
+  // One decoder per thread and dictionary.
+  thread_local std::unordered_map<const ZstdDictionary*, std::unique_ptr<ZstdFrameDecoder>>
+      decoders;
+  thread_local std::string text;
+  std::string_view raw = chunk->raw;
+  size_t pos = 0;
+  uint64_t last_seq = 0;
+  int64_t last_time = 0;
+  while (pos + 5 <= raw.size()) {
+    const uint8_t flags = static_cast<uint8_t>(raw[pos]);
+    uint32_t len = 0;
+    std::memcpy(&len, raw.data() + pos + 1, 4);
+    std::string_view data = raw.substr(pos + 5, len);
+    pos += 5 + size_t{len};
+    std::string kind;
+    std::string_view json = data;
+    size_t readable = 0;
+    if ((flags & kBinary) != 0) {
+      const ZstdDictionary* dict = (flags & 0x0c) == kDictV2   ? s.v2_dict.get()
+                                   : (flags & 0x0c) == kDictV1 ? s.v1_dict.get()
+                                                               : nullptr;
+      auto& dec = decoders[dict];
+      if (!dec) {
+        std::shared_ptr<const ZstdDictionary> owner = dict == s.v2_dict.get()   ? s.v2_dict
+                                                      : dict == s.v1_dict.get() ? s.v1_dict
+                                                                                : nullptr;
+        auto made = ZstdFrameDecoder::Create(owner, s.options.max_message_bytes);
+        if (!made.ok()) {
+          chunk->errors.push_back({"bad_zstd", "message", made.status().message()});
+          continue;
+        }
+        dec = std::make_unique<ZstdFrameDecoder>(std::move(*made));
+      }
+      Status st = dec->Decompress(AsBytes(data), &text, &kind);
+      if (!st.ok()) {
+        chunk->errors.push_back({kind.empty() ? "bad_zstd" : kind,
+                                 "message after seq " + std::to_string(last_seq), st.message()});
+        ++chunk->dropped;
+        continue;
+      }
+      json = text;
+      readable = text.capacity();
+    }
+    JetstreamFrame frame;
+    Status st = (flags & kV1Frame) != 0
+                    ? DecodeJetstreamV1(json, readable, pipeline::Origin::kLive, &frame, &kind)
+                    : DecodeJetstreamV2(json, readable, pipeline::Origin::kLive, &frame, &kind);
+    if (!st.ok()) {
+      chunk->errors.push_back({kind.empty() ? "bad_event" : kind,
+                               "message after seq " + std::to_string(last_seq), st.message()});
+      ++chunk->dropped;
+      continue;
+    }
+    if (frame.advances_cursor()) {
+      last_seq = frame.seq;
+      last_time = frame.time_us;
+    }
+    if (auto event = frame.TakeEvent()) chunk->events.push_back(std::move(*event));
+  }
+  if (last_seq != 0) {
+    chunk->resume_cursor = std::to_string(last_seq) + ":" + std::to_string(last_time);
+    // The reconnect cursor: the newest seq decoded so far (chunks decode out of order).
+    uint64_t prev = s.shared->last_seq.load();
+    while (prev < last_seq && !s.shared->last_seq.compare_exchange_weak(prev, last_seq)) {
+    }
+    int64_t prev_t = s.shared->last_time_us.load();
+    while (prev_t < last_time && !s.shared->last_time_us.compare_exchange_weak(prev_t, last_time)) {
+    }
+  }
+}
+
+std::string JetstreamSource::Describe() const {
+  std::string d = "jetstream (" + std::string(JetstreamProtocolName(impl_->options.protocol)) + ")";
+  for (const auto& h : impl_->options.hosts) d += " " + h;
+  return d;
+}
+
+state::StopReason JetstreamSource::Unfinished() const {
+  if (!impl_->idle_exit) return {};
+  return {"stream_idle", "no message for " + std::to_string(impl_->options.idle_exit_ms) +
+                             " ms (live.idle_exit_ms); run again to continue from the cursor"};
+}
+
+JetstreamStats JetstreamSource::stats() const {
+  const Impl::Shared& sh = *impl_->shared;
+  JetstreamStats st;
+  st.messages = sh.messages.load();
+  st.bytes = sh.bytes.load();
+  st.connections = sh.connections.load();
+  st.reconnects = st.connections > 0 ? st.connections - 1 : 0;
+  st.v1_fallbacks = sh.v1_fallbacks.load();
+  st.overflow_drops = sh.overflow_drops.load();
+  st.cursor_too_old = sh.cursor_too_old.load();
+  st.protocol = sh.v1.load() ? "v1" : "v2";
+  st.last_seq = sh.last_seq.load();
+  st.last_time_us = sh.last_time_us.load();
+  {
+    std::lock_guard<std::mutex> lock(impl_->shared->host_mu);
+    st.host = impl_->shared->host;
+  }
+  {
+    std::lock_guard<std::mutex> lock(impl_->shared->mu);
+    st.buffered_bytes = impl_->shared->queued_bytes;
+  }
+  return st;
+}
+
+}  // namespace atfill::sources

@@ -1,0 +1,134 @@
+// The live consumer for `atfill run` ([live] hosts set): a Jetstream into the sink, as the job
+// "live", until it is paused (Ctrl-C) or, with [live] idle_exit_ms, the stream goes quiet.
+// `atfill status CONFIG` shows it from another process.
+#include <cinttypes>
+#include <cstdio>
+
+#include "pipeline/job.hpp"
+#include "pipeline/run.hpp"
+#include "sinks/sqlite_sink.hpp"
+#include "sources/jetstream.hpp"
+#include "stages/cid_verify.hpp"
+#include "stages/ingest_guard.hpp"
+#include "state/cursors.hpp"
+#include "tools/atfill/app_config.hpp"
+#include "tools/atfill/cli.hpp"
+#include "tools/atfill/job_run.hpp"
+#include "tools/atfill/job_view.hpp"
+#include "tools/atfill/state_access.hpp"
+#include "tools/atfill/verb_backfill.hpp"
+
+namespace atfill::cli {
+namespace {
+
+// One cursor for every live job of this state: a new live job continues where the last stopped.
+constexpr const char* kLiveCursor = "live/jetstream";
+
+int Fail(const char* verb, const std::string& msg, int code) {
+  std::fprintf(stderr, "atfill %s: %s\n", verb, msg.c_str());
+  return code;
+}
+
+}  // namespace
+
+int RunLive(const AppConfig& config, OpenedState& st) {
+  state::JobRecord prototype;
+  prototype.kind = "live";
+  prototype.stage = state::JobStage::kReplaying;
+  prototype.created_us = pipeline::NowMicros();
+  prototype.started_by = "cli";
+  std::string hosts;
+  for (const auto& h : config.live.hosts) hosts += (hosts.empty() ? "" : "\n") + h;
+  prototype.params = {
+      {"hosts", hosts},
+      {"protocol", std::string(sources::JetstreamProtocolName(config.live.protocol))},
+      {"sink", config.sink + ":" + config.sqlite.path}};
+  bool resumed = false;
+  auto job = pipeline::FindOrCreateJob(st.jobs.get(), prototype, {}, &resumed);
+  if (!job.ok()) return Fail("run", job.status().message(), kExitIo);
+  std::fprintf(stderr, "atfill run: live job %" PRIu64 " from %s (%s)\n", job->id,
+               config.live.hosts.front().c_str(),
+               std::string(sources::JetstreamProtocolName(config.live.protocol)).c_str());
+  auto sink = sinks::OpenSqliteSink(config.sqlite);
+  if (!sink.ok()) return Fail("run", sink.status().message(), kExitIo);
+  auto source = sources::JetstreamSource::Create(config.live, st.kv.get());
+  if (!source.ok()) return Fail("run", source.status().message(), kExitUsage);
+  stages::CidVerify verify;
+  stages::IngestGuard guard(st.tombstones.get());
+  ForegroundJob run;
+  run.verb = "run";
+  run.config = &config;
+  run.state = &st;
+  run.job = *job;
+  run.source = source->get();
+  if (config.verify_cids) run.transforms.push_back(&verify);
+  run.transforms.push_back(&guard);
+  run.sink = sink->get();
+  run.cursor_name = kLiveCursor;
+  run.read_noun = "messages read";
+  const int rc = RunInForeground(run);
+  const auto s = (*source)->stats();
+  std::fprintf(stderr,
+               "atfill run: live: %s via %s, %" PRIu64 " connection(s), last seq %" PRIu64
+               ", %" PRIu64 " v1 fallback(s), %" PRIu64 " cursor(s) too old\n",
+               s.host.c_str(), s.protocol.c_str(), s.connections, s.last_seq, s.v1_fallbacks,
+               s.cursor_too_old);
+  return rc;
+}
+
+int RunStatus(std::span<char* const> args) {
+  if (args.size() != 1 || std::string_view(args[0]).starts_with("--")) {
+    return Fail("status", "usage: atfill status CONFIG", kExitUsage);
+  }
+  auto config = LoadAppConfig(args[0]);
+  if (!config.ok()) return Fail("status", config.status().message(), kExitUsage);
+  auto st = OpenStateForRead(*config);
+  if (!st.ok()) return Fail("status", st.status().message(), kExitIo);
+  auto jobs = st->jobs->List();
+  if (!jobs.ok()) return Fail("status", jobs.status().message(), kExitIo);
+  const state::JobRecord* live = nullptr;
+  for (const auto& j : *jobs) {
+    if (j.kind == "live" && (live == nullptr || j.id > live->id)) live = &j;
+  }
+  if (config->live.hosts.empty()) std::printf("live: not configured ([live] hosts)\n");
+  if (live == nullptr) {
+    std::printf("live: no live job has run yet\n");
+    return kExitOk;
+  }
+  state::Cursors cursors(*st->kv);
+  auto cursor = cursors.Get(kLiveCursor);
+  if (!cursor.ok()) return Fail("status", cursor.status().message(), kExitIo);
+  uint64_t seq = 0;
+  int64_t time_us = 0;
+  if (*cursor) {
+    const size_t colon = (*cursor)->find(':');
+    seq = std::strtoull((*cursor)->c_str(), nullptr, 10);
+    if (colon != std::string::npos)
+      time_us = std::strtoll((*cursor)->c_str() + colon + 1, nullptr, 10);
+  }
+  const int64_t now = pipeline::NowMicros();
+  const auto p = pipeline::DeriveProgress(*live, now);
+  std::printf("live job %" PRIu64 ": %s\n", live->id,
+              std::string(state::JobStatusName(live->status)).c_str());
+  std::printf("  hosts       %s\n",
+              live->params.count("hosts") ? live->params.at("hosts").c_str() : "");
+  std::printf("  protocol    %s\n",
+              live->params.count("protocol") ? live->params.at("protocol").c_str() : "");
+  std::printf("  cursor      seq %" PRIu64 ", witnessed %s\n", seq, FormatTime(time_us).c_str());
+  std::printf("  lag         %s behind now\n",
+              time_us > 0 ? FormatDuration((now - time_us) / 1'000'000).c_str() : "unknown");
+  std::printf("  rate        %.0f events/s, %.0f records/s (over the job's running time)\n",
+              p.events_per_s, p.records_per_s);
+  std::printf("  applied     %s events, %s records written, %s errors\n",
+              FormatCount(live->counters.events_read).c_str(),
+              FormatCount(live->counters.records_written).c_str(),
+              FormatCount(live->counters.failed_records).c_str());
+  if (!live->stop_reason.empty()) {
+    std::printf("  stopped     %s: %s\n", live->stop_reason.code.c_str(),
+                live->stop_reason.sentence.c_str());
+  }
+  if (st->read_only) std::printf("(read-only view: another atfill process holds the state)\n");
+  return kExitOk;
+}
+
+}  // namespace atfill::cli
