@@ -1,8 +1,11 @@
 // build/simnet: serve a simulated atproto network, or print its ground truth.
 //
 //   simnet serve [options] [--duration-s N] [--truth-out FILE]
-//     prints RELAY_URL=, PLC_URL=, PORT= lines, then serves until SIGINT/SIGTERM or the duration
-//     (default 3600 s) elapses; prints request counters to stderr on exit.
+//     prints RELAY_URL=, PLC_URL=, PORT= lines (and JETSTREAM_URL= with a Jetstream), then serves
+//     until SIGINT/SIGTERM or the duration (default 3600 s) elapses; prints request counters to
+//     stderr on exit.
+//     --jetstream-truth-out FILE writes the Jetstream's ground truth ("uri<TAB>cid" per live
+//     record); --jetstream-v1-dict-out FILE / --jetstream-v2-dict-out FILE its dictionaries.
 //   simnet truth [options] [--with-faults]
 //     prints "uri<TAB>cid" per live record, sorted (a third column names the record's faults).
 //     did:web DIDs name the port: pass the --port `serve` used, or use serve --truth-out.
@@ -10,6 +13,11 @@
 // Generation options: --seed N --accounts N --pds N --collections a,b --min-records N
 // --max-records N --distribution uniform|log --did-web-share X --deactivated-share X
 // --takendown-share X --latency-ms N --port N --threads N --timeout-hold-ms N --faults SPEC.
+// Jetstream options (jetstream.localhost; on when --jetstream-events N > 0): --jetstream-rate X
+// (events/s, 0 = all published at start) --jetstream-published N --jetstream-retention N
+// --jetstream-burst-every N --jetstream-burst-size N --jetstream-interval-us N
+// --jetstream-disconnect-after N --jetstream-disconnect-probability X --jetstream-max-queue N
+// --jetstream-send-buffer N.
 #include <signal.h>
 #include <sys/resource.h>
 
@@ -21,6 +29,7 @@
 #include <string>
 #include <string_view>
 
+#include "tools/simnet/jetstream.hpp"
 #include "tools/simnet/simnet.hpp"
 
 namespace {
@@ -35,7 +44,14 @@ int Usage() {
       "         [--min-records N] [--max-records N] [--distribution uniform|log]\n"
       "         [--did-web-share X] [--deactivated-share X] [--takendown-share X]\n"
       "         [--latency-ms N] [--port N] [--threads N] [--timeout-hold-ms N] [--faults SPEC]\n"
-      "       serve: [--duration-s N] [--truth-out FILE]   truth: [--with-faults]\n",
+      "         [--jetstream-events N] [--jetstream-rate X] [--jetstream-published N]\n"
+      "         [--jetstream-retention N] [--jetstream-burst-every N] [--jetstream-burst-size N]\n"
+      "         [--jetstream-interval-us N] [--jetstream-disconnect-after N]\n"
+      "         [--jetstream-disconnect-probability X] [--jetstream-max-queue N]\n"
+      "         [--jetstream-send-buffer N]\n"
+      "       serve: [--duration-s N] [--truth-out FILE] [--jetstream-truth-out FILE]\n"
+      "              [--jetstream-v1-dict-out FILE] [--jetstream-v2-dict-out FILE]\n"
+      "       truth: [--with-faults]\n",
       stderr);
   return 2;
 }
@@ -51,6 +67,8 @@ struct Cli {
   SimnetOptions options;
   int64_t duration_s = 3600;
   std::string truth_out;
+  std::string jetstream_truth_out;
+  std::string jetstream_dict_out[2];  // v1, v2
   bool with_faults = false;
 };
 
@@ -102,6 +120,36 @@ Status ParseArgs(int argc, char** argv, Cli* cli) {
       ok = ParseNumber(value, &cli->duration_s) && cli->duration_s > 0;
     } else if (flag == "--truth-out") {
       cli->truth_out = value;
+    } else if (flag == "--jetstream-truth-out") {
+      cli->jetstream_truth_out = value;
+    } else if (flag == "--jetstream-v1-dict-out") {
+      cli->jetstream_dict_out[0] = value;
+    } else if (flag == "--jetstream-v2-dict-out") {
+      cli->jetstream_dict_out[1] = value;
+    } else if (flag == "--jetstream-events") {
+      ok = ParseNumber(value, &o.jetstream.events);
+    } else if (flag == "--jetstream-rate") {
+      ok = ParseNumber(value, &o.jetstream.events_per_second);
+    } else if (flag == "--jetstream-published") {
+      uint64_t n = 0;
+      ok = ParseNumber(value, &n);
+      o.jetstream.published_at_start = n;
+    } else if (flag == "--jetstream-retention") {
+      ok = ParseNumber(value, &o.jetstream.retention_events);
+    } else if (flag == "--jetstream-burst-every") {
+      ok = ParseNumber(value, &o.jetstream.burst_every);
+    } else if (flag == "--jetstream-burst-size") {
+      ok = ParseNumber(value, &o.jetstream.burst_size);
+    } else if (flag == "--jetstream-interval-us") {
+      ok = ParseNumber(value, &o.jetstream.interval_us);
+    } else if (flag == "--jetstream-disconnect-after") {
+      ok = ParseNumber(value, &o.jetstream.disconnect_after_frames);
+    } else if (flag == "--jetstream-disconnect-probability") {
+      ok = ParseNumber(value, &o.jetstream.disconnect_probability);
+    } else if (flag == "--jetstream-max-queue") {
+      ok = ParseNumber(value, &o.jetstream.max_send_queue);
+    } else if (flag == "--jetstream-send-buffer") {
+      ok = ParseNumber(value, &o.jetstream.send_buffer_bytes);
     } else if (flag == "--distribution") {
       ok = value == "uniform" || value == "log";
       o.distribution = value == "uniform" ? atfill::simnet::RecordCountDistribution::kUniform
@@ -164,8 +212,27 @@ int Serve(const Cli& cli) {
       return 1;
     }
   }
+  if ((*net)->jetstream() != nullptr) {
+    Status written = Status::OK();
+    if (!cli.jetstream_truth_out.empty()) {
+      Result<atfill::simnet::JetstreamTruth> truth = (*net)->JetstreamGroundTruth();
+      written = truth.ok() ? WriteFile(cli.jetstream_truth_out, truth->ToTsv()) : truth.status();
+    }
+    for (int v = 0; v < 2 && written.ok(); ++v) {
+      if (cli.jetstream_dict_out[v].empty()) continue;
+      written = WriteFile(cli.jetstream_dict_out[v],
+                          std::string(atfill::AsChars((*net)->jetstream_dictionary(v + 1))));
+    }
+    if (!written.ok()) {
+      std::fprintf(stderr, "simnet: %s\n", written.ToString().c_str());
+      return 1;
+    }
+  }
   std::printf("RELAY_URL=%s\nPLC_URL=%s\nPORT=%u\n", (*net)->relay_url().c_str(),
               (*net)->plc_url().c_str(), static_cast<unsigned>((*net)->port()));
+  if ((*net)->jetstream() != nullptr) {
+    std::printf("JETSTREAM_URL=%s\n", (*net)->jetstream_url().c_str());
+  }
   std::fflush(stdout);
 
   timespec wait{};
@@ -177,13 +244,18 @@ int Serve(const Cli& cli) {
       stderr,
       "simnet: %s; connections=%llu requests=%llu ok=%llu client_errors=%llu "
       "rate_limited=%llu server_errors=%llu timeouts=%llu truncated=%llu "
-      "repos_built=%llu\n",
+      "repos_built=%llu jetstream_connections=%llu jetstream_frames=%llu "
+      "jetstream_disconnects=%llu jetstream_slow_drops=%llu\n",
       got > 0 ? "signalled" : "duration elapsed", static_cast<unsigned long long>(s.connections),
       static_cast<unsigned long long>(s.requests), static_cast<unsigned long long>(s.ok),
       static_cast<unsigned long long>(s.client_errors),
       static_cast<unsigned long long>(s.rate_limited),
       static_cast<unsigned long long>(s.server_errors), static_cast<unsigned long long>(s.timeouts),
-      static_cast<unsigned long long>(s.truncated), static_cast<unsigned long long>(s.repos_built));
+      static_cast<unsigned long long>(s.truncated), static_cast<unsigned long long>(s.repos_built),
+      static_cast<unsigned long long>(s.jetstream_connections),
+      static_cast<unsigned long long>(s.jetstream_frames),
+      static_cast<unsigned long long>(s.jetstream_disconnects),
+      static_cast<unsigned long long>(s.jetstream_slow_drops));
   return 0;
 }
 

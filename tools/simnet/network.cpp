@@ -161,6 +161,7 @@ Status SimnetOptions::Validate() const {
   if (oversize_record_bytes == 0 || oversize_record_bytes > (64u << 20)) {
     return Status::Invalid("oversize_record_bytes must be 1..64 MiB");
   }
+  ATFILL_RETURN_IF_ERROR(jetstream.Validate());
   for (const FaultRule& rule : faults) {
     if (rule.target.empty()) return Status::Invalid("a fault rule has an empty target");
     if (rule.host_share < 0 || rule.host_share > 1) {

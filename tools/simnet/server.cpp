@@ -17,6 +17,8 @@
 #include "atproto/car.hpp"
 #include "atproto/repo.hpp"
 #include "base/json_writer.hpp"
+#include "tools/simnet/http_util.hpp"
+#include "tools/simnet/jetstream_server.hpp"
 #include "tools/simnet/simnet.hpp"
 
 namespace atfill::simnet {
@@ -59,62 +61,6 @@ Reply XrpcError(int status, std::string_view error, std::string_view message) {
   return Json(status, w.Take());
 }
 
-int HexValue(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
-
-std::string UrlDecode(std::string_view s) {
-  std::string out;
-  out.reserve(s.size());
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '%' && i + 2 < s.size() && HexValue(s[i + 1]) >= 0 && HexValue(s[i + 2]) >= 0) {
-      out.push_back(static_cast<char>(HexValue(s[i + 1]) * 16 + HexValue(s[i + 2])));
-      i += 2;
-    } else if (s[i] == '+') {
-      out.push_back(' ');
-    } else {
-      out.push_back(s[i]);
-    }
-  }
-  return out;
-}
-
-// The path and the decoded query parameters of a request target.
-struct Target {
-  std::string path;
-  std::vector<std::pair<std::string, std::string>> params;
-
-  std::optional<std::string> Param(std::string_view name) const {
-    for (const auto& [k, v] : params) {
-      if (k == name) return v;
-    }
-    return std::nullopt;
-  }
-};
-
-Target ParseTarget(std::string_view target) {
-  Target t;
-  const size_t q = target.find('?');
-  t.path = UrlDecode(target.substr(0, q));
-  if (q == std::string_view::npos) return t;
-  std::string_view query = target.substr(q + 1);
-  while (!query.empty()) {
-    const size_t amp = query.find('&');
-    const std::string_view pair = query.substr(0, amp);
-    const size_t eq = pair.find('=');
-    if (!pair.empty()) {
-      t.params.emplace_back(UrlDecode(pair.substr(0, eq)),
-                            eq == std::string_view::npos ? "" : UrlDecode(pair.substr(eq + 1)));
-    }
-    if (amp == std::string_view::npos) break;
-    query.remove_prefix(amp + 1);
-  }
-  return t;
-}
-
 // `limit` from the query: the default when absent, an error when not within 1..max.
 Result<size_t> Limit(const Target& t, size_t default_limit, size_t max_limit) {
   const std::optional<std::string> text = t.Param("limit");
@@ -135,12 +81,24 @@ struct RepoData {
   size_t bytes = 0;
 };
 
+// True when the Host header names jetstream.localhost (any case, any port).
+bool IsJetstreamHost(std::string_view host_header) {
+  constexpr std::string_view kName = "jetstream.localhost";
+  const std::string_view name = host_header.substr(0, host_header.rfind(':'));
+  return name.size() == kName.size() &&
+         std::equal(name.begin(), name.end(), kName.begin(), [](char a, char b) {
+           return std::tolower(static_cast<unsigned char>(a)) == b;
+         });
+}
+
 }  // namespace
 
 struct Simnet::Impl {
   class Session;
 
   std::unique_ptr<Network> net;
+  // Declared before the io_context: WebSocket sessions it destroys still point at it.
+  std::unique_ptr<JetstreamServer> jetstream;
   asio::io_context ioc;
   tcp::acceptor acceptor{ioc};
   std::vector<std::thread> threads;
@@ -201,6 +159,19 @@ class Simnet::Impl::Session : public std::enable_shared_from_this<Session> {
     keep_alive_ = req.keep_alive();
     version_ = req.version();
     const auto host = req[http::field::host];
+    if (server_->jetstream != nullptr &&
+        IsJetstreamHost(std::string_view(host.data(), host.size()))) {
+      ++server_->requests;
+      std::optional<JetstreamServer::HttpAnswer> answer =
+          server_->jetstream->Handle(parser_->release(), stream_);
+      if (!answer) return;  // the connection is now a WebSocket session's
+      server_->CountStatus(answer->status);
+      Reply r;
+      r.status = answer->status;
+      r.content_type = std::move(answer->content_type);
+      r.body = std::move(answer->body);
+      return Respond(std::move(r));
+    }
     const auto target = req.target();
     Reply reply = server_->Handle(std::string_view(host.data(), host.size()),
                                   std::string_view(target.data(), target.size()));
@@ -588,6 +559,9 @@ Result<std::unique_ptr<Simnet>> Simnet::Start(SimnetOptions options) {
     }
   }
   impl->commits.resize(net.accounts().size());
+  if (options.jetstream.events > 0) {
+    ATFILL_ASSIGN_OR_RETURN(impl->jetstream, JetstreamServer::Create(net, options.jetstream));
+  }
   impl->Accept();
   Impl* raw = impl.get();
   for (int i = 0; i < options.threads; ++i) raw->threads.emplace_back([raw] { raw->ioc.run(); });
@@ -608,6 +582,24 @@ std::string Simnet::relay_url() const { return impl_->net->relay_url(); }
 std::string Simnet::plc_url() const { return impl_->net->plc_url(); }
 std::string Simnet::pds_url(uint32_t pds) const { return impl_->net->pds_url(pds); }
 const Network& Simnet::network() const { return *impl_->net; }
+
+std::string Simnet::jetstream_url() const {
+  if (impl_->jetstream == nullptr) return "";
+  return "ws://jetstream.localhost:" + std::to_string(impl_->net->port());
+}
+
+const JetstreamLog* Simnet::jetstream() const {
+  return impl_->jetstream != nullptr ? &impl_->jetstream->log() : nullptr;
+}
+
+ByteView Simnet::jetstream_dictionary(int version) const {
+  return impl_->jetstream != nullptr ? impl_->jetstream->dictionary(version) : ByteView();
+}
+
+Result<JetstreamTruth> Simnet::JetstreamGroundTruth(uint64_t through_seq) const {
+  if (impl_->jetstream == nullptr) return Status::Invalid("this simnet runs no jetstream");
+  return impl_->jetstream->log().Truth(through_seq);
+}
 Result<GroundTruth> Simnet::Truth() const { return impl_->net->Truth(); }
 
 SimnetStats Simnet::stats() const {
@@ -621,6 +613,12 @@ SimnetStats Simnet::stats() const {
   s.timeouts = impl_->timeouts;
   s.truncated = impl_->truncated;
   s.repos_built = impl_->repos_built;
+  if (const JetstreamServer* j = impl_->jetstream.get()) {
+    s.jetstream_connections = j->connections;
+    s.jetstream_frames = j->frames;
+    s.jetstream_disconnects = j->disconnects;
+    s.jetstream_slow_drops = j->slow_drops;
+  }
   return s;
 }
 

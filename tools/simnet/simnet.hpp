@@ -7,6 +7,9 @@
 //   pds-0001.localhost:PORT  com.atproto.repo.listRecords, com.atproto.sync.getRepo (a CAR with
 //                            the MST and a signed commit), com.atproto.sync.getRepoStatus
 //   web-0001.localhost:PORT  GET /.well-known/did.json for one did:web account
+//   jetstream.localhost:PORT a Jetstream (when SimnetOptions::jetstream.events > 0; see
+//                            jetstream.hpp): GET /subscribe (v1), the v2 WebSocket
+//                            network.bsky.jetstream.subscribeEvents and getZstdDictionary
 // Everything (accounts, keys, records, statuses, which records and accounts carry a fault) is
 // derived from the seed, so the ground truth can be printed without serving. Two things are not
 // reproducible across processes: commit signatures (OpenSSL's ECDSA is randomized; within one
@@ -16,6 +19,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -87,6 +91,58 @@ struct FaultRule {
 // ("1/4") or "always". Example: "pds@0.1:rate_limit=0.2,reset_s=1;pds-0002:timeout=always".
 Result<std::vector<FaultRule>> ParseFaultSpec(std::string_view spec);
 
+// The simulated Jetstream: a log of `events` events (creates, updates and deletes of records it
+// created, #identity and #account events) generated from the seed over the network's accounts,
+// with seqs 1..events and strictly increasing simulated witnessed times. Events are published
+// on a schedule (the first `published_at_start` at Start, then `events_per_second`); a
+// connection replays from its cursor, follows the tip, and after the last event stays open idle.
+struct JetstreamOptions {
+  // Events in the log, 0..10,000,000; 0 = no Jetstream host.
+  uint64_t events = 0;
+  // Publication rate after Start, events per second; 0 = everything is published at Start, so a
+  // connection with a cursor reads as fast as it consumes.
+  double events_per_second = 0;
+  // Events published at Start (the rest follow at the rate); default: all when the rate is 0,
+  // none otherwise. With a rate of 0 it must be `events`.
+  std::optional<uint64_t> published_at_start;
+  // Bursts (rate > 0 only): after every `burst_every` events published one per 1/rate, the
+  // next `burst_size` events are published at once, in the following slot. 0 = no bursts.
+  uint64_t burst_every = 0;
+  uint64_t burst_size = 0;
+  // Replay window: only the newest `retention_events` published events can be replayed; older
+  // seqs are below the floor (v2: CursorTooOld; v1: clamped to the floor). 0 = everything.
+  uint64_t retention_events = 0;
+  // Witnessed time of the log: seq s is at start_time_us + s*interval_us + a jitter below
+  // interval_us (unix microseconds; default 2025-01-01T00:00:00Z).
+  int64_t start_time_us = 1'735'689'600'000'000;
+  int64_t interval_us = 1000;
+  // Shares of the generated kinds (each 0..1, together at most 1); the rest are creates.
+  double update_share = 0.15;
+  double delete_share = 0.10;
+  double identity_share = 0.03;
+  double account_share = 0.03;
+  // Faults. Each connection closes its socket without a close frame after writing this many
+  // frames (0 = never), or after any frame with this probability.
+  uint64_t disconnect_after_frames = 0;
+  double disconnect_probability = 0;
+  // Slow consumers: once a connection is live (it has passed the tip of when it connected, or
+  // caught up with the tip), more than this many published events it has not yet written drop
+  // it (v2: error frame ConsumerTooSlow, then the socket closes; v1: the socket closes without
+  // a frame). 0 = never. A connection whose pending write does not finish within
+  // `slow_drop_grace_ms` of the verdict is closed anyway.
+  uint64_t max_send_queue = 0;
+  int64_t slow_drop_grace_ms = 2000;
+  // SO_SNDBUF of each stream connection, bytes; 0 = the system's. Small values make a slow
+  // reader fall behind sooner.
+  int send_buffer_bytes = 0;
+  // IDs of the dictionaries simnet trains (ZDICT_trainFromBuffer over sample frames) for v1
+  // compress=true and for v2 zstdDictionary (served by getZstdDictionary).
+  uint32_t v1_dictionary_id = 0x53494D31;  // "SIM1"
+  uint32_t v2_dictionary_id = 0x53494D32;  // "SIM2"
+
+  Status Validate() const;
+};
+
 enum class RecordCountDistribution {
   kUniform,     // records per account uniform in [min_records, max_records]
   kLogUniform,  // log-uniform: many small repos, a few large ones (as on the real network)
@@ -124,6 +180,8 @@ struct SimnetOptions {
   uint32_t oversize_record_bytes = 2u << 20;
   // Memory for cached repos (records and CAR bytes); beyond it repos are rebuilt on demand.
   uint64_t repo_cache_bytes = uint64_t{200} << 20;
+  // The Jetstream host (off unless jetstream.events > 0).
+  JetstreamOptions jetstream;
 
   Status Validate() const;
 };
@@ -241,7 +299,16 @@ struct SimnetStats {
   uint64_t timeouts = 0;       // requests held without an answer
   uint64_t truncated = 0;      // bodies cut short
   uint64_t repos_built = 0;    // repos generated (cache misses)
+  // Jetstream: WebSocket connections accepted, frames written, connections cut by the
+  // disconnect fault, slow consumers dropped.
+  uint64_t jetstream_connections = 0;
+  uint64_t jetstream_frames = 0;
+  uint64_t jetstream_disconnects = 0;
+  uint64_t jetstream_slow_drops = 0;
 };
+
+class JetstreamLog;
+struct JetstreamTruth;
 
 // The network served on loopback. Start() binds, generates the network and starts the io
 // threads; Stop() (also the destructor) closes every connection and joins them. Every method is
@@ -257,7 +324,15 @@ class Simnet {
   std::string relay_url() const;  // "http://relay.localhost:PORT"
   std::string plc_url() const;    // "http://plc.localhost:PORT"
   std::string pds_url(uint32_t pds) const;
+  // "ws://jetstream.localhost:PORT"; empty when the Jetstream is off.
+  std::string jetstream_url() const;
   const Network& network() const;
+  // The Jetstream's event log; null when it is off.
+  const JetstreamLog* jetstream() const;
+  // The trained dictionary of stream version 1 or 2 (empty when the Jetstream is off).
+  ByteView jetstream_dictionary(int version) const;
+  // The state after applying the log's events 1..through_seq (see JetstreamLog::Truth).
+  Result<JetstreamTruth> JetstreamGroundTruth(uint64_t through_seq = UINT64_MAX) const;
   // The ground truth of this instance (did:web DIDs carry its port).
   Result<GroundTruth> Truth() const;
   SimnetStats stats() const;
