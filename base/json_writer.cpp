@@ -5,10 +5,12 @@
 
 namespace atfill {
 
-void AppendJsonString(std::string_view s, std::string* out) {
+void AppendJsonString(std::string_view s, std::string* out, JsonEscape escape) {
   static constexpr char kHex[] = "0123456789abcdef";
+  const bool go = escape == JsonEscape::kGo;
   out->push_back('"');
-  for (char c : s) {
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
     const auto u = static_cast<unsigned char>(c);
     switch (c) {
       case '"':
@@ -33,10 +35,15 @@ void AppendJsonString(std::string_view s, std::string* out) {
         *out += "\\f";
         break;
       default:
-        if (u < 0x20) {
+        if (u < 0x20 || (go && (c == '<' || c == '>' || c == '&'))) {
           *out += "\\u00";
           out->push_back(kHex[u >> 4]);
           out->push_back(kHex[u & 15]);
+        } else if (go && u == 0xE2 && i + 2 < s.size() &&
+                   static_cast<unsigned char>(s[i + 1]) == 0x80 &&
+                   (static_cast<unsigned char>(s[i + 2]) & 0xFE) == 0xA8) {
+          *out += static_cast<unsigned char>(s[i + 2]) == 0xA8 ? "\\u2028" : "\\u2029";
+          i += 2;
         } else {
           out->push_back(c);
         }

@@ -38,7 +38,16 @@ class JsonWriter {
   bool after_key_ = false;
 };
 
-// Appends `s` as a JSON string literal (quotes included), escaping as RFC 8259 requires.
-void AppendJsonString(std::string_view s, std::string* out);
+// How AppendJsonString escapes beyond what RFC 8259 requires.
+enum class JsonEscape : uint8_t {
+  kMinimal,  // quotes, backslashes and control characters only
+  // As Go's encoding/json writes strings (Jetstream's frames): also <, > and & as \u003c,
+  // \u003e, \u0026, and U+2028/U+2029 as \u2028/\u2029.
+  kGo,
+};
+
+// Appends `s` as a JSON string literal (quotes included); non-ASCII stays UTF-8.
+void AppendJsonString(std::string_view s, std::string* out,
+                      JsonEscape escape = JsonEscape::kMinimal);
 
 }  // namespace atfill

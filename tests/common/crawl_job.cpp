@@ -2,11 +2,7 @@
 
 #include <gtest/gtest.h>
 
-#include "pipeline/run.hpp"
-#include "sinks/sqlite_sink.hpp"
-#include "stages/cid_verify.hpp"
-#include "stages/ingest_guard.hpp"
-#include "state/tombstones.hpp"
+#include "tests/common/job_harness.hpp"
 
 namespace atfill::testing {
 
@@ -14,45 +10,28 @@ CrawlJobRun RunCrawlJob(const std::filesystem::path& state_dir, const std::strin
                         const sources::CrawlOptions& options, const std::string& job_name,
                         const std::function<void(state::KvStore&)>& prepare) {
   CrawlJobRun out;
-  auto kv = state::OpenRocksDb({.path = state_dir.string()});
-  EXPECT_TRUE(kv.ok()) << kv.status().ToString();
-  if (!kv.ok()) return out;
-  if (prepare) prepare(**kv);
-  sinks::SqliteSinkOptions sink_options;
-  sink_options.path = db;
-  auto sink = sinks::OpenSqliteSink(sink_options);
-  EXPECT_TRUE(sink.ok()) << sink.status().ToString();
-  if (!sink.ok()) return out;
-  state::Tombstones tombstones(**kv);
-  stages::CidVerify verify;
-  stages::IngestGuard guard(&tombstones);
-  pipeline::RunOptions run;
-  run.job_name = job_name;
-  run.engine.batch.max_delay_ms = 50;
-  sources::CrawlSource* made = nullptr;
-  auto job = pipeline::RunAsJob(
-      [&](const state::JobRecord& j) -> Result<std::unique_ptr<pipeline::Source>> {
-        ATFILL_ASSIGN_OR_RETURN(auto s, sources::CrawlSource::Create(options, j.id, kv->get()));
-        made = s.get();
-        return std::unique_ptr<pipeline::Source>(std::move(s));
+  std::unique_ptr<sources::CrawlSource> made;
+  SourceJobRun run = RunSourceJob(
+      state_dir, db, "backfill", job_name,
+      [&](state::KvStore& kv,
+          const state::JobRecord& j) -> Result<std::unique_ptr<pipeline::Source>> {
+        ATFILL_ASSIGN_OR_RETURN(made, sources::CrawlSource::Create(options, j.id, &kv));
+        return Borrow(made.get());
       },
-      "backfill", {&verify, &guard}, sink->get(), kv->get(), run);
-  EXPECT_TRUE(job.ok()) << job.status().ToString();
-  if (!job.ok()) return out;
-  out.job = *job;
-  if (made != nullptr) out.stats = made->stats();
-  state::ErrorLog errors(**kv);
-  auto kinds = errors.CountsByKind(job->id);
-  auto listed = errors.List(job->id, 0, 100);
-  state::CrawlLog log(**kv);
-  auto recent = log.Recent(job->id);
-  auto hosts = log.Hosts(job->id);
-  EXPECT_TRUE(kinds.ok() && listed.ok() && recent.ok() && hosts.ok());
-  if (kinds.ok()) out.error_kinds = std::move(*kinds);
-  if (listed.ok()) out.errors = std::move(*listed);
-  if (recent.ok()) out.recent = std::move(*recent);
-  if (hosts.ok()) out.hosts = std::move(*hosts);
-  sink->reset();
+      prepare,
+      [&](state::KvStore& kv, const state::JobRecord& job) {
+        if (made != nullptr) out.stats = made->stats();
+        made.reset();  // while the state store is still open
+        state::CrawlLog log(kv);
+        auto recent = log.Recent(job.id);
+        auto hosts = log.Hosts(job.id);
+        EXPECT_TRUE(recent.ok() && hosts.ok());
+        if (recent.ok()) out.recent = std::move(*recent);
+        if (hosts.ok()) out.hosts = std::move(*hosts);
+      });
+  out.job = std::move(run.job);
+  out.error_kinds = std::move(run.error_kinds);
+  out.errors = std::move(run.errors);
   auto rows = sinks::ReadAllRecords(db);
   EXPECT_TRUE(rows.ok()) << rows.status().ToString();
   if (rows.ok()) out.rows = std::move(*rows);

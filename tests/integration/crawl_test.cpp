@@ -24,6 +24,7 @@
 #include "state/tombstones.hpp"
 #include "state/work_queue.hpp"
 #include "tests/common/crawl_job.hpp"
+#include "tests/common/job_harness.hpp"
 #include "tests/common/process.hpp"
 #include "tools/simnet/simnet.hpp"
 
@@ -413,38 +414,15 @@ TEST(CrawlTest, FiveSigkillsAndRestartsEndWithTheGroundTruthAndNoRepoFetchedTwic
                          "allow_loopback_endpoints = true\nretry_delay_ms = 100\n"
                          "[net]\nper_host = 2\n[resolver]\nplc = \"" +
                          (*net)->plc_url() + "\"\n");
-  uint64_t seed = std::random_device{}();
-  if (const char* s = std::getenv("ATFILL_TEST_SEED")) seed = std::strtoull(s, nullptr, 10);
+  const uint64_t seed = testing::TestSeed();
   std::mt19937_64 rng(seed);
   SCOPED_TRACE("ATFILL_TEST_SEED=" + std::to_string(seed));
   const auto want = Expected(*truth, FetchMode::kGetRepo);
-  // Five kill points, as row counts the crashed table reaches, spread over the whole run.
-  std::vector<uint64_t> targets;
-  for (int i = 0; i < 5; ++i) {
-    targets.push_back(
-        std::uniform_int_distribution<uint64_t>(want.size() / 20, want.size() * 9 / 10)(rng));
-  }
-  std::sort(targets.begin(), targets.end());
   const std::string db = (dir.path() / "db.sqlite").string();
-  int kills = 0;
-  for (uint64_t target : targets) {
-    testing::Child child({ATFILL_BINARY, "backfill", config}, dir.path());
-    uint64_t rows = 0;
-    while (child.Running() && rows < target) {
-      if (auto reader = sinks::SqliteReader::Open(db); reader.ok()) {
-        if (auto n = (*reader)->Count(); n.ok()) rows = *n;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
-    if (child.Kill(SIGKILL)) {
-      auto r = child.Wait();
-      EXPECT_EQ(r.signal, SIGKILL) << r.err;
-      ++kills;
-    } else {
-      auto r = child.Wait();
-      ADD_FAILURE() << "a run ended before its kill point (" << target << " rows): " << r.err;
-    }
-  }
+  // Five kill points, as row counts the crashed table reaches, spread over the whole run.
+  const int kills =
+      testing::KillAtRowCounts({ATFILL_BINARY, "backfill", config}, dir.path(), db,
+                               testing::KillPoints(rng, 5, want.size() / 20, want.size() * 9 / 10));
   EXPECT_EQ(kills, 5);
   auto last = testing::RunProcess({ATFILL_BINARY, "backfill", config}, dir.path());
   ASSERT_EQ(last.exit_code, 0) << last.err;

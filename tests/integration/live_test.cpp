@@ -19,6 +19,7 @@
 #include "stages/ingest_guard.hpp"
 #include "state/error_log.hpp"
 #include "state/tombstones.hpp"
+#include "tests/common/job_harness.hpp"
 #include "tests/common/process.hpp"
 #include "tools/simnet/jetstream.hpp"
 #include "tools/simnet/simnet.hpp"
@@ -96,35 +97,21 @@ struct LiveRun {
 
 LiveRun RunLive(const std::filesystem::path& dir, const JetstreamOptions& options) {
   LiveRun out;
-  auto kv = state::OpenRocksDb({.path = (dir / "state").string()});
-  EXPECT_TRUE(kv.ok()) << kv.status().ToString();
-  if (!kv.ok()) return out;
-  sinks::SqliteSinkOptions so;
-  so.path = (dir / "db.sqlite").string();
-  auto sink = sinks::OpenSqliteSink(so);
-  EXPECT_TRUE(sink.ok()) << sink.status().ToString();
-  if (!sink.ok()) return out;
-  state::Tombstones tombstones(**kv);
-  stages::CidVerify verify;
-  stages::IngestGuard guard(&tombstones);
-  pipeline::RunOptions run;
-  run.job_name = "live";
-  run.engine.batch.max_delay_ms = 50;
-  JetstreamSource* made = nullptr;
-  auto job = pipeline::RunAsJob(
-      [&](const state::JobRecord&) -> Result<std::unique_ptr<pipeline::Source>> {
-        ATFILL_ASSIGN_OR_RETURN(auto s, JetstreamSource::Create(options, kv->get()));
-        made = s.get();
-        return std::unique_ptr<pipeline::Source>(std::move(s));
+  std::unique_ptr<JetstreamSource> made;
+  testing::SourceJobRun run = testing::RunSourceJob(
+      dir / "state", (dir / "db.sqlite").string(), "live", "live",
+      [&](state::KvStore& kv,
+          const state::JobRecord&) -> Result<std::unique_ptr<pipeline::Source>> {
+        ATFILL_ASSIGN_OR_RETURN(made, JetstreamSource::Create(options, &kv));
+        return testing::Borrow(made.get());
       },
-      "live", {&verify, &guard}, sink->get(), kv->get(), run);
-  EXPECT_TRUE(job.ok()) << job.status().ToString();
-  if (!job.ok()) return out;
-  out.job = *job;
-  if (made != nullptr) out.stats = made->stats();
-  state::ErrorLog errors(**kv);
-  auto kinds = errors.CountsByKind(job->id);
-  if (kinds.ok()) out.error_kinds = *kinds;
+      nullptr,
+      [&](state::KvStore&, const state::JobRecord&) {
+        if (made != nullptr) out.stats = made->stats();
+        made.reset();  // while the state store is still open
+      });
+  out.job = std::move(run.job);
+  out.error_kinds = std::move(run.error_kinds);
   return out;
 }
 
@@ -234,31 +221,12 @@ TEST(LiveTest, SigkilledMidStreamThenResumedEqualsTheGroundTruth) {
                          "\"]\nallow_private_endpoints = true\nidle_exit_ms = 1500\nstart_seq = 1\n"
                          "reconnect_base_ms = 20\nreconnect_max_ms = 200\n");
   const std::string db = (dir.path() / "db.sqlite").string();
-  uint64_t seed = std::random_device{}();
-  if (const char* s = std::getenv("ATFILL_TEST_SEED")) seed = std::strtoull(s, nullptr, 10);
+  const uint64_t seed = testing::TestSeed();
   std::mt19937_64 rng(seed);
   SCOPED_TRACE("ATFILL_TEST_SEED=" + std::to_string(seed));
-  int kills = 0;
-  for (int i = 0; i < 3; ++i) {
-    const uint64_t target =
-        std::uniform_int_distribution<uint64_t>(want.size() / 10, want.size() * 8 / 10)(rng);
-    testing::Child child({ATFILL_BINARY, "run", config}, dir.path());
-    uint64_t rows = 0;
-    while (child.Running() && rows < target) {
-      if (auto reader = sinks::SqliteReader::Open(db); reader.ok()) {
-        if (auto n = (*reader)->Count(); n.ok()) rows = *n;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
-    if (child.Kill(SIGKILL)) {
-      auto r = child.Wait();
-      EXPECT_EQ(r.signal, SIGKILL) << r.err;
-      ++kills;
-    } else {
-      auto r = child.Wait();
-      ADD_FAILURE() << "a run ended before its kill point (" << target << " rows): " << r.err;
-    }
-  }
+  const int kills =
+      testing::KillAtRowCounts({ATFILL_BINARY, "run", config}, dir.path(), db,
+                               testing::KillPoints(rng, 3, want.size() / 10, want.size() * 8 / 10));
   EXPECT_EQ(kills, 3);
   auto last = testing::RunProcess({ATFILL_BINARY, "run", config}, dir.path());
   ASSERT_EQ(last.exit_code, 4) << last.err;  // paused: the stream went quiet

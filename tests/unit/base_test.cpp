@@ -133,3 +133,18 @@ TEST(BloomFilterTest, NoFalseNegativesAndFewFalsePositives) {
 
 }  // namespace
 }  // namespace atfill
+
+namespace atfill {
+namespace {
+
+TEST(JsonEscapeTest, GoStyleEscapesHtmlCharactersAndLineSeparators) {
+  const std::string text = "a<b>&\"\\\n\x01\xe2\x80\xa8\xe2\x80\xa9\xe2\x80\xa7é";
+  std::string minimal, go;
+  AppendJsonString(text, &minimal);
+  AppendJsonString(text, &go, JsonEscape::kGo);
+  EXPECT_EQ(minimal, "\"a<b>&\\\"\\\\\\n\\u0001\xe2\x80\xa8\xe2\x80\xa9\xe2\x80\xa7é\"");
+  EXPECT_EQ(go, "\"a\\u003cb\\u003e\\u0026\\\"\\\\\\n\\u0001\\u2028\\u2029\xe2\x80\xa7é\"");
+}
+
+}  // namespace
+}  // namespace atfill

@@ -11,6 +11,7 @@
 #include "atproto/syntax.hpp"
 #include "atproto/tid.hpp"
 #include "base/encoding.hpp"
+#include "base/json_writer.hpp"
 
 namespace atfill::simnet {
 namespace {
@@ -48,59 +49,6 @@ class Rng {
   uint64_t state_;
 };
 
-// Appends `s` as a JSON string the way Go's encoding/json writes it: <, > and & as \u003c,
-// \u003e, \u0026, U+2028/U+2029 escaped, other non-ASCII as UTF-8.
-void AppendGoString(std::string_view s, std::string* out) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  out->push_back('"');
-  for (size_t i = 0; i < s.size(); ++i) {
-    const auto u = static_cast<unsigned char>(s[i]);
-    switch (u) {
-      case '"':
-        *out += "\\\"";
-        break;
-      case '\\':
-        *out += "\\\\";
-        break;
-      case '\n':
-        *out += "\\n";
-        break;
-      case '\r':
-        *out += "\\r";
-        break;
-      case '\t':
-        *out += "\\t";
-        break;
-      case '\b':
-        *out += "\\b";
-        break;
-      case '\f':
-        *out += "\\f";
-        break;
-      case '<':
-      case '>':
-      case '&':
-        *out += "\\u00";
-        out->push_back(kHex[u >> 4]);
-        out->push_back(kHex[u & 15]);
-        break;
-      default:
-        if (u < 0x20) {
-          *out += "\\u00";
-          out->push_back(kHex[u >> 4]);
-          out->push_back(kHex[u & 15]);
-        } else if (u == 0xE2 && i + 2 < s.size() && static_cast<unsigned char>(s[i + 1]) == 0x80 &&
-                   (static_cast<unsigned char>(s[i + 2]) & 0xFE) == 0xA8) {
-          *out += static_cast<unsigned char>(s[i + 2]) == 0xA8 ? "\\u2028" : "\\u2029";
-          i += 2;
-        } else {
-          out->push_back(s[i]);
-        }
-    }
-  }
-  out->push_back('"');
-}
-
 // A JSON object written key by key; the caller passes keys in sorted order.
 class Obj {
  public:
@@ -108,13 +56,13 @@ class Obj {
   Obj& Key(std::string_view key) {
     if (!first_) out_->push_back(',');
     first_ = false;
-    AppendGoString(key, out_);
+    AppendJsonString(key, out_, JsonEscape::kGo);
     out_->push_back(':');
     return *this;
   }
   Obj& Str(std::string_view key, std::string_view value) {
     Key(key);
-    AppendGoString(value, out_);
+    AppendJsonString(value, out_, JsonEscape::kGo);
     return *this;
   }
   Obj& Num(std::string_view key, int64_t value) {

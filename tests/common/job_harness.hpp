@@ -1,0 +1,59 @@
+// Running jobs the way atfill does, for integration tests: a source through CID verification and
+// the ingest guard into a SQLite file, with RocksDB state; and `atfill` child processes killed
+// with SIGKILL once the table they write reaches given row counts.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "pipeline/run.hpp"
+#include "pipeline/source.hpp"
+#include "state/error_log.hpp"
+#include "state/job_store.hpp"
+#include "state/kv_store.hpp"
+
+namespace atfill::testing {
+
+struct SourceJobRun {
+  state::JobRecord job;
+  std::map<std::string, uint64_t> error_kinds;
+  std::vector<state::ErrorEntry> errors;  // the first 100
+};
+
+// Builds the job's source once the job is known, over the job's state store.
+using JobSourceFactory = std::function<Result<std::unique_ptr<pipeline::Source>>(
+    state::KvStore& kv, const state::JobRecord& job)>;
+
+// Runs (or resumes) the job of `kind` named `job_name`, with its state in `state_dir`, into the
+// SQLite file `db`, to its end. `make_source` builds the source once the job is known; `prepare`
+// (when set) runs on the state store first; `after` (when set) sees the state store and the job
+// before the store closes. Failures to set up are test failures (the run is then empty).
+SourceJobRun RunSourceJob(
+    const std::filesystem::path& state_dir, const std::string& db, const std::string& kind,
+    const std::string& job_name, const JobSourceFactory& make_source,
+    const std::function<void(state::KvStore&)>& prepare = nullptr,
+    const std::function<void(state::KvStore&, const state::JobRecord&)>& after = nullptr);
+
+// A source that forwards to `source` without owning it, for factories whose caller keeps the
+// source (to read its stats after the job ended: RunAsJob destroys what the factory returns).
+std::unique_ptr<pipeline::Source> Borrow(pipeline::Source* source);
+
+// `count` row counts drawn from [lo, hi], sorted: where a crash test kills its runs.
+std::vector<uint64_t> KillPoints(std::mt19937_64& rng, int count, uint64_t lo, uint64_t hi);
+
+// Starts `argv` in `dir` once per target, waits until the SQLite table in `db` holds at least
+// that many rows and kills the child with SIGKILL. Returns how many runs were killed; a run that
+// ended before its kill point is a test failure naming it.
+int KillAtRowCounts(const std::vector<std::string>& argv, const std::filesystem::path& dir,
+                    const std::string& db, const std::vector<uint64_t>& targets);
+
+// The seed of a randomized crash test: ATFILL_TEST_SEED when set, else a random one.
+uint64_t TestSeed();
+
+}  // namespace atfill::testing
