@@ -11,7 +11,16 @@
 #include <cstring>
 #include <memory>
 
+#ifndef ATFILL_NET_VERSION
+#define ATFILL_NET_VERSION "0.0.0"
+#endif
+
 namespace atfill::net {
+
+std::string DefaultUserAgent(std::string_view version) {
+  return "atfill/" + std::string(version.empty() ? ATFILL_NET_VERSION : version) +
+         " (+https://github.com/atfill)";
+}
 namespace {
 
 struct UrlDeleter {

@@ -33,4 +33,8 @@ Status CheckPublicAddress(const sockaddr* address, size_t length);
 // rebinding) is still refused. Thread-safe.
 Status CheckPublicEndpoint(std::string_view url, bool allow_private);
 
+// The User-Agent atfill's clients send: "atfill/<version> (+https://github.com/atfill)", with
+// the version this library was built as when `version` is empty.
+std::string DefaultUserAgent(std::string_view version);
+
 }  // namespace atfill::net

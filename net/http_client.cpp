@@ -20,10 +20,6 @@
 
 #include "net/endpoint.hpp"
 
-#ifndef ATFILL_NET_VERSION
-#define ATFILL_NET_VERSION "0.0.0"
-#endif
-
 namespace atfill::net {
 namespace {
 
@@ -170,10 +166,7 @@ class HttpClient::Impl {
  public:
   explicit Impl(HttpClientOptions options) : options_(std::move(options)) {
     if (!options_.now_unix_ms) options_.now_unix_ms = &SystemNowUnixMs;
-    if (options_.user_agent.empty()) {
-      const std::string version = options_.version.empty() ? ATFILL_NET_VERSION : options_.version;
-      options_.user_agent = "atfill/" + version + " (+https://github.com/atfill)";
-    }
+    if (options_.user_agent.empty()) options_.user_agent = DefaultUserAgent(options_.version);
     rng_.seed(options_.random_seed != 0 ? options_.random_seed : std::random_device{}());
   }
 

@@ -29,10 +29,6 @@
 
 #include "net/endpoint.hpp"
 
-#ifndef ATFILL_NET_VERSION
-#define ATFILL_NET_VERSION "0.0.0"
-#endif
-
 namespace atfill::net {
 namespace {
 
@@ -940,10 +936,7 @@ class WebSocketClient::Impl final : public ConnectionOwner {
 
 Result<std::unique_ptr<WebSocketClient>> WebSocketClient::Start(WebSocketOptions options) {
   ATFILL_RETURN_IF_ERROR(options.Validate());
-  if (options.user_agent.empty()) {
-    const std::string version = options.version.empty() ? ATFILL_NET_VERSION : options.version;
-    options.user_agent = "atfill/" + version + " (+https://github.com/atfill)";
-  }
+  if (options.user_agent.empty()) options.user_agent = DefaultUserAgent(options.version);
   std::unique_ptr<ssl::context> tls;
   try {
     tls = std::make_unique<ssl::context>(ssl::context::tls_client);
