@@ -231,6 +231,25 @@ TEST(IngestTest, ASecondProcessOnTheSameStateFailsAtOnceNamingTheHolder) {
   EXPECT_EQ(first.Wait().exit_code, 0);
 }
 
+// A request left from an earlier process (written before this one started) is not obeyed; one
+// written once the process holds the state is, even before its job starts (the test above).
+TEST(IngestTest, ARequestLeftByAnEarlierProcessIsIgnored) {
+  gen::EventGenOptions o;
+  o.dids = 20;
+  Workspace ws;
+  ASSERT_TRUE(gen::EventGenerator::WriteFile(o, 2'000, (ws.dir / "e.jsonl").string()).ok());
+  const auto stale = ws.dir / "state" / "requests" / "1.pause";
+  std::filesystem::create_directories(stale.parent_path());
+  WriteFile(stale.string(), "pause\n");
+  std::filesystem::last_write_time(
+      stale, std::filesystem::file_time_type::clock::now() - std::chrono::hours(1));
+  auto run = ws.Atfill({"ingest", ws.config, (ws.dir / "e.jsonl").string()});
+  EXPECT_EQ(run.exit_code, 0) << Describe(run);
+  EXPECT_FALSE(std::filesystem::exists(stale));
+  auto shown = ws.Atfill({"job", ws.config, "1", "--json"});
+  EXPECT_THAT(shown.out, HasSubstr("\"status\":\"completed\""));
+}
+
 TEST(IngestTest, PauseFromAnotherProcessThenResumeReadsEveryEventOnce) {
   gen::EventGenOptions o;
   o.dids = 500;

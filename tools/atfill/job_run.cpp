@@ -78,7 +78,6 @@ void RestoreSignals() {
 int RunInForeground(ForegroundJob& spec) {
   const AppConfig& config = *spec.config;
   OpenedState& st = *spec.state;
-  ClearRequests(config, spec.job.id);
   pipeline::JobRunner runner(st.kv.get(), st.jobs.get(), st.errors.get(), spec.job,
                              spec.cursor_name, config.jobs);
   pipeline::Engine engine(config.engine, spec.source, spec.transforms, spec.sink, st.kv.get(),

@@ -6,6 +6,19 @@
 namespace atfill::cli {
 namespace {
 
+// Requests written before this process started were meant for an earlier holder of the state.
+const std::filesystem::file_time_type kProcessStart = std::filesystem::file_time_type::clock::now();
+
+void RemoveStaleRequests(const AppConfig& config) {
+  std::error_code ec;
+  const auto dir = std::filesystem::path(config.state.path) / "requests";
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    std::error_code entry_ec;
+    const auto written = entry.last_write_time(entry_ec);
+    if (!entry_ec && written < kProcessStart) std::filesystem::remove(entry.path(), entry_ec);
+  }
+}
+
 OpenedState Wrap(std::unique_ptr<state::KvStore> kv, const AppConfig& config, bool read_only) {
   OpenedState s;
   s.kv = std::move(kv);
@@ -20,6 +33,9 @@ OpenedState Wrap(std::unique_ptr<state::KvStore> kv, const AppConfig& config, bo
 
 Result<OpenedState> OpenStateForWrite(const AppConfig& config) {
   ATFILL_ASSIGN_OR_RETURN(auto kv, state::OpenRocksDb(config.state));
+  // Now that this process holds the state, a request written from here on is for it, even one
+  // that arrives before its job starts; only older ones are dropped.
+  RemoveStaleRequests(config);
   return Wrap(std::move(kv), config, false);
 }
 

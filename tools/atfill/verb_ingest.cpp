@@ -95,7 +95,6 @@ int RunIngest(std::span<char* const> args) {
     std::fprintf(stderr, "atfill ingest: job %" PRIu64 " reads %zu file(s) into %s\n", job->id,
                  files.size(), job->params["sink"].c_str());
   }
-  ClearRequests(*config, job->id);
 
   auto sink = dry_run ? sinks::NewDryRunSink() : sinks::OpenSqliteSink(config->sqlite);
   if (!sink.ok()) return Fail(sink.status().message(), kExitIo);
