@@ -426,6 +426,58 @@ std::string GetRepoUrl(std::string_view pds, std::string_view did) {
   return UrlBuilder(pds, "com.atproto.sync.getRepo").Param("did", did).Take();
 }
 
+std::string GetRepoStatusUrl(std::string_view pds, std::string_view did) {
+  return UrlBuilder(pds, "com.atproto.sync.getRepoStatus").Param("did", did).Take();
+}
+
+Result<RepoStatus> ParseRepoStatus(std::string_view did, std::string_view body) {
+  simdjson::padded_string padded(body);
+  od::parser parser;
+  od::document doc;
+  const std::string what = "getRepoStatus answer for " + std::string(did);
+  if (parser.iterate(padded).get(doc) != simdjson::SUCCESS) {
+    return Status::Corrupt(what + " is not JSON");
+  }
+  od::object object;
+  if (doc.get_object().get(object) != simdjson::SUCCESS) {
+    return Status::Corrupt(what + " is not a JSON object");
+  }
+  RepoStatus out;
+  bool saw_did = false, saw_active = false;
+  for (auto field : object) {
+    std::string_view key;
+    if (field.unescaped_key().get(key) != simdjson::SUCCESS) {
+      return Status::Corrupt(what + " is not valid JSON");
+    }
+    od::value value;
+    if (field.value().get(value) != simdjson::SUCCESS) {
+      return Status::Corrupt(what + " is not valid JSON");
+    }
+    if (key == "did") {
+      std::string_view v;
+      if (value.get_string().get(v) != simdjson::SUCCESS || v != did) {
+        return Status::Corrupt(what + " names another DID");
+      }
+      saw_did = true;
+    } else if (key == "active") {
+      if (value.get_bool().get(out.active) != simdjson::SUCCESS) {
+        return Status::Corrupt(what + ": \"active\" is not a boolean");
+      }
+      saw_active = true;
+    } else if (key == "status") {
+      std::string_view v;
+      if (value.get_string().get(v) != simdjson::SUCCESS) {
+        return Status::Corrupt(what + ": \"status\" is not a string");
+      }
+      out.status = std::string(v);
+    }
+  }
+  if (!saw_did || !saw_active) {
+    return Status::Corrupt(what + " lacks \"" + (saw_did ? "active" : "did") + "\"");
+  }
+  return out;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Repo listings
 

@@ -30,6 +30,16 @@ std::string ListRecordsUrl(std::string_view pds, std::string_view did, std::stri
                            uint32_t limit, std::string_view cursor);
 // {pds}/xrpc/com.atproto.sync.getRepo?did=
 std::string GetRepoUrl(std::string_view pds, std::string_view did);
+// {pds}/xrpc/com.atproto.sync.getRepoStatus?did=
+std::string GetRepoStatusUrl(std::string_view pds, std::string_view did);
+
+// A getRepoStatus answer: {"did", "active", "status"?, "rev"?}. `did` must match the one asked
+// about; Corrupt naming the reason otherwise.
+struct RepoStatus {
+  bool active = false;
+  std::string status;  // "takendown", "deactivated", "deleted"...; empty when absent
+};
+Result<RepoStatus> ParseRepoStatus(std::string_view did, std::string_view body);
 
 // --- Repo listings ------------------------------------------------------------------------------
 

@@ -21,7 +21,8 @@ SourceJobRun RunSourceJob(
     const std::filesystem::path& state_dir, const std::string& db, const std::string& kind,
     const std::string& job_name, const JobSourceFactory& make_source,
     const std::function<void(state::KvStore&)>& prepare,
-    const std::function<void(state::KvStore&, const state::JobRecord&)>& after) {
+    const std::function<void(state::KvStore&, const state::JobRecord&)>& after,
+    const std::vector<const pipeline::Transform*>& extra) {
   SourceJobRun out;
   auto kv = state::OpenRocksDb({.path = state_dir.string()});
   EXPECT_TRUE(kv.ok()) << kv.status().ToString();
@@ -39,8 +40,11 @@ SourceJobRun RunSourceJob(
   run.job_name = job_name;
   run.engine.batch.max_delay_ms = 50;
   state::KvStore& store = **kv;
+  std::vector<const pipeline::Transform*> transforms = {&verify};
+  transforms.insert(transforms.end(), extra.begin(), extra.end());
+  transforms.push_back(&guard);
   auto job = pipeline::RunAsJob([&](const state::JobRecord& j) { return make_source(store, j); },
-                                kind, {&verify, &guard}, sink->get(), kv->get(), run);
+                                kind, transforms, sink->get(), kv->get(), run);
   EXPECT_TRUE(job.ok()) << job.status().ToString();
   if (!job.ok()) return out;
   out.job = *job;

@@ -33,12 +33,14 @@ using JobSourceFactory = std::function<Result<std::unique_ptr<pipeline::Source>>
 // Runs (or resumes) the job of `kind` named `job_name`, with its state in `state_dir`, into the
 // SQLite file `db`, to its end. `make_source` builds the source once the job is known; `prepare`
 // (when set) runs on the state store first; `after` (when set) sees the state store and the job
-// before the store closes. Failures to set up are test failures (the run is then empty).
+// before the store closes. `extra` transforms run between CID verification and the guard.
+// Failures to set up are test failures (the run is then empty).
 SourceJobRun RunSourceJob(
     const std::filesystem::path& state_dir, const std::string& db, const std::string& kind,
     const std::string& job_name, const JobSourceFactory& make_source,
     const std::function<void(state::KvStore&)>& prepare = nullptr,
-    const std::function<void(state::KvStore&, const state::JobRecord&)>& after = nullptr);
+    const std::function<void(state::KvStore&, const state::JobRecord&)>& after = nullptr,
+    const std::vector<const pipeline::Transform*>& extra = {});
 
 // A source that forwards to `source` without owning it, for factories whose caller keeps the
 // source (to read its stats after the job ended: RunAsJob destroys what the factory returns).

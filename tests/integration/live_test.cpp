@@ -15,8 +15,10 @@
 #include "sinks/sqlite_reader.hpp"
 #include "sinks/sqlite_sink.hpp"
 #include "sources/jetstream.hpp"
+#include "stages/account_check.hpp"
 #include "stages/cid_verify.hpp"
 #include "stages/ingest_guard.hpp"
+#include "stages/resolver.hpp"
 #include "state/error_log.hpp"
 #include "state/tombstones.hpp"
 #include "tests/common/job_harness.hpp"
@@ -95,7 +97,8 @@ struct LiveRun {
   std::map<std::string, uint64_t> error_kinds;
 };
 
-LiveRun RunLive(const std::filesystem::path& dir, const JetstreamOptions& options) {
+LiveRun RunLive(const std::filesystem::path& dir, const JetstreamOptions& options,
+                const std::vector<const pipeline::Transform*>& extra = {}) {
   LiveRun out;
   std::unique_ptr<JetstreamSource> made;
   testing::SourceJobRun run = testing::RunSourceJob(
@@ -109,7 +112,8 @@ LiveRun RunLive(const std::filesystem::path& dir, const JetstreamOptions& option
       [&](state::KvStore&, const state::JobRecord&) {
         if (made != nullptr) out.stats = made->stats();
         made.reset();  // while the state store is still open
-      });
+      },
+      extra);
   out.job = std::move(run.job);
   out.error_kinds = std::move(run.error_kinds);
   return out;
@@ -204,10 +208,98 @@ TEST(LiveTest, AResumedConsumerStartsAtItsSavedCursor) {
   EXPECT_EQ(second.stats.last_seq, 3000u);
 }
 
+// The stream's account deletions checked with the PDS (getRepoStatus). Simnet reports half of its
+// deletions falsely (the PDS still says active): with the check the table equals the ground
+// truth, which keeps those accounts' records; without it they are purged.
+struct Checker {
+  std::unique_ptr<net::HttpClient> http;
+  std::unique_ptr<stages::DidResolver> resolver;
+  std::unique_ptr<stages::AccountCheck> check;
+  explicit Checker(const std::string& plc_url, int64_t timeout_ms = 5000) {
+    net::HttpClientOptions ho;
+    ho.allow_private_addresses = true;
+    auto started = net::HttpClient::Start(ho);
+    EXPECT_TRUE(started.ok()) << started.status().ToString();
+    if (!started.ok()) return;
+    http = std::move(*started);
+    stages::ResolverOptions ro;
+    ro.plc_url = plc_url;
+    ro.allow_loopback_endpoints = true;
+    ro.timeout_ms = timeout_ms;
+    resolver = std::make_unique<stages::DidResolver>(http.get(), nullptr, ro);
+    check = std::make_unique<stages::AccountCheck>(resolver.get(), http.get(),
+                                                   stages::AccountCheckOptions{timeout_ms});
+  }
+};
+
+simnet::SimnetOptions FalseDeletes(uint64_t events) {
+  simnet::SimnetOptions so = Network(events);
+  so.jetstream.account_share = 0.08;
+  so.jetstream.false_delete_share = 0.5;
+  return so;
+}
+
+uint64_t FalseDeletesIn(const simnet::JetstreamLog& log) {
+  uint64_t n = 0;
+  for (uint64_t seq = 1; seq <= log.size(); ++seq) n += log.event(seq).false_report ? 1 : 0;
+  return n;
+}
+
+TEST(LiveTest, DeletedAccountsAreCheckedWithTheirPds) {
+  auto net = simnet::Simnet::Start(FalseDeletes(6000));
+  ASSERT_TRUE(net.ok()) << net.status().ToString();
+  const uint64_t false_deletes = FalseDeletesIn(*(*net)->jetstream());
+  ASSERT_GE(false_deletes, 3u);
+  const auto want = Truth(**net);
+  {
+    TempDir dir;
+    Checker checker((*net)->plc_url());
+    ASSERT_NE(checker.check, nullptr);
+    LiveRun run = RunLive(dir.path(), Live(**net, JetstreamProtocol::kV2), {checker.check.get()});
+    EXPECT_EQ(run.job.stop_reason.code, "stream_idle") << run.job.stop_reason.sentence;
+    const auto got = Table((dir.path() / "db.sqlite").string());
+    EXPECT_EQ(got, want) << Diff(want, got);
+    const stages::AccountCheckStats s = checker.check->stats();
+    EXPECT_EQ(s.refused, false_deletes);
+    EXPECT_EQ(s.unconfirmed, 0u);
+    EXPECT_GT(s.checks, s.refused);  // the genuine deletions were asked about too
+    EXPECT_EQ(Kinds(run.error_kinds),
+              "account_status_mismatch=" + std::to_string(false_deletes) + " ");
+    EXPECT_EQ(run.job.counters.extra["account_purges_refused"], false_deletes);
+    EXPECT_EQ(run.job.counters.extra["account_checks"], s.checks);
+  }
+  {
+    // Without the check the false deletions purge records the network still has.
+    TempDir dir;
+    LiveRun run = RunLive(dir.path(), Live(**net, JetstreamProtocol::kV2));
+    const auto got = Table((dir.path() / "db.sqlite").string());
+    EXPECT_LT(got.size(), want.size());
+  }
+}
+
+TEST(LiveTest, DeletionsWhosePdsCannotBeAskedStillPurge) {
+  auto net = simnet::Simnet::Start(Network(4000));
+  ASSERT_TRUE(net.ok()) << net.status().ToString();
+  TempDir dir;
+  // A PLC directory nobody listens at: no DID resolves.
+  Checker checker("http://127.0.0.1:9", 300);
+  ASSERT_NE(checker.check, nullptr);
+  LiveRun run = RunLive(dir.path(), Live(**net, JetstreamProtocol::kV2), {checker.check.get()});
+  const auto want = Truth(**net);
+  const auto got = Table((dir.path() / "db.sqlite").string());
+  EXPECT_EQ(got, want) << Diff(want, got);
+  const stages::AccountCheckStats s = checker.check->stats();
+  EXPECT_GT(s.checks, 0u);
+  EXPECT_EQ(s.unconfirmed, s.checks);
+  EXPECT_EQ(s.refused, 0u);
+  EXPECT_EQ(run.job.counters.extra["account_purges_unconfirmed"], s.checks);
+}
+
 // `atfill run` as a user runs it, killed with SIGKILL three times mid-stream, then run until the
-// stream goes quiet: the table equals the ground truth.
+// stream goes quiet: the table equals the ground truth, false deletions included.
 TEST(LiveTest, SigkilledMidStreamThenResumedEqualsTheGroundTruth) {
-  simnet::SimnetOptions so = Network(20000);
+  // With false deletions, which `atfill run` checks with the PDS (it must, to match the truth).
+  simnet::SimnetOptions so = FalseDeletes(20000);
   auto net = simnet::Simnet::Start(so);
   ASSERT_TRUE(net.ok()) << net.status().ToString();
   const auto want = Truth(**net);
@@ -215,8 +307,11 @@ TEST(LiveTest, SigkilledMidStreamThenResumedEqualsTheGroundTruth) {
   const std::string config = (dir.path() / "atfill.toml").string();
   testing::WriteFile(config,
                      "[state]\ndir = \"state\"\n[sink.sqlite]\npath = \"db.sqlite\"\n"
-                     "[engine]\nbatch_ms = 50\nbatch_records = 500\n"
-                     "[progress]\ninterval_s = 60\n[live]\nhosts = [\"" +
+                     "[resolver]\nplc = \"" +
+                         (*net)->plc_url() +
+                         "\"\n"
+                         "[engine]\nbatch_ms = 50\nbatch_records = 500\n"
+                         "[progress]\ninterval_s = 60\n[live]\nhosts = [\"" +
                          (*net)->jetstream_url() +
                          "\"]\nallow_private_endpoints = true\nidle_exit_ms = 1500\nstart_seq = 1\n"
                          "reconnect_base_ms = 20\nreconnect_max_ms = 200\n");

@@ -11,6 +11,7 @@
 #include <boost/beast/http.hpp>
 #include <boost/beast/websocket.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <functional>
 #include <map>
@@ -22,7 +23,9 @@
 #include <vector>
 
 #include "atproto/json.hpp"
+#include "net/http_client.hpp"
 #include "sources/jetstream_frames.hpp"
+#include "stages/fetcher.hpp"
 #include "tools/simnet/jetstream.hpp"
 #include "tools/simnet/simnet.hpp"
 
@@ -376,6 +379,95 @@ TEST(SimnetJetstreamTest, LogHasEveryKindAndPurges) {
   Result<JetstreamTruth> truth2 = (*log2)->Truth();
   ASSERT_TRUE(truth2.ok());
   EXPECT_EQ(truth2->ToTsv(), truth->ToTsv());
+}
+
+// False deletions: the PDS keeps saying active (getRepoStatus), the truth keeps the account's
+// records, and no later #account event names the account.
+TEST(SimnetJetstreamTest, FalseDeletionsLeaveTheAccountActiveOnItsPds) {
+  SimnetOptions o = Options(4000);
+  o.jetstream.account_share = 0.1;
+  o.jetstream.false_delete_share = 0.5;
+  auto net = StartOrDie(o);
+  ASSERT_NE(net, nullptr);
+  const JetstreamLog& log = *net->jetstream();
+  std::map<uint32_t, uint64_t> falsely_deleted;  // account -> seq of the false report
+  int genuine_deletes = 0;
+  for (uint64_t seq = 1; seq <= log.size(); ++seq) {
+    const JetstreamEvent& e = log.event(seq);
+    if (e.kind != JetstreamKind::kAccount) continue;
+    EXPECT_EQ(falsely_deleted.count(e.account), 0u)
+        << "seq " << seq << " names an account falsely deleted at " << falsely_deleted[e.account];
+    if (e.false_report) {
+      EXPECT_EQ(e.status, AccountStatus::kDeleted);
+      EXPECT_EQ(log.StatusAt(e.account, seq), AccountStatus::kActive);
+      falsely_deleted[e.account] = seq;
+    } else {
+      EXPECT_EQ(log.StatusAt(e.account, seq), e.status) << seq;
+      genuine_deletes += e.status == AccountStatus::kDeleted;
+    }
+  }
+  ASSERT_GE(falsely_deleted.size(), 2u);
+  ASSERT_GE(genuine_deletes, 1);
+  Result<JetstreamTruth> truth = net->JetstreamGroundTruth();
+  ASSERT_TRUE(truth.ok()) << truth.status().ToString();
+  // The PDS answers with the account's status after everything published (all of it here).
+  net::HttpClientOptions ho;
+  ho.allow_private_addresses = true;
+  auto http = net::HttpClient::Start(ho);
+  ASSERT_TRUE(http.ok());
+  const auto& accounts = net->network().accounts();
+  const auto ask = [&](const Account& a) {
+    net::HttpRequest request;
+    request.url = stages::GetRepoStatusUrl(net->pds_url(a.pds), a.did);
+    return (*http)->Fetch(request);
+  };
+  uint64_t kept_records = 0;
+  for (const auto& [account, seq] : falsely_deleted) {
+    const Account& a = accounts[account];
+    auto got = ask(a);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    ASSERT_EQ(got->status, 200) << got->body;
+    auto status = stages::ParseRepoStatus(a.did, got->body);
+    ASSERT_TRUE(status.ok()) << status.status().ToString();
+    EXPECT_TRUE(status->active) << a.did;
+    // Its records created before the false report (and after the last purge by a genuine
+    // takedown) are still in the truth unless deleted one by one.
+    uint64_t purged_at = 0;
+    for (uint64_t s = 1; s < seq; ++s) {
+      const JetstreamEvent& e = log.event(s);
+      if (e.kind == JetstreamKind::kAccount && e.account == account &&
+          (e.status == AccountStatus::kTakendown || e.status == AccountStatus::kDeleted)) {
+        purged_at = s;
+      }
+    }
+    for (uint64_t s = purged_at + 1; s < seq; ++s) {
+      const JetstreamEvent& e = log.event(s);
+      if (e.kind != JetstreamKind::kCreate || e.account != account) continue;
+      ++kept_records;
+      bool deleted = false;
+      for (uint64_t later = s + 1; later <= log.size() && !deleted; ++later) {
+        deleted = log.event(later).kind == JetstreamKind::kDelete && log.event(later).target == s;
+      }
+      if (deleted) continue;
+      const std::string uri = log.Uri(s);
+      EXPECT_TRUE(std::any_of(truth->records.begin(), truth->records.end(),
+                              [&](const JetstreamTruthRecord& r) { return r.uri == uri; }))
+          << uri << " was purged by a false report";
+    }
+  }
+  EXPECT_GT(kept_records, 0u);
+  for (uint64_t seq = 1; seq <= log.size(); ++seq) {
+    const JetstreamEvent& e = log.event(seq);
+    if (e.kind != JetstreamKind::kAccount || e.false_report || e.status != AccountStatus::kDeleted)
+      continue;
+    const Account& a = accounts[e.account];
+    auto got = ask(a);
+    ASSERT_TRUE(got.ok());
+    auto status = stages::ParseRepoStatus(a.did, got->body);
+    ASSERT_TRUE(status.ok()) << got->body;
+    EXPECT_FALSE(status->active);
+    EXPECT_EQ(status->status, "deleted");
+  }
 }
 
 TEST(SimnetJetstreamTest, V2DeliversEveryEventInOrderAndFoldsToTheTruth) {

@@ -2,6 +2,7 @@
 // with records, keys and repositories from simnet's generator (no sockets).
 #include "stages/fetcher.hpp"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -150,6 +151,37 @@ TEST(FetcherUrls, ComposeAndPercentEncode) {
   EXPECT_EQ(GetRepoUrl("https://pds.example/", "did:plc:ewvi7nxzyoun6zhxrhs64oiz"),
             "https://pds.example/xrpc/com.atproto.sync.getRepo?"
             "did=did%3Aplc%3Aewvi7nxzyoun6zhxrhs64oiz");
+  EXPECT_EQ(GetRepoStatusUrl("https://pds.example", "did:plc:ewvi7nxzyoun6zhxrhs64oiz"),
+            "https://pds.example/xrpc/com.atproto.sync.getRepoStatus?"
+            "did=did%3Aplc%3Aewvi7nxzyoun6zhxrhs64oiz");
+}
+
+TEST(FetcherRepoStatus, ActiveInactiveAndMalformedAnswers) {
+  const std::string did = "did:plc:ewvi7nxzyoun6zhxrhs64oiz";
+  auto active = ParseRepoStatus(did, R"({"did":")" + did + R"(","active":true,"rev":"3k"})");
+  ASSERT_TRUE(active.ok()) << active.status().ToString();
+  EXPECT_TRUE(active->active);
+  EXPECT_EQ(active->status, "");
+  auto gone = ParseRepoStatus(did, R"({"active":false,"status":"deleted","did":")" + did + R"("})");
+  ASSERT_TRUE(gone.ok()) << gone.status().ToString();
+  EXPECT_FALSE(gone->active);
+  EXPECT_EQ(gone->status, "deleted");
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"not json", "is not JSON"},
+      {"[1]", "is not a JSON object"},
+      {R"({"did":"did:plc:other","active":true})", "names another DID"},
+      {R"({"did":")" + did + R"("})", "lacks \"active\""},
+      {R"({"active":true})", "lacks \"did\""},
+      {R"({"did":")" + did + R"(","active":"yes"})", "\"active\" is not a boolean"},
+      {R"({"did":")" + did + R"(","active":false,"status":7})", "\"status\" is not a string"},
+  };
+  for (const auto& [body, why] : bad) {
+    auto parsed = ParseRepoStatus(did, body);
+    ASSERT_FALSE(parsed.ok()) << body;
+    EXPECT_EQ(parsed.status().code(), StatusCode::kCorrupt) << body;
+    EXPECT_THAT(parsed.status().message(), ::testing::HasSubstr(why)) << body;
+    EXPECT_THAT(parsed.status().message(), ::testing::HasSubstr(did)) << body;
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -120,6 +120,9 @@ Result<AppConfig> LoadAppConfig(const std::string& path) {
                                        &l.websocket.reconnect.failures_before_failover, 1, 1000));
   ATFILL_RETURN_IF_ERROR(
       file.ReadInt("live.idle_timeout_ms", &l.websocket.idle_timeout_ms, 0, 3'600'000));
+  ATFILL_RETURN_IF_ERROR(file.ReadBool("live.check_deleted_accounts", &c.check_deleted_accounts));
+  ATFILL_RETURN_IF_ERROR(
+      file.ReadInt("live.account_check_timeout_ms", &c.account_check.timeout_ms, 1, 600'000));
   k.resolver_http.connect_timeout_ms = k.http.connect_timeout_ms;
   ATFILL_RETURN_IF_ERROR(file.ReadBool("jobs.record_batches", &c.jobs.record_batches));
   ATFILL_RETURN_IF_ERROR(

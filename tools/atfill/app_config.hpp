@@ -11,6 +11,7 @@
 #include "sources/crawl.hpp"
 #include "sources/event_file.hpp"
 #include "sources/jetstream.hpp"
+#include "stages/account_check.hpp"
 #include "state/error_log.hpp"
 #include "state/kv_store.hpp"
 #include "state/tombstones.hpp"
@@ -18,14 +19,18 @@
 namespace atfill::cli {
 
 struct AppConfig {
-  std::string path;                    // the config file
-  state::RocksDbOptions state;         // [state]
-  std::string sink = "sqlite";         // [sink] kind
-  sinks::SqliteSinkOptions sqlite;     // [sink.sqlite]
-  pipeline::EngineOptions engine;      // [engine]
-  sources::EventFileOptions files;     // [files] (paths come from the command line)
-  sources::CrawlOptions crawl;         // [crawl], [resolver], [net]
-  sources::JetstreamOptions live;      // [live] (no hosts: no live consumer)
+  std::string path;                 // the config file
+  state::RocksDbOptions state;      // [state]
+  std::string sink = "sqlite";      // [sink] kind
+  sinks::SqliteSinkOptions sqlite;  // [sink.sqlite]
+  pipeline::EngineOptions engine;   // [engine]
+  sources::EventFileOptions files;  // [files] (paths come from the command line)
+  sources::CrawlOptions crawl;      // [crawl], [resolver], [net]
+  sources::JetstreamOptions live;   // [live] (no hosts: no live consumer)
+  // [live] check_deleted_accounts, account_check_timeout_ms: ask the PDS before purging a
+  // deleted account (stages/account_check.hpp).
+  bool check_deleted_accounts = true;
+  stages::AccountCheckOptions account_check;
   bool verify_cids = true;             // [stages] verify_cids
   pipeline::JobOptions jobs;           // [jobs]
   state::ErrorLogOptions error_log;    // [jobs] error_log_cap

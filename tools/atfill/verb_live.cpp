@@ -8,9 +8,12 @@
 #include "pipeline/run.hpp"
 #include "sinks/sqlite_sink.hpp"
 #include "sources/jetstream.hpp"
+#include "stages/account_check.hpp"
 #include "stages/cid_verify.hpp"
 #include "stages/ingest_guard.hpp"
+#include "stages/resolver.hpp"
 #include "state/cursors.hpp"
+#include "state/resolver_cache.hpp"
 #include "tools/atfill/app_config.hpp"
 #include "tools/atfill/cli.hpp"
 #include "tools/atfill/job_run.hpp"
@@ -55,6 +58,30 @@ int RunLive(const AppConfig& config, OpenedState& st) {
   if (!source.ok()) return Fail("run", source.status().message(), kExitUsage);
   stages::CidVerify verify;
   stages::IngestGuard guard(st.tombstones.get());
+  // The account check asks PDSs with the crawl's resolver settings ([resolver], [net]).
+  std::unique_ptr<state::ResolverCache> check_cache;  // outlives the client's callbacks
+  std::unique_ptr<net::HttpClient> check_http;
+  std::unique_ptr<stages::DidResolver> check_resolver;
+  std::unique_ptr<stages::AccountCheck> check;
+  if (config.check_deleted_accounts) {
+    net::HttpClientOptions http = config.crawl.resolver_http;
+    stages::ResolverOptions resolver = config.crawl.resolver;
+    const bool loopback = config.live.allow_private_endpoints ||
+                          config.crawl.allow_loopback_endpoints ||
+                          config.crawl.allow_private_endpoints;
+    http.allow_private_addresses = loopback;
+    resolver.allow_loopback_endpoints = loopback;
+    resolver.allow_private_endpoints =
+        config.live.allow_private_endpoints || config.crawl.allow_private_endpoints;
+    auto started = net::HttpClient::Start(http);
+    if (!started.ok()) return Fail("run", started.status().message(), kExitUsage);
+    check_http = std::move(*started);
+    check_cache = std::make_unique<state::ResolverCache>(*st.kv);
+    check_resolver =
+        std::make_unique<stages::DidResolver>(check_http.get(), check_cache.get(), resolver);
+    check = std::make_unique<stages::AccountCheck>(check_resolver.get(), check_http.get(),
+                                                   config.account_check);
+  }
   ForegroundJob run;
   run.verb = "run";
   run.config = &config;
@@ -62,6 +89,7 @@ int RunLive(const AppConfig& config, OpenedState& st) {
   run.job = *job;
   run.source = source->get();
   if (config.verify_cids) run.transforms.push_back(&verify);
+  if (check != nullptr) run.transforms.push_back(check.get());
   run.transforms.push_back(&guard);
   run.sink = sink->get();
   run.cursor_name = kLiveCursor;

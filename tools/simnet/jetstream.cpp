@@ -168,6 +168,9 @@ Status JetstreamOptions::Validate() const {
       !share(account_share) || update_share + delete_share + identity_share + account_share > 1) {
     return Status::Invalid("jetstream event shares must be within 0..1 and add up to at most 1");
   }
+  if (!share(false_delete_share)) {
+    return Status::Invalid("jetstream false_delete_share must be within 0..1");
+  }
   if (!share(disconnect_probability)) {
     return Status::Invalid("jetstream disconnect_probability must be within 0..1");
   }
@@ -205,6 +208,9 @@ Result<std::unique_ptr<JetstreamLog>> JetstreamLog::Generate(const Network& net,
     AccountStatus status;
     uint64_t handle_version = 0;
     std::vector<uint64_t> records;  // creates, possibly deleted since
+    // Falsely reported deleted: no #account event names it again, so that its PDS's status (what
+    // getRepoStatus says at any later time) stays the one it had at the false report.
+    bool frozen = false;
   };
   std::vector<State> state(n_accounts);
   for (size_t i = 0; i < n_accounts; ++i) state[i].status = accounts[i].status;
@@ -213,10 +219,12 @@ Result<std::unique_ptr<JetstreamLog>> JetstreamLog::Generate(const Network& net,
   std::vector<uint64_t> pool;  // creates, lazily pruned of dead ones
   log->events_.assign(n + 1, JetstreamEvent{});
 
+  log->status_changes_.assign(n_accounts, {});
   const auto set_status = [&](JetstreamEvent* e, uint32_t account, AccountStatus status) {
     e->kind = JetstreamKind::kAccount;
     e->account = account;
     e->status = status;
+    log->status_changes_[account].push_back(static_cast<uint64_t>(e - log->events_.data()));
     State& s = state[account];
     s.status = status;
     if (status == AccountStatus::kTakendown || status == AccountStatus::kDeleted) {
@@ -261,13 +269,24 @@ Result<std::unique_ptr<JetstreamLog>> JetstreamLog::Generate(const Network& net,
                        options.account_share) {
       for (int attempt = 0; attempt < 8 && !done; ++attempt) {
         const auto a = static_cast<uint32_t>(rng.Below(n_accounts));
-        if (state[a].status == AccountStatus::kDeleted) continue;
+        if (state[a].status == AccountStatus::kDeleted || state[a].frozen) continue;
         AccountStatus next = AccountStatus::kActive;
         if (state[a].status == AccountStatus::kActive) {
           const double r = rng.Unit();
           next = r < 0.7   ? AccountStatus::kDeactivated
                  : r < 0.9 ? AccountStatus::kTakendown
                            : AccountStatus::kDeleted;
+        }
+        // Drawn only when asked for, so that logs without false deletes stay as they were.
+        if (next == AccountStatus::kDeleted && options.false_delete_share > 0 &&
+            rng.Unit() < options.false_delete_share) {
+          e.kind = JetstreamKind::kAccount;
+          e.account = a;
+          e.status = next;
+          e.false_report = true;
+          state[a].frozen = true;
+          done = true;
+          continue;
         }
         set_status(&e, a, next);
         done = true;
@@ -292,7 +311,7 @@ Result<std::unique_ptr<JetstreamLog>> JetstreamLog::Generate(const Network& net,
     const uint64_t from = rng.Below(n_accounts);
     for (uint64_t k = 0; k < n_accounts && !done; ++k) {
       const auto a = static_cast<uint32_t>((from + k) % n_accounts);
-      if (state[a].status == AccountStatus::kDeleted) continue;
+      if (state[a].status == AccountStatus::kDeleted || state[a].frozen) continue;
       set_status(&e, a, AccountStatus::kActive);
       done = true;
     }
@@ -518,6 +537,13 @@ Result<std::string> JetstreamLog::FrameV2(uint64_t seq) const {
   return out;
 }
 
+AccountStatus JetstreamLog::StatusAt(uint32_t account, uint64_t through_seq) const {
+  const std::vector<uint64_t>& changes = status_changes_.at(account);
+  auto it = std::upper_bound(changes.begin(), changes.end(), through_seq);
+  if (it == changes.begin()) return net_->accounts()[account].status;
+  return events_[*std::prev(it)].status;
+}
+
 Result<JetstreamTruth> JetstreamLog::Truth(uint64_t through_seq) const {
   JetstreamTruth truth;
   truth.through_seq = std::min(through_seq, size());
@@ -539,6 +565,7 @@ Result<JetstreamTruth> JetstreamLog::Truth(uint64_t through_seq) const {
       case JetstreamKind::kIdentity:
         break;
       case JetstreamKind::kAccount: {
+        if (e.false_report) break;  // the PDS still has the account, and its records
         const std::string& did = Did(seq);
         accounts[did] = JetstreamTruthAccount{did, e.status, seq};
         if (e.status == AccountStatus::kTakendown || e.status == AccountStatus::kDeleted) {

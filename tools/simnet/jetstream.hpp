@@ -44,6 +44,9 @@ struct JetstreamEvent {
   uint8_t collection = 0;  // commits: index into SimnetOptions::collections
   // Account events: the new status; kActive = active again.
   AccountStatus status = AccountStatus::kActive;
+  // Account events: a false "deleted" (JetstreamOptions::false_delete_share); the account's
+  // status is unchanged.
+  bool false_report = false;
 };
 
 struct JetstreamTruthRecord {
@@ -109,6 +112,10 @@ class JetstreamLog {
   Result<std::string> FrameV1(uint64_t seq) const;
   Result<std::string> FrameV2(uint64_t seq) const;
 
+  // The status the account's PDS reports after events 1..through_seq (false deletes do not count;
+  // before its first #account event, its Network status).
+  AccountStatus StatusAt(uint32_t account, uint64_t through_seq) const;
+
   // Ground truth of events 1..min(through_seq, size()).
   Result<JetstreamTruth> Truth(uint64_t through_seq = UINT64_MAX) const;
 
@@ -126,6 +133,8 @@ class JetstreamLog {
   uint64_t seed_ = 0;
   uint64_t published_at_start_ = 0;
   std::vector<JetstreamEvent> events_;  // [0] unused
+  // Per account, the seqs of its #account events that changed its status, ascending.
+  std::vector<std::vector<uint64_t>> status_changes_;
 };
 
 // Trains a zstd dictionary (ZDICT_trainFromBuffer, at most `capacity` bytes) on the frames of

@@ -17,7 +17,8 @@
 // (events/s, 0 = all published at start) --jetstream-published N --jetstream-retention N
 // --jetstream-burst-every N --jetstream-burst-size N --jetstream-interval-us N
 // --jetstream-disconnect-after N --jetstream-disconnect-probability X --jetstream-max-queue N
-// --jetstream-send-buffer N.
+// --jetstream-send-buffer N --jetstream-false-deletes X (share of #account deleted events the
+// account's PDS contradicts).
 #include <signal.h>
 #include <sys/resource.h>
 
@@ -48,7 +49,7 @@ int Usage() {
       "         [--jetstream-retention N] [--jetstream-burst-every N] [--jetstream-burst-size N]\n"
       "         [--jetstream-interval-us N] [--jetstream-disconnect-after N]\n"
       "         [--jetstream-disconnect-probability X] [--jetstream-max-queue N]\n"
-      "         [--jetstream-send-buffer N]\n"
+      "         [--jetstream-send-buffer N] [--jetstream-false-deletes X]\n"
       "       serve: [--duration-s N] [--truth-out FILE] [--jetstream-truth-out FILE]\n"
       "              [--jetstream-v1-dict-out FILE] [--jetstream-v2-dict-out FILE]\n"
       "       truth: [--with-faults]\n",
@@ -146,6 +147,8 @@ Status ParseArgs(int argc, char** argv, Cli* cli) {
       ok = ParseNumber(value, &o.jetstream.disconnect_after_frames);
     } else if (flag == "--jetstream-disconnect-probability") {
       ok = ParseNumber(value, &o.jetstream.disconnect_probability);
+    } else if (flag == "--jetstream-false-deletes") {
+      ok = ParseNumber(value, &o.jetstream.false_delete_share);
     } else if (flag == "--jetstream-max-queue") {
       ok = ParseNumber(value, &o.jetstream.max_send_queue);
     } else if (flag == "--jetstream-send-buffer") {

@@ -384,11 +384,15 @@ Reply Simnet::Impl::Pds(uint32_t pds, const Target& t) {
     return XrpcError(400, "RepoNotFound", "Could not find repo for DID: " + *did);
   }
   if (get_status) {
+    // With a Jetstream, the status its published #account events have given the account.
+    const AccountStatus status = jetstream != nullptr
+                                     ? jetstream->log().StatusAt(a->index, jetstream->Published())
+                                     : a->status;
     JsonWriter w;
     w.BeginObject().Key("did").String(a->did);
-    w.Key("active").Bool(a->status == AccountStatus::kActive);
-    if (a->status != AccountStatus::kActive) {
-      w.Key("status").String(AccountStatusName(a->status));
+    w.Key("active").Bool(status == AccountStatus::kActive);
+    if (status != AccountStatus::kActive) {
+      w.Key("status").String(AccountStatusName(status));
     } else {
       w.Key("rev").String(a->rev);
     }

@@ -5,7 +5,8 @@
 //   relay.localhost:PORT     com.atproto.sync.listReposByCollection, com.atproto.sync.listRepos
 //   plc.localhost:PORT       GET /{did}: the DID document of a did:plc account
 //   pds-0001.localhost:PORT  com.atproto.repo.listRecords, com.atproto.sync.getRepo (a CAR with
-//                            the MST and a signed commit), com.atproto.sync.getRepoStatus
+//                            the MST and a signed commit), com.atproto.sync.getRepoStatus (with
+//                            a Jetstream: the status its published #account events gave)
 //   web-0001.localhost:PORT  GET /.well-known/did.json for one did:web account
 //   jetstream.localhost:PORT a Jetstream (when SimnetOptions::jetstream.events > 0; see
 //                            jetstream.hpp): GET /subscribe (v1), the v2 WebSocket
@@ -121,6 +122,10 @@ struct JetstreamOptions {
   double delete_share = 0.10;
   double identity_share = 0.03;
   double account_share = 0.03;
+  // Share of #account "deleted" events that are false: the account's PDS still answers
+  // com.atproto.sync.getRepoStatus with active, the account keeps its records (the ground truth
+  // does not purge them) and goes on writing. 0..1.
+  double false_delete_share = 0;
   // Faults. Each connection closes its socket without a close frame after writing this many
   // frames (0 = never), or after any frame with this probability.
   uint64_t disconnect_after_frames = 0;

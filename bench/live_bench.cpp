@@ -1,0 +1,289 @@
+// The live consumer against simnet's Jetstream on loopback, in-process: the Jetstream source (v2
+// subscribeEvents, zstd with simnet's trained dictionary or uncompressed), CID verify, the account
+// check (each #account deletion asks simnet's PDS), the ingest guard and the SQLite sink, state in
+// RocksDB, as `atfill run` runs it, with the engine's workers set to 4.
+//
+// BM_LiveCatchUp: the whole log (kEvents events) is published before the consumer connects with
+// cursor seq 1, so the consumer reads as fast as it can apply: events_per_s is its sustained
+// ceiling. The job ends when the stream has been quiet for kIdleMs; that wait is not counted.
+//
+// BM_LiveAtRate: simnet publishes the log at a fixed rate (events/s, the second argument) from
+// the moment it starts, and the consumer follows from seq 1. Every 20 ms a watcher compares what
+// simnet has published with what the job has committed; max_lag_events is the largest gap seen,
+// max_lag_ms the same in time at that rate, final_lag_ms how long after the last event was
+// published the consumer had committed it. A lag that stays at a few batches means the consumer
+// keeps up at that rate; one that grows with the run means it does not.
+//
+// Simnet generates its log (and the ground truth) outside the timed part; it runs in this process
+// and shares the 2 cores with the consumer, sending every frame over loopback.
+//
+//   cmake --build build --target live_bench -j2 && build/bench/live_bench
+#include <benchmark/benchmark.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <filesystem>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "pipeline/engine.hpp"
+#include "pipeline/job.hpp"
+#include "sinks/sqlite_sink.hpp"
+#include "sources/jetstream.hpp"
+#include "stages/account_check.hpp"
+#include "stages/cid_verify.hpp"
+#include "stages/ingest_guard.hpp"
+#include "stages/resolver.hpp"
+#include "state/error_log.hpp"
+#include "state/job_store.hpp"
+#include "state/kv_store.hpp"
+#include "state/resolver_cache.hpp"
+#include "state/tombstones.hpp"
+#include "tools/simnet/jetstream.hpp"
+#include "tools/simnet/simnet.hpp"
+
+namespace atfill {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr uint64_t kEvents = 300'000;
+constexpr int64_t kIdleMs = 400;
+
+fs::path WorkDir() {
+  static const fs::path* dir = [] {
+    auto* d = new fs::path(fs::temp_directory_path() /
+                           ("atfill-live-bench-" + std::to_string(::getpid())));
+    fs::create_directories(*d);
+    std::atexit([] {
+      std::error_code ignored;
+      fs::remove_all(WorkDir(), ignored);
+    });
+    return d;
+  }();
+  return *dir;
+}
+
+simnet::SimnetOptions Network(double rate) {
+  simnet::SimnetOptions o;
+  o.seed = 5;
+  o.accounts = 2'000;
+  o.pds_hosts = 4;
+  o.max_records = 1;
+  o.threads = 1;
+  o.jetstream.events = kEvents;
+  o.jetstream.events_per_second = rate;
+  return o;
+}
+
+struct LiveRun {
+  std::string error;
+  state::JobRecord job;
+  sources::JetstreamStats stats;
+  double seconds = 0;  // from the job's start to its end, the idle wait excluded
+  uint64_t max_lag_events = 0;
+  double final_lag_ms = 0;
+  uint64_t batches = 0;  // committed
+};
+
+// One live job in a fresh directory, from seq 1 until the stream has been idle for kIdleMs.
+// `published` (may be null) says how many events simnet has published now.
+LiveRun RunLive(const simnet::Simnet& net, bool compress,
+                const std::function<uint64_t()>& published) {
+  LiveRun out;
+  const fs::path dir = WorkDir() / "live";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  auto kv = state::OpenRocksDb({.path = (dir / "state").string()});
+  if (!kv.ok()) {
+    out.error = kv.status().ToString();
+    return out;
+  }
+  sinks::SqliteSinkOptions sink_options;
+  sink_options.path = (dir / "db.sqlite").string();
+  auto sink = sinks::OpenSqliteSink(sink_options);
+  if (!sink.ok()) {
+    out.error = sink.status().ToString();
+    return out;
+  }
+  state::JobStore jobs(**kv);
+  state::ErrorLog errors(**kv);
+  state::JobRecord prototype;
+  prototype.kind = "live";
+  prototype.created_us = pipeline::NowMicros();
+  prototype.started_by = "live_bench";
+  auto job = jobs.Create(prototype);
+  if (!job.ok()) {
+    out.error = job.status().ToString();
+    return out;
+  }
+  sources::JetstreamOptions options;
+  options.hosts = {net.jetstream_url()};
+  options.protocol = sources::JetstreamProtocol::kV2;
+  options.compress = compress;
+  options.allow_private_endpoints = true;
+  options.idle_exit_ms = kIdleMs;
+  options.start_seq = 1;
+  auto source = sources::JetstreamSource::Create(options, kv->get());
+  if (!source.ok()) {
+    out.error = source.status().ToString();
+    return out;
+  }
+  state::Tombstones tombstones(**kv);
+  stages::CidVerify verify;
+  stages::IngestGuard guard(&tombstones);
+  // The account check, as `atfill run` has it by default: each deletion asks simnet's PDS.
+  net::HttpClientOptions check_http_options;
+  check_http_options.allow_private_addresses = true;
+  auto check_http = net::HttpClient::Start(check_http_options);
+  if (!check_http.ok()) {
+    out.error = check_http.status().ToString();
+    return out;
+  }
+  stages::ResolverOptions resolver_options;
+  resolver_options.plc_url = net.plc_url();
+  resolver_options.allow_loopback_endpoints = true;
+  state::ResolverCache resolver_cache(**kv);
+  stages::DidResolver resolver(check_http->get(), &resolver_cache, resolver_options);
+  stages::AccountCheck check(&resolver, check_http->get());
+  pipeline::JobOptions job_options;
+  job_options.record_batches = true;  // to count the batches
+  pipeline::JobRunner runner(kv->get(), &jobs, &errors, *job, "live", job_options);
+  pipeline::EngineOptions engine_options;
+  engine_options.workers = 4;
+  pipeline::Engine engine(engine_options, source->get(), {&verify, &check, &guard}, sink->get(),
+                          kv->get(), &runner);
+
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  const auto start = std::chrono::steady_clock::now();
+  std::atomic<int64_t> caught_up_us{-1};  // when the job had committed every published event
+  std::thread watcher([&] {
+    std::unique_lock<std::mutex> lock(mu);
+    while (!done) {
+      const uint64_t applied = runner.Snapshot().counters.events_read;
+      const uint64_t pub = published ? published() : kEvents;
+      if (pub > applied) out.max_lag_events = std::max(out.max_lag_events, pub - applied);
+      if (applied >= kEvents && caught_up_us.load() < 0) {
+        caught_up_us = std::chrono::duration_cast<std::chrono::microseconds>(
+                           std::chrono::steady_clock::now() - start)
+                           .count();
+      }
+      cv.wait_for(lock, std::chrono::milliseconds(20), [&] { return done; });
+    }
+  });
+  auto ran = runner.Run(&engine);
+  const double wall =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    done = true;
+  }
+  cv.notify_one();
+  watcher.join();
+  out.seconds = wall - static_cast<double>(kIdleMs) / 1000.0;
+  out.stats = (*source)->stats();
+  if (!ran.ok()) {
+    out.error = ran.status().ToString();
+    return out;
+  }
+  out.job = *ran;
+  if (auto audit = jobs.ListBatchAudit(out.job.id, 0, 1'000'000); audit.ok()) {
+    out.batches = audit->size();
+  }
+  if (out.job.counters.events_read != kEvents) {
+    out.error = "the job applied " + std::to_string(out.job.counters.events_read) + " of " +
+                std::to_string(kEvents) + " events (" + out.job.stop_reason.code + ")";
+  }
+  if (caught_up_us.load() >= 0) out.final_lag_ms = static_cast<double>(caught_up_us.load()) / 1e3;
+  return out;
+}
+
+void Report(benchmark::State& state, const LiveRun& run) {
+  const double s = run.seconds;
+  state.counters["events"] = static_cast<double>(run.job.counters.events_read);
+  state.counters["events_per_s"] = static_cast<double>(run.job.counters.events_read) / s;
+  state.counters["records_written"] = static_cast<double>(run.job.counters.records_written);
+  state.counters["wire_mb"] = static_cast<double>(run.stats.bytes) / 1e6;
+  state.counters["batches"] = static_cast<double>(run.batches);
+  state.counters["connections"] = static_cast<double>(run.stats.connections);
+  state.counters["overflow_drops"] = static_cast<double>(run.stats.overflow_drops);
+  state.counters["errors"] = static_cast<double>(run.job.counters.failed_records);
+  state.counters["account_checks"] = static_cast<double>(
+      run.job.counters.extra.count("account_checks") ? run.job.counters.extra.at("account_checks")
+                                                     : 0);
+  state.counters["elapsed_s"] = s;
+}
+
+// Argument: compression (0 off, 1 zstd with the host's dictionary).
+void BM_LiveCatchUp(benchmark::State& state) {
+  const bool compress = state.range(0) != 0;
+  static std::unique_ptr<simnet::Simnet> net = [] {
+    auto started = simnet::Simnet::Start(Network(0));
+    return started.ok() ? std::move(*started) : nullptr;
+  }();
+  if (net == nullptr) return state.SkipWithError("simnet did not start");
+  LiveRun run;
+  for (auto _ : state) {
+    run = RunLive(*net, compress, nullptr);
+    state.SetIterationTime(run.seconds);
+    if (!run.error.empty()) return state.SkipWithError(run.error.c_str());
+  }
+  Report(state, run);
+  state.SetLabel(compress ? "v2, zstd" : "v2, uncompressed");
+}
+
+// Arguments: compression, publication rate in events/s.
+void BM_LiveAtRate(benchmark::State& state) {
+  const bool compress = state.range(0) != 0;
+  const auto rate = static_cast<double>(state.range(1));
+  LiveRun run;
+  for (auto _ : state) {
+    simnet::SimnetOptions o = Network(rate);
+    o.jetstream.published_at_start = 0;
+    auto net = simnet::Simnet::Start(o);
+    if (!net.ok()) return state.SkipWithError(net.status().ToString().c_str());
+    const auto published_from = std::chrono::steady_clock::now();
+    const simnet::JetstreamLog* log = (*net)->jetstream();
+    run = RunLive(**net, compress, [&] {
+      return std::min<uint64_t>(
+          kEvents, log->PublishedAt(std::chrono::steady_clock::now() - published_from));
+    });
+    state.SetIterationTime(run.seconds);
+    if (!run.error.empty()) return state.SkipWithError(run.error.c_str());
+    // How long after the last publication the consumer had it committed.
+    const double last_published_ms =
+        std::chrono::duration<double, std::milli>(log->PublishTime(kEvents)).count();
+    run.final_lag_ms = std::max(0.0, run.final_lag_ms - last_published_ms);
+  }
+  Report(state, run);
+  state.counters["rate"] = rate;
+  state.counters["max_lag_events"] = static_cast<double>(run.max_lag_events);
+  state.counters["max_lag_ms"] = static_cast<double>(run.max_lag_events) / rate * 1000.0;
+  state.counters["final_lag_ms"] = run.final_lag_ms;
+  state.SetLabel(compress ? "v2, zstd" : "v2, uncompressed");
+}
+
+BENCHMARK(BM_LiveCatchUp)
+    ->Arg(0)
+    ->Arg(1)
+    ->Unit(benchmark::kMillisecond)
+    ->UseManualTime()
+    ->Iterations(2);
+BENCHMARK(BM_LiveAtRate)
+    ->Args({0, 50'000})
+    ->Args({1, 50'000})
+    ->Args({1, 100'000})
+    ->Unit(benchmark::kMillisecond)
+    ->UseManualTime()
+    ->Iterations(1);
+
+}  // namespace
+}  // namespace atfill
+
+BENCHMARK_MAIN();
