@@ -3,11 +3,14 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
+#include <vector>
 
 #include "atproto/syntax.hpp"
 #include "base/bytes.hpp"
@@ -104,6 +107,44 @@ int64_t SteadyMs() {
 
 }  // namespace
 
+// Decodes the first frame of each connection on the loop thread, to check its position.
+class FirstFrameReader {
+ public:
+  FirstFrameReader(std::shared_ptr<const ZstdDictionary> v1,
+                   std::shared_ptr<const ZstdDictionary> v2, uint64_t max_bytes)
+      : v1_(std::move(v1)), v2_(std::move(v2)), max_bytes_(max_bytes) {}
+
+  // The frame's seq and time, or nullopt when it carries none (info, error) or cannot be read.
+  std::optional<std::pair<uint64_t, int64_t>> Position(std::string_view data, bool binary,
+                                                       bool v1) {
+    std::string_view json = data;
+    size_t readable = 0;
+    std::string kind;
+    if (binary) {
+      std::optional<ZstdFrameDecoder>& dec = v1 ? v1_dec_ : v2_dec_;
+      if (!dec) {
+        auto made = ZstdFrameDecoder::Create(v1 ? v1_ : v2_, max_bytes_);
+        if (!made.ok()) return std::nullopt;
+        dec.emplace(std::move(*made));
+      }
+      if (!dec->Decompress(AsBytes(data), &text_, &kind).ok()) return std::nullopt;
+      json = text_;
+      readable = text_.capacity();
+    }
+    JetstreamFrame frame;
+    Status st = v1 ? DecodeJetstreamV1(json, readable, pipeline::Origin::kLive, &frame, &kind)
+                   : DecodeJetstreamV2(json, readable, pipeline::Origin::kLive, &frame, &kind);
+    if (!st.ok() || frame.time_us == 0) return std::nullopt;
+    return std::make_pair(frame.seq, frame.time_us);
+  }
+
+ private:
+  std::shared_ptr<const ZstdDictionary> v1_, v2_;
+  uint64_t max_bytes_;
+  std::optional<ZstdFrameDecoder> v1_dec_, v2_dec_;
+  std::string text_;
+};
+
 struct JetstreamSource::Impl {
   struct Message {
     std::string data;
@@ -126,10 +167,57 @@ struct JetstreamSource::Impl {
     std::atomic<int64_t> last_time_us{0};
     std::atomic<int64_t> last_message_ms{0};
     std::atomic<uint64_t> messages{0}, bytes{0}, connections{0}, v1_fallbacks{0}, overflow_drops{0},
-        cursor_too_old{0};
+        cursor_too_old{0}, gaps{0}, gap_events{0};
+    // The position the connection being opened resumes from (UrlFor; 0 = none: a fresh start or
+    // the live tip). Its first event must be that one again (replay is inclusive); a later one
+    // means the host no longer had it: a gap.
+    std::atomic<uint64_t> asked_seq{0};
+    std::atomic<int64_t> asked_time_us{0};
+    bool check_first = false;  // loop thread only: the next event is a connection's first
+    // Under mu, for the next chunk: each gap's log entry and the events it skipped (v2).
+    std::vector<std::pair<pipeline::EventError, uint64_t>> pending_gaps;
     std::mutex host_mu;
     std::string host;
   };
+
+  // The first event of a connection that resumed from a position: a gap when it is past it.
+  static void CheckFirstEvent(Shared& sh, FirstFrameReader& reader, std::string_view data,
+                              bool binary) {
+    const bool v1 = sh.v1.load();
+    auto pos = reader.Position(data, binary, v1);
+    if (!pos) {
+      // #info OutdatedCursor comes first after a clamped time cursor; check the event after it.
+      return;
+    }
+    sh.check_first = false;
+    const auto [seq, time_us] = *pos;
+    const uint64_t asked_seq = sh.asked_seq.load();
+    const int64_t asked_time = sh.asked_time_us.load();
+    const bool by_seq = !v1 && !sh.by_time.load() && asked_seq > 0 && seq > 0;
+    const bool gap = by_seq ? seq > asked_seq : time_us > asked_time;
+    if (!gap) return;
+    const double seconds = static_cast<double>(time_us - asked_time) / 1e6;
+    char span[64];
+    std::snprintf(span, sizeof span, "%.3f s", seconds);
+    std::string message;
+    uint64_t events = 0;
+    if (!v1 && seq > 0 && asked_seq > 0 && seq > asked_seq) {
+      events = seq - asked_seq - 1;
+      message = "resumed after seq " + std::to_string(asked_seq) +
+                " but the host's first event is seq " + std::to_string(seq) + ": " +
+                std::to_string(events) + " event(s) (" + span + " of the stream) were not received";
+    } else {
+      message = "resumed at time_us " + std::to_string(asked_time) +
+                " but the host's first event is at " + std::to_string(time_us) + ": " + span +
+                " of the stream were not received (the host no longer keeps them)";
+    }
+    sh.gaps.fetch_add(1);
+    sh.gap_events.fetch_add(events);
+    std::lock_guard<std::mutex> lock(sh.mu);
+    std::string key = by_seq || (!v1 && asked_seq > 0) ? "seq " + std::to_string(asked_seq)
+                                                       : "time_us " + std::to_string(asked_time);
+    sh.pending_gaps.push_back({{"stream_gap", std::move(key), std::move(message)}, events});
+  }
 
   JetstreamOptions options;
   state::KvStore* kv = nullptr;
@@ -145,6 +233,9 @@ struct JetstreamSource::Impl {
     while (!base.empty() && base.back() == '/') base.pop_back();
     const uint64_t seq = shared->last_seq.load();
     const int64_t time_us = shared->last_time_us.load();
+    // Only a position an event was seen at (decoded, or saved with the cursor) is checked.
+    shared->asked_seq = time_us > 0 ? seq : 0;
+    shared->asked_time_us = time_us;
     std::string q;
     auto add = [&q](std::string_view k, std::string_view v) {
       q += q.empty() ? "?" : "&";
@@ -232,7 +323,10 @@ struct JetstreamSource::Impl {
     const bool auto_protocol = options.protocol == JetstreamProtocol::kAuto;
     const bool have_v1_dict = v1_dict != nullptr;
     net::WebSocketClient* client = ws.get();
-    handlers.on_message = [sh, cap, have_v1_dict, client](std::string_view data, bool binary) {
+    auto dicts = std::make_shared<FirstFrameReader>(v1_dict, v2_dict, options.max_message_bytes);
+    handlers.on_message = [sh, cap, have_v1_dict, client, dicts](std::string_view data,
+                                                                 bool binary) {
+      if (sh->check_first) CheckFirstEvent(*sh, *dicts, data, binary);
       Message m;
       m.data.assign(data);
       const bool v1 = sh->v1.load();
@@ -265,6 +359,7 @@ struct JetstreamSource::Impl {
       switch (e.kind) {
         case net::ConnectionEventKind::kConnected:
           sh->connections.fetch_add(1);
+          sh->check_first = sh->asked_time_us.load() > 0;
           break;
         case net::ConnectionEventKind::kRefused: {
           const net::XrpcError x = net::ParseXrpcError(e.body);
@@ -375,6 +470,12 @@ Result<bool> JetstreamSource::Read(pipeline::EventChunk* chunk) {
     sh.queue.pop_front();
     ++n;
   }
+  for (auto& [gap, events] : sh.pending_gaps) {
+    chunk->counters.emplace_back("stream_gaps", 1);
+    if (events > 0) chunk->counters.emplace_back("stream_gap_events", static_cast<int64_t>(events));
+    chunk->errors.push_back(std::move(gap));
+  }
+  sh.pending_gaps.clear();
   const bool drained = sh.queue.empty();
   const bool reconnect =
       sh.overflowed && sh.stopped && sh.queued_bytes < s.options.max_buffered_bytes / 2;
@@ -487,6 +588,8 @@ JetstreamStats JetstreamSource::stats() const {
   st.v1_fallbacks = sh.v1_fallbacks.load();
   st.overflow_drops = sh.overflow_drops.load();
   st.cursor_too_old = sh.cursor_too_old.load();
+  st.gaps = sh.gaps.load();
+  st.gap_events = sh.gap_events.load();
   st.protocol = sh.v1.load() ? "v1" : "v2";
   st.last_seq = sh.last_seq.load();
   st.last_time_us = sh.last_time_us.load();

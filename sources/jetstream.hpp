@@ -80,6 +80,11 @@ struct JetstreamStats {
   uint64_t v1_fallbacks = 0;    // 404 on v2 answered by moving to v1
   uint64_t overflow_drops = 0;  // connections dropped because the buffer was full
   uint64_t cursor_too_old = 0;  // v2 refusals of a seq cursor (resumed by time)
+  // Connections whose first event was past the position they resumed from (the host no longer
+  // had it): each is logged (error kind stream_gap) and counted (job counter stream_gaps); on v2
+  // the events skipped are counted too (v1 has no seq: its log line gives the time span).
+  uint64_t gaps = 0;
+  uint64_t gap_events = 0;
   std::string protocol;         // "v2" or "v1", now
   std::string host;             // the host connected to (or last tried)
   uint64_t last_seq = 0;        // the newest seq decoded

@@ -19,6 +19,7 @@
 #include "stages/cid_verify.hpp"
 #include "stages/ingest_guard.hpp"
 #include "stages/resolver.hpp"
+#include "state/cursors.hpp"
 #include "state/error_log.hpp"
 #include "state/tombstones.hpp"
 #include "tests/common/job_harness.hpp"
@@ -95,10 +96,13 @@ struct LiveRun {
   state::JobRecord job;
   sources::JetstreamStats stats;
   std::map<std::string, uint64_t> error_kinds;
+  std::vector<state::ErrorEntry> errors;
 };
 
+// `saved_cursor` (when set) is written as job 1's cursor first, as if an earlier run had saved it.
 LiveRun RunLive(const std::filesystem::path& dir, const JetstreamOptions& options,
-                const std::vector<const pipeline::Transform*>& extra = {}) {
+                const std::vector<const pipeline::Transform*>& extra = {},
+                const std::string& saved_cursor = "") {
   LiveRun out;
   std::unique_ptr<JetstreamSource> made;
   testing::SourceJobRun run = testing::RunSourceJob(
@@ -108,7 +112,12 @@ LiveRun RunLive(const std::filesystem::path& dir, const JetstreamOptions& option
         ATFILL_ASSIGN_OR_RETURN(made, JetstreamSource::Create(options, &kv));
         return testing::Borrow(made.get());
       },
-      nullptr,
+      [&](state::KvStore& kv) {
+        if (saved_cursor.empty()) return;
+        state::WriteBatch batch;
+        state::Cursors(kv).Set(&batch, "job/1/cursor", saved_cursor);
+        ASSERT_TRUE(kv.Write(batch).ok());
+      },
       [&](state::KvStore&, const state::JobRecord&) {
         if (made != nullptr) out.stats = made->stats();
         made.reset();  // while the state store is still open
@@ -116,6 +125,7 @@ LiveRun RunLive(const std::filesystem::path& dir, const JetstreamOptions& option
       extra);
   out.job = std::move(run.job);
   out.error_kinds = std::move(run.error_kinds);
+  out.errors = std::move(run.errors);
   return out;
 }
 
@@ -295,6 +305,60 @@ TEST(LiveTest, DeletionsWhosePdsCannotBeAskedStillPurge) {
   EXPECT_EQ(run.job.counters.extra["account_purges_unconfirmed"], s.checks);
 }
 
+// A consumer whose saved position the host no longer keeps (simnet keeps the newest 1,000 of
+// 3,000 events: the floor is seq 2,001). v2 refuses the seq (CursorTooOld) and the consumer
+// resumes by time, clamped to the floor; v1 clamps the time cursor silently. Either way the first
+// event is past the saved one: one gap is logged with its size. Resuming above the floor logs none.
+class LiveGaps : public ::testing::TestWithParam<JetstreamProtocol> {};
+
+TEST_P(LiveGaps, ResumingBelowTheHostsFloorLogsTheGapWithItsSize) {
+  simnet::SimnetOptions so = Network(3000);
+  so.jetstream.retention_events = 1000;
+  auto net = simnet::Simnet::Start(so);
+  ASSERT_TRUE(net.ok()) << net.status().ToString();
+  const simnet::JetstreamLog& log = *(*net)->jetstream();
+  const bool v1 = GetParam() == JetstreamProtocol::kV1;
+  {
+    TempDir dir;
+    LiveRun run =
+        RunLive(dir.path(), Live(**net, GetParam()), {}, "500:" + std::to_string(log.TimeUs(500)));
+    EXPECT_EQ(run.job.stop_reason.code, "stream_idle") << run.job.stop_reason.sentence;
+    EXPECT_EQ(run.stats.last_seq, 3000u);
+    EXPECT_EQ(Kinds(run.error_kinds), "stream_gap=1 ");
+    EXPECT_EQ(run.stats.gaps, 1u);
+    EXPECT_EQ(run.job.counters.extra["stream_gaps"], 1u);
+    ASSERT_EQ(run.errors.size(), 1u);
+    const double span_s = static_cast<double>(log.TimeUs(2001) - log.TimeUs(500)) / 1e6;
+    char span[32];
+    std::snprintf(span, sizeof span, "%.3f s", span_s);
+    EXPECT_NE(run.errors[0].message.find(span), std::string::npos) << run.errors[0].message;
+    if (v1) {
+      EXPECT_EQ(run.errors[0].key, "time_us " + std::to_string(log.TimeUs(500)));
+    } else {
+      EXPECT_GE(run.stats.cursor_too_old, 1u);
+      EXPECT_EQ(run.stats.gap_events, 1500u);  // seqs 501..2000
+      EXPECT_EQ(run.job.counters.extra["stream_gap_events"], 1500u);
+      EXPECT_EQ(run.errors[0].key, "seq 500");
+      EXPECT_NE(run.errors[0].message.find("1500 event(s)"), std::string::npos)
+          << run.errors[0].message;
+    }
+  }
+  {
+    TempDir dir;
+    LiveRun run = RunLive(dir.path(), Live(**net, GetParam()), {},
+                          "2500:" + std::to_string(log.TimeUs(2500)));
+    EXPECT_EQ(run.stats.last_seq, 3000u);
+    EXPECT_EQ(Kinds(run.error_kinds), "");
+    EXPECT_EQ(run.stats.gaps, 0u);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Protocols, LiveGaps,
+                         ::testing::Values(JetstreamProtocol::kV2, JetstreamProtocol::kV1),
+                         [](const auto& info) {
+                           return std::string(info.param == JetstreamProtocol::kV1 ? "v1" : "v2");
+                         });
+
 // `atfill run` as a user runs it, killed with SIGKILL three times mid-stream, then run until the
 // stream goes quiet: the table equals the ground truth, false deletions included.
 TEST(LiveTest, SigkilledMidStreamThenResumedEqualsTheGroundTruth) {
@@ -331,6 +395,11 @@ TEST(LiveTest, SigkilledMidStreamThenResumedEqualsTheGroundTruth) {
   auto status = testing::RunProcess({ATFILL_BINARY, "status", config}, dir.path());
   ASSERT_EQ(status.exit_code, 0) << status.err;
   EXPECT_NE(status.out.find("seq 20000"), std::string::npos) << status.out;
+  EXPECT_NE(status.out.find("gaps        0 seen"), std::string::npos) << status.out;
+  // Every false deletion was kept (counted once, though a killed run may have asked twice).
+  const uint64_t false_deletes = FalseDeletesIn(*(*net)->jetstream());
+  EXPECT_NE(status.out.find(std::to_string(false_deletes) + " not purged"), std::string::npos)
+      << status.out;
 }
 
 }  // namespace

@@ -151,6 +151,20 @@ int RunStatus(std::span<char* const> args) {
               FormatCount(live->counters.events_read).c_str(),
               FormatCount(live->counters.records_written).c_str(),
               FormatCount(live->counters.failed_records).c_str());
+  const auto extra = [&](const char* name) -> uint64_t {
+    auto it = live->counters.extra.find(name);
+    return it == live->counters.extra.end() ? 0 : it->second;
+  };
+  std::printf("  gaps        %s seen, %s events skipped (atfill job CONFIG %" PRIu64
+              " --errors: stream_gap)\n",
+              FormatCount(extra("stream_gaps")).c_str(),
+              FormatCount(extra("stream_gap_events")).c_str(), live->id);
+  std::printf(
+      "  accounts    %s deletions checked with their PDS, %s not purged (PDS says active), "
+      "%s purged unconfirmed\n",
+      FormatCount(extra("account_checks")).c_str(),
+      FormatCount(extra("account_purges_refused")).c_str(),
+      FormatCount(extra("account_purges_unconfirmed")).c_str());
   if (!live->stop_reason.empty()) {
     std::printf("  stopped     %s: %s\n", live->stop_reason.code.c_str(),
                 live->stop_reason.sentence.c_str());
