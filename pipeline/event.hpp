@@ -5,6 +5,7 @@
 #include <string>
 #include <string_view>
 #include <variant>
+#include <vector>
 
 #include "atproto/cid.hpp"
 
@@ -61,6 +62,11 @@ struct AccountEvent {
   std::string did;
   bool active = true;
   AccountStatus status = AccountStatus::kActive;
+  // A repo resync (Jetstream v2 #sync), not a status change: the sink removes the DID's records
+  // in `resync_collections` (NSIDs or "prefix.*"; empty = every collection) and the current
+  // records follow as creates. No tombstone is left or lifted; `active`/`status` are ignored.
+  bool resync = false;
+  std::vector<std::string> resync_collections;
   // Upstream relay sequence number and time (unix microseconds), 0 when unknown.
   int64_t seq = 0;
   int64_t time_us = 0;

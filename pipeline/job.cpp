@@ -155,6 +155,8 @@ Status JobRunner::PrepareCommit(const BatchReport& report, state::WriteBatch* ba
   bump("stale", report.stats.stale);
   bump("deleted", report.stats.deleted);
   bump("purged_records", report.stats.purged_records);
+  bump("resyncs", report.stats.resyncs);
+  bump("resynced_records", report.stats.resynced_records);
 
   if (!errors.empty()) {
     // Into the same state write as the cursor: a replay after a crash re-reads these lines, and

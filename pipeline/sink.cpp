@@ -10,6 +10,8 @@ WriteStats& WriteStats::operator+=(const WriteStats& o) {
   deleted += o.deleted;
   purged_accounts += o.purged_accounts;
   purged_records += o.purged_records;
+  resyncs += o.resyncs;
+  resynced_records += o.resynced_records;
   return *this;
 }
 

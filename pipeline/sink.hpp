@@ -12,13 +12,15 @@ namespace atfill::pipeline {
 
 // What one batch did to the table.
 struct WriteStats {
-  uint64_t inserted = 0;         // new rows
-  uint64_t updated = 0;          // rows whose CID/body changed
-  uint64_t unchanged = 0;        // same CID redelivered: row and indexed_at kept
-  uint64_t stale = 0;            // writes or deletes older (by rev) than the stored row: ignored
-  uint64_t deleted = 0;          // rows removed by record deletes
-  uint64_t purged_accounts = 0;  // account purges applied
-  uint64_t purged_records = 0;   // rows removed by account purges
+  uint64_t inserted = 0;          // new rows
+  uint64_t updated = 0;           // rows whose CID/body changed
+  uint64_t unchanged = 0;         // same CID redelivered: row and indexed_at kept
+  uint64_t stale = 0;             // writes or deletes older (by rev) than the stored row: ignored
+  uint64_t deleted = 0;           // rows removed by record deletes
+  uint64_t purged_accounts = 0;   // account purges applied
+  uint64_t purged_records = 0;    // rows removed by account purges
+  uint64_t resyncs = 0;           // repo resyncs applied
+  uint64_t resynced_records = 0;  // rows removed by resyncs (the current ones follow as creates)
 
   WriteStats& operator+=(const WriteStats& o);
   uint64_t records_written() const { return inserted + updated; }
@@ -32,6 +34,8 @@ struct WriteStats {
 //    without a rev removes the row.
 //  * account event whose status purges (deleted, takendown, suspended): removes every row of the
 //    DID. Other account events change nothing in the sink.
+//  * resync (AccountEvent::resync): removes the DID's rows in the event's collections (all when
+//    it names none); the creates that follow in the stream bring the current records back.
 // Tombstones (refusing creates after a delete) are the ingest guard's job, not the sink's.
 class Sink {
  public:

@@ -552,7 +552,12 @@ void JetstreamSource::Decode(pipeline::EventChunk* chunk) const {
       last_seq = frame.seq;
       last_time = frame.time_us;
     }
-    if (auto event = frame.TakeEvent()) chunk->events.push_back(std::move(*event));
+    if (auto event = frame.TakeEvent()) {
+      if (auto* a = std::get_if<pipeline::AccountEvent>(&*event); a != nullptr && a->resync) {
+        a->resync_collections = s.options.collections;  // the collections this consumer indexes
+      }
+      chunk->events.push_back(std::move(*event));
+    }
   }
   if (last_seq != 0) {
     chunk->resume_cursor = std::to_string(last_seq) + ":" + std::to_string(last_time);

@@ -383,6 +383,15 @@ std::string_view FrameKindName(FrameKind kind) {
 std::optional<pipeline::Event> JetstreamFrame::TakeEvent() {
   if (auto* r = std::get_if<RecordEvent>(&payload)) return pipeline::Event(std::move(*r));
   if (auto* a = std::get_if<AccountEvent>(&payload)) return pipeline::Event(std::move(*a));
+  if (auto* s = std::get_if<SyncMarker>(&payload)) {
+    AccountEvent a;
+    a.did = std::move(s->did);
+    a.resync = true;
+    a.seq = s->upstream_seq;
+    a.time_us = time_us;
+    a.position = seq;
+    return pipeline::Event(std::move(a));
+  }
   return std::nullopt;
 }
 

@@ -92,7 +92,8 @@ struct JetstreamFrame {
   // True when `seq` is a resume position: an event frame (commit, account, identity, sync) that
   // carries a seq.
   bool advances_cursor() const { return seq != 0 && kind() <= FrameKind::kSync; }
-  // Moves a commit's or account's event out for the pipeline; nullopt for the other kinds.
+  // Moves a commit's or account's event out for the pipeline, and a #sync as a resync
+  // AccountEvent (every collection; the caller narrows it); nullopt for the other kinds.
   std::optional<pipeline::Event> TakeEvent();
 };
 

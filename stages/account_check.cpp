@@ -95,7 +95,7 @@ Status AccountCheck::Process(pipeline::TransformState*, pipeline::EventChunk* ch
   for (size_t i = 0; i < events.size(); ++i) {
     const auto* a = std::get_if<AccountEvent>(&events[i]);
     bool keep = true;
-    if (a != nullptr && a->status == AccountStatus::kDeleted) {
+    if (a != nullptr && !a->resync && a->status == AccountStatus::kDeleted) {
       ++checks;
       const Answer answer = Ask(resolver_, http_, a->did,
                                 Clock::now() + std::chrono::milliseconds(options_.timeout_ms));

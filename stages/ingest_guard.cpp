@@ -113,7 +113,9 @@ Status IngestGuard::Process(pipeline::TransformState* base, pipeline::EventChunk
         }
       }
     } else if (auto* a = std::get_if<AccountEvent>(&events[i])) {
-      if (pipeline::StatusPurgesRecords(a->status)) {
+      if (a->resync) {
+        // A resync replaces records; it says nothing about the account's status.
+      } else if (pipeline::StatusPurgesRecords(a->status)) {
         st->accounts[a->did] = {
             state::AccountTombstone{std::string(pipeline::AccountStatusName(a->status)), now_us_()},
             st->generation};

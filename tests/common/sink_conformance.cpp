@@ -336,6 +336,42 @@ TEST_P(SinkConformanceTest, NonPurgingAccountStatusesChangeNothing) {
   }
 }
 
+TEST_P(SinkConformanceTest, ResyncReplacesTheDidsRowsInItsCollections) {
+  auto resync = [](std::vector<std::string> collections) {
+    pipeline::AccountEvent a;
+    a.did = kAlice;
+    a.resync = true;
+    a.resync_collections = std::move(collections);
+    return pipeline::Event(std::move(a));
+  };
+  MustWrite({MakeCreate(kAlice, kPost, "p1", kBodyA, kRev1),
+             MakeCreate(kAlice, kPost, "p2", kBodyB, kRev1),
+             MakeCreate(kAlice, kLike, "l1", kBodyC, kRev1),
+             MakeCreate(kBob, kPost, "p1", kBodyA, kRev1)});
+  // Only posts ("app.bsky.feed.*" would take likes too): the current post follows as a create.
+  auto stats = MustWrite({resync({kPost}), MakeCreate(kAlice, kPost, "p2", kBodyB, kRev2)});
+  EXPECT_EQ(stats.resyncs, 1u);
+  EXPECT_EQ(stats.resynced_records, 2u);
+  EXPECT_EQ(stats.purged_accounts, 0u);
+  EXPECT_EQ(MustReadAll(), (std::vector<TableRow>{Row(kAlice, kLike, "l1", kBodyC, kRev1),
+                                                  Row(kAlice, kPost, "p2", kBodyB, kRev2),
+                                                  Row(kBob, kPost, "p1", kBodyA, kRev1)}));
+  // A prefix pattern, then every collection.
+  stats = MustWrite({resync({"app.bsky.feed.*"})});
+  EXPECT_EQ(stats.resynced_records, 2u);
+  MustWrite({MakeCreate(kAlice, kLike, "l2", kBodyC, kRev2)});
+  stats = MustWrite({resync({})});
+  EXPECT_EQ(stats.resynced_records, 1u);
+  EXPECT_EQ(MustReadAll(), std::vector<TableRow>{Row(kBob, kPost, "p1", kBodyA, kRev1)});
+  // A DID the sink never saw.
+  pipeline::AccountEvent nobody;
+  nobody.did = "did:plc:nobody";
+  nobody.resync = true;
+  stats = MustWrite({pipeline::Event(nobody)});
+  EXPECT_EQ(stats.resyncs, 1u);
+  EXPECT_EQ(stats.resynced_records, 0u);
+}
+
 TEST_P(SinkConformanceTest, EventsApplyInBatchOrder) {
   // create, delete, create again of one URI in one batch: the last create wins.
   ExpectStats(MustWrite({MakeCreate(kAlice, kPost, "r", kBodyA, kRev1),

@@ -305,6 +305,48 @@ TEST(LiveTest, DeletionsWhosePdsCannotBeAskedStillPurge) {
   EXPECT_EQ(run.job.counters.extra["account_purges_unconfirmed"], s.checks);
 }
 
+// v2 #sync: simnet's resynced repos each lost a record without a delete event; the consumer
+// removes the repo's records at the #sync and the CreateResync rows that follow bring back the
+// current ones, so the table equals the truth (which lacks the lost records). With a collection
+// filter only that collection's rows are removed and replaced.
+TEST(LiveTest, SyncReplacesTheReposRecords) {
+  simnet::SimnetOptions so = Network(5000);
+  so.jetstream.sync_share = 0.01;
+  auto net = simnet::Simnet::Start(so);
+  ASSERT_TRUE(net.ok()) << net.status().ToString();
+  const simnet::JetstreamLog& log = *(*net)->jetstream();
+  uint64_t syncs = 0, resync_rows = 0;
+  for (uint64_t seq = 1; seq <= log.size(); ++seq) {
+    syncs += log.event(seq).kind == simnet::JetstreamKind::kSync ? 1 : 0;
+    resync_rows += log.event(seq).kind == simnet::JetstreamKind::kCreateResync ? 1 : 0;
+  }
+  ASSERT_GE(syncs, 10u);
+  ASSERT_GT(resync_rows, 0u);
+  const auto want = Truth(**net);
+  TempDir dir;
+  LiveRun run = RunLive(dir.path(), Live(**net, JetstreamProtocol::kV2));
+  EXPECT_EQ(run.job.stop_reason.code, "stream_idle") << run.job.stop_reason.sentence;
+  EXPECT_EQ(Kinds(run.error_kinds), "");
+  const auto got = Table((dir.path() / "db.sqlite").string());
+  EXPECT_EQ(got, want) << Diff(want, got);
+  EXPECT_EQ(run.job.counters.extra["resyncs"], syncs);
+  // Each sync removed at least the record it lost.
+  EXPECT_GE(run.job.counters.extra["resynced_records"], syncs);
+
+  // One collection: the other's rows stay as they were when the filter came in (none here).
+  TempDir filtered;
+  JetstreamOptions o = Live(**net, JetstreamProtocol::kV2);
+  o.collections = {"app.bsky.feed.post"};
+  LiveRun posts = RunLive(filtered.path(), o);
+  std::map<std::string, std::string> want_posts;
+  for (const auto& [uri, cid] : want) {
+    if (uri.find("/app.bsky.feed.post/") != std::string::npos) want_posts[uri] = cid;
+  }
+  const auto got_posts = Table((filtered.path() / "db.sqlite").string());
+  EXPECT_EQ(got_posts, want_posts) << Diff(want_posts, got_posts);
+  EXPECT_EQ(posts.job.counters.extra["resyncs"], syncs);
+}
+
 // A consumer whose saved position the host no longer keeps (simnet keeps the newest 1,000 of
 // 3,000 events: the floor is seq 2,001). v2 refuses the seq (CursorTooOld) and the consumer
 // resumes by time, clamped to the floor; v1 clamps the time cursor silently. Either way the first

@@ -167,7 +167,7 @@ TEST(FetcherRepoStatus, ActiveInactiveAndMalformedAnswers) {
   EXPECT_FALSE(gone->active);
   EXPECT_EQ(gone->status, "deleted");
   const std::vector<std::pair<std::string, std::string>> bad = {
-      {"not json", "is not JSON"},
+      {"not json", "is not a JSON object"},
       {"[1]", "is not a JSON object"},
       {R"({"did":"did:plc:other","active":true})", "names another DID"},
       {R"({"did":")" + did + R"("})", "lacks \"active\""},

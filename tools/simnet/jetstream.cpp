@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <deque>
 #include <map>
 
 #include "atproto/json.hpp"
@@ -168,6 +169,11 @@ Status JetstreamOptions::Validate() const {
       !share(account_share) || update_share + delete_share + identity_share + account_share > 1) {
     return Status::Invalid("jetstream event shares must be within 0..1 and add up to at most 1");
   }
+  if (!share(sync_share) ||
+      update_share + delete_share + identity_share + account_share + sync_share > 1) {
+    return Status::Invalid(
+        "jetstream sync_share must be within 0..1 and the shares add up to at most 1");
+  }
   if (!share(false_delete_share)) {
     return Status::Invalid("jetstream false_delete_share must be within 0..1");
   }
@@ -233,11 +239,46 @@ Result<std::unique_ptr<JetstreamLog>> JetstreamLog::Generate(const Network& net,
     }
   };
 
+  // CreateResync rows a #sync scheduled, emitted one per seq before anything else.
+  std::deque<uint64_t> resync;  // creates (targets) of the synced account's current records
   for (uint64_t seq = 1; seq <= n; ++seq) {
     Rng rng(Draw(log->seed_, kTagKind, seq));
     JetstreamEvent& e = log->events_[seq];
+    if (!resync.empty()) {
+      const JetstreamEvent& created = log->events_[resync.front()];
+      e.kind = JetstreamKind::kCreateResync;
+      e.target = resync.front();
+      e.account = created.account;
+      e.collection = created.collection;
+      resync.pop_front();
+      continue;
+    }
     const double u = rng.Unit();
     bool done = false;
+    const double before_sync = options.update_share + options.delete_share +
+                               options.identity_share + options.account_share;
+    if (options.sync_share > 0 && u >= before_sync && u < before_sync + options.sync_share) {
+      // A #sync of an active account with records: one record vanishes without a delete.
+      for (int attempt = 0; attempt < 8 && !done; ++attempt) {
+        const auto a = static_cast<uint32_t>(rng.Below(n_accounts));
+        State& s = state[a];
+        if (s.status != AccountStatus::kActive) continue;
+        std::vector<uint64_t> current;
+        for (uint64_t r : s.records) {
+          if (alive[r]) current.push_back(r);
+        }
+        if (current.empty()) continue;
+        const size_t lost = rng.Below(current.size());
+        alive[current[lost]] = 0;
+        current.erase(current.begin() + static_cast<std::ptrdiff_t>(lost));
+        s.records = current;
+        e.kind = JetstreamKind::kSync;
+        e.account = a;
+        resync.assign(current.begin(), current.end());
+        done = true;
+      }
+      if (done) continue;
+    }
     if (u < options.update_share + options.delete_share) {
       for (int attempt = 0; attempt < 8 && !pool.empty() && !done; ++attempt) {
         const size_t i = rng.Below(pool.size());
@@ -349,7 +390,8 @@ const std::string& JetstreamLog::Did(uint64_t seq) const {
 
 bool JetstreamLog::IsCommit(uint64_t seq) const {
   const JetstreamKind k = events_[seq].kind;
-  return k == JetstreamKind::kCreate || k == JetstreamKind::kUpdate || k == JetstreamKind::kDelete;
+  return k == JetstreamKind::kCreate || k == JetstreamKind::kUpdate ||
+         k == JetstreamKind::kDelete || k == JetstreamKind::kCreateResync;
 }
 
 const std::string& JetstreamLog::Collection(uint64_t seq) const {
@@ -437,9 +479,9 @@ Result<atproto::Cid> JetstreamLog::RecordCid(uint64_t seq) const {
 namespace {
 
 std::string_view OperationOf(JetstreamKind kind) {
-  return kind == JetstreamKind::kCreate   ? "create"
-         : kind == JetstreamKind::kUpdate ? "update"
-                                          : "delete";
+  return kind == JetstreamKind::kCreate || kind == JetstreamKind::kCreateResync ? "create"
+         : kind == JetstreamKind::kUpdate                                       ? "update"
+                                                                                : "delete";
 }
 
 }  // namespace
@@ -449,6 +491,7 @@ Result<std::string> JetstreamLog::FrameV1(uint64_t seq) const {
     return Status::OutOfRange("jetstream seq " + std::to_string(seq) + " is not in the log");
   }
   const JetstreamEvent& e = events_[seq];
+  if (e.kind == JetstreamKind::kSync) return std::string();  // v1 does not carry #sync
   const std::string& did = Did(seq);
   std::string out;
   Obj o(&out);
@@ -523,6 +566,24 @@ Result<std::string> JetstreamLog::FrameV2(uint64_t seq) const {
     p.Str("$type", std::string(kPayloadType) + "identity")
         .Str("did", did)
         .Raw("identity", identity);
+  } else if (e.kind == JetstreamKind::kSync) {
+    std::string sync;
+    Obj(&sync)
+        .Raw("blocks", R"({"$bytes":""})")
+        .Str("did", did)
+        .Str("rev", Rev(seq))
+        .Num("seq", upstream_seq)
+        .Str("time", upstream_time)
+        .End();
+    p.Str("$type", std::string(kPayloadType) + "sync")
+        .Str("did", did)
+        .Num("seq", static_cast<int64_t>(seq))
+        .Raw("sync", sync)
+        .Str("time", time)
+        .End();
+    std::string out;
+    Obj(&out).Str("$type", "message").Raw("payload", payload).End();
+    return out;
   } else {
     std::string account;
     Obj a(&account);
@@ -552,7 +613,15 @@ Result<JetstreamTruth> JetstreamLog::Truth(uint64_t through_seq) const {
   for (uint64_t seq = 1; seq <= truth.through_seq; ++seq) {
     const JetstreamEvent& e = events_[seq];
     switch (e.kind) {
+      case JetstreamKind::kSync: {
+        // The repo's records are replaced by the resync rows that follow.
+        const std::string prefix = "at://" + Did(seq) + "/";
+        auto it = live.lower_bound(prefix);
+        while (it != live.end() && it->first.starts_with(prefix)) it = live.erase(it);
+        break;
+      }
       case JetstreamKind::kCreate:
+      case JetstreamKind::kCreateResync:
       case JetstreamKind::kUpdate: {
         ATFILL_ASSIGN_OR_RETURN(std::string body, Record(seq));
         ATFILL_ASSIGN_OR_RETURN(atproto::Cid cid, atproto::CidOfRecord(body));

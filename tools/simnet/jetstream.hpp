@@ -31,12 +31,17 @@ enum class JetstreamKind : uint8_t {
   kDelete = 3,
   kIdentity = 4,
   kAccount = 5,
+  // A #sync (v2 only): the account's commit chain broke. One of its records vanished without a
+  // delete event; CreateResync rows (sent as creates) for each of its current records follow.
+  kSync = 6,
+  kCreateResync = 7,
 };
 
 // One event, compactly; everything else (DID, rkey, rev, record, times) derives from it and its
 // seq.
 struct JetstreamEvent {
-  // Creates, updates, deletes: the seq of the record's create (its own seq for a create).
+  // Creates, updates, deletes, resync rows: the seq of the record's create (its own seq for a
+  // create).
   // Identity: the handle's version (handle "user-NNNN-vV.simnet.test").
   uint64_t target = 0;
   uint32_t account = 0;  // index into Network::accounts()

@@ -113,6 +113,7 @@ struct Subscription {
   bool want_commit = true;
   bool want_identity = true;
   bool want_account = true;
+  bool want_sync = true;
   uint64_t max_size = 0;  // 0 = no cap
   bool compress = false;
   std::string info;  // v2: the OutdatedCursor message to send first; empty = none
@@ -203,6 +204,7 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
     if (commit && !sub_.want_commit) return false;
     if (kind == JetstreamKind::kIdentity && !sub_.want_identity) return false;
     if (kind == JetstreamKind::kAccount && !sub_.want_account) return false;
+    if (kind == JetstreamKind::kSync && !sub_.want_sync) return false;
     if (!sub_.dids.empty() && !sub_.dids.contains(log_.Did(seq))) return false;
     if (!commit || (sub_.collections.empty() && sub_.prefixes.empty())) return true;
     const std::string& collection = log_.Collection(seq);
@@ -241,6 +243,7 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
       if (!Matches(seq)) continue;
       Result<std::string> frame = sub_.version == 1 ? log_.FrameV1(seq) : log_.FrameV2(seq);
       if (!frame.ok()) return HardClose();
+      if (frame->empty()) continue;  // not carried on this version (#sync on v1)
       if (sub_.max_size > 0 && frame->size() > sub_.max_size) continue;
       return Send(std::move(*frame));
     }
@@ -492,7 +495,7 @@ std::optional<HttpAnswer> ParseV2(const JetstreamServer& server, const Target& t
   const std::vector<std::string> kinds = t.Params("kinds");
   if (kinds.size() > 4) return invalid("at most 4 kinds");
   if (!kinds.empty()) {
-    sub->want_commit = sub->want_identity = sub->want_account = false;
+    sub->want_commit = sub->want_identity = sub->want_account = sub->want_sync = false;
     for (const std::string& k : kinds) {
       if (k == "commit") {
         sub->want_commit = true;
@@ -500,7 +503,9 @@ std::optional<HttpAnswer> ParseV2(const JetstreamServer& server, const Target& t
         sub->want_identity = true;
       } else if (k == "account") {
         sub->want_account = true;
-      } else if (k != "sync") {
+      } else if (k == "sync") {
+        sub->want_sync = true;
+      } else {
         return invalid("unknown kind \"" + k + "\" (commit, identity, account, sync)");
       }
     }

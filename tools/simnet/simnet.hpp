@@ -126,6 +126,9 @@ struct JetstreamOptions {
   // com.atproto.sync.getRepoStatus with active, the account keeps its records (the ground truth
   // does not purge them) and goes on writing. 0..1.
   double false_delete_share = 0;
+  // Share of events that are a #sync of an active account that has records (JetstreamKind::kSync;
+  // v1 does not carry them, only the resync rows, as creates). 0..1, counted with the other shares.
+  double sync_share = 0;
   // Faults. Each connection closes its socket without a close frame after writing this many
   // frames (0 = never), or after any frame with this probability.
   uint64_t disconnect_after_frames = 0;
