@@ -15,10 +15,15 @@
 // keeps up at that rate; one that grows with the run means it does not.
 //
 // Simnet generates its log (and the ground truth) outside the timed part; it runs in this process
-// and shares the 2 cores with the consumer, sending every frame over loopback.
+// and shares the 2 cores with the consumer, sending every frame over loopback (and compressing it).
+// simnet_cores and consumer_cores split the process's CPU by thread (simnet's io threads are named
+// simnet-io); consumer_cpu_us_per_event is the consumer's CPU per event, so 2 cores /
+// consumer_cpu_us_per_event is what this consumer could reach on this machine with the Jetstream
+// elsewhere (an estimate: the measured figure is events_per_s).
 //
 //   cmake --build build --target live_bench -j2 && build/bench/live_bench
 #include <benchmark/benchmark.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -26,12 +31,15 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <mutex>
+#include <sstream>
 #include <string>
 #include <thread>
 
 #include "pipeline/engine.hpp"
 #include "pipeline/job.hpp"
+#include "sinks/dry_run_sink.hpp"
 #include "sinks/sqlite_sink.hpp"
 #include "sources/jetstream.hpp"
 #include "stages/account_check.hpp"
@@ -80,6 +88,37 @@ simnet::SimnetOptions Network(double rate) {
   return o;
 }
 
+double ProcessCpuSeconds() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  const auto sec = [](const timeval& t) {
+    return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) / 1e6;
+  };
+  return sec(usage.ru_utime) + sec(usage.ru_stime);
+}
+
+// CPU clock ticks used so far by simnet's io threads (which live as long as simnet).
+long SimnetTicks() {
+  long simnet = 0;
+  for (const auto& e : fs::directory_iterator("/proc/self/task")) {
+    std::ifstream comm_in(e.path() / "comm");
+    std::string comm;
+    std::getline(comm_in, comm);
+    std::ifstream in(e.path() / "stat");
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const size_t close = text.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(text.substr(close + 2));
+    std::string f;
+    long ticks = 0;
+    for (int i = 3; i <= 15 && rest >> f; ++i) {
+      if (i == 14 || i == 15) ticks += std::stol(f);
+    }
+    if (comm == "simnet-io") simnet += ticks;
+  }
+  return simnet;
+}
+
 struct LiveRun {
   std::string error;
   state::JobRecord job;
@@ -88,12 +127,13 @@ struct LiveRun {
   uint64_t max_lag_events = 0;
   double final_lag_ms = 0;
   uint64_t batches = 0;  // committed
+  double simnet_cpu_s = 0, consumer_cpu_s = 0;
 };
 
 // One live job in a fresh directory, from seq 1 until the stream has been idle for kIdleMs.
 // `published` (may be null) says how many events simnet has published now.
 LiveRun RunLive(const simnet::Simnet& net, bool compress,
-                const std::function<uint64_t()>& published) {
+                const std::function<uint64_t()>& published, bool dry_run = false) {
   LiveRun out;
   const fs::path dir = WorkDir() / "live";
   fs::remove_all(dir);
@@ -105,7 +145,7 @@ LiveRun RunLive(const simnet::Simnet& net, bool compress,
   }
   sinks::SqliteSinkOptions sink_options;
   sink_options.path = (dir / "db.sqlite").string();
-  auto sink = sinks::OpenSqliteSink(sink_options);
+  auto sink = dry_run ? sinks::NewDryRunSink() : sinks::OpenSqliteSink(sink_options);
   if (!sink.ok()) {
     out.error = sink.status().ToString();
     return out;
@@ -177,7 +217,13 @@ LiveRun RunLive(const simnet::Simnet& net, bool compress,
       cv.wait_for(lock, std::chrono::milliseconds(20), [&] { return done; });
     }
   });
+  const long simnet_before = SimnetTicks();
+  const double cpu_before = ProcessCpuSeconds();
   auto ran = runner.Run(&engine);
+  const double tick = static_cast<double>(::sysconf(_SC_CLK_TCK));
+  out.simnet_cpu_s = static_cast<double>(SimnetTicks() - simnet_before) / tick;
+  // The process (threads that ended during the run included) less simnet's io threads.
+  out.consumer_cpu_s = ProcessCpuSeconds() - cpu_before - out.simnet_cpu_s;
   const double wall =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   {
@@ -200,7 +246,10 @@ LiveRun RunLive(const simnet::Simnet& net, bool compress,
     out.error = "the job applied " + std::to_string(out.job.counters.events_read) + " of " +
                 std::to_string(kEvents) + " events (" + out.job.stop_reason.code + ")";
   }
-  if (caught_up_us.load() >= 0) out.final_lag_ms = static_cast<double>(caught_up_us.load()) / 1e3;
+  // When the watcher did not see the last event committed before the run ended, the run's end
+  // (the idle wait excluded) is when it was.
+  out.final_lag_ms =
+      caught_up_us.load() >= 0 ? static_cast<double>(caught_up_us.load()) / 1e3 : out.seconds * 1e3;
   return out;
 }
 
@@ -218,11 +267,18 @@ void Report(benchmark::State& state, const LiveRun& run) {
       run.job.counters.extra.count("account_checks") ? run.job.counters.extra.at("account_checks")
                                                      : 0);
   state.counters["elapsed_s"] = s;
+  // Over the whole run, the idle wait at the end included (little CPU).
+  state.counters["simnet_cores"] = run.simnet_cpu_s / (s + kIdleMs / 1000.0);
+  state.counters["consumer_cores"] = run.consumer_cpu_s / (s + kIdleMs / 1000.0);
+  state.counters["consumer_cpu_us_per_event"] =
+      run.consumer_cpu_s * 1e6 / static_cast<double>(run.job.counters.events_read);
 }
 
-// Argument: compression (0 off, 1 zstd with the host's dictionary).
+// Arguments: compression (0 off, 1 zstd with the host's dictionary), sink (0 SQLite, 1 dry-run:
+// everything but the database, to tell its share apart).
 void BM_LiveCatchUp(benchmark::State& state) {
   const bool compress = state.range(0) != 0;
+  const bool dry_run = state.range(1) != 0;
   static std::unique_ptr<simnet::Simnet> net = [] {
     auto started = simnet::Simnet::Start(Network(0));
     return started.ok() ? std::move(*started) : nullptr;
@@ -230,12 +286,13 @@ void BM_LiveCatchUp(benchmark::State& state) {
   if (net == nullptr) return state.SkipWithError("simnet did not start");
   LiveRun run;
   for (auto _ : state) {
-    run = RunLive(*net, compress, nullptr);
+    run = RunLive(*net, compress, nullptr, dry_run);
     state.SetIterationTime(run.seconds);
     if (!run.error.empty()) return state.SkipWithError(run.error.c_str());
   }
   Report(state, run);
-  state.SetLabel(compress ? "v2, zstd" : "v2, uncompressed");
+  state.SetLabel(std::string(compress ? "v2, zstd" : "v2, uncompressed") +
+                 (dry_run ? ", dry-run" : ", sqlite"));
 }
 
 // Arguments: compression, publication rate in events/s.
@@ -270,8 +327,9 @@ void BM_LiveAtRate(benchmark::State& state) {
 }
 
 BENCHMARK(BM_LiveCatchUp)
-    ->Arg(0)
-    ->Arg(1)
+    ->Args({0, 0})
+    ->Args({1, 0})
+    ->Args({1, 1})
     ->Unit(benchmark::kMillisecond)
     ->UseManualTime()
     ->Iterations(2);
