@@ -72,6 +72,19 @@ std::string_view AccountStatusName(AccountStatus status) {
   return "other";
 }
 
+bool CollectionMatches(std::string_view nsid, const std::vector<std::string>& patterns) {
+  if (patterns.empty()) return true;
+  for (const std::string& p : patterns) {
+    if (p == "*") return true;
+    if (p.size() > 2 && p.ends_with(".*")) {
+      if (nsid.starts_with(std::string_view(p).substr(0, p.size() - 1))) return true;
+    } else if (nsid == p) {
+      return true;
+    }
+  }
+  return false;
+}
+
 bool StatusPurgesRecords(AccountStatus status) {
   return status == AccountStatus::kDeleted || status == AccountStatus::kTakendown ||
          status == AccountStatus::kSuspended;

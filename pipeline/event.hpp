@@ -76,6 +76,10 @@ struct AccountEvent {
 
 using Event = std::variant<RecordEvent, AccountEvent>;
 
+// `nsid` matches one of `patterns` (exact NSIDs or "prefix.*"; "*" matches every collection); an
+// empty list matches every collection.
+bool CollectionMatches(std::string_view nsid, const std::vector<std::string>& patterns);
+
 inline uint64_t PositionOf(const Event& e) {
   return std::visit([](const auto& x) { return x.position; }, e);
 }

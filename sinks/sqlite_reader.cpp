@@ -1,6 +1,7 @@
 #include "sinks/sqlite_reader.hpp"
 
 #include <filesystem>
+#include <mutex>
 #include <system_error>
 #include <utility>
 
@@ -44,6 +45,7 @@ struct SqliteReader::Impl {
   Stmt get;
   Stmt all;
   Stmt count;
+  Stmt holds;
 
   // Opens the connection and prepares the statements.
   Status Init();
@@ -81,6 +83,12 @@ Status SqliteReader::Impl::Init() {
   ATFILL_ASSIGN_OR_RETURN(all, sqlite::Prepare(raw, all_sql, true));
   ATFILL_ASSIGN_OR_RETURN(count,
                           sqlite::Prepare(raw, "SELECT count(*) FROM atfill_record_rows", true));
+  ATFILL_ASSIGN_OR_RETURN(
+      holds, sqlite::Prepare(raw,
+                             "SELECT 1 FROM atfill_record_rows WHERE did_id = (SELECT id FROM "
+                             "atfill_dids WHERE did = ?1) AND collection_id = (SELECT id FROM "
+                             "atfill_collections WHERE nsid = ?2) LIMIT 1",
+                             true));
   return Status::OK();
 }
 
@@ -133,6 +141,40 @@ Result<uint64_t> SqliteReader::Count() {
   int rc = sqlite3_step(s);
   if (rc != SQLITE_ROW) return impl_->Fail(rc, "counting the records");
   return static_cast<uint64_t>(sqlite3_column_int64(s, 0));
+}
+
+Result<bool> SqliteReader::HoldsRecords(std::string_view did, std::string_view collection) {
+  sqlite3_stmt* s = impl_->holds.get();
+  ResetOnExit reset(s);
+  BindText(s, 1, did);
+  BindText(s, 2, collection);
+  const int rc = sqlite3_step(s);
+  if (rc == SQLITE_ROW) return true;
+  if (rc == SQLITE_DONE) return false;
+  return impl_->Fail(rc, "looking up an account's records");
+}
+
+std::function<Result<bool>(const std::string& did, const std::string& collection)>
+SqliteHoldsRecords(std::string path) {
+  struct Shared {
+    std::mutex mu;
+    std::string path;
+    std::unique_ptr<SqliteReader> reader;
+  };
+  auto shared = std::make_shared<Shared>();
+  shared->path = std::move(path);
+  return [shared](const std::string& did, const std::string& collection) -> Result<bool> {
+    std::lock_guard<std::mutex> lock(shared->mu);
+    if (shared->reader == nullptr) {
+      auto opened = SqliteReader::Open(shared->path);
+      if (!opened.ok()) {
+        if (opened.status().code() == StatusCode::kNotFound) return false;
+        return opened.status();
+      }
+      shared->reader = std::move(*opened);
+    }
+    return shared->reader->HoldsRecords(did, collection);
+  };
 }
 
 Result<std::vector<std::vector<std::string>>> SqliteReader::Query(std::string_view sql) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -49,6 +50,8 @@ class SqliteReader {
   Result<std::vector<RecordRow>> ReadAll();
   // Number of records.
   Result<uint64_t> Count();
+  // Whether any record of `did` in `collection` is stored. Uses the key index (no scan).
+  Result<bool> HoldsRecords(std::string_view did, std::string_view collection);
   // Runs one read-only SQL statement and returns its rows as text (NULL as ""), the column names
   // first. For tools and the demo; the connection is read-only, so writes fail.
   Result<std::vector<std::vector<std::string>>> Query(std::string_view sql);
@@ -62,5 +65,10 @@ class SqliteReader {
 // One-shot helpers over SqliteReader.
 Result<std::vector<RecordRow>> ReadAllRecords(const std::string& path);
 Result<std::optional<RecordRow>> GetRecord(const std::string& path, std::string_view uri);
+
+// SqliteReader::HoldsRecords on the database at `path`, for a caller on any thread (one
+// connection behind a mutex, opened at the first call; a database not yet created holds nothing).
+std::function<Result<bool>(const std::string& did, const std::string& collection)>
+SqliteHoldsRecords(std::string path);
 
 }  // namespace atfill::sinks

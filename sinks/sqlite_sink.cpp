@@ -331,23 +331,6 @@ Status SqliteSink::ApplyDelete(const RecordEvent& e, WriteStats* stats) {
   return Status::OK();
 }
 
-namespace {
-
-// `nsid` is in `patterns` (exact NSIDs or "prefix.*"); an empty list takes every collection.
-bool CollectionMatches(std::string_view nsid, const std::vector<std::string>& patterns) {
-  if (patterns.empty()) return true;
-  for (const std::string& p : patterns) {
-    if (p.size() > 2 && p.ends_with(".*")) {
-      if (nsid.starts_with(std::string_view(p).substr(0, p.size() - 1))) return true;
-    } else if (nsid == p) {
-      return true;
-    }
-  }
-  return false;
-}
-
-}  // namespace
-
 Status SqliteSink::ApplyResync(const AccountEvent& e, WriteStats* stats) {
   ATFILL_ASSIGN_OR_RETURN(std::optional<int64_t> did_id, Lookup(dids_, e.did));
   ++stats->resyncs;
@@ -371,7 +354,7 @@ Status SqliteSink::ApplyResync(const AccountEvent& e, WriteStats* stats) {
   std::vector<int64_t> matching;
   int rc;
   while ((rc = sqlite3_step(list.get())) == SQLITE_ROW) {
-    if (CollectionMatches(ColumnText(list.get(), 1), e.resync_collections)) {
+    if (pipeline::CollectionMatches(ColumnText(list.get(), 1), e.resync_collections)) {
       matching.push_back(sqlite3_column_int64(list.get(), 0));
     }
   }

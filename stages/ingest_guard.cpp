@@ -43,7 +43,14 @@ struct GuardState : pipeline::TransformState {
   std::unique_ptr<BloomFilter> stored_records;
   uint64_t stored_record_count = 0;  // keys added to stored_records
   std::unordered_set<std::string> stored_accounts;
+
+  // Under a DeleteTombstoneRule: "did\ncollection" of the creates and updates this run let
+  // through, so deletes in batches the sink has not committed yet still find them (bounded: when
+  // full it starts again, and the sink answers for what is committed).
+  std::unordered_set<std::string> created;
 };
+
+constexpr size_t kMaxCreatedPairs = 1'000'000;
 
 Status Load(state::Tombstones* tombstones, GuardState* st) {
   uint64_t count = 0;
@@ -68,9 +75,11 @@ Status Load(state::Tombstones* tombstones, GuardState* st) {
 
 }  // namespace
 
-IngestGuard::IngestGuard(state::Tombstones* tombstones, std::function<int64_t()> now_us)
+IngestGuard::IngestGuard(state::Tombstones* tombstones, std::function<int64_t()> now_us,
+                         std::optional<DeleteTombstoneRule> rule)
     : tombstones_(tombstones),
-      now_us_(now_us ? std::move(now_us) : std::function<int64_t()>(pipeline::NowMicros)) {}
+      now_us_(now_us ? std::move(now_us) : std::function<int64_t()>(pipeline::NowMicros)),
+      rule_(std::move(rule)) {}
 
 std::unique_ptr<pipeline::TransformState> IngestGuard::NewState() const {
   return std::make_unique<GuardState>();
@@ -82,11 +91,26 @@ Status IngestGuard::Process(pipeline::TransformState* base, pipeline::EventChunk
   if (!st->loaded) ATFILL_RETURN_IF_ERROR(Load(tombstones_, st));
   auto& events = chunk->events;
   size_t keep = 0;
+  int64_t skipped = 0;
   for (size_t i = 0; i < events.size(); ++i) {
     bool refuse = false;
     if (auto* r = std::get_if<RecordEvent>(&events[i])) {
       if (r->operation == Operation::kDelete) {
-        st->records[r->Uri()] = {state::RecordTombstone{r->rev, now_us_()}, st->generation};
+        bool leave = true;
+        if (rule_) {
+          leave =
+              st->created.count(r->did + '\n' + r->collection) != 0 ||
+              (!rule_->always.empty() && pipeline::CollectionMatches(r->collection, rule_->always));
+          if (!leave && rule_->sink_holds) {
+            const Result<bool> holds = rule_->sink_holds(r->did, r->collection);
+            leave = !holds.ok() || *holds;
+          }
+        }
+        if (leave) {
+          st->records[r->Uri()] = {state::RecordTombstone{r->rev, now_us_()}, st->generation};
+        } else {
+          ++skipped;
+        }
       } else {
         // Account tombstone first: a purged account takes no writes until it is active again.
         std::optional<state::AccountTombstone> account;
@@ -111,6 +135,10 @@ Status IngestGuard::Process(pipeline::TransformState* base, pipeline::EventChunk
           // TIDs sort as strings in time order.
           refuse = tomb && (r->rev.empty() || r->rev <= tomb->rev);
         }
+        if (rule_ && !refuse) {
+          if (st->created.size() >= kMaxCreatedPairs) st->created.clear();
+          st->created.insert(r->did + '\n' + r->collection);
+        }
       }
     } else if (auto* a = std::get_if<AccountEvent>(&events[i])) {
       if (a->resync) {
@@ -131,6 +159,7 @@ Status IngestGuard::Process(pipeline::TransformState* base, pipeline::EventChunk
     }
   }
   events.resize(keep);
+  if (skipped != 0) chunk->counters.emplace_back("tombstones_skipped", skipped);
   return Status::OK();
 }
 

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "sinks/sqlite_reader.hpp"
@@ -245,6 +246,29 @@ TEST_F(SqliteSinkTest, IndexedAtTextSortsAndRoundTrips) {
     EXPECT_EQ(rows[i].indexed_at, texts[i]);
     EXPECT_EQ(rows[i].indexed_at_us, times[i]);
   }
+}
+
+TEST_F(SqliteSinkTest, HoldsRecordsLooksUpAnAccountsCollection) {
+  auto holds = SqliteHoldsRecords(Path());
+  auto before = holds(kAlice, kPost);  // no database yet
+  ASSERT_TRUE(before.ok()) << before.status().ToString();
+  EXPECT_FALSE(*before);
+  auto sink = MustOpen();
+  ASSERT_NE(sink, nullptr);
+  ASSERT_TRUE(sink->Write(std::vector<Event>{MakeCreate(kAlice, kPost, "a", kBody, kRev1)}).ok());
+  for (const auto& [did, collection, want] :
+       std::vector<std::tuple<std::string, std::string, bool>>{
+           {kAlice, kPost, true},
+           {kAlice, "app.bsky.feed.like", false},
+           {"did:plc:nobody", kPost, false}}) {
+    auto got = holds(did, collection);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_EQ(*got, want) << did << " " << collection;
+  }
+  ASSERT_TRUE(sink->Write(std::vector<Event>{MakeDelete(kAlice, kPost, "a", kRev2)}).ok());
+  auto after = holds(kAlice, kPost);
+  ASSERT_TRUE(after.ok());
+  EXPECT_FALSE(*after);
 }
 
 TEST_F(SqliteSinkTest, ReopeningKeepsDataAndIds) {

@@ -139,6 +139,62 @@ TEST_F(GuardTest, PurgedAccountsTakeNoWritesUntilActiveAgain) {
   EXPECT_FALSE(stored->has_value());
 }
 
+// Under the live consumer's rule a delete leaves a tombstone only where a stale create could
+// still arrive: the sink holds records of the account in that collection, this run let a create
+// through there, or a running backfill covers the collection.
+TEST(GuardRuleTest, DeletesLeaveTombstonesOnlyWhereAStaleCreateCouldArrive) {
+  auto kv = state::NewMemoryKvStore();
+  state::Tombstones tombstones(*kv);
+  std::vector<std::string> asked;
+  stages::DeleteTombstoneRule rule;
+  rule.sink_holds = [&](const std::string& did, const std::string& collection) -> Result<bool> {
+    asked.push_back(collection);
+    if (collection == "app.bsky.graph.block") return Status::IoError("database gone");
+    return did == kDid && collection == "app.bsky.feed.like";
+  };
+  rule.always = {"app.bsky.actor.*"};
+  IngestGuard guard(
+      &tombstones, [] { return int64_t{1'000}; }, rule);
+  auto in = [](Operation op, const std::string& collection, const std::string& rkey) {
+    RecordEvent r = Record(op, rkey, "3l2222222222e");
+    r.collection = collection;
+    if (op != Operation::kDelete) {
+      r.body = "{\"$type\":\"" + collection + "\"}";
+      r.cid = *atproto::CidOfRecord(r.body);
+    }
+    return pipeline::Event(r);
+  };
+  auto st = guard.NewState();
+  EventChunk chunk;
+  chunk.events = {in(Operation::kDelete, "app.bsky.feed.post", "a"),         // nothing there
+                  in(Operation::kDelete, "app.bsky.feed.like", "b"),         // the sink holds likes
+                  in(Operation::kDelete, "app.bsky.actor.profile", "self"),  // a backfill covers it
+                  in(Operation::kDelete, "app.bsky.graph.block", "c"),       // the sink cannot say
+                  in(Operation::kCreate, "app.bsky.feed.repost", "d"),
+                  in(Operation::kDelete, "app.bsky.feed.repost", "e")};  // created in this run
+  ASSERT_TRUE(guard.Process(st.get(), &chunk).ok());
+  EXPECT_EQ(chunk.events.size(), 6u);  // deletes are never refused
+  state::WriteBatch batch;
+  ASSERT_TRUE(guard.SealBatch(st.get(), &batch).ok());
+  ASSERT_TRUE(kv->Write(batch).ok());
+  guard.OnCommitted(st.get(), true);
+  auto tombstoned = [&](const std::string& collection, const std::string& rkey) {
+    auto t = tombstones.GetRecord("at://" + kDid + "/" + collection + "/" + rkey);
+    EXPECT_TRUE(t.ok());
+    return t.ok() && t->has_value();
+  };
+  EXPECT_FALSE(tombstoned("app.bsky.feed.post", "a"));
+  EXPECT_TRUE(tombstoned("app.bsky.feed.like", "b"));
+  EXPECT_TRUE(tombstoned("app.bsky.actor.profile", "self"));
+  EXPECT_TRUE(tombstoned("app.bsky.graph.block", "c"));
+  EXPECT_TRUE(tombstoned("app.bsky.feed.repost", "e"));
+  ASSERT_EQ(chunk.counters.size(), 1u);
+  EXPECT_EQ(chunk.counters[0], (std::pair<std::string, int64_t>{"tombstones_skipped", 1}));
+  // The sink was asked only where neither the run nor a backfill already decided.
+  EXPECT_EQ(asked, (std::vector<std::string>{"app.bsky.feed.post", "app.bsky.feed.like",
+                                             "app.bsky.graph.block"}));
+}
+
 TEST_F(GuardTest, ABatchWritesOnlyTheTombstonesItSet) {
   auto st = guard_.NewState();
   // Batch 1 deletes a; batch 2 (processed before batch 1 is durable) deletes b.

@@ -268,4 +268,18 @@ int RunRun(std::span<char* const> args) {
   return std::max(worst, rc);
 }
 
+Result<std::vector<std::string>> UnfinishedBackfillCollections(OpenedState& st) {
+  ATFILL_ASSIGN_OR_RETURN(auto jobs, st.jobs->List());
+  std::vector<std::string> out;
+  for (const auto& j : jobs) {
+    if (j.kind != "backfill" || state::IsTerminal(j.status)) continue;
+    auto it = j.params.find("collections");
+    std::vector<std::string> collections =
+        it == j.params.end() ? std::vector<std::string>{} : Split(it->second);
+    if (collections.empty()) return std::vector<std::string>{"*"};
+    out.insert(out.end(), collections.begin(), collections.end());
+  }
+  return out;
+}
+
 }  // namespace atfill::cli

@@ -3,6 +3,9 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
+
+#include "base/status.hpp"
 
 namespace atfill::cli {
 
@@ -13,5 +16,9 @@ int ResumeBackfill(const std::string& config_path, uint64_t id);
 struct AppConfig;
 struct OpenedState;
 int RunLive(const AppConfig& config, OpenedState& st);
+
+// The collections the unfinished backfill jobs of this state cover ("*" for one that fetches every
+// collection); empty when none is unfinished.
+Result<std::vector<std::string>> UnfinishedBackfillCollections(OpenedState& st);
 
 }  // namespace atfill::cli

@@ -6,6 +6,7 @@
 
 #include "pipeline/job.hpp"
 #include "pipeline/run.hpp"
+#include "sinks/sqlite_reader.hpp"
 #include "sinks/sqlite_sink.hpp"
 #include "sources/jetstream.hpp"
 #include "stages/account_check.hpp"
@@ -57,7 +58,13 @@ int RunLive(const AppConfig& config, OpenedState& st) {
   auto source = sources::JetstreamSource::Create(config.live, st.kv.get());
   if (!source.ok()) return Fail("run", source.status().message(), kExitUsage);
   stages::CidVerify verify;
-  stages::IngestGuard guard(st.tombstones.get());
+  // Record deletes leave a tombstone only where a stale create could still arrive.
+  stages::DeleteTombstoneRule rule;
+  rule.sink_holds = sinks::SqliteHoldsRecords(config.sqlite.path);
+  auto backfills = UnfinishedBackfillCollections(st);
+  if (!backfills.ok()) return Fail("run", backfills.status().message(), kExitIo);
+  rule.always = std::move(*backfills);
+  stages::IngestGuard guard(st.tombstones.get(), nullptr, std::move(rule));
   // The account check asks PDSs with the crawl's resolver settings ([resolver], [net]).
   std::unique_ptr<state::ResolverCache> check_cache;  // outlives the client's callbacks
   std::unique_ptr<net::HttpClient> check_http;
