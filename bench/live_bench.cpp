@@ -1,7 +1,7 @@
 // The live consumer against simnet's Jetstream on loopback, in-process: the Jetstream source (v2
 // subscribeEvents, zstd with simnet's trained dictionary or uncompressed), CID verify, the account
 // check (each #account deletion asks simnet's PDS), the ingest guard and the SQLite sink, state in
-// RocksDB, as `atfill run` runs it, with the engine's workers set to 4.
+// RocksDB, as `atfill run` runs it (its [live] batch defaults), with the engine's workers set to 4.
 //
 // BM_LiveCatchUp: the whole log (kEvents events) is published before the consumer connects with
 // cursor seq 1, so the consumer reads as fast as it can apply: events_per_s is its sustained
@@ -14,8 +14,9 @@
 // published the consumer had committed it. A lag that stays at a few batches means the consumer
 // keeps up at that rate; one that grows with the run means it does not.
 //
-// Simnet generates its log (and the ground truth) outside the timed part; it runs in this process
-// and shares the 2 cores with the consumer, sending every frame over loopback (and compressing it).
+// Simnet generates its log and renders and compresses every frame (JetstreamOptions::prerender)
+// outside the timed part; it runs in this process and shares the 2 cores with the consumer,
+// sending every frame over loopback.
 // simnet_cores and consumer_cores split the process's CPU by thread (simnet's io threads are named
 // simnet-io); consumer_cpu_us_per_event is the consumer's CPU per event, so 2 cores /
 // consumer_cpu_us_per_event is what this consumer could reach on this machine with the Jetstream
@@ -29,6 +30,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -85,6 +87,7 @@ simnet::SimnetOptions Network(double rate) {
   o.threads = 1;
   o.jetstream.events = kEvents;
   o.jetstream.events_per_second = rate;
+  o.jetstream.prerender = true;  // simnet only sends: the CPU left is the consumer's
   return o;
 }
 
@@ -195,6 +198,16 @@ LiveRun RunLive(const simnet::Simnet& net, bool compress,
   pipeline::JobRunner runner(kv->get(), &jobs, &errors, *job, "live", job_options);
   pipeline::EngineOptions engine_options;
   engine_options.workers = 4;
+  // `atfill run`'s [live] batch defaults (tools/atfill/app_config.hpp). ATFILL_LIVE_BENCH_BATCH
+  // = "events,chunks,ms" tries others.
+  engine_options.batch = {.max_events = 50'000, .max_delay_ms = 1000, .max_chunks = 128};
+  if (const char* e = std::getenv("ATFILL_LIVE_BENCH_BATCH")) {
+    unsigned long long events = 0, chunks = 0;
+    long long ms = 0;
+    if (std::sscanf(e, "%llu,%llu,%lld", &events, &chunks, &ms) == 3) {
+      engine_options.batch = {.max_events = events, .max_delay_ms = ms, .max_chunks = chunks};
+    }
+  }
   pipeline::Engine engine(engine_options, source->get(), {&verify, &check, &guard}, sink->get(),
                           kv->get(), &runner);
 

@@ -122,6 +122,10 @@ Result<AppConfig> LoadAppConfig(const std::string& path) {
       file.ReadInt("live.idle_timeout_ms", &l.websocket.idle_timeout_ms, 0, 3'600'000));
   ATFILL_RETURN_IF_ERROR(file.ReadBool("live.check_deleted_accounts", &c.check_deleted_accounts));
   ATFILL_RETURN_IF_ERROR(
+      file.ReadUint("live.batch_records", &c.live_batch.max_events, 1, 1'000'000));
+  ATFILL_RETURN_IF_ERROR(file.ReadInt("live.batch_ms", &c.live_batch.max_delay_ms, 0, 600'000));
+  ATFILL_RETURN_IF_ERROR(file.ReadUint("live.batch_chunks", &c.live_batch.max_chunks, 1, 100'000));
+  ATFILL_RETURN_IF_ERROR(
       file.ReadInt("live.account_check_timeout_ms", &c.account_check.timeout_ms, 1, 600'000));
   k.resolver_http.connect_timeout_ms = k.http.connect_timeout_ms;
   ATFILL_RETURN_IF_ERROR(file.ReadBool("jobs.record_batches", &c.jobs.record_batches));
@@ -137,6 +141,7 @@ Result<AppConfig> LoadAppConfig(const std::string& path) {
 
   // Cross-field rules; the message names the section.
   if (Status s = c.engine.Validate(); !s.ok()) return s.WithContext(path + ": [engine]");
+  if (Status s = c.live_batch.Validate(); !s.ok()) return s.WithContext(path + ": [live]");
   if (Status s = c.sqlite.Validate(); !s.ok()) return s.WithContext(path + ": [sink.sqlite]");
   if (Status s = c.state.Validate(); !s.ok()) return s.WithContext(path + ": [state]");
   if (Status s = c.error_log.Validate(); !s.ok()) return s.WithContext(path + ": [jobs]");

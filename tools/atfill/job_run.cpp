@@ -80,7 +80,9 @@ int RunInForeground(ForegroundJob& spec) {
   OpenedState& st = *spec.state;
   pipeline::JobRunner runner(st.kv.get(), st.jobs.get(), st.errors.get(), spec.job,
                              spec.cursor_name, config.jobs);
-  pipeline::Engine engine(config.engine, spec.source, spec.transforms, spec.sink, st.kv.get(),
+  pipeline::EngineOptions engine_options = config.engine;
+  if (spec.batch) engine_options.batch = *spec.batch;
+  pipeline::Engine engine(engine_options, spec.source, spec.transforms, spec.sink, st.kv.get(),
                           &runner);
   ProgressReporter progress([&runner] { return runner.Snapshot(); }, config.progress_interval_s,
                             ::isatty(STDERR_FILENO) != 0);

@@ -2,6 +2,8 @@
 // request files (pause/cancel from another atfill) as stop requests, and the closing summary.
 #pragma once
 
+#include <optional>
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -32,6 +34,8 @@ struct ForegroundJob {
   // Words for the summary: what the job reads ("events", "records fetched").
   const char* read_noun = "events read";
   bool dry_run = false;
+  // Replaces [engine]'s batch limits for this job (the live consumer has its own).
+  std::optional<pipeline::BatcherOptions> batch;
 };
 
 // Runs the job to its end (completed, paused, cancelled or failed), prints the summary and

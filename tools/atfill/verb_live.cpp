@@ -100,6 +100,7 @@ int RunLive(const AppConfig& config, OpenedState& st) {
   run.transforms.push_back(&guard);
   run.sink = sink->get();
   run.cursor_name = kLiveCursor;
+  run.batch = config.live_batch;
   run.read_noun = "messages read";
   const int rc = RunInForeground(run);
   const auto s = (*source)->stats();

@@ -241,6 +241,14 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
       const uint64_t seq = next_++;
       if (seq >= sub_.live_from) live_ = true;
       if (!Matches(seq)) continue;
+      if (sub_.version == 2) {
+        if (const std::string* ready = server_->PrerenderedV2(seq, sub_.compress)) {
+          if (sub_.max_size > 0 && server_->PrerenderedV2(seq, false)->size() > sub_.max_size) {
+            continue;
+          }
+          return SendReady(*ready);
+        }
+      }
       Result<std::string> frame = sub_.version == 1 ? log_.FrameV1(seq) : log_.FrameV2(seq);
       if (!frame.ok()) return HardClose();
       if (frame->empty()) continue;  // not carried on this version (#sync on v1)
@@ -273,6 +281,15 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
       ws_.text(true);
     }
     ws_.async_write(asio::buffer(out_), [self = shared_from_this()](beast::error_code ec, size_t) {
+      self->OnWrite(ec);
+    });
+  }
+
+  // A prerendered frame (compressed when the connection is): sent from the server's copy.
+  void SendReady(const std::string& frame) {
+    writing_ = true;
+    ws_.binary(sub_.compress);
+    ws_.async_write(asio::buffer(frame), [self = shared_from_this()](beast::error_code ec, size_t) {
       self->OnWrite(ec);
     });
   }
@@ -584,6 +601,36 @@ Result<std::unique_ptr<JetstreamServer>> JetstreamServer::Create(const Network& 
   s->v2_cdict_ = ZSTD_createCDict(s->v2_dict_.data(), s->v2_dict_.size(), 1);
   if (s->v1_cdict_ == nullptr || s->v2_cdict_ == nullptr) {
     return Status::Internal("libzstd refused a trained jetstream dictionary");
+  }
+  if (options.prerender) {
+    // Compressed exactly as a connection compresses (WsSession: the v2 CDict, window 128 KiB).
+    ZSTD_CCtx* cctx = ZSTD_createCCtx();
+    if (cctx == nullptr || ZSTD_isError(ZSTD_CCtx_refCDict(cctx, s->v2_cdict_)) ||
+        ZSTD_isError(ZSTD_CCtx_setParameter(cctx, ZSTD_c_windowLog, 17))) {
+      ZSTD_freeCCtx(cctx);
+      return Status::Internal("cannot set up zstd to prerender the jetstream frames");
+    }
+    const uint64_t n = s->log_->size();
+    s->v2_text_.resize(n + 1);
+    s->v2_zstd_.resize(n + 1);
+    for (uint64_t seq = 1; seq <= n; ++seq) {
+      auto frame = s->log_->FrameV2(seq);
+      if (!frame.ok()) {
+        ZSTD_freeCCtx(cctx);
+        return frame.status();
+      }
+      std::string& z = s->v2_zstd_[seq];
+      z.resize(ZSTD_compressBound(frame->size()));
+      const size_t size = ZSTD_compress2(cctx, z.data(), z.size(), frame->data(), frame->size());
+      if (ZSTD_isError(size)) {
+        ZSTD_freeCCtx(cctx);
+        return Status::Internal(std::string("zstd: ") + ZSTD_getErrorName(size));
+      }
+      z.resize(size);
+      z.shrink_to_fit();
+      s->v2_text_[seq] = std::move(*frame);
+    }
+    ZSTD_freeCCtx(cctx);
   }
   s->start_ = std::chrono::steady_clock::now();
   return s;

@@ -9,6 +9,8 @@
 // ignored), #sync events, the 503 answers of a bootstrapping server.
 #pragma once
 
+#include <vector>
+
 #include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/http/message.hpp>
 #include <boost/beast/http/string_body.hpp>
@@ -51,6 +53,11 @@ class JetstreamServer {
       boost::beast::tcp_stream& stream);
 
   const JetstreamLog& log() const { return *log_; }
+  // JetstreamOptions::prerender: the v2 frame of `seq`, as text or compressed; null otherwise.
+  const std::string* PrerenderedV2(uint64_t seq, bool compressed) const {
+    const auto& frames = compressed ? v2_zstd_ : v2_text_;
+    return seq < frames.size() ? &frames[seq] : nullptr;
+  }
   ByteView dictionary(int version) const { return version == 1 ? v1_dict_ : v2_dict_; }
   ZSTD_CDict_s* cdict(int version) const { return version == 1 ? v1_cdict_ : v2_cdict_; }
   std::chrono::steady_clock::time_point start() const { return start_; }
@@ -71,6 +78,7 @@ class JetstreamServer {
   Bytes v1_dict_, v2_dict_;
   ZSTD_CDict_s* v1_cdict_ = nullptr;
   ZSTD_CDict_s* v2_cdict_ = nullptr;
+  std::vector<std::string> v2_text_, v2_zstd_;  // JetstreamOptions::prerender; [0] unused
   std::chrono::steady_clock::time_point start_;
   std::atomic<uint64_t> next_connection_{0};
 };

@@ -129,6 +129,10 @@ struct JetstreamOptions {
   // Share of events that are a #sync of an active account that has records (JetstreamKind::kSync;
   // v1 does not carry them, only the resync rows, as creates). 0..1, counted with the other shares.
   double sync_share = 0;
+  // Render every v2 frame, and compress it with the v2 dictionary, at Start and keep both in
+  // memory (about the log's frame bytes again), so that serving v2 costs simnet only the sends:
+  // for benchmarks that measure the consumer rather than simnet. v1 is rendered as it is sent.
+  bool prerender = false;
   // Faults. Each connection closes its socket without a close frame after writing this many
   // frames (0 = never), or after any frame with this probability.
   uint64_t disconnect_after_frames = 0;
