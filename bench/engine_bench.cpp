@@ -4,6 +4,9 @@
 // one transaction per 5,000. Two input orders: "interleaved" (accounts at random, as a live stream
 // or an archive) and "repo" (one account after another, as a crawl).
 //
+// ATFILL_ENGINE_BENCH_BATCH="events,chunks,ms" replaces the engine's default batch limits
+// (5,000 events, 16 chunks, 200 ms), as [engine] batch_records/batch_chunks/batch_ms would.
+//
 //   build/bench/engine_bench                      (Release build)
 #include <benchmark/benchmark.h>
 #include <simdjson.h>
@@ -11,6 +14,8 @@
 #include <sys/resource.h>
 
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -93,6 +98,13 @@ void BM_EndToEnd(benchmark::State& state) {
     stages::CidVerify verify;
     stages::IngestGuard guard(&tombstones);
     pipeline::RunOptions options;
+    if (const char* e = std::getenv("ATFILL_ENGINE_BENCH_BATCH")) {
+      unsigned long long events = 0, chunks = 0;
+      long long ms = 0;
+      if (std::sscanf(e, "%llu,%llu,%lld", &events, &chunks, &ms) == 3) {
+        options.engine.batch = {.max_events = events, .max_delay_ms = ms, .max_chunks = chunks};
+      }
+    }
     auto job =
         pipeline::RunAsJob(source->get(), {&verify, &guard}, sink->get(), kv->get(), options);
     if (!job.ok() || job->counters.records_written != kEvents) {

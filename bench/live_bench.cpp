@@ -122,6 +122,19 @@ long SimnetTicks() {
   return simnet;
 }
 
+// A "Vm..." field of /proc/self/status in KiB, or -1 when absent.
+int64_t StatusKb(std::string_view field) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.size() > field.size() && line.compare(0, field.size(), field) == 0 &&
+        line[field.size()] == ':') {
+      return std::stoll(line.substr(field.size() + 1));
+    }
+  }
+  return -1;
+}
+
 struct LiveRun {
   std::string error;
   state::JobRecord job;
@@ -131,6 +144,7 @@ struct LiveRun {
   double final_lag_ms = 0;
   uint64_t batches = 0;  // committed
   double simnet_cpu_s = 0, consumer_cpu_s = 0;
+  double rss_growth_mb = 0;  // peak RSS during the run less the RSS before it
 };
 
 // One live job in a fresh directory, from seq 1 until the stream has been idle for kIdleMs.
@@ -230,6 +244,11 @@ LiveRun RunLive(const simnet::Simnet& net, bool compress,
       cv.wait_for(lock, std::chrono::milliseconds(20), [&] { return done; });
     }
   });
+  {
+    std::ofstream reset("/proc/self/clear_refs");  // VmHWM := VmRSS (Linux >= 4.0)
+    reset << "5";
+  }
+  const int64_t rss_before_kb = StatusKb("VmRSS");
   const long simnet_before = SimnetTicks();
   const double cpu_before = ProcessCpuSeconds();
   auto ran = runner.Run(&engine);
@@ -237,6 +256,7 @@ LiveRun RunLive(const simnet::Simnet& net, bool compress,
   out.simnet_cpu_s = static_cast<double>(SimnetTicks() - simnet_before) / tick;
   // The process (threads that ended during the run included) less simnet's io threads.
   out.consumer_cpu_s = ProcessCpuSeconds() - cpu_before - out.simnet_cpu_s;
+  out.rss_growth_mb = static_cast<double>(StatusKb("VmHWM") - rss_before_kb) / 1024.0;
   const double wall =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   {
@@ -280,6 +300,9 @@ void Report(benchmark::State& state, const LiveRun& run) {
       run.job.counters.extra.count("account_checks") ? run.job.counters.extra.at("account_checks")
                                                      : 0);
   state.counters["elapsed_s"] = s;
+  // What the run added to the process's memory at its peak (simnet's log and frames were there
+  // before): the consumer's batches, buffers and caches.
+  state.counters["rss_growth_mb"] = run.rss_growth_mb;
   // Over the whole run, the idle wait at the end included (little CPU).
   state.counters["simnet_cores"] = run.simnet_cpu_s / (s + kIdleMs / 1000.0);
   state.counters["consumer_cores"] = run.consumer_cpu_s / (s + kIdleMs / 1000.0);
