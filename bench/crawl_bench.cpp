@@ -51,6 +51,7 @@
 #include <string>
 #include <thread>
 
+#include "bench/bench_util.hpp"
 #include "pipeline/engine.hpp"
 #include "pipeline/job.hpp"
 #include "sinks/dry_run_sink.hpp"
@@ -77,71 +78,10 @@ constexpr uint32_t kHosts = 500;
 constexpr int64_t kLatencyMs = 50;
 const std::vector<std::string> kCollections = {"app.bsky.feed.post", "app.bsky.feed.like"};
 
-// A folder of this process's own, removed at exit.
-fs::path WorkDir() {
-  // A pointer, never destroyed, so the exit handler can still read it.
-  static const fs::path* dir = [] {
-    auto* d = new fs::path(fs::temp_directory_path() /
-                           ("atfill-crawl-bench-" + std::to_string(::getpid())));
-    fs::create_directories(*d);
-    std::atexit([] {
-      std::error_code ignored;
-      fs::remove_all(WorkDir(), ignored);
-    });
-    return d;
-  }();
-  return *dir;
-}
-
-// A "Vm..." field of /proc/self/status in KiB, or -1 when absent.
-int64_t StatusKb(std::string_view field) {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.size() > field.size() && line.compare(0, field.size(), field) == 0 &&
-        line[field.size()] == ':') {
-      return std::stoll(line.substr(field.size() + 1));
-    }
-  }
-  return -1;
-}
-
-// Resets VmHWM to the current RSS (Linux >= 4.0); false when not permitted.
-bool ResetPeakRss() {
-  std::ofstream out("/proc/self/clear_refs");
-  out << "5";
-  out.flush();
-  return out.good();
-}
-
-double ProcessCpuSeconds() {
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
-  const auto sec = [](const timeval& t) {
-    return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) / 1e6;
-  };
-  return sec(usage.ru_utime) + sec(usage.ru_stime);
-}
-
-// CPU clock ticks used so far per thread id (utime + stime of /proc/self/task/*/stat).
-std::map<int, long> ThreadTicks() {
-  std::map<int, long> out;
-  for (const auto& e : fs::directory_iterator("/proc/self/task")) {
-    std::ifstream in(e.path() / "stat");
-    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    const size_t close = text.rfind(')');
-    if (close == std::string::npos) continue;
-    std::istringstream rest(text.substr(close + 2));
-    std::string f;
-    long utime = 0, stime = 0;
-    for (int i = 3; i <= 15 && rest >> f; ++i) {
-      if (i == 14) utime = std::stol(f);
-      if (i == 15) stime = std::stol(f);
-    }
-    out[std::stoi(e.path().filename().string())] = utime + stime;
-  }
-  return out;
-}
+fs::path WorkDir() { return bench::WorkDir("crawl-bench"); }
+using bench::ProcessCpuSeconds;
+using bench::ResetPeakRss;
+using bench::StatusKb;
 
 struct CrawlRun {
   bool ok = false;
@@ -245,15 +185,15 @@ CrawlRun RunCrawl(const fs::path& dir, const CrawlOptions& options, bool dry_run
       cv.wait_for(lock, std::chrono::milliseconds(50), [&] { return done; });
     }
   });
-  const auto ticks_start = ThreadTicks();
+  const auto ticks_start = bench::ThreadTicks();
   const double cpu_start = ProcessCpuSeconds();
   const auto start = std::chrono::steady_clock::now();
   auto ran = runner.Run(&engine);
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   out.cpu_seconds = ProcessCpuSeconds() - cpu_start;
-  for (const auto& [tid, ticks] : ThreadTicks()) {
+  for (const auto& [tid, cpu] : bench::ThreadTicks()) {
     auto it = ticks_start.find(tid);
-    const long used = ticks - (it == ticks_start.end() ? 0 : it->second);
+    const long used = cpu.ticks - (it == ticks_start.end() ? 0 : it->second.ticks);
     out.busiest_thread =
         std::max(out.busiest_thread, static_cast<double>(used) /
                                          static_cast<double>(::sysconf(_SC_CLK_TCK)) / out.seconds);

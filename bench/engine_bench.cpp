@@ -21,6 +21,7 @@
 #include <map>
 #include <unordered_map>
 
+#include "bench/bench_util.hpp"
 #include "pipeline/run.hpp"
 #include "sinks/sqlite_sink.hpp"
 #include "sources/event_file.hpp"
@@ -39,14 +40,7 @@ constexpr int kBatch = 5000;
 
 namespace fs = std::filesystem;
 
-fs::path WorkDir() {
-  static const fs::path dir = [] {
-    fs::path d = fs::temp_directory_path() / ("atfill-engine-bench-" + std::to_string(::getpid()));
-    fs::create_directories(d);
-    return d;
-  }();
-  return dir;
-}
+fs::path WorkDir() { return bench::WorkDir("engine-bench"); }
 
 // The event file of one order, generated once per process.
 const std::string& EventFile(bool repo_order) {

@@ -39,6 +39,7 @@
 #include <string>
 #include <thread>
 
+#include "bench/bench_util.hpp"
 #include "pipeline/engine.hpp"
 #include "pipeline/job.hpp"
 #include "sinks/dry_run_sink.hpp"
@@ -64,19 +65,9 @@ namespace fs = std::filesystem;
 constexpr uint64_t kEvents = 300'000;
 constexpr int64_t kIdleMs = 400;
 
-fs::path WorkDir() {
-  static const fs::path* dir = [] {
-    auto* d = new fs::path(fs::temp_directory_path() /
-                           ("atfill-live-bench-" + std::to_string(::getpid())));
-    fs::create_directories(*d);
-    std::atexit([] {
-      std::error_code ignored;
-      fs::remove_all(WorkDir(), ignored);
-    });
-    return d;
-  }();
-  return *dir;
-}
+fs::path WorkDir() { return bench::WorkDir("live-bench"); }
+using bench::ProcessCpuSeconds;
+using bench::StatusKb;
 
 simnet::SimnetOptions Network(double rate) {
   simnet::SimnetOptions o;
@@ -91,48 +82,13 @@ simnet::SimnetOptions Network(double rate) {
   return o;
 }
 
-double ProcessCpuSeconds() {
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
-  const auto sec = [](const timeval& t) {
-    return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) / 1e6;
-  };
-  return sec(usage.ru_utime) + sec(usage.ru_stime);
-}
-
 // CPU clock ticks used so far by simnet's io threads (which live as long as simnet).
 long SimnetTicks() {
-  long simnet = 0;
-  for (const auto& e : fs::directory_iterator("/proc/self/task")) {
-    std::ifstream comm_in(e.path() / "comm");
-    std::string comm;
-    std::getline(comm_in, comm);
-    std::ifstream in(e.path() / "stat");
-    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    const size_t close = text.rfind(')');
-    if (close == std::string::npos) continue;
-    std::istringstream rest(text.substr(close + 2));
-    std::string f;
-    long ticks = 0;
-    for (int i = 3; i <= 15 && rest >> f; ++i) {
-      if (i == 14 || i == 15) ticks += std::stol(f);
-    }
-    if (comm == "simnet-io") simnet += ticks;
+  long ticks = 0;
+  for (const auto& [tid, cpu] : bench::ThreadTicks()) {
+    if (cpu.name == "simnet-io") ticks += cpu.ticks;
   }
-  return simnet;
-}
-
-// A "Vm..." field of /proc/self/status in KiB, or -1 when absent.
-int64_t StatusKb(std::string_view field) {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.size() > field.size() && line.compare(0, field.size(), field) == 0 &&
-        line[field.size()] == ':') {
-      return std::stoll(line.substr(field.size() + 1));
-    }
-  }
-  return -1;
+  return ticks;
 }
 
 struct LiveRun {
@@ -244,10 +200,7 @@ LiveRun RunLive(const simnet::Simnet& net, bool compress,
       cv.wait_for(lock, std::chrono::milliseconds(20), [&] { return done; });
     }
   });
-  {
-    std::ofstream reset("/proc/self/clear_refs");  // VmHWM := VmRSS (Linux >= 4.0)
-    reset << "5";
-  }
+  bench::ResetPeakRss();
   const int64_t rss_before_kb = StatusKb("VmRSS");
   const long simnet_before = SimnetTicks();
   const double cpu_before = ProcessCpuSeconds();

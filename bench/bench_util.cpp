@@ -1,0 +1,82 @@
+#include "bench/bench_util.hpp"
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <sstream>
+#include <system_error>
+
+namespace atfill::bench {
+
+namespace fs = std::filesystem;
+
+fs::path WorkDir(std::string_view name) {
+  // A pointer, never destroyed, so the exit handler can still read it.
+  static const fs::path* dir = [name] {
+    auto* d = new fs::path(fs::temp_directory_path() /
+                           ("atfill-" + std::string(name) + "-" + std::to_string(::getpid())));
+    fs::create_directories(*d);
+    std::atexit([] {
+      std::error_code ignored;
+      fs::remove_all(WorkDir(""), ignored);
+    });
+    return d;
+  }();
+  return *dir;
+}
+
+int64_t StatusKb(std::string_view field) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.size() > field.size() && line.compare(0, field.size(), field) == 0 &&
+        line[field.size()] == ':') {
+      return std::stoll(line.substr(field.size() + 1));
+    }
+  }
+  return -1;
+}
+
+bool ResetPeakRss() {
+  std::ofstream out("/proc/self/clear_refs");
+  out << "5";
+  out.flush();
+  return out.good();
+}
+
+double ProcessCpuSeconds() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  const auto sec = [](const timeval& t) {
+    return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) / 1e6;
+  };
+  return sec(usage.ru_utime) + sec(usage.ru_stime);
+}
+
+std::map<int, ThreadCpu> ThreadTicks() {
+  std::map<int, ThreadCpu> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator("/proc/self/task", ec)) {
+    std::ifstream in(e.path() / "stat");
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const size_t close = text.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(text.substr(close + 2));
+    std::string f;
+    long ticks = 0;
+    for (int i = 3; i <= 15 && rest >> f; ++i) {
+      if (i == 14 || i == 15) ticks += std::stol(f);  // utime, stime
+    }
+    ThreadCpu cpu;
+    cpu.ticks = ticks;
+    std::ifstream comm(e.path() / "comm");
+    std::getline(comm, cpu.name);
+    out[std::stoi(e.path().filename().string())] = std::move(cpu);
+  }
+  return out;
+}
+
+}  // namespace atfill::bench

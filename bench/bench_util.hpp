@@ -1,0 +1,33 @@
+// What the benchmark programs share: a scratch folder per process, and the process's memory and
+// CPU as /proc and getrusage report them (Linux).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <string_view>
+
+namespace atfill::bench {
+
+// A folder of this process's own under the temp directory ("atfill-<name>-<pid>"), created at the
+// first call and removed when the process exits. The first call's `name` names it.
+std::filesystem::path WorkDir(std::string_view name);
+
+// A "Vm..." field of /proc/self/status ("VmRSS", "VmHWM") in KiB, or -1 when absent.
+int64_t StatusKb(std::string_view field);
+
+// Resets VmHWM to the current RSS (Linux >= 4.0); false when not permitted.
+bool ResetPeakRss();
+
+// The process's user + system CPU time so far (threads that ended included), seconds.
+double ProcessCpuSeconds();
+
+// Per live thread id: its name (/proc/self/task/*/comm) and the CPU clock ticks it used so far.
+struct ThreadCpu {
+  std::string name;
+  long ticks = 0;
+};
+std::map<int, ThreadCpu> ThreadTicks();
+
+}  // namespace atfill::bench
