@@ -41,8 +41,17 @@ Result<JetstreamProtocol> ParseJetstreamProtocol(std::string_view text) {
                          " (expected auto, v2 or v1)");
 }
 
+namespace {
+// Hosts a consumer may list: messages carry the sender's index in 4 bits (see kHostShift).
+constexpr size_t kMaxHosts = 15;
+}  // namespace
+
 Status JetstreamOptions::Validate() const {
   if (hosts.empty()) return Status::Invalid("live: hosts: at least one Jetstream host is needed");
+  if (hosts.size() > kMaxHosts) {
+    return Status::Invalid("live: hosts: at most " + std::to_string(kMaxHosts) +
+                           " Jetstream hosts");
+  }
   for (const auto& h : hosts) {
     auto url = net::ParseWebSocketUrl(h);
     if (!url.ok()) return url.status().WithContext("live: hosts");
@@ -75,6 +84,12 @@ namespace {
 // flags: bit 0 binary (zstd), bit 1 v1 (else v2), bits 2-3 dictionary (0 none, 1 v2, 2 v1).
 constexpr uint8_t kBinary = 1, kV1Frame = 2;
 constexpr uint8_t kDictV2 = 1 << 2, kDictV1 = 2 << 2;
+// Bits 4..7: 1 + the index in JetstreamOptions::hosts of the host that sent the message (0 when
+// unknown). Seqs are per Jetstream instance, so the cursor names the host its seq belongs to.
+constexpr int kHostShift = 4;
+// Resuming on another host goes by witnessed time, this much before the last applied event
+// (instances witness events at slightly different times; the repeats are idempotent).
+constexpr int64_t kFailoverMarginUs = 2'000'000;
 
 std::string PercentEncode(std::string_view v) {
   static const char* hex = "0123456789ABCDEF";
@@ -97,6 +112,14 @@ std::string HttpBase(const std::string& ws_host) {
   if (base.rfind("wss://", 0) == 0) return "https://" + base.substr(6);
   if (base.rfind("ws://", 0) == 0) return "http://" + base.substr(5);
   return base;
+}
+
+// The index of `host` in `hosts`, or -2 when it is not there.
+int HostIndexIn(const std::vector<std::string>& hosts, const std::string& host) {
+  for (size_t i = 0; i < hosts.size(); ++i) {
+    if (hosts[i] == host) return static_cast<int>(i);
+  }
+  return -2;
 }
 
 int64_t SteadyMs() {
@@ -178,7 +201,13 @@ struct JetstreamSource::Impl {
     std::vector<std::pair<pipeline::EventError, uint64_t>> pending_gaps;
     std::mutex host_mu;
     std::string host;
+    // Indexes into JetstreamOptions::hosts: the host of the open connection, and the host whose
+    // numbering last_seq is in (-1: none yet; -2: a host no longer configured).
+    std::atomic<int> conn_host{-1};
+    std::atomic<int> seq_host{-1};
   };
+
+  int HostIndex(const std::string& host) const { return HostIndexIn(options.hosts, host); }
 
   // The first event of a connection that resumed from a position: a gap when it is past it.
   static void CheckFirstEvent(Shared& sh, FirstFrameReader& reader, std::string_view data,
@@ -231,11 +260,26 @@ struct JetstreamSource::Impl {
   std::string UrlFor(const std::string& host) const {
     std::string base = host;
     while (!base.empty() && base.back() == '/') base.pop_back();
-    const uint64_t seq = shared->last_seq.load();
-    const int64_t time_us = shared->last_time_us.load();
+    uint64_t seq = shared->last_seq.load();
+    int64_t time_us = shared->last_time_us.load();
     // Only a position an event was seen at (decoded, or saved with the cursor) is checked.
     shared->asked_seq = time_us > 0 ? seq : 0;
     shared->asked_time_us = time_us;
+    // Seqs are per Jetstream instance: on another host than the one the seq came from, resume by
+    // witnessed time, a little earlier, and count seqs in the new host's numbering from here on.
+    // The first event cannot be checked for a gap (the instances' times differ slightly).
+    const int here = HostIndex(host);
+    const int seq_host = shared->seq_host.load();
+    bool other_host = false;
+    if (seq_host != -1 && seq_host != here && time_us > 0) {
+      other_host = true;
+      time_us = std::max<int64_t>(time_us - kFailoverMarginUs, 1);
+      seq = 0;
+      shared->last_seq = 0;
+      shared->asked_seq = 0;
+      shared->asked_time_us = 0;
+    }
+    shared->seq_host = here;
     std::string q;
     auto add = [&q](std::string_view k, std::string_view v) {
       q += q.empty() ? "?" : "&";
@@ -257,7 +301,7 @@ struct JetstreamSource::Impl {
     }
     for (const auto& c : options.collections) add("collections", c);
     for (const auto& d : options.dids) add("dids", d);
-    if (shared->by_time.load() && time_us > 0) {
+    if ((shared->by_time.load() || other_host) && time_us > 0) {
       add("cursor", std::to_string(time_us));
     } else if (seq > 0) {
       add("cursor", std::to_string(seq));  // inclusive: the last event comes again
@@ -330,7 +374,8 @@ struct JetstreamSource::Impl {
       Message m;
       m.data.assign(data);
       const bool v1 = sh->v1.load();
-      m.flags = static_cast<uint8_t>((binary ? kBinary : 0) | (v1 ? kV1Frame : 0));
+      m.flags = static_cast<uint8_t>((binary ? kBinary : 0) | (v1 ? kV1Frame : 0) |
+                                     ((sh->conn_host.load() + 1) << kHostShift));
       if (binary) m.flags |= v1 ? (have_v1_dict ? kDictV1 : 0) : kDictV2;
       sh->messages.fetch_add(1);
       sh->bytes.fetch_add(data.size());
@@ -351,7 +396,10 @@ struct JetstreamSource::Impl {
         client->Close();  // from the loop thread this only asks; Read reconnects when drained
       }
     };
-    handlers.on_event = [sh, auto_protocol](const net::ConnectionEvent& e) {
+    auto host_index = [hosts = options.hosts](const std::string& h) {
+      return HostIndexIn(hosts, h);
+    };
+    handlers.on_event = [sh, auto_protocol, host_index](const net::ConnectionEvent& e) {
       {
         std::lock_guard<std::mutex> lock(sh->host_mu);
         sh->host = e.host;
@@ -359,6 +407,7 @@ struct JetstreamSource::Impl {
       switch (e.kind) {
         case net::ConnectionEventKind::kConnected:
           sh->connections.fetch_add(1);
+          sh->conn_host = host_index(e.host);
           sh->check_first = sh->asked_time_us.load() > 0;
           break;
         case net::ConnectionEventKind::kRefused: {
@@ -429,18 +478,26 @@ Status JetstreamSource::Seek(const std::string& resume_cursor) {
     s.shared->start_from_oldest = true;
   }
   if (!resume_cursor.empty()) {
+    // "<seq>:<time_us>:<host>" (the host the seq is numbered by; cursors saved before it was
+    // recorded have none and count as the first host's).
     const size_t colon = resume_cursor.find(':');
+    const size_t colon2 =
+        colon == std::string::npos ? std::string::npos : resume_cursor.find(':', colon + 1);
     uint64_t seq = 0;
     int64_t time_us = 0;
     try {
       seq = std::stoull(resume_cursor.substr(0, colon));
-      if (colon != std::string::npos) time_us = std::stoll(resume_cursor.substr(colon + 1));
+      if (colon != std::string::npos) {
+        time_us = std::stoll(resume_cursor.substr(colon + 1, colon2 - colon - 1));
+      }
     } catch (const std::exception&) {
       return Status::Corrupt("Jetstream cursor " + QuoteForMessage(resume_cursor) +
-                             " is not <seq>:<time_us>");
+                             " is not <seq>:<time_us>[:<host>]");
     }
     s.shared->last_seq = seq;
     s.shared->last_time_us = time_us;
+    s.shared->seq_host =
+        colon2 == std::string::npos ? 0 : s.HostIndex(resume_cursor.substr(colon2 + 1));
   }
   ATFILL_RETURN_IF_ERROR(s.LoadV2Dictionary());
   s.started_ms = SteadyMs();
@@ -503,6 +560,7 @@ void JetstreamSource::Decode(pipeline::EventChunk* chunk) const {
   size_t pos = 0;
   uint64_t last_seq = 0;
   int64_t last_time = 0;
+  int last_host = -1;
   while (pos + 5 <= raw.size()) {
     const uint8_t flags = static_cast<uint8_t>(raw[pos]);
     uint32_t len = 0;
@@ -551,6 +609,7 @@ void JetstreamSource::Decode(pipeline::EventChunk* chunk) const {
     if (frame.advances_cursor()) {
       last_seq = frame.seq;
       last_time = frame.time_us;
+      last_host = (flags >> kHostShift) - 1;
     }
     if (auto event = frame.TakeEvent()) {
       if (auto* a = std::get_if<pipeline::AccountEvent>(&*event); a != nullptr && a->resync) {
@@ -561,9 +620,13 @@ void JetstreamSource::Decode(pipeline::EventChunk* chunk) const {
   }
   if (last_seq != 0) {
     chunk->resume_cursor = std::to_string(last_seq) + ":" + std::to_string(last_time);
-    // The reconnect cursor: the newest seq decoded so far (chunks decode out of order).
-    uint64_t prev = s.shared->last_seq.load();
-    while (prev < last_seq && !s.shared->last_seq.compare_exchange_weak(prev, last_seq)) {
+    if (last_host >= 0) chunk->resume_cursor += ":" + s.options.hosts[last_host];
+    // The reconnect cursor: the newest seq decoded so far (chunks decode out of order), in the
+    // numbering of the host the consumer resumes on.
+    if (last_host < 0 || last_host == s.shared->seq_host.load()) {
+      uint64_t prev = s.shared->last_seq.load();
+      while (prev < last_seq && !s.shared->last_seq.compare_exchange_weak(prev, last_seq)) {
+      }
     }
     int64_t prev_t = s.shared->last_time_us.load();
     while (prev_t < last_time && !s.shared->last_time_us.compare_exchange_weak(prev_t, last_time)) {

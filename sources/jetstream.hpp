@@ -100,7 +100,8 @@ class JetstreamSource : public pipeline::Source {
                                                          state::KvStore* kv);
   ~JetstreamSource() override;
 
-  // `resume_cursor`: "" (live tip) or "<seq>:<time_us>" as Decode writes it.
+  // `resume_cursor`: "" (live tip) or "<seq>:<time_us>:<host>" as Decode writes it (the seq is
+  // in that host's numbering; on another host the consumer resumes by witnessed time).
   Status Seek(const std::string& resume_cursor) override;
   Result<bool> Read(pipeline::EventChunk* chunk) override;
   void Decode(pipeline::EventChunk* chunk) const override;

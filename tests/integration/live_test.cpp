@@ -219,6 +219,45 @@ TEST(LiveTest, PrerenderedFramesAreTheSameStream) {
   }
 }
 
+// Failover to another Jetstream instance, which numbers the same events differently (seqs are per
+// instance): the first host goes away mid-stream and the consumer resumes on the second by
+// witnessed time. Resuming with the first host's seq would land past the second host's tip here
+// (the first numbers from 1,000,001) and lose the rest of the stream.
+TEST(LiveTest, FailoverToAnotherHostResumesByTime) {
+  simnet::SimnetOptions so = Network(3000);
+  so.did_web_share = 0;  // did:web DIDs name simnet's port: the two logs would differ
+  so.jetstream.events_per_second = 6000;  // published over 0.5 s, so the first host dies mid-way
+  so.jetstream.published_at_start = 0;
+  simnet::SimnetOptions first_options = so;
+  first_options.jetstream.seq_offset = 1'000'000;
+  auto second = simnet::Simnet::Start(so);
+  auto first = simnet::Simnet::Start(first_options);
+  ASSERT_TRUE(first.ok() && second.ok());
+  const auto want = Truth(**second);
+  JetstreamOptions o = Live(**first, JetstreamProtocol::kV2);
+  o.hosts = {(*first)->jetstream_url(), (*second)->jetstream_url()};
+  o.websocket.reconnect.failures_before_failover = 1;
+  // Each simnet trains its own dictionary under the same ID; real instances share theirs.
+  o.compress = false;
+  TempDir dir;
+  std::unique_ptr<simnet::Simnet> dying = std::move(*first);
+  std::thread killer([&] {
+    for (int i = 0; i < 2000 && dying->stats().jetstream_frames < 1000; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    dying.reset();  // the first host goes away
+  });
+  LiveRun run = RunLive(dir.path(), o);
+  killer.join();
+  EXPECT_EQ(run.job.stop_reason.code, "stream_idle") << run.job.stop_reason.sentence;
+  EXPECT_GE(run.stats.connections, 2u);
+  EXPECT_EQ(run.stats.host, (*second)->jetstream_url());
+  EXPECT_EQ(run.stats.last_seq, 3000u);  // the second host's numbering
+  EXPECT_EQ(Kinds(run.error_kinds), "");
+  const auto got = Table((dir.path() / "db.sqlite").string());
+  EXPECT_EQ(got, want) << Diff(want, got);
+}
+
 TEST(LiveTest, DisconnectsLoseNothingAndDuplicateNothing) {
   simnet::SimnetOptions so = Network(5000);
   so.jetstream.disconnect_after_frames = 700;

@@ -495,7 +495,9 @@ Result<std::string> JetstreamLog::FrameV1(uint64_t seq) const {
   const std::string& did = Did(seq);
   std::string out;
   Obj o(&out);
-  o.Str("did", did).Num("time_us", TimeUs(seq)).Num("cursor", static_cast<int64_t>(seq));
+  o.Str("did", did)
+      .Num("time_us", TimeUs(seq))
+      .Num("cursor", static_cast<int64_t>(seq + options_.seq_offset));
   const std::string upstream_time = MillisTime(TimeUs(seq) - 20'000);
   const int64_t upstream_seq = kRelaySeqBase + static_cast<int64_t>(seq);
   if (IsCommit(seq)) {
@@ -577,7 +579,7 @@ Result<std::string> JetstreamLog::FrameV2(uint64_t seq) const {
         .End();
     p.Str("$type", std::string(kPayloadType) + "sync")
         .Str("did", did)
-        .Num("seq", static_cast<int64_t>(seq))
+        .Num("seq", static_cast<int64_t>(seq + options_.seq_offset))
         .Raw("sync", sync)
         .Str("time", time)
         .End();
@@ -592,7 +594,7 @@ Result<std::string> JetstreamLog::FrameV2(uint64_t seq) const {
     a.Str("time", upstream_time).End();
     p.Str("$type", std::string(kPayloadType) + "account").Raw("account", account).Str("did", did);
   }
-  p.Num("seq", static_cast<int64_t>(seq)).Str("time", time).End();
+  p.Num("seq", static_cast<int64_t>(seq + options_.seq_offset)).Str("time", time).End();
   std::string out;
   Obj(&out).Str("$type", "message").Raw("payload", payload).End();
   return out;

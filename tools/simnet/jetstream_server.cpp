@@ -420,13 +420,16 @@ std::optional<HttpAnswer> ResolveCursor(const JetstreamServer& server, const Tar
     return v1 ? Plain(400, why) : Xrpc(400, "InvalidRequest", why);
   }
   if (cursor < kTimestampCursor) {
-    const uint64_t seq = std::max<uint64_t>(static_cast<uint64_t>(cursor), 1);
+    // This instance's numbering (JetstreamOptions::seq_offset) back to the log's.
+    const auto offset = static_cast<int64_t>(log.options().seq_offset);
+    const uint64_t seq = static_cast<uint64_t>(std::max<int64_t>(cursor - offset, 1));
     if (seq >= tip) return std::nullopt;
     if (seq < floor) {
       if (!v1) {
         return Xrpc(400, "CursorTooOld",
                     "cursor " + std::to_string(cursor) + " below lookback floor " +
-                        std::to_string(floor) + "; re-backfill from your last seq");
+                        std::to_string(floor + static_cast<uint64_t>(offset)) +
+                        "; re-backfill from your last seq");
       }
       sub->start = floor;
       return std::nullopt;
@@ -439,7 +442,8 @@ std::optional<HttpAnswer> ResolveCursor(const JetstreamServer& server, const Tar
   if (seq < floor) {
     if (!v1) {
       sub->info = "cursor " + std::to_string(cursor) +
-                  " is older than the lookback window; replaying from seq " + std::to_string(floor);
+                  " is older than the lookback window; replaying from seq " +
+                  std::to_string(floor + log.options().seq_offset);
     }
     seq = floor;
   }

@@ -133,6 +133,9 @@ struct JetstreamOptions {
   // memory (about the log's frame bytes again), so that serving v2 costs simnet only the sends:
   // for benchmarks that measure the consumer rather than simnet. v1 is rendered as it is sent.
   bool prerender = false;
+  // Added to every seq this host sends (and taken off seq cursors): another Jetstream instance
+  // numbers the same events differently (seqs are per instance; witnessed times agree here).
+  uint64_t seq_offset = 0;
   // Faults. Each connection closes its socket without a close frame after writing this many
   // frames (0 = never), or after any frame with this probability.
   uint64_t disconnect_after_frames = 0;
