@@ -1,6 +1,7 @@
 // The live consumer against simnet's Jetstream on loopback, in-process: the Jetstream source (v2
 // subscribeEvents, zstd with simnet's trained dictionary or uncompressed), CID verify, the account
-// check (each #account deletion asks simnet's PDS), the ingest guard and the SQLite sink, state in
+// check (each #account deletion asks simnet's PDS), the ingest guard (with the live consumer's
+// delete-tombstone rule) and the SQLite sink, state in
 // RocksDB, as `atfill run` runs it (its [live] batch defaults), with the engine's workers set to 4.
 //
 // BM_LiveCatchUp: the whole log (kEvents events) is published before the consumer connects with
@@ -43,6 +44,7 @@
 #include "pipeline/engine.hpp"
 #include "pipeline/job.hpp"
 #include "sinks/dry_run_sink.hpp"
+#include "sinks/sqlite_reader.hpp"
 #include "sinks/sqlite_sink.hpp"
 #include "sources/jetstream.hpp"
 #include "stages/account_check.hpp"
@@ -148,7 +150,11 @@ LiveRun RunLive(const simnet::Simnet& net, bool compress,
   }
   state::Tombstones tombstones(**kv);
   stages::CidVerify verify;
-  stages::IngestGuard guard(&tombstones);
+  // The delete-tombstone rule of `atfill run` (a sink lookup per delete the run has not seen a
+  // create for, on the guard's ordered node).
+  stages::DeleteTombstoneRule rule;
+  if (!dry_run) rule.sink_holds = sinks::SqliteHoldsRecords(sink_options.path);
+  stages::IngestGuard guard(&tombstones, nullptr, std::move(rule));
   // The account check, as `atfill run` has it by default: each deletion asks simnet's PDS.
   net::HttpClientOptions check_http_options;
   check_http_options.allow_private_addresses = true;

@@ -63,7 +63,9 @@ class SqliteSink final : public pipeline::Sink {
   Status ApplyWrite(const RecordEvent& e, int64_t now, WriteStats* stats);
   Status ApplyDelete(const RecordEvent& e, WriteStats* stats);
   Status ApplyAccount(const AccountEvent& e, WriteStats* stats);
-  Status ApplyResync(const AccountEvent& e, WriteStats* stats);
+  // Removes the DID's rows in `collections` (all when empty); the number removed.
+  Result<uint64_t> RemoveRows(int64_t did_id, const std::vector<std::string>& collections,
+                              const char* what);
   // Looks up the stored row of (did_id, collection_id, rkey); when it exists calls
   // on_row(cid, rev) (views valid only during the call) and returns its rowid.
   template <typename OnRow>
@@ -331,60 +333,60 @@ Status SqliteSink::ApplyDelete(const RecordEvent& e, WriteStats* stats) {
   return Status::OK();
 }
 
-Status SqliteSink::ApplyResync(const AccountEvent& e, WriteStats* stats) {
-  ATFILL_ASSIGN_OR_RETURN(std::optional<int64_t> did_id, Lookup(dids_, e.did));
-  ++stats->resyncs;
-  if (!did_id) return Status::OK();
-  if (e.resync_collections.empty()) {
+Result<uint64_t> SqliteSink::RemoveRows(int64_t did_id, const std::vector<std::string>& collections,
+                                        const char* what) {
+  if (collections.empty()) {
     sqlite3_stmt* s = purge_did_.get();
     ResetOnExit reset(s);
-    sqlite3_bind_int64(s, 1, *did_id);
-    ATFILL_RETURN_IF_ERROR(Run(s, "removing the records of a resynced repo"));
-    stats->resynced_records += static_cast<uint64_t>(sqlite3_changes64(db_.get()));
-    return Status::OK();
+    sqlite3_bind_int64(s, 1, did_id);
+    ATFILL_RETURN_IF_ERROR(Run(s, what));
+    return static_cast<uint64_t>(sqlite3_changes64(db_.get()));
   }
-  // Rare (a broken commit chain): statements made for the occasion.
+  // Rare (a resync under a collection filter): statements made for the occasion.
   ATFILL_ASSIGN_OR_RETURN(
       Stmt list,
       sqlite::Prepare(db_.get(),
                       "SELECT id, nsid FROM atfill_collections WHERE id IN (SELECT "
                       "DISTINCT collection_id FROM atfill_record_rows WHERE did_id = ?1)",
                       false));
-  sqlite3_bind_int64(list.get(), 1, *did_id);
+  sqlite3_bind_int64(list.get(), 1, did_id);
   std::vector<int64_t> matching;
   int rc;
   while ((rc = sqlite3_step(list.get())) == SQLITE_ROW) {
-    if (pipeline::CollectionMatches(ColumnText(list.get(), 1), e.resync_collections)) {
+    if (pipeline::CollectionMatches(ColumnText(list.get(), 1), collections)) {
       matching.push_back(sqlite3_column_int64(list.get(), 0));
     }
   }
-  if (rc != SQLITE_DONE) return Failed(rc, "listing the collections of a resynced repo");
+  if (rc != SQLITE_DONE) return Failed(rc, what);
   ATFILL_ASSIGN_OR_RETURN(Stmt remove,
                           sqlite::Prepare(db_.get(),
                                           "DELETE FROM atfill_record_rows WHERE did_id = ?1 AND "
                                           "collection_id = ?2",
                                           false));
+  uint64_t removed = 0;
   for (int64_t collection_id : matching) {
     sqlite3_reset(remove.get());
-    sqlite3_bind_int64(remove.get(), 1, *did_id);
+    sqlite3_bind_int64(remove.get(), 1, did_id);
     sqlite3_bind_int64(remove.get(), 2, collection_id);
-    ATFILL_RETURN_IF_ERROR(Run(remove.get(), "removing the records of a resynced repo"));
-    stats->resynced_records += static_cast<uint64_t>(sqlite3_changes64(db_.get()));
+    ATFILL_RETURN_IF_ERROR(Run(remove.get(), what));
+    removed += static_cast<uint64_t>(sqlite3_changes64(db_.get()));
   }
-  return Status::OK();
+  return removed;
 }
 
 Status SqliteSink::ApplyAccount(const AccountEvent& e, WriteStats* stats) {
-  if (e.resync) return ApplyResync(e, stats);
-  if (!pipeline::StatusPurgesRecords(e.status)) return Status::OK();
-  ++stats->purged_accounts;
+  if (!e.resync && !pipeline::StatusPurgesRecords(e.status)) return Status::OK();
+  ++(e.resync ? stats->resyncs : stats->purged_accounts);
   ATFILL_ASSIGN_OR_RETURN(std::optional<int64_t> did_id, Lookup(dids_, e.did));
   if (!did_id) return Status::OK();
-  sqlite3_stmt* s = purge_did_.get();
-  ResetOnExit reset(s);
-  sqlite3_bind_int64(s, 1, *did_id);
-  ATFILL_RETURN_IF_ERROR(Run(s, "purging the account's records"));
-  stats->purged_records += static_cast<uint64_t>(sqlite3_changes64(db_.get()));
+  if (e.resync) {
+    ATFILL_ASSIGN_OR_RETURN(uint64_t n, RemoveRows(*did_id, e.resync_collections,
+                                                   "removing the records of a resynced repo"));
+    stats->resynced_records += n;
+  } else {
+    ATFILL_ASSIGN_OR_RETURN(uint64_t n, RemoveRows(*did_id, {}, "purging the account's records"));
+    stats->purged_records += n;
+  }
   return Status::OK();
 }
 
