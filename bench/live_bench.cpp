@@ -1,6 +1,7 @@
 // The live consumer against simnet's Jetstream on loopback, in-process: the Jetstream source (v2
 // subscribeEvents, zstd with simnet's trained dictionary or uncompressed), CID verify, the account
-// check (each #account deletion asks simnet's PDS), the ingest guard (with the live consumer's
+// check (each #account deletion asks simnet's PDS), the live hold stage (idle: no backfill beside
+// it), the ingest guard (with the live consumer's
 // delete-tombstone rule) and the SQLite sink, state in
 // RocksDB, as `atfill run` runs it (its [live] batch defaults), with the engine's workers set to 4.
 //
@@ -50,10 +51,12 @@
 #include "stages/account_check.hpp"
 #include "stages/cid_verify.hpp"
 #include "stages/ingest_guard.hpp"
+#include "stages/live_hold.hpp"
 #include "stages/resolver.hpp"
 #include "state/error_log.hpp"
 #include "state/job_store.hpp"
 #include "state/kv_store.hpp"
+#include "state/live_holds.hpp"
 #include "state/resolver_cache.hpp"
 #include "state/tombstones.hpp"
 #include "tools/simnet/jetstream.hpp"
@@ -155,6 +158,9 @@ LiveRun RunLive(const simnet::Simnet& net, bool compress,
   stages::DeleteTombstoneRule rule;
   if (!dry_run) rule.sink_holds = sinks::SqliteHoldsRecords(sink_options.path);
   stages::IngestGuard guard(&tombstones, nullptr, std::move(rule));
+  // The hold stage of `atfill run` with no backfill beside it (what it costs when idle).
+  state::LiveHolds holds(**kv);
+  stages::LiveHold hold(&holds, {});
   // The account check, as `atfill run` has it by default: each deletion asks simnet's PDS.
   net::HttpClientOptions check_http_options;
   check_http_options.allow_private_addresses = true;
@@ -184,8 +190,8 @@ LiveRun RunLive(const simnet::Simnet& net, bool compress,
       engine_options.batch = {.max_events = events, .max_delay_ms = ms, .max_chunks = chunks};
     }
   }
-  pipeline::Engine engine(engine_options, source->get(), {&verify, &check, &guard}, sink->get(),
-                          kv->get(), &runner);
+  pipeline::Engine engine(engine_options, source->get(), {&verify, &check, &hold, &guard},
+                          sink->get(), kv->get(), &runner);
 
   std::mutex mu;
   std::condition_variable cv;

@@ -1,5 +1,8 @@
 #include "pipeline/event.hpp"
 
+#include "base/bytes.hpp"
+#include "state/codec.hpp"
+
 namespace atfill::pipeline {
 
 std::string_view OperationName(Operation op) {
@@ -88,6 +91,159 @@ bool CollectionMatches(std::string_view nsid, const std::vector<std::string>& pa
 bool StatusPurgesRecords(AccountStatus status) {
   return status == AccountStatus::kDeleted || status == AccountStatus::kTakendown ||
          status == AccountStatus::kSuspended;
+}
+
+}  // namespace atfill::pipeline
+
+namespace atfill::pipeline {
+namespace {
+
+constexpr uint8_t kEventVersion = 1;
+// Record event fields.
+enum : uint32_t {
+  kTagKind = 1,  // 1 record, 2 account
+  kTagDid = 2,
+  kTagCollection = 3,
+  kTagRkey = 4,
+  kTagOperation = 5,
+  kTagCid = 6,
+  kTagRev = 7,
+  kTagBody = 8,
+  kTagCreatedAt = 9,
+  kTagOrigin = 10,
+  kTagPosition = 11,
+  // Account event fields.
+  kTagActive = 20,
+  kTagStatus = 21,
+  kTagResync = 22,
+  kTagResyncCollection = 23,
+  kTagSeq = 24,
+  kTagTime = 25,
+};
+
+}  // namespace
+
+std::string EncodeEvent(const Event& event) {
+  state::codec::RecordWriter w(kEventVersion);
+  if (const auto* r = std::get_if<RecordEvent>(&event)) {
+    w.Uint(kTagKind, 1);
+    w.Str(kTagDid, r->did);
+    w.Str(kTagCollection, r->collection);
+    w.Str(kTagRkey, r->rkey);
+    w.Uint(kTagOperation, static_cast<uint64_t>(r->operation));
+    if (r->cid.valid()) {
+      const ByteView b = r->cid.binary();
+      w.Str(kTagCid, AsChars(b));
+    }
+    w.Str(kTagRev, r->rev);
+    w.Str(kTagBody, r->body);
+    w.Str(kTagCreatedAt, r->created_at);
+    w.Uint(kTagOrigin, static_cast<uint64_t>(r->origin));
+    w.Uint(kTagPosition, r->position);
+    return w.Take();
+  }
+  const auto& a = std::get<AccountEvent>(event);
+  w.Uint(kTagKind, 2);
+  w.Str(kTagDid, a.did);
+  w.Bool(kTagActive, a.active);
+  w.Uint(kTagStatus, static_cast<uint64_t>(a.status));
+  w.Bool(kTagResync, a.resync);
+  for (const auto& c : a.resync_collections) w.Str(kTagResyncCollection, c);
+  w.Int(kTagSeq, a.seq);
+  w.Int(kTagTime, a.time_us);
+  w.Uint(kTagOrigin, static_cast<uint64_t>(a.origin));
+  w.Uint(kTagPosition, a.position);
+  return w.Take();
+}
+
+Result<Event> DecodeEvent(std::string_view bytes) {
+  uint64_t kind = 0;
+  RecordEvent r;
+  AccountEvent a;
+  auto small = [](const state::codec::Field& f, uint64_t max) -> Result<uint64_t> {
+    ATFILL_ASSIGN_OR_RETURN(uint64_t v, f.Uint());
+    if (v > max) return f.Error("out of range");
+    return v;
+  };
+  Status st = state::codec::ReadRecord(
+      bytes, kEventVersion, "held event", [&](const state::codec::Field& f) -> Status {
+        switch (f.tag()) {
+          case kTagKind: {
+            ATFILL_ASSIGN_OR_RETURN(kind, small(f, 2));
+            return Status::OK();
+          }
+          case kTagDid:
+            r.did = a.did = f.Str();
+            return Status::OK();
+          case kTagCollection:
+            r.collection = f.Str();
+            return Status::OK();
+          case kTagRkey:
+            r.rkey = f.Str();
+            return Status::OK();
+          case kTagOperation: {
+            ATFILL_ASSIGN_OR_RETURN(uint64_t v, small(f, 2));
+            r.operation = static_cast<Operation>(v);
+            return Status::OK();
+          }
+          case kTagCid: {
+            auto cid = atproto::Cid::FromBinary(AsBytes(f.payload()));
+            if (!cid.ok()) return f.Error(cid.status().message());
+            r.cid = *cid;
+            return Status::OK();
+          }
+          case kTagRev:
+            r.rev = f.Str();
+            return Status::OK();
+          case kTagBody:
+            r.body = f.Str();
+            return Status::OK();
+          case kTagCreatedAt:
+            r.created_at = f.Str();
+            return Status::OK();
+          case kTagOrigin: {
+            ATFILL_ASSIGN_OR_RETURN(uint64_t v, small(f, 2));
+            r.origin = a.origin = static_cast<Origin>(v);
+            return Status::OK();
+          }
+          case kTagPosition: {
+            ATFILL_ASSIGN_OR_RETURN(uint64_t v, f.Uint());
+            r.position = a.position = v;
+            return Status::OK();
+          }
+          case kTagActive: {
+            ATFILL_ASSIGN_OR_RETURN(a.active, f.Bool());
+            return Status::OK();
+          }
+          case kTagStatus: {
+            ATFILL_ASSIGN_OR_RETURN(uint64_t v,
+                                    small(f, static_cast<uint64_t>(AccountStatus::kOther)));
+            a.status = static_cast<AccountStatus>(v);
+            return Status::OK();
+          }
+          case kTagResync: {
+            ATFILL_ASSIGN_OR_RETURN(a.resync, f.Bool());
+            return Status::OK();
+          }
+          case kTagResyncCollection:
+            a.resync_collections.push_back(f.Str());
+            return Status::OK();
+          case kTagSeq: {
+            ATFILL_ASSIGN_OR_RETURN(a.seq, f.Int());
+            return Status::OK();
+          }
+          case kTagTime: {
+            ATFILL_ASSIGN_OR_RETURN(a.time_us, f.Int());
+            return Status::OK();
+          }
+          default:
+            return Status::OK();
+        }
+      });
+  if (!st.ok()) return st;
+  if (kind == 1) return Event(std::move(r));
+  if (kind == 2) return Event(std::move(a));
+  return Status::Corrupt("held event: no kind field");
 }
 
 }  // namespace atfill::pipeline

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "atproto/cid.hpp"
+#include "base/status.hpp"
 
 namespace atfill::pipeline {
 
@@ -86,5 +87,11 @@ inline uint64_t PositionOf(const Event& e) {
 inline const std::string& DidOf(const Event& e) {
   return std::visit([](const auto& x) -> const std::string& { return x.did; }, e);
 }
+
+// A self-contained binary form of one event (versioned; fields a reader does not know are
+// skipped), for events kept in state: live events held while their repo is backfilled.
+std::string EncodeEvent(const Event& event);
+// Corrupt, naming the problem, when `bytes` is not what EncodeEvent wrote.
+Result<Event> DecodeEvent(std::string_view bytes);
 
 }  // namespace atfill::pipeline

@@ -101,7 +101,18 @@ Result<std::unique_ptr<pipeline::Sink>> SqliteSink::Open(const SqliteSinkOptions
   ATFILL_RETURN_IF_ERROR(sqlite::Exec(raw, page_size.c_str()));
   {
     ATFILL_ASSIGN_OR_RETURN(Stmt wal, sqlite::Prepare(raw, "PRAGMA journal_mode = WAL", false));
+    // The switch needs the file to itself and SQLite does not always wait for it (another
+    // connection opening the same new file at once, e.g. a backfill beside the live consumer):
+    // retry a busy switch within the busy timeout.
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::milliseconds(options.busy_timeout_ms);
     int rc = sqlite3_step(wal.get());
+    while ((rc == SQLITE_BUSY || rc == SQLITE_LOCKED) &&
+           std::chrono::steady_clock::now() < deadline) {
+      sqlite3_reset(wal.get());
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      rc = sqlite3_step(wal.get());
+    }
     if (rc != SQLITE_ROW) return sqlite::ErrorStatus(raw, rc, "switching to WAL mode");
     if (ColumnText(wal.get(), 0) != "wal") {
       return Status::Unsupported("cannot use WAL mode (journal_mode stays " +

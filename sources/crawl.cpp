@@ -22,6 +22,7 @@
 #include "pipeline/job.hpp"
 #include "state/crawl_log.hpp"
 #include "state/cursors.hpp"
+#include "state/live_holds.hpp"
 #include "state/resolver_cache.hpp"
 #include "state/work_queue.hpp"
 
@@ -291,6 +292,7 @@ struct CrawlSource::Impl {
   state::WorkQueue queue;
   state::Cursors cursors;
   state::CrawlLog log;
+  state::LiveHolds holds;
   state::ResolverCache cache;
   std::unique_ptr<net::HttpClient> http;
   std::unique_ptr<net::HttpClient> resolver_http;
@@ -327,7 +329,14 @@ struct CrawlSource::Impl {
   } stats;
 
   Impl(CrawlOptions o, uint64_t j, state::KvStore* k)
-      : options(std::move(o)), job(j), kv(k), queue(*k), cursors(*k), log(*k), cache(*k) {}
+      : options(std::move(o)),
+        job(j),
+        kv(k),
+        queue(*k),
+        cursors(*k),
+        log(*k),
+        holds(*k),
+        cache(*k) {}
 
   bool Discovering() const {
     for (const auto& l : listings) {
@@ -380,6 +389,7 @@ struct CrawlSource::Impl {
       if (finished) continue;
       ATFILL_ASSIGN_OR_RETURN(auto pos, queue.Push(&chunk->state_writes, job, id, ""));
       if (!pos) continue;  // queued in a committed batch: the resume scan loads it
+      if (options.hold_live) holds.MarkQueued(&chunk->state_writes, did);
       Unit u;
       u.position = *pos;
       u.id = id;
@@ -590,6 +600,7 @@ struct CrawlSource::Impl {
   void FinishUnit(Unit& u, EventChunk* chunk, const std::string& error_kind,
                   const std::string& message, bool decode_reports) {
     queue.Finish(&chunk->state_writes, job, state::WorkUnit{u.position, u.id, ""});
+    if (options.hold_live) holds.MarkFinished(&chunk->state_writes, u.did);
     chunk->counters.emplace_back("units_finished", 1);
     chunk->counters.emplace_back(pipeline::kInputDone, 1);
     ++stats.units_finished;
@@ -911,6 +922,7 @@ void CrawlSource::Decode(EventChunk* chunk) const {
     s.log.AddHost(&chunk->state_writes, s.job, m.host, 0, 1, 0,
                   static_cast<int64_t>(repo->records.size()));
     recent.rev = repo->rev;
+    if (s.options.hold_live) s.holds.SetCheckpointRev(&chunk->state_writes, m.did, repo->rev);
     recent.records = repo->records.size();
     recent.outcome = "ok";
     s.log.PutRecent(&chunk->state_writes, s.job, recent, s.options.recent_repos);

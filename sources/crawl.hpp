@@ -81,6 +81,9 @@ struct CrawlOptions {
   bool allow_loopback_endpoints = false;
   // ...or on any non-public address (loopback, private, link-local...).
   bool allow_private_endpoints = false;
+  // A live consumer runs beside the crawl: each repo queued is marked and each repo written
+  // checkpointed (state::LiveHolds), so the consumer holds the repo's live events until then.
+  bool hold_live = false;
   stages::FetchLimits limits;
   stages::ResolverOptions resolver;
   // The fetch client (PDS hosts and the relay): per-host and host limits, retries, 429 cooldowns.

@@ -179,8 +179,11 @@ struct JetstreamSource::Impl {
     std::condition_variable cv;
     std::deque<Message> queue;
     uint64_t queued_bytes = 0;
-    bool stopped = true;               // the session is over (kStopped seen)
-    bool overflowed = false;           // dropped for a full buffer; Read reconnects when drained
+    bool stopped = true;      // the session is over (kStopped seen)
+    bool overflowed = false;  // dropped for a full buffer; Read reconnects when drained
+    // The host renumbered its seqs (our seq cursor is past its tip, so it started at the tip):
+    // this connection's messages are dropped and Read reconnects by witnessed time once it ends.
+    bool renumbered = false;
     std::atomic<bool> v1{false};       // speaking v1 now
     std::atomic<bool> by_time{false};  // resume by witnessed time (CursorTooOld)
     std::atomic<bool> v2_compress{false};
@@ -190,7 +193,7 @@ struct JetstreamSource::Impl {
     std::atomic<int64_t> last_time_us{0};
     std::atomic<int64_t> last_message_ms{0};
     std::atomic<uint64_t> messages{0}, bytes{0}, connections{0}, v1_fallbacks{0}, overflow_drops{0},
-        cursor_too_old{0}, gaps{0}, gap_events{0};
+        cursor_too_old{0}, gaps{0}, gap_events{0}, future_cursors{0};
     // The position the connection being opened resumes from (UrlFor; 0 = none: a fresh start or
     // the live tip). Its first event must be that one again (replay is inclusive); a later one
     // means the host no longer had it: a gap.
@@ -198,7 +201,12 @@ struct JetstreamSource::Impl {
     std::atomic<int64_t> asked_time_us{0};
     bool check_first = false;  // loop thread only: the next event is a connection's first
     // Under mu, for the next chunk: each gap's log entry and the events it skipped (v2).
-    std::vector<std::pair<pipeline::EventError, uint64_t>> pending_gaps;
+    struct PendingReport {
+      pipeline::EventError error;
+      const char* counter;  // the job counter it adds 1 to
+      uint64_t events;      // events skipped (stream_gap_events)
+    };
+    std::vector<PendingReport> pending_gaps;
     std::mutex host_mu;
     std::string host;
     // Indexes into JetstreamOptions::hosts: the host of the open connection, and the host whose
@@ -223,6 +231,27 @@ struct JetstreamSource::Impl {
     const uint64_t asked_seq = sh.asked_seq.load();
     const int64_t asked_time = sh.asked_time_us.load();
     const bool by_seq = !v1 && !sh.by_time.load() && asked_seq > 0 && seq > 0;
+    if (by_seq && seq < asked_seq) {
+      // Replay is inclusive, so the first event is asked_seq again, or later when the host lost
+      // it. An earlier seq means our cursor is past the host's tip, which it answers with the live
+      // tip: it numbers its events anew (FutureCursor; a restored or replaced instance). What it
+      // sent before that tip would be lost: drop this connection and resume by witnessed time.
+      sh.by_time = true;
+      sh.future_cursors.fetch_add(1);
+      sh.last_seq = 0;
+      std::lock_guard<std::mutex> lock(sh.mu);
+      sh.renumbered = true;
+      sh.pending_gaps.push_back(
+          {{"future_cursor", "seq " + std::to_string(asked_seq),
+            "resumed after seq " + std::to_string(asked_seq) +
+                " but the host's first event is seq " + std::to_string(seq) +
+                ": the host numbers its events anew (our cursor is past its tip); resuming from "
+                "the witnessed time " +
+                std::to_string(asked_time) + " instead"},
+           "future_cursors",
+           0});
+      return;
+    }
     const bool gap = by_seq ? seq > asked_seq : time_us > asked_time;
     if (!gap) return;
     const double seconds = static_cast<double>(time_us - asked_time) / 1e6;
@@ -245,7 +274,8 @@ struct JetstreamSource::Impl {
     std::lock_guard<std::mutex> lock(sh.mu);
     std::string key = by_seq || (!v1 && asked_seq > 0) ? "seq " + std::to_string(asked_seq)
                                                        : "time_us " + std::to_string(asked_time);
-    sh.pending_gaps.push_back({{"stream_gap", std::move(key), std::move(message)}, events});
+    sh.pending_gaps.push_back(
+        {{"stream_gap", std::move(key), std::move(message)}, "stream_gaps", events});
   }
 
   JetstreamOptions options;
@@ -357,6 +387,7 @@ struct JetstreamSource::Impl {
       std::lock_guard<std::mutex> lock(shared->mu);
       shared->stopped = false;
       shared->overflowed = false;
+      shared->renumbered = false;
     }
     net::WebSocketTarget target;
     target.hosts = options.hosts;
@@ -371,6 +402,16 @@ struct JetstreamSource::Impl {
     handlers.on_message = [sh, cap, have_v1_dict, client, dicts](std::string_view data,
                                                                  bool binary) {
       if (sh->check_first) CheckFirstEvent(*sh, *dicts, data, binary);
+      {
+        std::lock_guard<std::mutex> lock(sh->mu);
+        if (sh->renumbered) {
+          if (!sh->overflowed) {
+            sh->overflowed = true;  // Read reconnects once this connection has ended
+            client->Close();        // from the loop thread this only asks
+          }
+          return;
+        }
+      }
       Message m;
       m.data.assign(data);
       const bool v1 = sh->v1.load();
@@ -527,10 +568,12 @@ Result<bool> JetstreamSource::Read(pipeline::EventChunk* chunk) {
     sh.queue.pop_front();
     ++n;
   }
-  for (auto& [gap, events] : sh.pending_gaps) {
-    chunk->counters.emplace_back("stream_gaps", 1);
-    if (events > 0) chunk->counters.emplace_back("stream_gap_events", static_cast<int64_t>(events));
-    chunk->errors.push_back(std::move(gap));
+  for (auto& r : sh.pending_gaps) {
+    chunk->counters.emplace_back(r.counter, 1);
+    if (r.events > 0) {
+      chunk->counters.emplace_back("stream_gap_events", static_cast<int64_t>(r.events));
+    }
+    chunk->errors.push_back(std::move(r.error));
   }
   sh.pending_gaps.clear();
   const bool drained = sh.queue.empty();
@@ -658,6 +701,7 @@ JetstreamStats JetstreamSource::stats() const {
   st.cursor_too_old = sh.cursor_too_old.load();
   st.gaps = sh.gaps.load();
   st.gap_events = sh.gap_events.load();
+  st.future_cursors = sh.future_cursors.load();
   st.protocol = sh.v1.load() ? "v1" : "v2";
   st.last_seq = sh.last_seq.load();
   st.last_time_us = sh.last_time_us.load();

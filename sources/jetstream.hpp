@@ -85,6 +85,9 @@ struct JetstreamStats {
   // the events skipped are counted too (v1 has no seq: its log line gives the time span).
   uint64_t gaps = 0;
   uint64_t gap_events = 0;
+  // v2 hosts that numbered their events anew (our seq cursor past their tip): each is logged
+  // (error kind future_cursor, job counter future_cursors) and resumed by witnessed time.
+  uint64_t future_cursors = 0;
   std::string protocol;         // "v2" or "v1", now
   std::string host;             // the host connected to (or last tried)
   uint64_t last_seq = 0;        // the newest seq decoded

@@ -5,6 +5,8 @@
 #include <signal.h>
 
 #include <chrono>
+#include <cinttypes>
+#include <cstdio>
 #include <fstream>
 #include <map>
 #include <random>
@@ -21,6 +23,7 @@
 #include "stages/resolver.hpp"
 #include "state/cursors.hpp"
 #include "state/error_log.hpp"
+#include "state/live_holds.hpp"
 #include "state/tombstones.hpp"
 #include "tests/common/job_harness.hpp"
 #include "tests/common/process.hpp"
@@ -290,6 +293,42 @@ TEST(LiveTest, AResumedConsumerStartsAtItsSavedCursor) {
   EXPECT_EQ(second.stats.last_seq, 3000u);
 }
 
+// The Jetstream instance is replaced by one that numbers the same stream from 1 (FutureCursor):
+// the saved seq is past its tip, so it answers from its live tip and what it published before
+// that would be lost. The consumer notices the first event's seq is below its cursor, drops that
+// connection and resumes by witnessed time: the table equals the whole stream's truth.
+TEST(LiveTest, AHostThatNumbersItsEventsAnewIsResumedByWitnessedTime) {
+  simnet::SimnetOptions so = Network(3000);
+  so.did_web_share = 0;  // did:web DIDs name simnet's port: keep the two logs equal
+  so.jetstream.seq_offset = 1'000'000;
+  so.jetstream.events_per_second = 0.001;  // 2,000 at start, then (effectively) nothing
+  so.jetstream.published_at_start = 2000;
+  auto old_host = simnet::Simnet::Start(so);
+  ASSERT_TRUE(old_host.ok()) << old_host.status().ToString();
+  const uint16_t port = (*old_host)->port();
+  TempDir dir;
+  LiveRun first = RunLive(dir.path(), Live(**old_host, JetstreamProtocol::kV2));
+  ASSERT_GE(first.stats.last_seq, 1'002'000u);  // (the slow rate may publish one more)
+  (*old_host)->Stop();
+  old_host->reset();
+
+  // The new instance at the same address numbers from 1 and has published 2,500 events.
+  so.port = port;
+  so.jetstream.seq_offset = 0;
+  so.jetstream.published_at_start = 2500;
+  so.jetstream.events_per_second = 250;  // the other 500 over 2 s: the consumer joins before
+  auto new_host = simnet::Simnet::Start(so);
+  ASSERT_TRUE(new_host.ok()) << new_host.status().ToString();
+  const auto want = Truth(**new_host);
+  LiveRun second = RunLive(dir.path(), Live(**new_host, JetstreamProtocol::kV2));
+  EXPECT_EQ(second.stats.future_cursors, 1u);
+  EXPECT_EQ(second.stats.last_seq, 3000u);
+  EXPECT_EQ(Kinds(second.error_kinds), "future_cursor=1 ");
+  EXPECT_EQ(second.job.counters.extra["future_cursors"], 1u);
+  const auto got = Table((dir.path() / "db.sqlite").string());
+  EXPECT_EQ(got, want) << Diff(want, got);
+}
+
 // The stream's account deletions checked with the PDS (getRepoStatus). Simnet reports half of its
 // deletions falsely (the PDS still says active): with the check the table equals the ground
 // truth, which keeps those accounts' records; without it they are purged.
@@ -515,6 +554,77 @@ TEST(LiveTest, SigkilledMidStreamThenResumedEqualsTheGroundTruth) {
   const uint64_t false_deletes = FalseDeletesIn(*(*net)->jetstream());
   EXPECT_NE(status.out.find(std::to_string(false_deletes) + " not purged"), std::string::npos)
       << status.out;
+}
+
+// `atfill run --backfill`: the crawl of [crawl]'s targets runs beside the live consumer, which
+// holds the live events of every repo the crawl has queued until the crawl has written it, then
+// applies them. The table ends as the crawled repos with the whole live log applied on top.
+TEST(LiveTest, ABackfillBesideTheStreamHoldsEachReposEventsUntilItIsWritten) {
+  simnet::SimnetOptions so = Network(4000);
+  so.accounts = 120;
+  so.pds_hosts = 3;
+  so.max_records = 6;
+  so.deactivated_share = 0;
+  so.takendown_share = 0;
+  so.latency_ms = 40;  // a slow crawl: repos wait in its queue while their events stream by
+  so.jetstream.events_per_second = 2000;
+  so.jetstream.account_share = 0;  // purges would take crawled records with them
+  auto net = simnet::Simnet::Start(so);
+  ASSERT_TRUE(net.ok()) << net.status().ToString();
+  auto crawled = (*net)->Truth();
+  ASSERT_TRUE(crawled.ok());
+  std::map<std::string, std::string> want = Truth(**net);
+  const size_t live_rows = want.size();
+  for (const auto& r : crawled->records) {
+    ASSERT_EQ(want.count(r.uri), 0u) << "simnet's live records and repos overlap: " << r.uri;
+    want[r.uri] = r.cid;
+  }
+  ASSERT_GT(crawled->records.size(), 100u);
+  ASSERT_GT(live_rows, 100u);
+  TempDir dir;
+  const std::string config = (dir.path() / "atfill.toml").string();
+  testing::WriteFile(
+      config,
+      "[state]\ndir = \"state\"\n[sink.sqlite]\npath = \"db.sqlite\"\n"
+      "[engine]\nbatch_ms = 50\nbatch_records = 500\n[progress]\ninterval_s = 60\n"
+      "[crawl]\nrelay = \"" +
+          (*net)->relay_url() +
+          "\"\ncollections = [\"app.bsky.feed.post\", \"app.bsky.feed.like\"]\n"
+          "mode = \"getRepo\"\nmax_active_units = 4\nallow_loopback_endpoints = true\n"
+          "[net]\nper_host = 1\n[resolver]\nplc = \"" +
+          (*net)->plc_url() + "\"\n[live]\nhosts = [\"" + (*net)->jetstream_url() +
+          "\"]\nallow_private_endpoints = true\nidle_exit_ms = 1500\nstart_seq = 1\n"
+          "batch_records = 500\nbatch_ms = 50\n");
+  auto run = testing::RunProcess({ATFILL_BINARY, "run", config, "--backfill"}, dir.path());
+  ASSERT_EQ(run.exit_code, 4) << run.err;  // the live consumer pauses when the stream is quiet
+  EXPECT_NE(run.err.find("runs beside the live consumer"), std::string::npos) << run.err;
+  EXPECT_NE(run.err.find("job 1 completed"), std::string::npos) << run.err;
+  const auto got = Table((dir.path() / "db.sqlite").string());
+  EXPECT_EQ(got, want) << Diff(want, got);
+
+  auto status = testing::RunProcess({ATFILL_BINARY, "status", config}, dir.path());
+  ASSERT_EQ(status.exit_code, 0) << status.err;
+  uint64_t held = 0, applied = 0, dropped = 0;
+  const size_t at = status.out.find("  held ");
+  ASSERT_NE(at, std::string::npos) << status.out;
+  std::string line = status.out.substr(at, status.out.find('\n', at) - at);
+  std::erase(line, ',');  // "1,357" (and the sentence's commas)
+  ASSERT_EQ(std::sscanf(line.c_str(),
+                        "  held %" SCNu64 " events of repos being backfilled held %" SCNu64
+                        " applied after the repo's checkpoint %" SCNu64,
+                        &held, &applied, &dropped),
+            3)
+      << status.out;
+  EXPECT_GT(held, 100u) << status.out;  // most repos waited in the crawl's queue
+  EXPECT_EQ(applied + dropped, held) << status.out;
+  EXPECT_EQ(dropped, 0u) << status.out;  // simnet's repos predate its live log
+  // Nothing is left held.
+  auto kv = state::OpenRocksDb({.path = (dir.path() / "state").string()});
+  ASSERT_TRUE(kv.ok()) << kv.status().ToString();
+  state::LiveHolds holds(**kv);
+  size_t left = 0;
+  ASSERT_TRUE(holds.ScanHeldRepos([&](std::string_view) { return ++left, true; }).ok());
+  EXPECT_EQ(left, 0u);
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -187,6 +188,23 @@ TEST_F(SqliteSinkTest, CreatesTheSchemaInAnEmptyFile) {
             (std::vector<std::string>{"atfill_collections", "atfill_dids", "atfill_record_rows",
                                       "atfill_records", "atfill_schema_version"}));
   EXPECT_EQ(db.Column("PRAGMA journal_mode"), std::vector<std::string>{"wal"});
+}
+
+// A backfill and the live consumer open their sinks on the same new file at once: both open.
+TEST_F(SqliteSinkTest, TwoSinksOpeningOneNewFileAtOnceBothOpen) {
+  for (int round = 0; round < 20; ++round) {
+    std::filesystem::remove(Path());
+    std::filesystem::remove(Path() + "-wal");
+    std::filesystem::remove(Path() + "-shm");
+    Status results[2];
+    std::vector<std::thread> threads;
+    for (int i = 0; i < 2; ++i) {
+      threads.emplace_back([&, i] { results[i] = OpenSqliteSink(options_).status(); });
+    }
+    for (auto& t : threads) t.join();
+    ASSERT_TRUE(results[0].ok()) << "round " << round << ": " << results[0].ToString();
+    ASSERT_TRUE(results[1].ok()) << "round " << round << ": " << results[1].ToString();
+  }
 }
 
 TEST_F(SqliteSinkTest, ViewHasTheDocumentedColumnsAndFormats) {

@@ -70,6 +70,8 @@ void CatchStopSignals() {
   std::signal(SIGTERM, OnInterrupt);
 }
 
+bool StopSignalled() { return g_interrupts.load() > 0; }
+
 void RestoreSignals() {
   std::signal(SIGINT, SIG_DFL);
   std::signal(SIGTERM, SIG_DFL);
@@ -98,6 +100,7 @@ int RunInForeground(ForegroundJob& spec) {
     std::fprintf(stderr, "atfill %s: %s\n", spec.verb, done.status().message().c_str());
     return kExitIo;
   }
+  spec.stop_reason = done->stop_reason;
   const auto& c = done->counters;
   std::fprintf(stderr, "atfill %s: job %" PRIu64 " %s: %s %s, %s records written%s", spec.verb,
                done->id, std::string(state::JobStatusName(done->status)).c_str(),

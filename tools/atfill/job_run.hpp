@@ -21,6 +21,8 @@ namespace atfill::cli {
 // and a second one exits at once. RestoreSignals puts the defaults back.
 void CatchStopSignals();
 void RestoreSignals();
+// A SIGINT/SIGTERM arrived since CatchStopSignals.
+bool StopSignalled();
 
 struct ForegroundJob {
   const char* verb = "";  // names the verb in messages ("ingest", "backfill")
@@ -36,6 +38,8 @@ struct ForegroundJob {
   bool dry_run = false;
   // Replaces [engine]'s batch limits for this job (the live consumer has its own).
   std::optional<pipeline::BatcherOptions> batch;
+  // Out: why the job stopped (empty when it completed or failed to run).
+  state::StopReason stop_reason;
 };
 
 // Runs the job to its end (completed, paused, cancelled or failed), prints the summary and

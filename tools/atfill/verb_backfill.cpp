@@ -1,9 +1,12 @@
 // atfill backfill CONFIG [--collection NSID]... [--did DID]... [--mode listRecords|getRepo]:
 // the crawl as a job (discover, resolve, fetch, verify, write), resumable.
 // atfill run CONFIG: resumes every unfinished job after a restart.
+#include <algorithm>
+#include <atomic>
 #include <cinttypes>
 #include <cstdio>
 #include <filesystem>
+#include <thread>
 
 #include "pipeline/job.hpp"
 #include "pipeline/run.hpp"
@@ -54,12 +57,13 @@ Result<sources::CrawlOptions> CrawlOfJob(const AppConfig& config, state::JobReco
   return crawl;
 }
 
-int RunBackfillJob(const char* verb, const AppConfig& config, OpenedState& st,
-                   state::JobRecord job) {
+int RunBackfillJob(const char* verb, const AppConfig& config, OpenedState& st, state::JobRecord job,
+                   bool hold_live = false) {
   auto crawl = CrawlOfJob(config, job);
   if (!crawl.ok())
     return Fail(verb, "job " + std::to_string(job.id) + ": " + crawl.status().message(),
                 kExitUsage);
+  crawl->hold_live = hold_live;
   auto sink = sinks::OpenSqliteSink(config.sqlite);
   if (!sink.ok()) return Fail(verb, sink.status().message(), kExitIo);
   auto source = sources::CrawlSource::Create(*crawl, job.id, st.kv.get());
@@ -78,6 +82,44 @@ int RunBackfillJob(const char* verb, const AppConfig& config, OpenedState& st,
   run.cursor_name = "job/" + std::to_string(run.job.id) + "/crawl";
   run.read_noun = "records fetched";
   return RunInForeground(run);
+}
+
+// The job that crawls these targets: the unfinished one, or a new one.
+Result<state::JobRecord> FindOrCreateBackfillJob(const AppConfig& config, OpenedState& st,
+                                                 const sources::CrawlOptions& crawl,
+                                                 bool* resumed) {
+  const int64_t now = pipeline::NowMicros();
+  ATFILL_RETURN_IF_ERROR(st.tombstones->Sweep(now).status().WithContext("sweeping tombstones"));
+  // The same targets resume the unfinished job that crawls them.
+  state::JobRecord prototype;
+  prototype.kind = "backfill";
+  prototype.stage = state::JobStage::kDiscovering;
+  prototype.created_us = now;
+  prototype.started_by = "cli";
+  prototype.params = {{"config", std::filesystem::absolute(config.path).string()},
+                      {"relay", crawl.relay_url},
+                      {"discovery", std::string(sources::DiscoveryName(crawl.discovery))},
+                      {"mode", std::string(sources::FetchModeName(crawl.mode))},
+                      {"collections", Join(crawl.collections)},
+                      {"dids", Join(crawl.dids)},
+                      {"sink", config.sink + ":" + config.sqlite.path}};
+  return pipeline::FindOrCreateJob(st.jobs.get(), prototype,
+                                   {"relay", "discovery", "mode", "collections", "dids"}, resumed);
+}
+
+void AnnounceBackfill(const char* verb, const sources::CrawlOptions& crawl,
+                      const state::JobRecord& job, bool resumed) {
+  if (resumed) {
+    std::fprintf(stderr, "atfill %s: resuming backfill job %" PRIu64 " (%s)\n", verb, job.id,
+                 std::string(state::JobStatusName(job.status)).c_str());
+  } else {
+    std::fprintf(stderr,
+                 "atfill %s: backfill job %" PRIu64 " crawls %zu collection(s) (%s, %s) into %s\n",
+                 verb, job.id, crawl.collections.size(),
+                 std::string(sources::DiscoveryName(crawl.discovery)).c_str(),
+                 std::string(sources::FetchModeName(crawl.mode)).c_str(),
+                 job.params.count("sink") ? job.params.at("sink").c_str() : "");
+  }
 }
 
 template <typename T>
@@ -149,37 +191,10 @@ int RunBackfill(std::span<char* const> args) {
   CatchStopSignals();
   auto st = OpenStateForWrite(*config);
   if (!st.ok()) return Fail("backfill", st.status().message(), kExitIo);
-  const int64_t now = pipeline::NowMicros();
-  if (auto swept = st->tombstones->Sweep(now); !swept.ok()) {
-    return Fail("backfill", "sweeping tombstones: " + swept.status().message(), kExitIo);
-  }
-  // The same targets resume the unfinished job that crawls them.
-  state::JobRecord prototype;
-  prototype.kind = "backfill";
-  prototype.stage = state::JobStage::kDiscovering;
-  prototype.created_us = now;
-  prototype.started_by = "cli";
-  prototype.params = {{"config", std::filesystem::absolute(config->path).string()},
-                      {"relay", crawl.relay_url},
-                      {"discovery", std::string(sources::DiscoveryName(crawl.discovery))},
-                      {"mode", std::string(sources::FetchModeName(crawl.mode))},
-                      {"collections", Join(crawl.collections)},
-                      {"dids", Join(crawl.dids)},
-                      {"sink", config->sink + ":" + config->sqlite.path}};
   bool resumed = false;
-  auto job = pipeline::FindOrCreateJob(
-      st->jobs.get(), prototype, {"relay", "discovery", "mode", "collections", "dids"}, &resumed);
+  auto job = FindOrCreateBackfillJob(*config, *st, crawl, &resumed);
   if (!job.ok()) return Fail("backfill", job.status().message(), kExitIo);
-  if (resumed) {
-    std::fprintf(stderr, "atfill backfill: resuming job %" PRIu64 " (%s)\n", job->id,
-                 std::string(state::JobStatusName(job->status)).c_str());
-  } else {
-    std::fprintf(
-        stderr, "atfill backfill: job %" PRIu64 " crawls %zu collection(s) (%s, %s) into %s\n",
-        job->id, crawl.collections.size(),
-        std::string(sources::DiscoveryName(crawl.discovery)).c_str(),
-        std::string(sources::FetchModeName(crawl.mode)).c_str(), job->params["sink"].c_str());
-  }
+  AnnounceBackfill("backfill", crawl, *job, resumed);
   const int rc = RunBackfillJob("backfill", *config, *st, *job);
   RestoreSignals();
   return rc;
@@ -213,13 +228,27 @@ bool ShouldResume(const state::JobRecord& j) {
 }
 
 int RunRun(std::span<char* const> args) {
-  if (args.size() != 1 || std::string_view(args[0]).starts_with("--")) {
-    return Fail("run", "usage: atfill run CONFIG", kExitUsage);
+  std::vector<std::string> positional;
+  bool with_backfill = false;
+  for (const char* a : args) {
+    const std::string_view arg = a;
+    if (arg == "--backfill") {
+      with_backfill = true;
+    } else if (arg.starts_with("--")) {
+      return Fail("run", "unknown option " + std::string(arg), kExitUsage);
+    } else {
+      positional.emplace_back(arg);
+    }
   }
-  const std::string config_path = args[0];
+  if (positional.size() != 1)
+    return Fail("run", "usage: atfill run CONFIG [--backfill]", kExitUsage);
+  const std::string config_path = positional[0];
   auto config = LoadAppConfig(config_path);
   if (!config.ok()) return Fail("run", config.status().message(), kExitUsage);
+  const bool live = !config->live.hosts.empty();
   std::vector<state::JobRecord> todo;
+  // With a live consumer, backfills run beside it (its events of repos they crawl are held).
+  std::vector<state::JobRecord> beside;
   {
     auto st = OpenStateForWrite(*config);
     if (!st.ok()) return Fail("run", st.status().message(), kExitIo);
@@ -237,17 +266,22 @@ int RunRun(std::span<char* const> args) {
         if (Status s = st->kv->Write(b); !s.ok()) return Fail("run", s.message(), kExitIo);
         continue;
       }
-      if (ShouldResume(j) && (j.kind == "backfill" || j.kind == "ingest")) todo.push_back(j);
-      if (j.kind == "live" && !state::IsTerminal(j.status)) {
-        // The live job is run below (when configured), not resumed as a backfill.
-        continue;
+      // The live job is run below (when configured), not resumed.
+      if (!ShouldResume(j)) continue;
+      if (j.kind == "backfill" && live) {
+        beside.push_back(j);
+      } else if (j.kind == "backfill" || j.kind == "ingest") {
+        todo.push_back(j);
       }
     }
   }
-  std::sort(todo.begin(), todo.end(),
-            [](const state::JobRecord& a, const state::JobRecord& b) { return a.id < b.id; });
+  auto by_id = [](const state::JobRecord& a, const state::JobRecord& b) { return a.id < b.id; };
+  std::sort(todo.begin(), todo.end(), by_id);
+  std::sort(beside.begin(), beside.end(), by_id);
   int worst = kExitOk;
-  if (todo.empty()) std::fprintf(stderr, "atfill run: no unfinished job to resume\n");
+  if (todo.empty() && beside.empty() && !with_backfill) {
+    std::fprintf(stderr, "atfill run: no unfinished job to resume\n");
+  }
   for (const auto& j : todo) {
     std::fprintf(stderr, "atfill run: resuming %s job %" PRIu64 " (%s)\n", j.kind.c_str(), j.id,
                  std::string(state::JobStatusName(j.status)).c_str());
@@ -258,14 +292,58 @@ int RunRun(std::span<char* const> args) {
     worst = std::max(worst, rc);
     if (rc == kExitStopped) return worst;  // paused or cancelled by the user: stop here
   }
-  if (config->live.hosts.empty()) return worst;
-  // Then keep the database current from the Jetstream.
   CatchStopSignals();
   auto st = OpenStateForWrite(*config);
   if (!st.ok()) return Fail("run", st.status().message(), kExitIo);
-  const int rc = RunLive(*config, *st);
+  if (with_backfill) {
+    // The backfill of [crawl]'s targets: the unfinished job that crawls them, or a new one.
+    if (Status s = config->crawl.Validate(); !s.ok()) {
+      return Fail("run", config->path + ": --backfill: " + s.message(), kExitUsage);
+    }
+    bool resumed = false;
+    auto job = FindOrCreateBackfillJob(*config, *st, config->crawl, &resumed);
+    if (!job.ok()) return Fail("run", job.status().message(), kExitIo);
+    AnnounceBackfill("run", config->crawl, *job, resumed);
+    const bool listed = std::any_of(beside.begin(), beside.end(),
+                                    [&](const state::JobRecord& j) { return j.id == job->id; });
+    if (!listed) beside.push_back(*job);
+    if (!live) {
+      const int rc = RunBackfillJob("run", *config, *st, *job);
+      RestoreSignals();
+      return std::max(worst, rc);
+    }
+  }
+  if (!live) return worst;
+  // The backfills run on their own thread while this one keeps the database current from the
+  // Jetstream, holding the live events of each repo until the crawl has written it.
+  std::atomic<bool> backfilling{!beside.empty()};
+  std::atomic<int> backfill_rc{kExitOk};
+  std::thread crawls([&] {
+    for (const auto& j : beside) {
+      std::fprintf(stderr, "atfill run: backfill job %" PRIu64 " runs beside the live consumer\n",
+                   j.id);
+      const int rc = RunBackfillJob("run", *config, *st, j, /*hold_live=*/true);
+      backfill_rc = std::max(backfill_rc.load(), rc);
+      if (rc == kExitStopped) break;
+    }
+    backfilling = false;
+  });
+  state::StopReason stopped;
+  int rc = RunLive(
+      *config, *st, [&backfilling] { return backfilling.load(); }, &stopped);
+  if (stopped.code == "stream_idle" && backfilling.load() && !StopSignalled()) {
+    // The stream went quiet before the backfills ended: once they have, the live consumer runs
+    // again from its cursor and applies what it held.
+    std::fprintf(stderr,
+                 "atfill run: the stream is idle; waiting for the backfill to finish, then "
+                 "applying the live events held for its repos\n");
+    crawls.join();
+    rc = RunLive(
+        *config, *st, [] { return false; }, &stopped);
+  }
+  if (crawls.joinable()) crawls.join();
   RestoreSignals();
-  return std::max(worst, rc);
+  return std::max({worst, rc, backfill_rc.load()});
 }
 
 Result<std::vector<std::string>> UnfinishedBackfillCollections(OpenedState& st) {

@@ -12,6 +12,7 @@
 #include "stages/account_check.hpp"
 #include "stages/cid_verify.hpp"
 #include "stages/ingest_guard.hpp"
+#include "stages/live_hold.hpp"
 #include "stages/resolver.hpp"
 #include "state/cursors.hpp"
 #include "state/resolver_cache.hpp"
@@ -35,7 +36,8 @@ int Fail(const char* verb, const std::string& msg, int code) {
 
 }  // namespace
 
-int RunLive(const AppConfig& config, OpenedState& st) {
+int RunLive(const AppConfig& config, OpenedState& st, std::function<bool()> backfill_running,
+            state::StopReason* stop) {
   state::JobRecord prototype;
   prototype.kind = "live";
   prototype.stage = state::JobStage::kReplaying;
@@ -65,6 +67,12 @@ int RunLive(const AppConfig& config, OpenedState& st) {
   if (!backfills.ok()) return Fail("run", backfills.status().message(), kExitIo);
   rule.always = std::move(*backfills);
   stages::IngestGuard guard(st.tombstones.get(), nullptr, std::move(rule));
+  // Events of repos a crawl beside this consumer has queued wait for the repo's checkpoint (and
+  // what an earlier run held is applied).
+  state::LiveHolds holds(*st.kv);
+  stages::LiveHoldOptions hold_options;
+  hold_options.backfill_running = std::move(backfill_running);
+  stages::LiveHold hold(&holds, std::move(hold_options));
   // The account check asks PDSs with the crawl's resolver settings ([resolver], [net]).
   std::unique_ptr<state::ResolverCache> check_cache;  // outlives the client's callbacks
   std::unique_ptr<net::HttpClient> check_http;
@@ -97,12 +105,14 @@ int RunLive(const AppConfig& config, OpenedState& st) {
   run.source = source->get();
   if (config.verify_cids) run.transforms.push_back(&verify);
   if (check != nullptr) run.transforms.push_back(check.get());
+  run.transforms.push_back(&hold);
   run.transforms.push_back(&guard);
   run.sink = sink->get();
   run.cursor_name = kLiveCursor;
   run.batch = config.live_batch;
   run.read_noun = "messages read";
   const int rc = RunInForeground(run);
+  if (stop != nullptr) *stop = run.stop_reason;
   const auto s = (*source)->stats();
   std::fprintf(stderr,
                "atfill run: live: %s via %s, %" PRIu64 " connection(s), last seq %" PRIu64
@@ -173,6 +183,11 @@ int RunStatus(std::span<char* const> args) {
       FormatCount(extra("account_checks")).c_str(),
       FormatCount(extra("account_purges_refused")).c_str(),
       FormatCount(extra("account_purges_unconfirmed")).c_str());
+  std::printf(
+      "  held        %s events of repos being backfilled held, %s applied after the repo's "
+      "checkpoint, %s dropped (at or below its rev)\n",
+      FormatCount(extra("live_held")).c_str(), FormatCount(extra("live_released")).c_str(),
+      FormatCount(extra("live_hold_dropped")).c_str());
   if (!live->stop_reason.empty()) {
     std::printf("  stopped     %s: %s\n", live->stop_reason.code.c_str(),
                 live->stop_reason.sentence.c_str());

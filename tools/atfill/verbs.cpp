@@ -52,12 +52,16 @@ std::span<const Verb> Verbs() {
        "      4 paused (on request, or with work left: see the stop reason) or cancelled\n",
        RunBackfill},
       {"run", "resume unfinished jobs, then keep the database current from a Jetstream",
-       "usage: atfill run CONFIG\n\n"
+       "usage: atfill run CONFIG [--backfill]\n\n"
        "Resumes, oldest first, every job that was interrupted (running or pausing when its\n"
        "process died) or paused with work left; finishes interrupted cancellations. Jobs paused\n"
        "on request stay paused (atfill resume CONFIG ID). Then, when [live] hosts is set, runs\n"
        "the live consumer (Jetstream v2, or v1 where v2 is not served) from its saved cursor\n"
-       "until Ctrl-C pauses it.\n",
+       "until Ctrl-C pauses it; unfinished backfills run beside it, and the live events of each\n"
+       "repo they crawl are held until the repo is written, then applied (those at or below the\n"
+       "fetched commit's rev dropped).\n"
+       "--backfill: also backfill [crawl]'s targets (the unfinished job that crawls them, or a\n"
+       "new one), beside the live consumer when [live] hosts is set.\n",
        RunRun},
       {"status", "show the live consumer: host, protocol, cursor, lag, rate",
        "usage: atfill status CONFIG\n\nWorks while atfill run holds the state (read-only view).\n",
