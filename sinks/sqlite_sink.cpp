@@ -36,6 +36,19 @@ int64_t SystemNowUs() {
 
 bool IsBusyCode(int rc) { return (rc & 0xff) == SQLITE_BUSY || (rc & 0xff) == SQLITE_LOCKED; }
 
+using Clock = std::chrono::steady_clock;
+
+// Between tries at a locked database: sleeps *backoff (then doubles it, up to 100 ms), never past
+// `deadline`; false, without sleeping, once the deadline has passed.
+bool WaitToRetryBusy(Clock::time_point deadline, std::chrono::milliseconds* backoff) {
+  const auto remaining =
+      std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+  if (remaining.count() <= 0) return false;
+  std::this_thread::sleep_for(std::min(*backoff, remaining));
+  *backoff = std::min(*backoff * 2, std::chrono::milliseconds(100));
+  return true;
+}
+
 // The statements of one interned table.
 struct InternTable {
   Stmt find;    // SELECT id WHERE key = ?1
@@ -104,13 +117,11 @@ Result<std::unique_ptr<pipeline::Sink>> SqliteSink::Open(const SqliteSinkOptions
     // The switch needs the file to itself and SQLite does not always wait for it (another
     // connection opening the same new file at once, e.g. a backfill beside the live consumer):
     // retry a busy switch within the busy timeout.
-    const auto deadline =
-        std::chrono::steady_clock::now() + std::chrono::milliseconds(options.busy_timeout_ms);
+    const auto deadline = Clock::now() + std::chrono::milliseconds(options.busy_timeout_ms);
+    auto backoff = std::chrono::milliseconds(2);
     int rc = sqlite3_step(wal.get());
-    while ((rc == SQLITE_BUSY || rc == SQLITE_LOCKED) &&
-           std::chrono::steady_clock::now() < deadline) {
+    while (IsBusyCode(rc) && WaitToRetryBusy(deadline, &backoff)) {
       sqlite3_reset(wal.get());
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
       rc = sqlite3_step(wal.get());
     }
     if (rc != SQLITE_ROW) return sqlite::ErrorStatus(raw, rc, "switching to WAL mode");
@@ -191,7 +202,6 @@ Result<WriteStats> SqliteSink::Write(std::span<const Event> batch) {
   WriteStats stats;
   if (batch.empty()) return stats;
   const int64_t now = options_.now_us ? options_.now_us() : SystemNowUs();
-  using Clock = std::chrono::steady_clock;
   const Clock::time_point deadline =
       Clock::now() + std::chrono::milliseconds(options_.busy_timeout_ms);
   auto backoff = std::chrono::milliseconds(2);
@@ -207,16 +217,13 @@ Result<WriteStats> SqliteSink::Write(std::span<const Event> batch) {
     if (st.ok()) return stats;
     Rollback();
     if (!IsBusyCode(last_failure_rc_)) return st;
-    remaining = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    if (remaining.count() <= 0) {
+    if (!WaitToRetryBusy(deadline, &backoff)) {
       return Status::Unavailable(
           "SQLite database " + options_.path + " stayed locked by another connection for " +
           std::to_string(options_.busy_timeout_ms) +
           " ms; nothing of the batch was written (last error: " + sqlite3_errstr(last_failure_rc_) +
           ")");
     }
-    std::this_thread::sleep_for(std::min(backoff, remaining));
-    backoff = std::min(backoff * 2, std::chrono::milliseconds(100));
   }
 }
 

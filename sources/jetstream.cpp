@@ -179,8 +179,10 @@ struct JetstreamSource::Impl {
     std::condition_variable cv;
     std::deque<Message> queue;
     uint64_t queued_bytes = 0;
-    bool stopped = true;      // the session is over (kStopped seen)
-    bool overflowed = false;  // dropped for a full buffer; Read reconnects when drained
+    bool stopped = true;  // the session is over (kStopped seen)
+    // The connection was given up (a full buffer, or a renumbered host below): Read opens a new
+    // one once this one has stopped and the buffer has drained.
+    bool reopen = false;
     // The host renumbered its seqs (our seq cursor is past its tip, so it started at the tip):
     // this connection's messages are dropped and Read reconnects by witnessed time once it ends.
     bool renumbered = false;
@@ -383,10 +385,13 @@ struct JetstreamSource::Impl {
   }
 
   Status StartSession() {
+    // A reopen starts as soon as the last session's kStopped handler has run, which is before the
+    // client counts that session as ended: wait for that (at once when none is running).
+    ws->Close();
     {
       std::lock_guard<std::mutex> lock(shared->mu);
       shared->stopped = false;
-      shared->overflowed = false;
+      shared->reopen = false;
       shared->renumbered = false;
     }
     net::WebSocketTarget target;
@@ -402,16 +407,6 @@ struct JetstreamSource::Impl {
     handlers.on_message = [sh, cap, have_v1_dict, client, dicts](std::string_view data,
                                                                  bool binary) {
       if (sh->check_first) CheckFirstEvent(*sh, *dicts, data, binary);
-      {
-        std::lock_guard<std::mutex> lock(sh->mu);
-        if (sh->renumbered) {
-          if (!sh->overflowed) {
-            sh->overflowed = true;  // Read reconnects once this connection has ended
-            client->Close();        // from the loop thread this only asks
-          }
-          return;
-        }
-      }
       Message m;
       m.data.assign(data);
       const bool v1 = sh->v1.load();
@@ -421,21 +416,25 @@ struct JetstreamSource::Impl {
       sh->messages.fetch_add(1);
       sh->bytes.fetch_add(data.size());
       sh->last_message_ms.store(SteadyMs());
-      bool overflow = false;
+      bool queued = false;
+      bool close = false;
       {
         std::lock_guard<std::mutex> lock(sh->mu);
-        sh->queued_bytes += m.data.size();
-        sh->queue.push_back(std::move(m));
-        if (sh->queued_bytes > cap && !sh->overflowed) {
-          sh->overflowed = true;
-          overflow = true;
+        if (sh->renumbered) {
+          // This connection began at a renumbered host's tip: nothing of it is kept.
+          close = !sh->reopen;
+        } else {
+          queued = true;
+          sh->queued_bytes += m.data.size();
+          sh->queue.push_back(std::move(m));
+          close = sh->queued_bytes > cap && !sh->reopen;
+          if (close) sh->overflow_drops.fetch_add(1);
         }
+        if (close) sh->reopen = true;
       }
-      sh->cv.notify_one();
-      if (overflow) {
-        sh->overflow_drops.fetch_add(1);
-        client->Close();  // from the loop thread this only asks; Read reconnects when drained
-      }
+      if (queued) sh->cv.notify_one();
+      // From the loop thread this only asks; Read reopens when drained.
+      if (close) client->Close();
     };
     auto host_index = [hosts = options.hosts](const std::string& h) {
       return HostIndexIn(hosts, h);
@@ -578,7 +577,7 @@ Result<bool> JetstreamSource::Read(pipeline::EventChunk* chunk) {
   sh.pending_gaps.clear();
   const bool drained = sh.queue.empty();
   const bool reconnect =
-      sh.overflowed && sh.stopped && sh.queued_bytes < s.options.max_buffered_bytes / 2;
+      sh.reopen && sh.stopped && sh.queued_bytes < s.options.max_buffered_bytes / 2;
   lock.unlock();
   chunk->units_read = n;
   if (reconnect) ATFILL_RETURN_IF_ERROR(s.StartSession());

@@ -82,14 +82,13 @@ Status LiveHold::Process(pipeline::TransformState* state, pipeline::EventChunk* 
     }));
   } else if (!s.drained) {
     bool skipped = false;
+    std::unordered_set<std::string> seen;
     ATFILL_RETURN_IF_ERROR(holds_->ScanHeldRepos([&](std::string_view did) {
       if (!eligible(did)) {
         skipped = true;
         return true;
       }
-      for (const auto& c : candidates) {
-        if (c.did == did) return true;
-      }
+      if (!seen.emplace(did).second) return true;  // marked and holding events: listed twice
       auto rev = holds_->Checkpoint(did);
       if (!rev.ok()) {
         inner = rev.status();

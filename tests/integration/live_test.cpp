@@ -278,6 +278,28 @@ TEST(LiveTest, DisconnectsLoseNothingAndDuplicateNothing) {
   EXPECT_EQ(Kinds(run.error_kinds), "");
 }
 
+// A consumer whose buffer of received-but-unapplied messages fills drops the connection and opens
+// a new one from the last seq it decoded once the buffer has drained: nothing lost or doubled.
+TEST(LiveTest, AFullBufferDropsTheConnectionAndLosesNothing) {
+  simnet::SimnetOptions so = Network(5000);
+  auto net = simnet::Simnet::Start(so);
+  ASSERT_TRUE(net.ok()) << net.status().ToString();
+  JetstreamOptions o = Live(**net, JetstreamProtocol::kV2);
+  o.compress = false;
+  o.max_message_bytes = 16 << 10;
+  o.max_buffered_bytes = 32 << 10;  // a few dozen frames: the whole log arrives far faster
+  TempDir dir;
+  LiveRun run = RunLive(dir.path(), o);
+  EXPECT_EQ(run.job.stop_reason.code, "stream_idle") << run.job.stop_reason.sentence;
+  EXPECT_GE(run.stats.overflow_drops, 1u);
+  EXPECT_EQ(run.stats.connections, run.stats.overflow_drops + 1);
+  EXPECT_EQ(run.stats.last_seq, 5000u);
+  const auto want = Truth(**net);
+  const auto got = Table((dir.path() / "db.sqlite").string());
+  EXPECT_EQ(got, want) << Diff(want, got);
+  EXPECT_EQ(Kinds(run.error_kinds), "");
+}
+
 TEST(LiveTest, AResumedConsumerStartsAtItsSavedCursor) {
   simnet::SimnetOptions so = Network(3000);
   auto net = simnet::Simnet::Start(so);

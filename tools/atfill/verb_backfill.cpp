@@ -317,13 +317,13 @@ int RunRun(std::span<char* const> args) {
   // The backfills run on their own thread while this one keeps the database current from the
   // Jetstream, holding the live events of each repo until the crawl has written it.
   std::atomic<bool> backfilling{!beside.empty()};
-  std::atomic<int> backfill_rc{kExitOk};
+  int backfill_rc = kExitOk;  // read after the thread is joined
   std::thread crawls([&] {
     for (const auto& j : beside) {
       std::fprintf(stderr, "atfill run: backfill job %" PRIu64 " runs beside the live consumer\n",
                    j.id);
       const int rc = RunBackfillJob("run", *config, *st, j, /*hold_live=*/true);
-      backfill_rc = std::max(backfill_rc.load(), rc);
+      backfill_rc = std::max(backfill_rc, rc);
       if (rc == kExitStopped) break;
     }
     backfilling = false;
@@ -343,7 +343,7 @@ int RunRun(std::span<char* const> args) {
   }
   if (crawls.joinable()) crawls.join();
   RestoreSignals();
-  return std::max({worst, rc, backfill_rc.load()});
+  return std::max({worst, rc, backfill_rc});
 }
 
 Result<std::vector<std::string>> UnfinishedBackfillCollections(OpenedState& st) {
