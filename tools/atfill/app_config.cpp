@@ -57,6 +57,16 @@ Result<AppConfig> LoadAppConfig(const std::string& path) {
   ATFILL_RETURN_IF_ERROR(file.ReadEnum("crawl.mode", &mode, {"listRecords", "getRepo"}));
   k.mode = *sources::ParseFetchMode(mode);
   ATFILL_RETURN_IF_ERROR(file.ReadStringList("crawl.collections", &k.collections));
+  ATFILL_RETURN_IF_ERROR(
+      file.ReadEnum("crawl.source", &c.backfill_source, {"crawl", "auto", "replay"}));
+  ATFILL_RETURN_IF_ERROR(file.ReadPath("archive.dir", &c.archive_dir));
+  ATFILL_RETURN_IF_ERROR(file.ReadDouble("archive.replay_marker_tail_hours",
+                                         &c.replay.marker_tail_hours, 0, 24.0 * 365 * 100));
+  int64_t block_mb = static_cast<int64_t>(c.replay.max_block_bytes >> 20);
+  ATFILL_RETURN_IF_ERROR(file.ReadInt("archive.max_block_mb", &block_mb, 1, 4096));
+  c.replay.max_block_bytes = static_cast<uint64_t>(block_mb) << 20;
+  ATFILL_RETURN_IF_ERROR(
+      file.ReadUint("archive.max_failed_in_a_row", &c.replay.max_failed_in_a_row, 1, 1'000'000));
   ATFILL_RETURN_IF_ERROR(file.ReadStringList("crawl.dids", &k.dids));
   ATFILL_RETURN_IF_ERROR(file.ReadUint("crawl.list_repos_limit", &k.list_repos_limit, 1, 1000));
   ATFILL_RETURN_IF_ERROR(file.ReadUint("crawl.list_records_limit", &k.list_records_limit, 1, 100));
@@ -146,6 +156,11 @@ Result<AppConfig> LoadAppConfig(const std::string& path) {
   if (Status s = c.state.Validate(); !s.ok()) return s.WithContext(path + ": [state]");
   if (Status s = c.error_log.Validate(); !s.ok()) return s.WithContext(path + ": [jobs]");
   if (Status s = c.tombstones.Validate(); !s.ok()) return s.WithContext(path + ": [tombstones]");
+  if (Status s = c.replay.Validate(); !s.ok()) return s.WithContext(path + ": [archive]");
+  if (c.backfill_source == "replay" && c.archive_dir.empty()) {
+    return Status::Invalid(path +
+                           ": [crawl] source = \"replay\" needs an archive: set [archive] dir");
+  }
   return c;
 }
 

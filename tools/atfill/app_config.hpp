@@ -11,6 +11,7 @@
 #include "sources/crawl.hpp"
 #include "sources/event_file.hpp"
 #include "sources/jetstream.hpp"
+#include "sources/replay.hpp"
 #include "stages/account_check.hpp"
 #include "state/error_log.hpp"
 #include "state/kv_store.hpp"
@@ -27,6 +28,12 @@ struct AppConfig {
   sources::EventFileOptions files;  // [files] (paths come from the command line)
   sources::CrawlOptions crawl;      // [crawl], [resolver], [net]
   sources::JetstreamOptions live;   // [live] (no hosts: no live consumer)
+  // [crawl] source: where a backfill of collections reads from: "crawl" (every PDS), "replay"
+  // (the Jetstream archive; never falls back) or "auto" (replay when an archive is configured and
+  // answers, else crawl). Account backfills (given DIDs) always crawl.
+  std::string backfill_source = "crawl";
+  std::string archive_dir;        // [archive] dir: a local directory of .jss segments
+  sources::ReplayOptions replay;  // [archive] replay_marker_tail_hours, max_block_mb, ...
   // [live] check_deleted_accounts, account_check_timeout_ms: ask the PDS before purging a
   // deleted account (stages/account_check.hpp).
   bool check_deleted_accounts = true;

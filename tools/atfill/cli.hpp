@@ -36,6 +36,7 @@ int RunJob(std::span<char* const> args);
 int RunPause(std::span<char* const> args);
 int RunResume(std::span<char* const> args);
 int RunCancel(std::span<char* const> args);
+int RunArchive(std::span<char* const> args);
 
 std::span<const Verb> Verbs();
 

@@ -11,7 +11,9 @@
 #include "pipeline/job.hpp"
 #include "pipeline/run.hpp"
 #include "sinks/sqlite_sink.hpp"
+#include "sources/archive.hpp"
 #include "sources/crawl.hpp"
+#include "sources/replay.hpp"
 #include "stages/cid_verify.hpp"
 #include "stages/ingest_guard.hpp"
 #include "tools/atfill/app_config.hpp"
@@ -57,8 +59,37 @@ Result<sources::CrawlOptions> CrawlOfJob(const AppConfig& config, state::JobReco
   return crawl;
 }
 
+// A replay job: the job's collections read from its archive (sources/replay.hpp).
+int RunReplayJob(const char* verb, const AppConfig& config, OpenedState& st, state::JobRecord job) {
+  const std::string dir = job.params["archive"];
+  auto archive = sources::LocalArchive::Open(dir);
+  if (!archive.ok()) {
+    return Fail(verb, "job " + std::to_string(job.id) + ": " + archive.status().message(), kExitIo);
+  }
+  sources::ReplayOptions options = config.replay;
+  options.collections = Split(job.params["collections"]);
+  auto sink = sinks::OpenSqliteSink(config.sqlite);
+  if (!sink.ok()) return Fail(verb, sink.status().message(), kExitIo);
+  sources::ReplaySource source(archive->get(), options, job.id, st.kv.get());
+  stages::CidVerify verify;
+  stages::IngestGuard guard(st.tombstones.get());
+  ForegroundJob run;
+  run.verb = verb;
+  run.config = &config;
+  run.state = &st;
+  run.job = std::move(job);
+  run.source = &source;
+  if (config.verify_cids) run.transforms.push_back(&verify);
+  run.transforms.push_back(&guard);
+  run.sink = sink->get();
+  run.cursor_name = "job/" + std::to_string(run.job.id) + "/replay";
+  run.read_noun = "archive blocks read";
+  return RunInForeground(run);
+}
+
 int RunBackfillJob(const char* verb, const AppConfig& config, OpenedState& st, state::JobRecord job,
                    bool hold_live = false) {
+  if (job.params["source"] == "replay") return RunReplayJob(verb, config, st, std::move(job));
   auto crawl = CrawlOfJob(config, job);
   if (!crawl.ok())
     return Fail(verb, "job " + std::to_string(job.id) + ": " + crawl.status().message(),
@@ -86,8 +117,8 @@ int RunBackfillJob(const char* verb, const AppConfig& config, OpenedState& st, s
 
 // The job that crawls these targets: the unfinished one, or a new one.
 Result<state::JobRecord> FindOrCreateBackfillJob(const AppConfig& config, OpenedState& st,
-                                                 const sources::CrawlOptions& crawl,
-                                                 bool* resumed) {
+                                                 const sources::CrawlOptions& crawl, bool* resumed,
+                                                 const std::string& source = "crawl") {
   const int64_t now = pipeline::NowMicros();
   ATFILL_RETURN_IF_ERROR(st.tombstones->Sweep(now).status().WithContext("sweeping tombstones"));
   // The same targets resume the unfinished job that crawls them.
@@ -103,12 +134,30 @@ Result<state::JobRecord> FindOrCreateBackfillJob(const AppConfig& config, Opened
                       {"collections", Join(crawl.collections)},
                       {"dids", Join(crawl.dids)},
                       {"sink", config.sink + ":" + config.sqlite.path}};
-  return pipeline::FindOrCreateJob(st.jobs.get(), prototype,
-                                   {"relay", "discovery", "mode", "collections", "dids"}, resumed);
+  if (source == "replay") {
+    // A replay reads the archive, not the relay: its targets are the collections.
+    prototype.params.erase("relay");
+    prototype.params.erase("discovery");
+    prototype.params.erase("mode");
+    prototype.params["source"] = "replay";
+    prototype.params["archive"] = std::filesystem::absolute(config.archive_dir).string();
+    prototype.stage = state::JobStage::kReplaying;
+  }
+  return pipeline::FindOrCreateJob(
+      st.jobs.get(), prototype,
+      {"source", "archive", "relay", "discovery", "mode", "collections", "dids"}, resumed);
 }
 
 void AnnounceBackfill(const char* verb, const sources::CrawlOptions& crawl,
                       const state::JobRecord& job, bool resumed) {
+  const auto source = job.params.find("source");
+  if (!resumed && source != job.params.end() && source->second == "replay") {
+    std::fprintf(stderr,
+                 "atfill %s: backfill job %" PRIu64 " replays %zu collection(s) from %s into %s\n",
+                 verb, job.id, crawl.collections.size(), job.params.at("archive").c_str(),
+                 job.params.count("sink") ? job.params.at("sink").c_str() : "");
+    return;
+  }
   if (resumed) {
     std::fprintf(stderr, "atfill %s: resuming backfill job %" PRIu64 " (%s)\n", verb, job.id,
                  std::string(state::JobStatusName(job.status)).c_str());
@@ -122,6 +171,41 @@ void AnnounceBackfill(const char* verb, const sources::CrawlOptions& crawl,
   }
 }
 
+// Where a backfill of these targets reads from: "crawl" or "replay" (source is the config's or
+// --source's crawl, auto or replay). A replay of given accounts is refused; auto crawls them.
+Result<std::string> ChooseSource(const AppConfig& config, const sources::CrawlOptions& crawl,
+                                 const std::string& source) {
+  if (source != "crawl" && source != "auto" && source != "replay") {
+    return Status::Invalid("--source: '" + source + "' is not crawl, auto or replay");
+  }
+  const bool accounts = crawl.discovery == sources::Discovery::kDidList;
+  if (source == "crawl") return std::string("crawl");
+  if (accounts) {
+    if (source == "replay") {
+      return Status::Invalid(
+          "a replay cannot backfill given accounts (--did, discovery = \"dids\"): account "
+          "backfills always crawl their PDS; use --source crawl");
+    }
+    return std::string("crawl");
+  }
+  if (config.archive_dir.empty()) {
+    if (source == "replay") {
+      return Status::Invalid(config.path + ": a replay needs an archive: set [archive] dir");
+    }
+    std::fprintf(stderr, "atfill: no archive is configured ([archive] dir); the backfill crawls\n");
+    return std::string("crawl");
+  }
+  if (source == "auto") {
+    auto archive = sources::LocalArchive::Open(config.archive_dir);
+    if (!archive.ok()) {
+      std::fprintf(stderr, "atfill: the archive cannot be read (%s); the backfill crawls\n",
+                   archive.status().message().c_str());
+      return std::string("crawl");
+    }
+  }
+  return std::string("replay");
+}
+
 template <typename T>
 bool TakeValue(std::span<char* const> args, size_t* i, T* out) {
   if (*i + 1 >= args.size()) return false;
@@ -133,7 +217,7 @@ bool TakeValue(std::span<char* const> args, size_t* i, T* out) {
 
 int RunBackfill(std::span<char* const> args) {
   std::vector<std::string> positional, collections, dids;
-  std::string mode, discovery, relay;
+  std::string mode, discovery, relay, source;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string_view a = args[i];
     bool ok = true;
@@ -151,6 +235,8 @@ int RunBackfill(std::span<char* const> args) {
       ok = TakeValue(args, &i, &discovery);
     } else if (a == "--relay") {
       ok = TakeValue(args, &i, &relay);
+    } else if (a == "--source") {
+      ok = TakeValue(args, &i, &source);
     } else if (a.starts_with("--")) {
       return Fail("backfill", "unknown option " + std::string(a), kExitUsage);
     } else {
@@ -161,11 +247,12 @@ int RunBackfill(std::span<char* const> args) {
   if (positional.size() != 1) {
     return Fail("backfill",
                 "usage: atfill backfill CONFIG [--collection NSID]... [--did DID]... "
-                "[--mode listRecords|getRepo]",
+                "[--mode listRecords|getRepo] [--source crawl|auto|replay]",
                 kExitUsage);
   }
   auto config = LoadAppConfig(positional[0]);
   if (!config.ok()) return Fail("backfill", config.status().message(), kExitUsage);
+  if (source.empty()) source = config->backfill_source;
   sources::CrawlOptions crawl = config->crawl;
   if (!collections.empty()) crawl.collections = collections;
   if (!dids.empty()) {
@@ -184,15 +271,19 @@ int RunBackfill(std::span<char* const> args) {
     crawl.discovery = *d;
   }
   if (crawl.discovery != sources::Discovery::kDidList) crawl.dids.clear();
-  if (Status s = crawl.Validate(); !s.ok()) {
-    return Fail("backfill", config->path + ": " + s.message(), kExitUsage);
+  auto chosen = ChooseSource(*config, crawl, source);
+  if (!chosen.ok()) return Fail("backfill", chosen.status().message(), kExitUsage);
+  if (*chosen == "crawl") {
+    if (Status s = crawl.Validate(); !s.ok()) {
+      return Fail("backfill", config->path + ": " + s.message(), kExitUsage);
+    }
   }
 
   CatchStopSignals();
   auto st = OpenStateForWrite(*config);
   if (!st.ok()) return Fail("backfill", st.status().message(), kExitIo);
   bool resumed = false;
-  auto job = FindOrCreateBackfillJob(*config, *st, crawl, &resumed);
+  auto job = FindOrCreateBackfillJob(*config, *st, crawl, &resumed, *chosen);
   if (!job.ok()) return Fail("backfill", job.status().message(), kExitIo);
   AnnounceBackfill("backfill", crawl, *job, resumed);
   const int rc = RunBackfillJob("backfill", *config, *st, *job);
@@ -297,11 +388,13 @@ int RunRun(std::span<char* const> args) {
   if (!st.ok()) return Fail("run", st.status().message(), kExitIo);
   if (with_backfill) {
     // The backfill of [crawl]'s targets: the unfinished job that crawls them, or a new one.
-    if (Status s = config->crawl.Validate(); !s.ok()) {
+    auto chosen = ChooseSource(*config, config->crawl, config->backfill_source);
+    if (!chosen.ok()) return Fail("run", "--backfill: " + chosen.status().message(), kExitUsage);
+    if (Status s = config->crawl.Validate(); *chosen == "crawl" && !s.ok()) {
       return Fail("run", config->path + ": --backfill: " + s.message(), kExitUsage);
     }
     bool resumed = false;
-    auto job = FindOrCreateBackfillJob(*config, *st, config->crawl, &resumed);
+    auto job = FindOrCreateBackfillJob(*config, *st, config->crawl, &resumed, *chosen);
     if (!job.ok()) return Fail("run", job.status().message(), kExitIo);
     AnnounceBackfill("run", config->crawl, *job, resumed);
     const bool listed = std::any_of(beside.begin(), beside.end(),

@@ -37,7 +37,8 @@ std::span<const Verb> Verbs() {
        RunIngest},
       {"backfill", "crawl repos from a relay (or given DIDs) into the database",
        "usage: atfill backfill CONFIG [--collection NSID]... [--did DID]...\n"
-       "                       [--mode listRecords|getRepo] [--discovery D] [--relay URL]\n\n"
+       "                       [--mode listRecords|getRepo] [--discovery D] [--relay URL]\n"
+       "                       [--source crawl|auto|replay]\n\n"
        "Lists repos from the relay ([crawl] relay, discovery listReposByCollection or\n"
        "listRepos), resolves each DID to its PDS, fetches the records of the target collections\n"
        "(listRecords pages, or one getRepo CAR whose commit signature is verified), verifies\n"
@@ -47,10 +48,25 @@ std::span<const Verb> Verbs() {
        "  --did DID           backfill these accounts only, no discovery (repeatable)\n"
        "  --mode M            listRecords (default) or getRepo\n"
        "  --discovery D       listReposByCollection (default), listRepos or dids\n"
-       "  --relay URL         the relay (or PDS, with listRepos) to list\n\n"
+       "  --relay URL         the relay (or PDS, with listRepos) to list\n"
+       "  --source S          crawl, replay (read the collections from the Jetstream archive\n"
+       "                      in [archive] dir instead: a records sweep, then an account sweep)\n"
+       "                      or auto (replay when the archive can be read, else crawl);\n"
+       "                      default [crawl] source. Account backfills (--did) always crawl.\n\n"
        "exit: 0 completed, 1 failed, 2 usage or config, 3 state unavailable,\n"
        "      4 paused (on request, or with work left: see the stop reason) or cancelled\n",
        RunBackfill},
+      {"archive", "write Jetstream event files into a Jetstream v2 archive (.jss segments)",
+       "usage: atfill archive write CONFIG DIR FILE... [--rows-per-block N] [--segment-kb N]\n\n"
+       "Appends the events of the files (Jetstream v1 JSON lines, plain or zstd) to the archive\n"
+       "in DIR as sealed .jss segments (the format Jetstream v2 serves), after its newest\n"
+       "segment; a replay reads them back ([archive] dir, atfill backfill --source replay).\n"
+       "Commits become create/update/delete rows (records stored as DAG-CBOR), accounts and\n"
+       "identities markers. Bad lines are skipped and reported.\n"
+       "  --rows-per-block N  rows per zstd block (default 4096)\n"
+       "  --segment-kb N      seal a segment once it reaches N KiB (default 262144: 256 MiB)\n\n"
+       "exit: 0 written, 1 some lines skipped, 2 usage or config, 3 files unavailable\n",
+       RunArchive},
       {"run", "resume unfinished jobs, then keep the database current from a Jetstream",
        "usage: atfill run CONFIG [--backfill]\n\n"
        "Resumes, oldest first, every job that was interrupted (running or pausing when its\n"

@@ -1,0 +1,1176 @@
+#include "sources/jss.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#define XXH_STATIC_LINKING_ONLY  // XXH3_state_t on the stack
+#include <xxhash.h>
+#include <zstd.h>
+#include <zstd_errors.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+
+namespace atfill::jss {
+namespace {
+
+static_assert(std::endian::native == std::endian::little, "the .jss codec assumes little-endian");
+
+constexpr char kMagic[4] = {'j', 's', 's', '0'};
+constexpr size_t kCollectionIndexHeaderSize = 16;
+// Largest collection-index body accepted from a file (bytes).
+constexpr uint64_t kMaxCollectionIndexBytes = uint64_t{1} << 30;
+constexpr uint64_t kMaxBodyBytes = std::numeric_limits<uint32_t>::max();
+
+template <typename T>
+T Load(const uint8_t* p) {
+  T v;
+  std::memcpy(&v, p, sizeof(T));
+  return v;
+}
+
+template <typename T>
+void Store(uint8_t* p, T v) {
+  std::memcpy(p, &v, sizeof(T));
+}
+
+template <typename T>
+void Put(std::string* out, T v) {
+  char buf[sizeof(T)];
+  std::memcpy(buf, &v, sizeof(T));
+  out->append(buf, sizeof(T));
+}
+
+template <typename T>
+void AppendColumn(std::string* out, const std::vector<T>& column) {
+  out->append(reinterpret_cast<const char*>(column.data()), column.size() * sizeof(T));
+}
+
+std::string Hex64(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+std::string Errno(std::string_view what, const std::string& path) {
+  return std::string(what) + " " + path + ": " + std::strerror(errno);
+}
+
+// ---- zstd contexts, one of each per thread ----
+
+ZSTD_DCtx* ThreadDCtx() {
+  struct Holder {
+    ZSTD_DCtx* ctx = ZSTD_createDCtx();
+    ~Holder() { ZSTD_freeDCtx(ctx); }
+  };
+  thread_local Holder holder;
+  return holder.ctx;
+}
+
+ZSTD_CCtx* ThreadCCtx() {
+  struct Holder {
+    ZSTD_CCtx* ctx = ZSTD_createCCtx();
+    ~Holder() { ZSTD_freeCCtx(ctx); }
+  };
+  thread_local Holder holder;
+  return holder.ctx;
+}
+
+Status ZstdError(size_t code, size_t frame_size) {
+  if (ZSTD_getErrorCode(code) == ZSTD_error_checksum_wrong) {
+    return Status::Corrupt("zstd frame of " + std::to_string(frame_size) +
+                           " bytes: content checksum mismatch");
+  }
+  return Status::Corrupt("bad zstd frame of " + std::to_string(frame_size) +
+                         " bytes: " + ZSTD_getErrorName(code));
+}
+
+Status SizeMismatch(size_t frame_size, std::string_view got, uint64_t expected) {
+  return Status::Corrupt("zstd frame of " + std::to_string(frame_size) + " bytes decompresses to " +
+                         std::string(got) + " bytes, block index says " + std::to_string(expected) +
+                         " (size mismatch)");
+}
+
+Status OverCap(size_t frame_size, std::string_view got, uint64_t cap) {
+  return Status::OutOfRange("zstd frame of " + std::to_string(frame_size) +
+                            " bytes decompresses to " + std::string(got) +
+                            " bytes, over the cap of " + std::to_string(cap));
+}
+
+// ---- block bodies ----
+
+// Rows appended column by column; Finish() lays them out as a §4.4 body.
+class BlockBuilder {
+ public:
+  // Bytes one row adds to a body.
+  static uint64_t RowBytes(const Row& r) {
+    return 34 + r.collection.size() + r.did.size() + r.rkey.size() + r.rev.size() +
+           r.payload.size();
+  }
+
+  void Add(const Row& r) {
+    seq_.push_back(r.seq);
+    witnessed_.push_back(r.witnessed_at);
+    indexed_.push_back(r.indexed_at);
+    kind_.push_back(static_cast<uint8_t>(r.kind));
+    collection_len_.push_back(static_cast<uint8_t>(r.collection.size()));
+    did_len_.push_back(static_cast<uint16_t>(r.did.size()));
+    rkey_len_.push_back(static_cast<uint8_t>(r.rkey.size()));
+    rev_len_.push_back(static_cast<uint8_t>(r.rev.size()));
+    payload_len_.push_back(static_cast<uint32_t>(r.payload.size()));
+    collections_.append(r.collection);
+    dids_.append(r.did);
+    rkeys_.append(r.rkey);
+    revs_.append(r.rev);
+    payloads_.append(AsChars(r.payload));
+    body_size_ += RowBytes(r);
+  }
+
+  size_t rows() const { return seq_.size(); }
+  uint64_t body_size() const { return body_size_; }
+
+  std::string Finish() {
+    std::string out;
+    out.reserve(body_size_);
+    Put<uint32_t>(&out, static_cast<uint32_t>(seq_.size()));
+    AppendColumn(&out, seq_);
+    AppendColumn(&out, witnessed_);
+    AppendColumn(&out, indexed_);
+    AppendColumn(&out, kind_);
+    AppendColumn(&out, collection_len_);
+    AppendColumn(&out, did_len_);
+    AppendColumn(&out, rkey_len_);
+    AppendColumn(&out, rev_len_);
+    AppendColumn(&out, payload_len_);
+    out += collections_;
+    out += dids_;
+    out += rkeys_;
+    out += revs_;
+    out += payloads_;
+    *this = BlockBuilder();
+    return out;
+  }
+
+ private:
+  std::vector<uint64_t> seq_;
+  std::vector<int64_t> witnessed_, indexed_;
+  std::vector<uint8_t> kind_, collection_len_;
+  std::vector<uint16_t> did_len_;
+  std::vector<uint8_t> rkey_len_, rev_len_;
+  std::vector<uint32_t> payload_len_;
+  std::string collections_, dids_, rkeys_, revs_, payloads_;
+  uint64_t body_size_ = 4;
+};
+
+// ---- files ----
+
+Status WriteAll(int fd, const void* data, size_t size, const std::string& path) {
+  const auto* p = static_cast<const char*>(data);
+  while (size > 0) {
+    const ssize_t n = ::write(fd, p, size);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Status::IoError(Errno("writing", path));
+    }
+    p += n;
+    size -= static_cast<size_t>(n);
+  }
+  return Status::OK();
+}
+
+// Reads exactly `size` bytes at `offset`; a short file is Corrupt ("truncated").
+Status PreadAll(int fd, void* data, size_t size, uint64_t offset, const std::string& path) {
+  auto* p = static_cast<char*>(data);
+  while (size > 0) {
+    const ssize_t n = ::pread(fd, p, size, static_cast<off_t>(offset));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Status::IoError(Errno("reading", path));
+    }
+    if (n == 0) {
+      return Status::Corrupt(path + ": file ends at byte " + std::to_string(offset) +
+                             ", before the bytes its index names (truncated)");
+    }
+    p += n;
+    size -= static_cast<size_t>(n);
+    offset += static_cast<uint64_t>(n);
+  }
+  return Status::OK();
+}
+
+class Fd {
+ public:
+  Fd() = default;
+  explicit Fd(int fd) : fd_(fd) {}
+  Fd(Fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+  Fd& operator=(Fd&& o) noexcept {
+    if (this != &o) {
+      Close();
+      fd_ = std::exchange(o.fd_, -1);
+    }
+    return *this;
+  }
+  ~Fd() { Close(); }
+  int get() const { return fd_; }
+  int Close() {
+    const int rc = fd_ >= 0 ? ::close(fd_) : 0;
+    fd_ = -1;
+    return rc;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+struct DidHashHasher {
+  size_t operator()(const DidHash& h) const { return static_cast<size_t>(h.low ^ h.high); }
+};
+
+struct StringHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view s) const { return std::hash<std::string_view>()(s); }
+};
+
+}  // namespace
+
+std::string_view SentinelFor(Kind kind) {
+  switch (kind) {
+    case Kind::kAccount:
+      return kSentinelAccount;
+    case Kind::kIdentity:
+      return kSentinelIdentity;
+    case Kind::kSync:
+      return kSentinelSync;
+    default:
+      return {};
+  }
+}
+
+// ---- header ----
+
+Result<Header> ParseHeader(ByteView bytes, uint64_t file_size) {
+  if (file_size < kHeaderSize) {
+    return Status::Corrupt("file is " + std::to_string(file_size) +
+                           " bytes, shorter than the 256-byte header (truncated)");
+  }
+  if (bytes.size() < kHeaderSize) {
+    return Status::Corrupt("header is " + std::to_string(bytes.size()) + " bytes, want 256");
+  }
+  const uint8_t* p = bytes.data();
+  if (std::memcmp(p, kMagic, 4) != 0) {
+    return Status::Invalid("not a .jss segment: magic is not \"jss0\"");
+  }
+  Header h;
+  h.checksum = Load<uint64_t>(p + 4);
+  if (h.checksum == 0) {
+    return Status::Invalid("segment is not sealed (checksum 0: an active segment)");
+  }
+  h.version = Load<uint16_t>(p + 12);
+  if (h.version != kFormatVersion) {
+    return Status::Unsupported("segment format version " + std::to_string(h.version) +
+                               " (this reader knows 1)");
+  }
+  h.block_count = Load<uint32_t>(p + 14);
+  h.event_count = Load<uint32_t>(p + 18);
+  h.unique_did_count = Load<uint32_t>(p + 22);
+  h.min_seq = Load<uint64_t>(p + 26);
+  h.max_seq = Load<uint64_t>(p + 34);
+  h.min_witnessed_at = Load<int64_t>(p + 42);
+  h.max_witnessed_at = Load<int64_t>(p + 50);
+  h.footer_offset = Load<uint64_t>(p + 58);
+  h.did_bloom_offset = Load<uint64_t>(p + 66);
+  h.block_did_bloom_offset = Load<uint64_t>(p + 74);
+  h.collection_index_offset = Load<uint64_t>(p + 82);
+  h.block_index_offset = Load<uint64_t>(p + 90);
+  if (h.footer_offset < kHeaderSize) {
+    return Status::Corrupt("footer_offset " + std::to_string(h.footer_offset) +
+                           " is inside the 256-byte header");
+  }
+  if (h.block_index_offset != h.footer_offset) {
+    return Status::Corrupt("block_index_offset " + std::to_string(h.block_index_offset) +
+                           " differs from footer_offset " + std::to_string(h.footer_offset));
+  }
+  if (!(h.footer_offset <= h.did_bloom_offset && h.did_bloom_offset <= h.block_did_bloom_offset &&
+        h.block_did_bloom_offset <= h.collection_index_offset)) {
+    return Status::Corrupt("footer section offsets out of order (footer " +
+                           std::to_string(h.footer_offset) + ", did bloom " +
+                           std::to_string(h.did_bloom_offset) + ", block blooms " +
+                           std::to_string(h.block_did_bloom_offset) + ", collection index " +
+                           std::to_string(h.collection_index_offset) + ")");
+  }
+  if (h.collection_index_offset > file_size) {
+    return Status::Corrupt("file is " + std::to_string(file_size) +
+                           " bytes but its footer reaches byte " +
+                           std::to_string(h.collection_index_offset) + " (truncated)");
+  }
+  return h;
+}
+
+std::string SerializeHeader(const Header& h) {
+  std::string out(kHeaderSize, '\0');
+  auto* p = reinterpret_cast<uint8_t*>(out.data());
+  std::memcpy(p, kMagic, 4);
+  Store<uint64_t>(p + 4, h.checksum);
+  Store<uint16_t>(p + 12, h.version);
+  Store<uint32_t>(p + 14, h.block_count);
+  Store<uint32_t>(p + 18, h.event_count);
+  Store<uint32_t>(p + 22, h.unique_did_count);
+  Store<uint64_t>(p + 26, h.min_seq);
+  Store<uint64_t>(p + 34, h.max_seq);
+  Store<int64_t>(p + 42, h.min_witnessed_at);
+  Store<int64_t>(p + 50, h.max_witnessed_at);
+  Store<uint64_t>(p + 58, h.footer_offset);
+  Store<uint64_t>(p + 66, h.did_bloom_offset);
+  Store<uint64_t>(p + 74, h.block_did_bloom_offset);
+  Store<uint64_t>(p + 82, h.collection_index_offset);
+  Store<uint64_t>(p + 90, h.block_index_offset);
+  return out;
+}
+
+uint64_t SegmentChecksum(ByteView header, ByteView footer) {
+  XXH3_state_t state;
+  XXH3_64bits_reset(&state);
+  XXH3_64bits_update(&state, header.data() + 12, kHeaderSize - 12);
+  XXH3_64bits_update(&state, footer.data(), footer.size());
+  return XXH3_64bits_digest(&state);
+}
+
+// ---- rows and blocks ----
+
+Status ValidateRow(const Row& row) {
+  const auto kind = static_cast<uint8_t>(row.kind);
+  if (kind < 1 || kind > 7) {
+    return Status::Invalid("row seq " + std::to_string(row.seq) + ": kind " + std::to_string(kind) +
+                           " is outside 1..7");
+  }
+  auto too_long = [&](const char* field, size_t size, size_t max) {
+    return Status::Invalid("row seq " + std::to_string(row.seq) + ": " + field + " is " +
+                           std::to_string(size) + " bytes, over the format's " +
+                           std::to_string(max));
+  };
+  if (row.collection.size() > 255) return too_long("collection", row.collection.size(), 255);
+  if (row.did.size() > 65535) return too_long("did", row.did.size(), 65535);
+  if (row.rkey.size() > 255) return too_long("rkey", row.rkey.size(), 255);
+  if (row.rev.size() > 255) return too_long("rev", row.rev.size(), 255);
+  if (row.payload.size() > kMaxBodyBytes) {
+    return too_long("payload", row.payload.size(), kMaxBodyBytes);
+  }
+  return Status::OK();
+}
+
+Result<Block> Block::Parse(std::string body) {
+  const uint64_t size = body.size();
+  if (size < 4) {
+    return Status::Corrupt("block body is " + std::to_string(size) +
+                           " bytes, shorter than its 4-byte row count");
+  }
+  if (size > kMaxBodyBytes) {
+    return Status::OutOfRange("block body is " + std::to_string(size) + " bytes, over 4 GiB - 1");
+  }
+  const auto* p = reinterpret_cast<const uint8_t*>(body.data());
+  const uint32_t n = Load<uint32_t>(p);
+  if (n > kMaxBlockRows) {
+    return Status::Corrupt("block body claims " + std::to_string(n) + " rows, over the limit of " +
+                           std::to_string(kMaxBlockRows));
+  }
+  const uint64_t fixed = 4 + uint64_t{34} * n;
+  if (size < fixed) {
+    return Status::Corrupt("block body of " + std::to_string(n) + " rows is " +
+                           std::to_string(size) + " bytes, shorter than its " +
+                           std::to_string(fixed) + "-byte columns");
+  }
+  const uint8_t* kinds = p + 4 + 24 * size_t{n};
+  for (uint32_t i = 0; i < n; ++i) {
+    if (kinds[i] < 1 || kinds[i] > 7) {
+      return Status::Corrupt("block row " + std::to_string(i) + " has kind " +
+                             std::to_string(kinds[i]) + ", outside 1..7");
+    }
+  }
+  Block b;
+  b.starts_.resize(size_t{5} * n);
+  uint32_t* starts = b.starts_.data();
+  uint64_t off = fixed;
+  // Blob starts are prefix sums of each length column, column after column; a sum past the body
+  // is caught by the final size check (the u64 sum cannot overflow: n * 2^32 < 2^51).
+  const uint8_t* collection_len = p + 4 + 25 * size_t{n};
+  for (uint32_t i = 0; i < n; ++i) {
+    starts[5 * i] = static_cast<uint32_t>(off);
+    off += collection_len[i];
+  }
+  const uint8_t* did_len = p + 4 + 26 * size_t{n};
+  for (uint32_t i = 0; i < n; ++i) {
+    starts[5 * i + 1] = static_cast<uint32_t>(off);
+    off += Load<uint16_t>(did_len + 2 * i);
+  }
+  const uint8_t* rkey_len = p + 4 + 28 * size_t{n};
+  for (uint32_t i = 0; i < n; ++i) {
+    starts[5 * i + 2] = static_cast<uint32_t>(off);
+    off += rkey_len[i];
+  }
+  const uint8_t* rev_len = p + 4 + 29 * size_t{n};
+  for (uint32_t i = 0; i < n; ++i) {
+    starts[5 * i + 3] = static_cast<uint32_t>(off);
+    off += rev_len[i];
+  }
+  const uint8_t* payload_len = p + 4 + 30 * size_t{n};
+  for (uint32_t i = 0; i < n; ++i) {
+    starts[5 * i + 4] = static_cast<uint32_t>(off);
+    off += Load<uint32_t>(payload_len + 4 * i);
+  }
+  if (off != size) {
+    return Status::Corrupt("block body of " + std::to_string(n) + " rows is " +
+                           std::to_string(size) + " bytes but its columns describe " +
+                           std::to_string(off) +
+                           (off > size ? " (truncated)" : " (trailing bytes)"));
+  }
+  b.n_ = n;
+  b.body_ = std::move(body);
+  return b;
+}
+
+Row Block::row(size_t i) const {
+  const auto* p = reinterpret_cast<const uint8_t*>(body_.data());
+  const size_t n = n_;
+  const uint32_t* s = starts_.data() + 5 * i;
+  const char* d = body_.data();
+  Row r;
+  r.seq = Load<uint64_t>(p + 4 + 8 * i);
+  r.witnessed_at = Load<int64_t>(p + 4 + 8 * n + 8 * i);
+  r.indexed_at = Load<int64_t>(p + 4 + 16 * n + 8 * i);
+  r.kind = static_cast<Kind>(p[4 + 24 * n + i]);
+  r.collection = {d + s[0], p[4 + 25 * n + i]};
+  r.did = {d + s[1], Load<uint16_t>(p + 4 + 26 * n + 2 * i)};
+  r.rkey = {d + s[2], p[4 + 28 * n + i]};
+  r.rev = {d + s[3], p[4 + 29 * n + i]};
+  r.payload = {p + s[4], Load<uint32_t>(p + 4 + 30 * n + 4 * i)};
+  return r;
+}
+
+Result<std::string> DecompressFrame(ByteView frame, uint32_t expected_size, uint64_t cap) {
+  const size_t size = frame.size();
+  if (size == 0) return Status::Corrupt("bad zstd frame: 0 bytes");
+  const size_t frame_size = ZSTD_findFrameCompressedSize(frame.data(), size);
+  if (ZSTD_isError(frame_size)) return ZstdError(frame_size, size);
+  if (frame_size != size) {
+    return Status::Corrupt("bad zstd frame: " + std::to_string(size - frame_size) +
+                           " bytes follow the " + std::to_string(frame_size) + "-byte frame");
+  }
+  ZSTD_DCtx* ctx = ThreadDCtx();
+  if (ctx == nullptr)
+    return Status::ResourceExhausted("cannot create a zstd decompression context");
+  ZSTD_DCtx_reset(ctx, ZSTD_reset_session_only);
+
+  const unsigned long long content = ZSTD_getFrameContentSize(frame.data(), size);
+  if (content == ZSTD_CONTENTSIZE_ERROR) {
+    return Status::Corrupt("bad zstd frame of " + std::to_string(size) + " bytes: bad header");
+  }
+  std::string out;
+  if (content != ZSTD_CONTENTSIZE_UNKNOWN || expected_size != 0) {
+    // One-shot into a buffer of the known size.
+    const uint64_t want = content != ZSTD_CONTENTSIZE_UNKNOWN ? content : expected_size;
+    if (want > cap) return OverCap(size, std::to_string(want), cap);
+    if (expected_size != 0 && want != expected_size) {
+      return SizeMismatch(size, std::to_string(want), expected_size);
+    }
+    out.resize(want);
+    const size_t r = ZSTD_decompressDCtx(ctx, out.data(), out.size(), frame.data(), size);
+    if (ZSTD_isError(r)) {
+      if (ZSTD_getErrorCode(r) == ZSTD_error_dstSize_tooSmall) {
+        return SizeMismatch(size, "more than " + std::to_string(want), want);
+      }
+      return ZstdError(r, size);
+    }
+    if (r != want) return SizeMismatch(size, std::to_string(r), want);
+    return out;
+  }
+  // Size unknown: stream into a growing buffer, one byte past the cap to detect going over it.
+  const uint64_t limit = cap < std::numeric_limits<uint64_t>::max() ? cap + 1 : cap;
+  out.resize(static_cast<size_t>(std::min<uint64_t>(limit, std::max<uint64_t>(4 * size, 1 << 16))));
+  ZSTD_inBuffer in{frame.data(), size, 0};
+  size_t pos = 0;
+  for (;;) {
+    ZSTD_outBuffer ob{out.data() + pos, out.size() - pos, 0};
+    const size_t r = ZSTD_decompressStream(ctx, &ob, &in);
+    if (ZSTD_isError(r)) return ZstdError(r, size);
+    pos += ob.pos;
+    if (pos > cap) return OverCap(size, "more than " + std::to_string(cap), cap);
+    if (r == 0) break;
+    if (pos == out.size()) {
+      if (out.size() >= limit) return OverCap(size, "more than " + std::to_string(cap), cap);
+      out.resize(static_cast<size_t>(std::min<uint64_t>(limit, 2 * uint64_t{out.size()})));
+    } else if (in.pos == in.size) {
+      return Status::Corrupt("bad zstd frame of " + std::to_string(size) + " bytes: truncated");
+    }
+  }
+  out.resize(pos);
+  return out;
+}
+
+std::string SerializeBlockBody(std::span<const Row> rows) {
+  BlockBuilder builder;
+  for (const Row& r : rows) {
+    if (!ValidateRow(r).ok()) return {};
+    if (builder.body_size() + BlockBuilder::RowBytes(r) > kMaxBodyBytes) return {};
+    builder.Add(r);
+  }
+  return builder.Finish();
+}
+
+std::string CompressFrame(std::string_view body, int zstd_level) {
+  ZSTD_CCtx* ctx = ThreadCCtx();
+  if (ctx == nullptr) return {};
+  ZSTD_CCtx_reset(ctx, ZSTD_reset_session_and_parameters);
+  if (ZSTD_isError(ZSTD_CCtx_setParameter(ctx, ZSTD_c_compressionLevel, zstd_level)) ||
+      ZSTD_isError(ZSTD_CCtx_setParameter(ctx, ZSTD_c_checksumFlag, 1)) ||
+      ZSTD_isError(ZSTD_CCtx_setParameter(ctx, ZSTD_c_contentSizeFlag, 1))) {
+    return {};
+  }
+  std::string out(ZSTD_compressBound(body.size()), '\0');
+  const size_t r = ZSTD_compress2(ctx, out.data(), out.size(), body.data(), body.size());
+  if (ZSTD_isError(r)) return {};
+  out.resize(r);
+  return out;
+}
+
+std::string EncodeBlockBody(std::span<const Row> rows) {
+  const std::string body = SerializeBlockBody(rows);
+  if (body.empty()) return {};
+  return CompressFrame(body);
+}
+
+// ---- footer ----
+
+bool Footer::BlockHasCollection(size_t block, size_t id) const {
+  if (block >= masks.size() || id >= collections.size()) return false;
+  const std::string& mask = masks[block];
+  if (id / 8 >= mask.size()) return false;
+  return (static_cast<uint8_t>(mask[id / 8]) >> (id % 8) & 1) != 0;
+}
+
+std::vector<size_t> Footer::CollectionIds(std::span<const std::string> patterns) const {
+  std::vector<size_t> ids;
+  for (size_t id = 0; id < collections.size(); ++id) {
+    const std::string_view name = collections[id].name;
+    if (name.starts_with('$')) continue;
+    for (const std::string& pattern : patterns) {
+      const bool match =
+          pattern.ends_with(".*")
+              ? name.starts_with(std::string_view(pattern).substr(0, pattern.size() - 1))
+              : name == pattern;
+      if (match) {
+        ids.push_back(id);
+        break;
+      }
+    }
+  }
+  return ids;
+}
+
+std::optional<size_t> Footer::CollectionId(std::string_view name) const {
+  for (size_t id = 0; id < collections.size(); ++id) {
+    if (collections[id].name == name) return id;
+  }
+  return std::nullopt;
+}
+
+Result<Footer> ParseFooter(const Header& h, ByteView footer) {
+  const uint64_t base = h.footer_offset;
+  if (h.collection_index_offset - base > footer.size()) {
+    return Status::Corrupt(
+        "footer is " + std::to_string(footer.size()) + " bytes but its collection index starts " +
+        std::to_string(h.collection_index_offset - base) + " bytes in (truncated)");
+  }
+  auto region = [&](uint64_t from, uint64_t to) {
+    return footer.subspan(static_cast<size_t>(from - base), static_cast<size_t>(to - from));
+  };
+  Footer f;
+
+  // 1. Block index.
+  const ByteView index = region(h.block_index_offset, h.did_bloom_offset);
+  if (index.size() != uint64_t{h.block_count} * kBlockIndexEntrySize) {
+    return Status::Corrupt("block index is " + std::to_string(index.size()) + " bytes, want " +
+                           std::to_string(h.block_count) + " x 52");
+  }
+  f.blocks.resize(h.block_count);
+  uint64_t prev_end = kHeaderSize;
+  for (uint32_t i = 0; i < h.block_count; ++i) {
+    const uint8_t* e = index.data() + i * kBlockIndexEntrySize;
+    BlockInfo& b = f.blocks[i];
+    b.offset = Load<uint64_t>(e);
+    b.compressed_size = Load<uint32_t>(e + 8);
+    b.uncompressed_size = Load<uint32_t>(e + 12);
+    b.event_count = Load<uint32_t>(e + 16);
+    b.min_seq = Load<uint64_t>(e + 20);
+    b.max_seq = Load<uint64_t>(e + 28);
+    b.min_witnessed_at = Load<int64_t>(e + 36);
+    b.max_witnessed_at = Load<int64_t>(e + 44);
+    const std::string which = "block index entry " + std::to_string(i);
+    if (b.offset < prev_end || b.offset > h.footer_offset ||
+        uint64_t{b.compressed_size} + 8 > h.footer_offset - b.offset) {
+      return Status::Corrupt(which + ": frame at " + std::to_string(b.offset) + " of " +
+                             std::to_string(b.compressed_size) + " bytes is outside [" +
+                             std::to_string(prev_end) + ", " + std::to_string(h.footer_offset) +
+                             ")");
+    }
+    if (b.max_seq < b.min_seq) {
+      return Status::Corrupt(which + ": max_seq " + std::to_string(b.max_seq) + " < min_seq " +
+                             std::to_string(b.min_seq));
+    }
+    if (b.event_count > kMaxBlockRows) {
+      return Status::Corrupt(which + ": " + std::to_string(b.event_count) + " rows, over " +
+                             std::to_string(kMaxBlockRows));
+    }
+    prev_end = b.offset + 8 + b.compressed_size;
+  }
+
+  // 2. Segment DID bloom (a zero-length region leaves a filter that filters nothing).
+  const ByteView did_bloom = region(h.did_bloom_offset, h.block_did_bloom_offset);
+  if (!did_bloom.empty()) {
+    auto bloom = Bloom::Parse(did_bloom);
+    if (!bloom.ok()) return bloom.status().WithContext("segment DID bloom");
+    f.did_bloom = std::move(bloom).value();
+  }
+
+  // 3. Per-block DID blooms.
+  const ByteView blooms = region(h.block_did_bloom_offset, h.collection_index_offset);
+  if (blooms.size() < 8) {
+    return Status::Corrupt("per-block bloom region is " + std::to_string(blooms.size()) +
+                           " bytes, shorter than its 8-byte header");
+  }
+  const uint32_t bloom_count = Load<uint32_t>(blooms.data());
+  const uint32_t bloom_size = Load<uint32_t>(blooms.data() + 4);
+  if (bloom_count != h.block_count) {
+    return Status::Corrupt("per-block bloom region holds " + std::to_string(bloom_count) +
+                           " filters for " + std::to_string(h.block_count) + " blocks");
+  }
+  if (blooms.size() != 8 + uint64_t{bloom_count} * bloom_size) {
+    return Status::Corrupt("per-block bloom region is " + std::to_string(blooms.size()) +
+                           " bytes, want 8 + " + std::to_string(bloom_count) + " x " +
+                           std::to_string(bloom_size));
+  }
+  f.block_blooms.reserve(bloom_count);
+  for (uint32_t i = 0; i < bloom_count; ++i) {
+    auto bloom = Bloom::Parse(blooms.subspan(8 + size_t{i} * bloom_size, bloom_size));
+    if (!bloom.ok()) return bloom.status().WithContext("block " + std::to_string(i) + " DID bloom");
+    f.block_blooms.push_back(std::move(bloom).value());
+  }
+
+  // 4. Collection block index: to EOF.
+  const ByteView ci = footer.subspan(static_cast<size_t>(h.collection_index_offset - base));
+  if (ci.size() < kCollectionIndexHeaderSize) {
+    return Status::Corrupt("collection index is " + std::to_string(ci.size()) +
+                           " bytes, shorter than its 16-byte header (truncated)");
+  }
+  const uint32_t collection_count = Load<uint32_t>(ci.data());
+  const uint32_t ci_blocks = Load<uint32_t>(ci.data() + 4);
+  const uint32_t bitmask_len = Load<uint32_t>(ci.data() + 8);
+  const uint32_t body_size = Load<uint32_t>(ci.data() + 12);
+  if (ci_blocks != h.block_count) {
+    return Status::Corrupt("collection index covers " + std::to_string(ci_blocks) +
+                           " blocks, header says " + std::to_string(h.block_count));
+  }
+  if (bitmask_len != (uint64_t{collection_count} + 7) / 8) {
+    return Status::Corrupt("collection index bitmask_len " + std::to_string(bitmask_len) +
+                           " does not fit " + std::to_string(collection_count) + " collections");
+  }
+  auto body =
+      DecompressFrame(ci.subspan(kCollectionIndexHeaderSize), body_size, kMaxCollectionIndexBytes);
+  if (!body.ok()) return body.status().WithContext("collection index");
+  if (body->size() != body_size) {
+    return Status::Corrupt("collection index decompresses to " + std::to_string(body->size()) +
+                           " bytes, header says " + std::to_string(body_size));
+  }
+  const auto* p = reinterpret_cast<const uint8_t*>(body->data());
+  const size_t end = body->size();
+  size_t off = 0;
+  f.collections.reserve(std::min<size_t>(collection_count, end / 5));
+  for (uint32_t i = 0; i < collection_count; ++i) {
+    if (end - off < 5 || end - off - 5 < p[off]) {
+      return Status::Corrupt("collection index entry " + std::to_string(i) + " is truncated");
+    }
+    const size_t len = p[off];
+    Collection c;
+    c.count = Load<uint32_t>(p + off + 1);
+    c.name.assign(reinterpret_cast<const char*>(p + off + 5), len);
+    f.collections.push_back(std::move(c));
+    off += 5 + len;
+  }
+  if (end - off != uint64_t{ci_blocks} * bitmask_len) {
+    return Status::Corrupt("collection index has " + std::to_string(end - off) +
+                           " bytes of block masks, want " + std::to_string(ci_blocks) + " x " +
+                           std::to_string(bitmask_len));
+  }
+  const unsigned spare_bits = collection_count % 8;
+  const uint8_t spare_mask = spare_bits == 0 ? 0 : static_cast<uint8_t>(0xFF << spare_bits);
+  f.masks.reserve(ci_blocks);
+  for (uint32_t b = 0; b < ci_blocks; ++b) {
+    const char* m = body->data() + off + size_t{b} * bitmask_len;
+    if (bitmask_len > 0 && (static_cast<uint8_t>(m[bitmask_len - 1]) & spare_mask) != 0) {
+      return Status::Corrupt("collection mask of block " + std::to_string(b) +
+                             " sets an id past the " + std::to_string(collection_count) +
+                             "-entry table");
+    }
+    f.masks.emplace_back(m, bitmask_len);
+  }
+  return f;
+}
+
+// ---- reader ----
+
+struct SegmentReader::Impl {
+  std::string path;
+  Fd fd;              // the file, or -1 when reading `bytes`
+  std::string bytes;  // the whole segment (OpenBytes)
+  Header header;
+  Footer footer;
+};
+
+SegmentReader::SegmentReader(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+SegmentReader::SegmentReader(SegmentReader&&) noexcept = default;
+SegmentReader& SegmentReader::operator=(SegmentReader&&) noexcept = default;
+SegmentReader::~SegmentReader() = default;
+
+namespace {
+
+// Validates the header and footer of a segment whose first 256 bytes are `head` and whose bytes
+// from the footer offset on are produced by `read_footer`.
+template <typename ReadFooter>
+Status LoadSegment(ByteView head, uint64_t file_size, const std::string& name,
+                   ReadFooter read_footer, Header* header, Footer* footer) {
+  auto h = ParseHeader(head, file_size);
+  if (!h.ok()) return h.status().WithContext(name);
+  std::string tail;
+  ATFILL_RETURN_IF_ERROR(read_footer(*h, &tail));
+  const ByteView footer_bytes = AsBytes(tail);
+  const uint64_t sum = SegmentChecksum(head, footer_bytes);
+  if (sum != h->checksum) {
+    return Status::Corrupt(name + ": checksum mismatch (header says " + Hex64(h->checksum) +
+                           ", header and footer hash to " + Hex64(sum) + ")");
+  }
+  auto f = ParseFooter(*h, footer_bytes);
+  if (!f.ok()) return f.status().WithContext(name);
+  *header = *h;
+  *footer = std::move(f).value();
+  return Status::OK();
+}
+
+}  // namespace
+
+Result<SegmentReader> SegmentReader::Open(const std::string& path) {
+  auto impl = std::make_unique<Impl>();
+  impl->path = path;
+  impl->fd = Fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (impl->fd.get() < 0) return Status::IoError(Errno("cannot open", path));
+  struct stat st {};
+  if (::fstat(impl->fd.get(), &st) != 0) return Status::IoError(Errno("cannot stat", path));
+  const auto file_size = static_cast<uint64_t>(st.st_size);
+  if (file_size < kHeaderSize) {
+    return Status::Corrupt(path + ": file is " + std::to_string(file_size) +
+                           " bytes, shorter than the 256-byte header (truncated)");
+  }
+  uint8_t head[kHeaderSize];
+  ATFILL_RETURN_IF_ERROR(PreadAll(impl->fd.get(), head, kHeaderSize, 0, path));
+  const int fd = impl->fd.get();
+  auto read_footer = [&](const Header& h, std::string* out) {
+    out->resize(file_size - h.footer_offset);
+    return PreadAll(fd, out->data(), out->size(), h.footer_offset, path);
+  };
+  ATFILL_RETURN_IF_ERROR(LoadSegment(ByteView(head, kHeaderSize), file_size, path, read_footer,
+                                     &impl->header, &impl->footer));
+  return SegmentReader(std::move(impl));
+}
+
+Result<SegmentReader> SegmentReader::OpenBytes(std::string bytes, std::string name) {
+  auto impl = std::make_unique<Impl>();
+  impl->path = std::move(name);
+  impl->bytes = std::move(bytes);
+  const ByteView all = AsBytes(impl->bytes);
+  if (all.size() < kHeaderSize) {
+    return Status::Corrupt(impl->path + ": segment is " + std::to_string(all.size()) +
+                           " bytes, shorter than the 256-byte header (truncated)");
+  }
+  auto read_footer = [&](const Header& h, std::string* out) {
+    out->assign(impl->bytes, static_cast<size_t>(h.footer_offset));
+    return Status::OK();
+  };
+  ATFILL_RETURN_IF_ERROR(LoadSegment(all.first(kHeaderSize), all.size(), impl->path, read_footer,
+                                     &impl->header, &impl->footer));
+  return SegmentReader(std::move(impl));
+}
+
+const Header& SegmentReader::header() const { return impl_->header; }
+const Footer& SegmentReader::footer() const { return impl_->footer; }
+const std::string& SegmentReader::path() const { return impl_->path; }
+
+Result<std::string> SegmentReader::ReadFrame(size_t block) const {
+  const auto& blocks = impl_->footer.blocks;
+  if (block >= blocks.size()) {
+    return Status::NotFound(impl_->path + ": block " + std::to_string(block) + " of " +
+                            std::to_string(blocks.size()));
+  }
+  const BlockInfo& b = blocks[block];
+  std::string frame(b.compressed_size, '\0');
+  uint64_t prefix = 0;
+  if (impl_->fd.get() >= 0) {
+    ATFILL_RETURN_IF_ERROR(PreadAll(impl_->fd.get(), &prefix, 8, b.offset, impl_->path));
+    ATFILL_RETURN_IF_ERROR(
+        PreadAll(impl_->fd.get(), frame.data(), frame.size(), b.offset + 8, impl_->path));
+  } else {
+    // ParseFooter checked the frame lies inside the block region.
+    std::memcpy(&prefix, impl_->bytes.data() + b.offset, 8);
+    std::memcpy(frame.data(), impl_->bytes.data() + b.offset + 8, frame.size());
+  }
+  if (prefix != b.compressed_size) {
+    return Status::Corrupt(impl_->path + ": block " + std::to_string(block) + " length prefix is " +
+                           std::to_string(prefix) + ", block index says " +
+                           std::to_string(b.compressed_size));
+  }
+  return frame;
+}
+
+Result<Block> SegmentReader::ReadBlock(size_t block, uint64_t cap) const {
+  auto frame = ReadFrame(block);
+  if (!frame.ok()) return frame.status();
+  const BlockInfo& b = impl_->footer.blocks[block];
+  const std::string where = impl_->path + ": block " + std::to_string(block);
+  auto body = DecompressFrame(AsBytes(*frame), b.uncompressed_size, cap);
+  if (!body.ok()) return body.status().WithContext(where);
+  auto parsed = Block::Parse(std::move(body).value());
+  if (!parsed.ok()) return parsed.status().WithContext(where);
+  if (parsed->size() != b.event_count) {
+    return Status::Corrupt(where + " holds " + std::to_string(parsed->size()) +
+                           " rows, block index says " + std::to_string(b.event_count));
+  }
+  return parsed;
+}
+
+// ---- writer ----
+
+Status SegmentWriterOptions::Validate() const {
+  if (rows_per_block < 1 || rows_per_block > kMaxBlockRows) {
+    return Status::Invalid("rows_per_block " + std::to_string(rows_per_block) + " is outside 1.." +
+                           std::to_string(kMaxBlockRows));
+  }
+  if (zstd_level < ZSTD_minCLevel() || zstd_level > ZSTD_maxCLevel()) {
+    return Status::Invalid("zstd_level " + std::to_string(zstd_level) + " is outside " +
+                           std::to_string(ZSTD_minCLevel()) + ".." +
+                           std::to_string(ZSTD_maxCLevel()));
+  }
+  if (max_block_bytes < 1024 || max_block_bytes > kMaxBodyBytes) {
+    return Status::Invalid("max_block_bytes " + std::to_string(max_block_bytes) +
+                           " is outside 1 KiB..4 GiB - 1");
+  }
+  return Status::OK();
+}
+
+struct SegmentWriter::Impl {
+  std::string path;
+  std::string tmp_path;
+  SegmentWriterOptions options;
+  Fd fd;
+  bool sealed = false;
+  Status error;  // the first I/O error; every later call returns it
+  uint64_t rows = 0;
+  uint64_t bytes_written = 0;
+
+  // The block being filled.
+  BlockBuilder pending;
+  BlockInfo pending_info;
+  std::unordered_set<DidHash, DidHashHasher> pending_dids;
+  std::vector<uint32_t> pending_collections;
+
+  // Written blocks.
+  std::vector<BlockInfo> blocks;
+  std::vector<std::vector<DidHash>> block_dids;
+  std::vector<std::vector<uint32_t>> block_collections;
+
+  // The whole segment.
+  std::unordered_set<DidHash, DidHashHasher> dids;
+  std::vector<Collection> collections;
+  std::unordered_map<std::string, uint32_t, StringHash, std::equal_to<>> collection_ids;
+  std::vector<uint64_t> marked_in_block;  // per collection id: 1 + the block that last set it
+  uint64_t last_seq = 0;
+  int64_t min_witnessed_at = 0, max_witnessed_at = 0;
+
+  ~Impl() {
+    if (!sealed && fd.get() >= 0) {
+      fd.Close();
+      ::unlink(tmp_path.c_str());
+    }
+  }
+
+  // Remembers the first error; returns `status` unchanged.
+  Status Track(Status status) {
+    if (!status.ok() && error.ok()) error = status;
+    return status;
+  }
+
+  void MarkCollection(std::string_view name, bool count) {
+    auto it = collection_ids.find(name);
+    uint32_t id;
+    if (it == collection_ids.end()) {
+      id = static_cast<uint32_t>(collections.size());
+      collections.push_back({std::string(name), 0});
+      collection_ids.emplace(std::string(name), id);
+      marked_in_block.push_back(0);
+    } else {
+      id = it->second;
+    }
+    if (count) ++collections[id].count;
+    if (marked_in_block[id] != blocks.size() + 1) {
+      marked_in_block[id] = blocks.size() + 1;
+      pending_collections.push_back(id);
+    }
+  }
+
+  Status FlushBlock() {
+    if (pending.rows() == 0) return Status::OK();
+    const uint32_t n = static_cast<uint32_t>(pending.rows());
+    const std::string body = pending.Finish();
+    const std::string frame = CompressFrame(body, options.zstd_level);
+    if (frame.empty() || frame.size() > kMaxBodyBytes) {
+      return Track(
+          Status::Internal(tmp_path + ": cannot compress block " + std::to_string(blocks.size())));
+    }
+    const uint64_t prefix = frame.size();
+    ATFILL_RETURN_IF_ERROR(Track(WriteAll(fd.get(), &prefix, 8, tmp_path)));
+    ATFILL_RETURN_IF_ERROR(Track(WriteAll(fd.get(), frame.data(), frame.size(), tmp_path)));
+    pending_info.offset = bytes_written;
+    pending_info.compressed_size = static_cast<uint32_t>(frame.size());
+    pending_info.uncompressed_size = static_cast<uint32_t>(body.size());
+    pending_info.event_count = n;
+    bytes_written += 8 + frame.size();
+    blocks.push_back(pending_info);
+    block_dids.emplace_back(pending_dids.begin(), pending_dids.end());
+    pending_dids.clear();
+    block_collections.push_back(std::move(pending_collections));
+    pending_collections.clear();
+    pending_info = BlockInfo();
+    return Status::OK();
+  }
+
+  std::string BuildFooter(Header* h) {
+    std::string footer;
+    h->footer_offset = h->block_index_offset = bytes_written;
+    for (const BlockInfo& b : blocks) {
+      Put<uint64_t>(&footer, b.offset);
+      Put<uint32_t>(&footer, b.compressed_size);
+      Put<uint32_t>(&footer, b.uncompressed_size);
+      Put<uint32_t>(&footer, b.event_count);
+      Put<uint64_t>(&footer, b.min_seq);
+      Put<uint64_t>(&footer, b.max_seq);
+      Put<int64_t>(&footer, b.min_witnessed_at);
+      Put<int64_t>(&footer, b.max_witnessed_at);
+    }
+
+    h->did_bloom_offset = bytes_written + footer.size();
+    Bloom segment_bloom = Bloom::ForCount(std::max<uint64_t>(1, dids.size()));
+    for (const DidHash& d : dids) segment_bloom.Add(d);
+    segment_bloom.AppendTo(&footer);
+
+    h->block_did_bloom_offset = bytes_written + footer.size();
+    size_t widest = 1;
+    for (const auto& d : block_dids) widest = std::max(widest, d.size());
+    const Bloom::Params params = Bloom::SizeFor(widest);
+    Put<uint32_t>(&footer, static_cast<uint32_t>(blocks.size()));
+    Put<uint32_t>(&footer, blocks.empty()
+                               ? 0
+                               : static_cast<uint32_t>(Bloom::SerializedSize(params.num_blocks)));
+    for (const auto& block : block_dids) {
+      Bloom bloom = std::move(Bloom::Make(params.num_blocks, params.k)).value();
+      for (const DidHash& d : block) bloom.Add(d);
+      bloom.AppendTo(&footer);
+    }
+
+    h->collection_index_offset = bytes_written + footer.size();
+    const size_t bitmask_len = (collections.size() + 7) / 8;
+    std::string body;
+    for (const Collection& c : collections) {
+      body.push_back(static_cast<char>(c.name.size()));
+      Put<uint32_t>(&body, c.count);
+      body += c.name;
+    }
+    for (const auto& ids : block_collections) {
+      std::string mask(bitmask_len, '\0');
+      for (uint32_t id : ids) mask[id / 8] = static_cast<char>(mask[id / 8] | (1 << (id % 8)));
+      body += mask;
+    }
+    Put<uint32_t>(&footer, static_cast<uint32_t>(collections.size()));
+    Put<uint32_t>(&footer, static_cast<uint32_t>(blocks.size()));
+    Put<uint32_t>(&footer, static_cast<uint32_t>(bitmask_len));
+    Put<uint32_t>(&footer, static_cast<uint32_t>(body.size()));
+    footer += CompressFrame(body, options.zstd_level);
+
+    h->version = kFormatVersion;
+    h->block_count = static_cast<uint32_t>(blocks.size());
+    h->event_count = static_cast<uint32_t>(rows);
+    h->unique_did_count = static_cast<uint32_t>(dids.size());
+    if (!blocks.empty()) {
+      h->min_seq = blocks.front().min_seq;
+      h->max_seq = blocks.back().max_seq;
+      h->min_witnessed_at = min_witnessed_at;
+      h->max_witnessed_at = max_witnessed_at;
+    }
+    return footer;
+  }
+};
+
+SegmentWriter::SegmentWriter(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+SegmentWriter::SegmentWriter(SegmentWriter&&) noexcept = default;
+SegmentWriter& SegmentWriter::operator=(SegmentWriter&&) noexcept = default;
+SegmentWriter::~SegmentWriter() = default;
+
+Result<SegmentWriter> SegmentWriter::Create(const std::string& path, SegmentWriterOptions options) {
+  ATFILL_RETURN_IF_ERROR(options.Validate());
+  auto impl = std::make_unique<Impl>();
+  impl->path = path;
+  impl->tmp_path = path + ".tmp";
+  impl->options = options;
+  impl->fd = Fd(::open(impl->tmp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  if (impl->fd.get() < 0) return Status::IoError(Errno("cannot create", impl->tmp_path));
+  std::string head(kHeaderSize, '\0');
+  std::memcpy(head.data(), kMagic, 4);
+  ATFILL_RETURN_IF_ERROR(WriteAll(impl->fd.get(), head.data(), head.size(), impl->tmp_path));
+  impl->bytes_written = kHeaderSize;
+  return SegmentWriter(std::move(impl));
+}
+
+Status SegmentWriter::Append(const Row& row) {
+  Impl& w = *impl_;
+  if (w.sealed) return Status::Invalid(w.path + ": segment already sealed");
+  if (!w.error.ok()) return w.error;
+  ATFILL_RETURN_IF_ERROR(ValidateRow(row));
+  if (w.rows > 0 && row.seq <= w.last_seq) {
+    return Status::Invalid(w.path + ": row seq " + std::to_string(row.seq) +
+                           " does not follow seq " + std::to_string(w.last_seq));
+  }
+  if (row.collection.starts_with('$')) {
+    return Status::Invalid(w.path + ": row seq " + std::to_string(row.seq) + ": collection \"" +
+                           std::string(row.collection) + "\" is reserved for sentinels");
+  }
+  if (w.rows >= std::numeric_limits<uint32_t>::max()) {
+    return Status::OutOfRange(w.path + ": a segment holds at most 2^32 - 1 rows");
+  }
+  const uint64_t row_bytes = BlockBuilder::RowBytes(row);
+  if (4 + row_bytes > kMaxBodyBytes) {
+    return Status::OutOfRange(w.path + ": row seq " + std::to_string(row.seq) + " is " +
+                              std::to_string(row_bytes) + " bytes, too large for a block");
+  }
+  if (w.pending.rows() > 0 && w.pending.body_size() + row_bytes > w.options.max_block_bytes) {
+    ATFILL_RETURN_IF_ERROR(w.FlushBlock());
+  }
+
+  BlockInfo& b = w.pending_info;
+  if (w.pending.rows() == 0) {
+    b.min_seq = row.seq;
+    b.min_witnessed_at = b.max_witnessed_at = row.witnessed_at;
+  }
+  b.max_seq = row.seq;
+  b.min_witnessed_at = std::min(b.min_witnessed_at, row.witnessed_at);
+  b.max_witnessed_at = std::max(b.max_witnessed_at, row.witnessed_at);
+  if (w.rows == 0) w.min_witnessed_at = w.max_witnessed_at = row.witnessed_at;
+  w.min_witnessed_at = std::min(w.min_witnessed_at, row.witnessed_at);
+  w.max_witnessed_at = std::max(w.max_witnessed_at, row.witnessed_at);
+
+  if (!row.did.empty()) {
+    const DidHash h = HashDid(row.did);
+    w.pending_dids.insert(h);
+    w.dids.insert(h);
+  }
+  // The real collection is interned before the sentinel (§4.5).
+  if (!row.collection.empty()) w.MarkCollection(row.collection, true);
+  if (const std::string_view s = SentinelFor(row.kind); !s.empty()) w.MarkCollection(s, false);
+
+  w.pending.Add(row);
+  w.last_seq = row.seq;
+  ++w.rows;
+  if (w.pending.rows() >= w.options.rows_per_block) return w.FlushBlock();
+  return Status::OK();
+}
+
+Status SegmentWriter::Seal() {
+  Impl& w = *impl_;
+  if (w.sealed) return Status::Invalid(w.path + ": segment already sealed");
+  if (!w.error.ok()) return w.error;
+  ATFILL_RETURN_IF_ERROR(w.FlushBlock());
+  Header h;
+  const std::string footer = w.BuildFooter(&h);
+  h.checksum = SegmentChecksum(AsBytes(SerializeHeader(h)), AsBytes(footer));
+  // A zero checksum would mark the file active; XXH3 gives it with probability 2^-64.
+  if (h.checksum == 0) return w.Track(Status::Internal(w.tmp_path + ": checksum is 0"));
+  const std::string head = SerializeHeader(h);
+  ATFILL_RETURN_IF_ERROR(w.Track(WriteAll(w.fd.get(), footer.data(), footer.size(), w.tmp_path)));
+  if (::pwrite(w.fd.get(), head.data(), head.size(), 0) != static_cast<ssize_t>(head.size())) {
+    return w.Track(Status::IoError(Errno("writing the header of", w.tmp_path)));
+  }
+  if (::fsync(w.fd.get()) != 0) return w.Track(Status::IoError(Errno("fsync", w.tmp_path)));
+  if (w.fd.Close() != 0) return w.Track(Status::IoError(Errno("closing", w.tmp_path)));
+  if (::rename(w.tmp_path.c_str(), w.path.c_str()) != 0) {
+    const Status st = Status::IoError(Errno("renaming to " + w.path + ":", w.tmp_path));
+    ::unlink(w.tmp_path.c_str());
+    return w.Track(st);
+  }
+  w.sealed = true;
+  w.bytes_written += footer.size();
+  // Make the rename durable.
+  std::string dir = std::filesystem::path(w.path).parent_path().string();
+  if (dir.empty()) dir = ".";
+  Fd dfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (dfd.get() < 0 || ::fsync(dfd.get()) != 0) {
+    return Status::IoError(Errno("fsync of the directory", dir));
+  }
+  return Status::OK();
+}
+
+uint64_t SegmentWriter::rows() const { return impl_->rows; }
+uint64_t SegmentWriter::bytes_written() const { return impl_->bytes_written; }
+
+// ---- names ----
+
+std::string SegmentName(uint64_t index) {
+  static constexpr char kDigits[] = "0123456789abcdefghijklmnopqrstuvwxyz";
+  std::string digits;
+  do {
+    digits.push_back(kDigits[index % 36]);
+    index /= 36;
+  } while (index > 0);
+  while (digits.size() < 10) digits.push_back('0');
+  std::reverse(digits.begin(), digits.end());
+  return "seg_" + digits + ".jss";
+}
+
+Result<uint64_t> ParseSegmentName(std::string_view name) {
+  auto bad = [&](const char* why) {
+    return Status::Invalid("segment name \"" + std::string(name) + "\": " + why);
+  };
+  if (!name.starts_with("seg_") || !name.ends_with(".jss")) {
+    return bad("want seg_<base-36 index>.jss");
+  }
+  const std::string_view digits = name.substr(4, name.size() - 8);
+  if (digits.size() < 10) return bad("the index has fewer than 10 digits");
+  if (digits.size() > 10 && digits[0] == '0') return bad("the index has extra leading zeros");
+  uint64_t value = 0;
+  for (const char c : digits) {
+    unsigned d;
+    if (c >= '0' && c <= '9') {
+      d = static_cast<unsigned>(c - '0');
+    } else if (c >= 'a' && c <= 'z') {
+      d = static_cast<unsigned>(c - 'a') + 10;
+    } else {
+      return bad("the index is not lowercase base 36");
+    }
+    if (value > (std::numeric_limits<uint64_t>::max() - d) / 36) return bad("the index overflows");
+    value = value * 36 + d;
+  }
+  return value;
+}
+
+}  // namespace atfill::jss

@@ -1,0 +1,591 @@
+#include "sources/replay.hpp"
+
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <thread>
+#include <unordered_map>
+
+#include "atproto/cbor.hpp"
+#include "atproto/cid.hpp"
+#include "atproto/json.hpp"
+#include "atproto/value.hpp"
+#include "state/codec.hpp"
+
+namespace atfill::sources {
+namespace {
+
+using pipeline::AccountEvent;
+using pipeline::Event;
+using pipeline::EventChunk;
+using pipeline::EventError;
+using pipeline::RecordEvent;
+
+bool CommitShaped(jss::Kind k) {
+  return k == jss::Kind::kCreate || k == jss::Kind::kUpdate || k == jss::Kind::kDelete ||
+         k == jss::Kind::kCreateResync;
+}
+
+std::string BlockId(std::string_view segment, uint32_t block) {
+  return std::string(segment) + "/" + std::to_string(block);
+}
+
+std::string Be64(uint64_t v) {
+  std::string out;
+  state::codec::AppendBe64(&out, v);
+  return out;
+}
+
+uint64_t FromBe64(std::string_view s) {
+  uint64_t v = 0;
+  for (size_t i = 0; i < 8 && i < s.size(); ++i) v = (v << 8) | static_cast<uint8_t>(s[i]);
+  return v;
+}
+
+// The chunk of a records-sweep block: what Decode needs, then the frame.
+struct BlockHeader {
+  uint32_t uncompressed_size = 0;
+  uint64_t after_seq = 0;
+  uint64_t before_seq = 0;
+  uint32_t block = 0;
+  std::string_view segment;
+  std::string_view frame;
+};
+
+template <typename T>
+void PutRaw(std::string* out, T v) {
+  out->append(reinterpret_cast<const char*>(&v), sizeof(v));
+}
+template <typename T>
+bool GetRaw(std::string_view* in, T* v) {
+  if (in->size() < sizeof(T)) return false;
+  std::memcpy(v, in->data(), sizeof(T));
+  in->remove_prefix(sizeof(T));
+  return true;
+}
+
+void EncodeBlockChunk(std::string* raw, const PlannedBlock& b, uint64_t after, uint64_t before,
+                      const std::string& segment, const std::string& frame) {
+  raw->clear();
+  raw->reserve(frame.size() + segment.size() + 32);
+  PutRaw(raw, b.uncompressed_size);
+  PutRaw(raw, after);
+  PutRaw(raw, before);
+  PutRaw(raw, b.index);
+  PutRaw(raw, static_cast<uint16_t>(segment.size()));
+  raw->append(segment);
+  raw->append(frame);
+}
+
+bool DecodeBlockChunk(std::string_view raw, BlockHeader* h) {
+  uint16_t name_len = 0;
+  if (!GetRaw(&raw, &h->uncompressed_size) || !GetRaw(&raw, &h->after_seq) ||
+      !GetRaw(&raw, &h->before_seq) || !GetRaw(&raw, &h->block) || !GetRaw(&raw, &name_len) ||
+      raw.size() < name_len) {
+    return false;
+  }
+  h->segment = raw.substr(0, name_len);
+  h->frame = raw.substr(name_len);
+  return true;
+}
+
+// A commit row as a RecordEvent; false with *error set when the row cannot be one.
+bool RecordOfRow(const jss::Row& row, RecordEvent* r, EventError* error) {
+  r->did.assign(row.did);
+  r->collection.assign(row.collection);
+  r->rkey.assign(row.rkey);
+  r->rev.assign(row.rev);
+  r->origin = pipeline::Origin::kReplay;
+  r->position = row.seq;
+  switch (row.kind) {
+    case jss::Kind::kUpdate:
+      r->operation = pipeline::Operation::kUpdate;
+      break;
+    case jss::Kind::kDelete:
+      r->operation = pipeline::Operation::kDelete;
+      return true;
+    default:
+      r->operation = pipeline::Operation::kCreate;
+      break;
+  }
+  r->cid = atproto::Cid::Compute(atproto::Cid::Codec::kDagCbor, row.payload);
+  auto value = atproto::DecodeCbor(row.payload);
+  if (!value.ok() || value->kind() != atproto::Value::Kind::kMap) {
+    *error = {"bad_record", r->Uri(),
+              "seq " + std::to_string(row.seq) + ": the record is not a DAG-CBOR map" +
+                  (value.ok() ? std::string() : ": " + value.status().message())};
+    return false;
+  }
+  atproto::ValueToJson(*value, &r->body);
+  if (const atproto::Value* created = value->Find("createdAt");
+      created != nullptr && created->kind() == atproto::Value::Kind::kString) {
+    r->created_at = created->as_string();
+  }
+  return true;
+}
+
+// An account or sync marker as an AccountEvent; false with *error set when it is unreadable.
+bool AccountOfRow(const jss::Row& row, const std::vector<std::string>& collections, AccountEvent* a,
+                  EventError* error) {
+  a->did.assign(row.did);
+  a->origin = pipeline::Origin::kReplay;
+  a->position = row.seq;
+  a->time_us = row.witnessed_at;
+  if (row.kind == jss::Kind::kSync) {
+    a->resync = true;
+    a->resync_collections = collections;
+    return true;
+  }
+  auto value = atproto::DecodeCbor(row.payload);
+  const atproto::Value* active = value.ok() ? value->Find("active") : nullptr;
+  if (active == nullptr || active->kind() != atproto::Value::Kind::kBool) {
+    *error = {"bad_account_event", a->did,
+              "seq " + std::to_string(row.seq) +
+                  ": the #account marker is not a DAG-CBOR map with a boolean 'active'" +
+                  (value.ok() ? std::string() : ": " + value.status().message())};
+    return false;
+  }
+  a->active = active->as_bool();
+  a->status = pipeline::AccountStatus::kActive;
+  if (const atproto::Value* status = value->Find("status");
+      status != nullptr && status->kind() == atproto::Value::Kind::kString) {
+    a->status = pipeline::ParseAccountStatus(status->as_string());
+  } else if (!a->active) {
+    a->status = pipeline::AccountStatus::kOther;
+  }
+  if (const atproto::Value* seq = value->Find("seq");
+      seq != nullptr && seq->kind() == atproto::Value::Kind::kInt) {
+    a->seq = seq->as_int();
+  }
+  return true;
+}
+
+bool IsKill(const AccountEvent& a) {
+  return a.resync || (!a.active && pipeline::StatusPurgesRecords(a.status));
+}
+
+}  // namespace
+
+std::string ReplayDidKey(uint64_t job, std::string_view did) {
+  std::string key = state::codec::KeyWithId("rd", job);
+  key.append(did);
+  return key;
+}
+
+std::string ReplayRefoldKey(uint64_t job, std::string_view did) {
+  std::string key = state::codec::KeyWithId("rf", job);
+  key.append(did);
+  return key;
+}
+
+Status ReplayOptions::Validate() const {
+  if (marker_tail_hours < 0) return Status::Invalid("replay_marker_tail_hours must be 0 or more");
+  if (max_block_bytes < 1024)
+    return Status::Invalid("replay max_block_bytes must be at least 1024");
+  if (max_failed_in_a_row < 1) return Status::Invalid("replay max_failed_in_a_row must be >= 1");
+  for (const std::string& c : collections) {
+    if (c.empty()) return Status::Invalid("replay: an empty collection name");
+  }
+  return Status::OK();
+}
+
+ReplaySource::ReplaySource(Archive* archive, ReplayOptions options, uint64_t job,
+                           state::KvStore* kv)
+    : archive_(archive),
+      options_(std::move(options)),
+      job_(job),
+      kv_(kv),
+      failed_(*kv),
+      only_blocks_(options_.only_blocks.begin(), options_.only_blocks.end()) {}
+
+ReplaySource::~ReplaySource() = default;
+
+std::string ReplaySource::Describe() const { return "replay of " + archive_->Describe(); }
+
+ReplayStats ReplaySource::stats() const {
+  std::lock_guard lock(stats_mu_);
+  return stats_;
+}
+
+void ReplaySource::Committed(uint64_t through_seq) {
+  committed_.store(through_seq, std::memory_order_release);
+  any_committed_.store(true, std::memory_order_release);
+}
+
+std::string ReplaySource::CursorText(uint64_t seq) const {
+  if (sweep_ == Sweep::kRecords) {
+    return "records " + std::to_string(tip_) + " " + std::to_string(seq);
+  }
+  return "accounts " + std::to_string(tip_) + " " + std::to_string(account_start_) + " " +
+         std::to_string(seq);
+}
+
+Status ReplaySource::Seek(const std::string& resume_cursor) {
+  if (resume_cursor.empty()) return Status::OK();
+  char kind[16] = {};
+  unsigned long long a = 0, b = 0, c = 0;
+  const int n = std::sscanf(resume_cursor.c_str(), "%15s %llu %llu %llu", kind, &a, &b, &c);
+  const std::string k = kind;
+  if (k == "records" && n == 3) {
+    tip_ = a;
+    done_seq_ = b;
+  } else if (k == "accounts" && n == 4) {
+    sweep_ = Sweep::kAccounts;
+    tip_ = a;
+    account_start_ = b;
+    done_seq_ = c;
+  } else {
+    return Status::Invalid("replay cursor '" + resume_cursor +
+                           "' is not 'records TIP SEQ' or 'accounts TIP START SEQ'");
+  }
+  return Status::OK();
+}
+
+Status ReplaySource::PlanNext() {
+  PlanRequest request;
+  if (sweep_ == Sweep::kRecords) {
+    request.collections = options_.collections;
+    request.markers = false;
+  } else {
+    request.commits = false;
+  }
+  request.after_seq = planned_ ? plan_.planned_through : done_seq_;
+  request.before_seq = tip_;
+  ATFILL_ASSIGN_OR_RETURN(Plan plan, archive_->PlanSnapshot(request));
+  if (planned_ && plan.planned_through <= plan_.planned_through && plan.planned_through < tip_) {
+    return Status::Unavailable("the archive's plan did not advance past seq " +
+                               std::to_string(plan_.planned_through));
+  }
+  if (tip_ == 0) tip_ = plan.sealed_tip;
+  plan_ = std::move(plan);
+  planned_ = true;
+  plan_segment_ = 0;
+  plan_block_ = 0;
+  return Status::OK();
+}
+
+void ReplaySource::RecordFailure(EventChunk* chunk, const std::string& block_id,
+                                 const std::string& kind, const std::string& message) const {
+  state::FailedBlock fb;
+  fb.block_id = block_id;
+  fb.reason = kind + ": " + message;
+  fb.attempts = 1;
+  fb.last_failed_us = std::chrono::duration_cast<std::chrono::microseconds>(
+                          std::chrono::system_clock::now().time_since_epoch())
+                          .count();
+  if (Status s = failed_.Put(&chunk->state_writes, job_, fb); !s.ok()) {
+    chunk->errors.push_back({"failed_block_unrecorded", block_id, s.message()});
+  }
+  chunk->errors.push_back({kind, block_id, message});
+  chunk->counters.emplace_back("failed_blocks", 1);
+  std::lock_guard lock(stats_mu_);
+  ++stats_.failed_blocks;
+}
+
+Result<bool> ReplaySource::Read(EventChunk* chunk) {
+  while (true) {
+    switch (sweep_) {
+      case Sweep::kRecords: {
+        auto more = ReadRecords(chunk);
+        if (!more.ok() || *more) {
+          if (more.ok()) ++chunks_out_;
+          return more;
+        }
+        if (!options_.accounts || !options_.only_blocks.empty()) {
+          sweep_ = Sweep::kDone;
+          return false;
+        }
+        sweep_ = Sweep::kAccounts;
+        planned_ = false;
+        account_start_ = 0;
+        done_seq_ = UINT64_MAX;  // set by StartAccounts
+        continue;
+      }
+      case Sweep::kAccounts: {
+        auto more = ReadAccounts(chunk);
+        if (more.ok() && *more) ++chunks_out_;
+        if (more.ok() && !*more) sweep_ = Sweep::kDone;
+        return more;
+      }
+      case Sweep::kDone:
+        return false;
+    }
+  }
+}
+
+Result<bool> ReplaySource::ReadRecords(EventChunk* chunk) {
+  while (true) {
+    if (!planned_) ATFILL_RETURN_IF_ERROR(PlanNext());
+    if (tip_ == 0) return false;  // an empty archive
+    if (plan_segment_ >= plan_.segments.size()) {
+      if (plan_.planned_through >= tip_) return false;
+      ATFILL_RETURN_IF_ERROR(PlanNext());
+      continue;
+    }
+    const PlannedSegment& seg = plan_.segments[plan_segment_];
+    if (plan_block_ >= seg.blocks.size()) {
+      ++plan_segment_;
+      plan_block_ = 0;
+      continue;
+    }
+    const PlannedBlock& b = seg.blocks[plan_block_++];
+    if (b.max_seq <= done_seq_) continue;
+    const std::string id = BlockId(seg.segment.name, b.index);
+    if (!only_blocks_.empty() && !only_blocks_.count(id)) continue;
+    const uint64_t through = std::min(b.max_seq, tip_);
+    chunk->stage = state::JobStage::kReplaying;
+    chunk->raw_first_position = b.min_seq;
+    chunk->input_done = through;
+    chunk->resume_cursor = CursorText(through);
+    auto frame = archive_->GetBlock(seg.segment, b.index);
+    if (!frame.ok()) {
+      RecordFailure(chunk, id, "archive_block", frame.status().message());
+      done_seq_ = through;
+      if (++failed_in_a_row_ >= options_.max_failed_in_a_row) {
+        return Status::Unavailable("the archive failed " + std::to_string(failed_in_a_row_) +
+                                   " blocks in a row; stopping (resume to continue)");
+      }
+      return true;
+    }
+    failed_in_a_row_ = 0;
+    chunk->bytes_read = frame->size();
+    chunk->units_read = 1;
+    EncodeBlockChunk(&chunk->raw, b, done_seq_, tip_, seg.segment.name, *frame);
+    done_seq_ = through;
+    last_records_chunk_ = chunks_out_;
+    return true;
+  }
+}
+
+void ReplaySource::Decode(EventChunk* chunk) const {
+  if (chunk->raw.empty()) return;
+  BlockHeader h;
+  if (!DecodeBlockChunk(chunk->raw, &h)) {
+    chunk->errors.push_back({"internal", "replay chunk", "a replay chunk is malformed"});
+    return;
+  }
+  const std::string id = BlockId(h.segment, h.block);
+  auto body =
+      jss::DecompressFrame({reinterpret_cast<const uint8_t*>(h.frame.data()), h.frame.size()},
+                           h.uncompressed_size, options_.max_block_bytes);
+  if (!body.ok()) return RecordFailure(chunk, id, "bad_block", body.status().message());
+  auto block = jss::Block::Parse(std::move(*body));
+  if (!block.ok()) return RecordFailure(chunk, id, "bad_block", block.status().message());
+  std::unordered_map<std::string_view, uint64_t> last_seq;
+  uint64_t rows = 0;
+  chunk->events.reserve(chunk->events.size() + block->size());
+  for (size_t i = 0; i < block->size(); ++i) {
+    const jss::Row row = block->row(i);
+    if (row.seq <= h.after_seq || row.seq > h.before_seq) continue;
+    if (!CommitShaped(row.kind)) continue;
+    if (!pipeline::CollectionMatches(row.collection, options_.collections)) continue;
+    ++rows;
+    RecordEvent r;
+    EventError error;
+    if (!RecordOfRow(row, &r, &error)) {
+      chunk->errors.push_back(std::move(error));
+      ++chunk->dropped;
+      continue;
+    }
+    chunk->events.emplace_back(std::move(r));
+    uint64_t& s = last_seq[row.did];
+    s = std::max(s, row.seq);
+  }
+  for (const auto& [did, seq] : last_seq) {
+    chunk->state_writes.Put(state::Family::kQueue, ReplayDidKey(job_, did), Be64(seq));
+  }
+  std::lock_guard lock(stats_mu_);
+  ++stats_.blocks;
+  stats_.rows += rows;
+  stats_.bytes += h.frame.size();
+}
+
+Status ReplaySource::StartAccounts() {
+  account_start_ = 0;
+  if (options_.marker_tail_hours > 0) {
+    auto segments = archive_->ListSegments();
+    if (!segments.ok()) {
+      std::fprintf(stderr,
+                   "atfill: replay job %" PRIu64
+                   ": segments cannot be listed (%s); the account sweep reads the whole archive\n",
+                   job_, segments.status().message().c_str());
+    } else if (!segments->empty()) {
+      const int64_t newest = segments->back().max_witnessed_at;
+      const int64_t from = newest - static_cast<int64_t>(options_.marker_tail_hours * 3600e6);
+      for (const SegmentInfo& s : *segments) {
+        if (s.max_witnessed_at >= from) {
+          account_start_ = s.min_seq;
+          std::fprintf(stderr,
+                       "atfill: replay job %" PRIu64 ": the account sweep starts at seq %" PRIu64
+                       " (segment %s, the first within %g h of the newest)\n",
+                       job_, account_start_, s.name.c_str(), options_.marker_tail_hours);
+          break;
+        }
+      }
+    }
+  }
+  if (account_start_ == 0) {
+    std::fprintf(stderr,
+                 "atfill: replay job %" PRIu64 ": the account sweep reads the whole archive\n",
+                 job_);
+  }
+  done_seq_ = account_start_ > 0 ? account_start_ - 1 : 0;
+  return Status::OK();
+}
+
+Status ReplaySource::Refold(const std::string& did, uint64_t after_seq, EventChunk* chunk) {
+  PlanRequest request;
+  request.collections = options_.collections;
+  request.dids = {did};
+  request.after_seq = after_seq;
+  request.before_seq = tip_;
+  uint64_t through = after_seq;
+  while (through < tip_) {
+    request.after_seq = through;
+    ATFILL_ASSIGN_OR_RETURN(Plan plan, archive_->PlanSnapshot(request));
+    for (const PlannedSegment& seg : plan.segments) {
+      for (const PlannedBlock& b : seg.blocks) {
+        const std::string id = BlockId(seg.segment.name, b.index);
+        auto frame = archive_->GetBlock(seg.segment, b.index);
+        if (!frame.ok()) {
+          RecordFailure(chunk, id, "archive_block", frame.status().message());
+          continue;
+        }
+        auto body =
+            jss::DecompressFrame({reinterpret_cast<const uint8_t*>(frame->data()), frame->size()},
+                                 b.uncompressed_size, options_.max_block_bytes);
+        if (!body.ok()) {
+          RecordFailure(chunk, id, "bad_block", body.status().message());
+          continue;
+        }
+        auto block = jss::Block::Parse(std::move(*body));
+        if (!block.ok()) {
+          RecordFailure(chunk, id, "bad_block", block.status().message());
+          continue;
+        }
+        for (size_t i = 0; i < block->size(); ++i) {
+          const jss::Row row = block->row(i);
+          if (row.did != did || row.seq <= after_seq || row.seq > tip_) continue;
+          EventError error;
+          if (CommitShaped(row.kind)) {
+            if (!pipeline::CollectionMatches(row.collection, options_.collections)) continue;
+            RecordEvent r;
+            if (RecordOfRow(row, &r, &error)) {
+              chunk->events.emplace_back(std::move(r));
+            } else {
+              chunk->errors.push_back(std::move(error));
+              ++chunk->dropped;
+            }
+          } else if (row.kind == jss::Kind::kAccount || row.kind == jss::Kind::kSync) {
+            AccountEvent a;
+            if (AccountOfRow(row, options_.collections, &a, &error)) {
+              chunk->events.emplace_back(std::move(a));
+            } else {
+              chunk->errors.push_back(std::move(error));
+            }
+          }
+        }
+      }
+    }
+    if (plan.planned_through <= through) break;
+    through = plan.planned_through;
+  }
+  refolded_.insert(did);
+  chunk->state_writes.Put(state::Family::kQueue, ReplayRefoldKey(job_, did), Be64(after_seq));
+  chunk->counters.emplace_back("refolded_dids", 1);
+  std::lock_guard lock(stats_mu_);
+  ++stats_.refolded_dids;
+  return Status::OK();
+}
+
+Result<bool> ReplaySource::ReadAccounts(EventChunk* chunk) {
+  // The DIDs that hold records are read from state: wait until the records sweep is durable.
+  if (last_records_chunk_ && (!any_committed_.load(std::memory_order_acquire) ||
+                              committed_.load(std::memory_order_acquire) < *last_records_chunk_)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    chunk->tick = true;
+    return true;
+  }
+  if (done_seq_ == UINT64_MAX) ATFILL_RETURN_IF_ERROR(StartAccounts());
+  while (true) {
+    if (!planned_) ATFILL_RETURN_IF_ERROR(PlanNext());
+    if (tip_ == 0 || done_seq_ >= tip_) return false;
+    if (plan_segment_ >= plan_.segments.size()) {
+      if (plan_.planned_through >= tip_) return false;
+      ATFILL_RETURN_IF_ERROR(PlanNext());
+      continue;
+    }
+    const PlannedSegment& seg = plan_.segments[plan_segment_];
+    if (plan_block_ >= seg.blocks.size()) {
+      ++plan_segment_;
+      plan_block_ = 0;
+      continue;
+    }
+    const PlannedBlock& b = seg.blocks[plan_block_++];
+    if (b.max_seq <= done_seq_) continue;
+    const std::string id = BlockId(seg.segment.name, b.index);
+    const uint64_t through = std::min(b.max_seq, tip_);
+    const uint64_t after = done_seq_;
+    chunk->stage = state::JobStage::kReplayingAccounts;
+    chunk->input_done = through;
+    chunk->resume_cursor = CursorText(through);
+    chunk->units_read = 1;
+    done_seq_ = through;
+    auto frame = archive_->GetBlock(seg.segment, b.index);
+    if (!frame.ok()) {
+      RecordFailure(chunk, id, "archive_block", frame.status().message());
+      if (++failed_in_a_row_ >= options_.max_failed_in_a_row) {
+        return Status::Unavailable("the archive failed " + std::to_string(failed_in_a_row_) +
+                                   " blocks in a row; stopping (resume to continue)");
+      }
+      return true;
+    }
+    failed_in_a_row_ = 0;
+    chunk->bytes_read = frame->size();
+    auto body =
+        jss::DecompressFrame({reinterpret_cast<const uint8_t*>(frame->data()), frame->size()},
+                             b.uncompressed_size, options_.max_block_bytes);
+    if (!body.ok()) {
+      RecordFailure(chunk, id, "bad_block", body.status().message());
+      return true;
+    }
+    auto block = jss::Block::Parse(std::move(*body));
+    if (!block.ok()) {
+      RecordFailure(chunk, id, "bad_block", block.status().message());
+      return true;
+    }
+    for (size_t i = 0; i < block->size(); ++i) {
+      const jss::Row row = block->row(i);
+      if (row.seq <= after || row.seq > tip_) continue;
+      if (row.kind != jss::Kind::kAccount && row.kind != jss::Kind::kSync) continue;
+      const std::string did(row.did);
+      if (refolded_.count(did)) continue;
+      ATFILL_ASSIGN_OR_RETURN(auto holds, kv_->Get(state::Family::kQueue, ReplayDidKey(job_, did)));
+      if (!holds) continue;  // the account wrote no record in the job's collections
+      ATFILL_ASSIGN_OR_RETURN(auto refolded,
+                              kv_->Get(state::Family::kQueue, ReplayRefoldKey(job_, did)));
+      if (refolded && FromBe64(*refolded) < row.seq) {
+        refolded_.insert(did);
+        continue;
+      }
+      AccountEvent a;
+      EventError error;
+      if (!AccountOfRow(row, options_.collections, &a, &error)) {
+        chunk->errors.push_back(std::move(error));
+        continue;
+      }
+      const bool kill = IsKill(a);
+      chunk->events.emplace_back(std::move(a));
+      if (kill && FromBe64(*holds) > row.seq) {
+        ATFILL_RETURN_IF_ERROR(Refold(did, row.seq, chunk));
+      }
+    }
+    std::lock_guard lock(stats_mu_);
+    ++stats_.blocks;
+    stats_.bytes += frame->size();
+    return true;
+  }
+}
+
+}  // namespace atfill::sources

@@ -1,0 +1,130 @@
+// Replay: a backfill read from a Jetstream v2 archive instead of a crawl (SPEC §3.6, §5).
+//
+// Two sweeps. The records sweep replays the job's collections from the archive's start to its
+// sealed tip, pinned when the job starts: one chunk per planned block, decompressed, decoded and
+// filtered exactly (the planner over-selects) on the engine's decode threads; every commit row
+// becomes a RecordEvent (CID computed from the stored DAG-CBOR, body its atproto JSON) that goes
+// through the same stages as a crawled record. Each DID that wrote a record is remembered in state
+// with the seq of its last record. The account sweep then reads the account and sync markers of
+// those DIDs, from the segment that ends within `marker_tail_hours` of the newest one (0: the whole
+// archive). Markers apply as of their own time: a kill (a #sync, or an inactive account whose
+// status purges records) of a DID that wrote records after it is applied, then that DID's rows
+// after the marker are replayed again in order (commits and markers), so the account keeps what
+// it wrote later and loses only what it held then.
+//
+// A block that arrives but does not decode is recorded as a failed block (state::FailedBlocks,
+// kind "bad_block" in the error log) and skipped; one the archive does not deliver is recorded as
+// well ("archive_block"), and after `max_failed_in_a_row` of those in a row the job stops.
+//
+// Resume cursor: "records <tip> <seq>", "accounts <tip> <start> <seq>": every row at or below
+// seq of that sweep has been applied; the tip and the account sweep's start are kept.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "base/status.hpp"
+#include "pipeline/source.hpp"
+#include "sources/archive.hpp"
+#include "state/failed_blocks.hpp"
+#include "state/kv_store.hpp"
+
+namespace atfill::sources {
+
+struct ReplayOptions {
+  // The job's collections (NSIDs or "prefix.*"); empty = every collection.
+  std::vector<std::string> collections;
+  // The account sweep starts at the segment that ends within this many hours of the newest one;
+  // 0 sweeps the whole archive.
+  double marker_tail_hours = 12;
+  // Run the account sweep after the records sweep.
+  bool accounts = true;
+  // Largest decompressed block accepted (bytes); a larger one is a failed block.
+  uint64_t max_block_bytes = uint64_t{256} << 20;
+  // Blocks in a row the archive fails to deliver before the job stops.
+  uint32_t max_failed_in_a_row = 16;
+  // Only these blocks ("<segment name>/<block index>"), for retry-failed; empty = the plan's.
+  std::vector<std::string> only_blocks;
+  Status Validate() const;
+};
+
+struct ReplayStats {
+  uint64_t blocks = 0;
+  uint64_t failed_blocks = 0;
+  uint64_t rows = 0;
+  uint64_t bytes = 0;
+  uint64_t refolded_dids = 0;
+};
+
+class ReplaySource : public pipeline::Source {
+ public:
+  // `archive` and `kv` must outlive the source; `job` keys its state.
+  ReplaySource(Archive* archive, ReplayOptions options, uint64_t job, state::KvStore* kv);
+  ~ReplaySource() override;
+
+  Status Seek(const std::string& resume_cursor) override;
+  Result<bool> Read(pipeline::EventChunk* chunk) override;
+  void Decode(pipeline::EventChunk* chunk) const override;
+  std::string Describe() const override;
+  void Committed(uint64_t through_seq) override;
+
+  // The pinned sealed tip (0 before the first plan).
+  uint64_t tip() const { return tip_; }
+  ReplayStats stats() const;
+  // The seq the account sweep starts from (0 = the whole archive; set once it began).
+  uint64_t account_sweep_start() const { return account_start_; }
+
+  static constexpr const char* kStopFailedInARow = "archive_failed_blocks";
+
+ private:
+  enum class Sweep : uint8_t { kRecords, kAccounts, kDone };
+  struct Cursor;
+  Status PlanNext();
+  Result<bool> ReadRecords(pipeline::EventChunk* chunk);
+  Result<bool> ReadAccounts(pipeline::EventChunk* chunk);
+  Status StartAccounts();
+  void RecordFailure(pipeline::EventChunk* chunk, const std::string& block_id,
+                     const std::string& kind, const std::string& message) const;
+  Status Refold(const std::string& did, uint64_t after_seq, pipeline::EventChunk* chunk);
+  std::string CursorText(uint64_t seq) const;
+
+  Archive* archive_;
+  ReplayOptions options_;
+  uint64_t job_;
+  state::KvStore* kv_;
+  mutable state::FailedBlocks failed_;
+
+  Sweep sweep_ = Sweep::kRecords;
+  uint64_t tip_ = 0;
+  uint64_t done_seq_ = 0;  // rows at or below it (in this sweep) are applied or handed out
+  uint64_t account_start_ = 0;
+  bool planned_ = false;
+  Plan plan_;
+  size_t plan_segment_ = 0;
+  size_t plan_block_ = 0;
+  uint32_t failed_in_a_row_ = 0;
+  std::set<std::string> only_blocks_;
+  // Chunks handed out so far, and the seq of the last records-sweep chunk (the account sweep
+  // waits until it is committed: it reads which DIDs hold records from state).
+  uint64_t chunks_out_ = 0;
+  std::optional<uint64_t> last_records_chunk_;
+  std::atomic<uint64_t> committed_{0};
+  std::atomic<bool> any_committed_{false};
+  std::set<std::string> refolded_;
+
+  mutable std::mutex stats_mu_;
+  mutable ReplayStats stats_;
+};
+
+// State keys of a replay job (family kQueue): the DIDs that wrote records, with their last record
+// seq, and the DIDs whose rows after a kill marker were replayed again.
+std::string ReplayDidKey(uint64_t job, std::string_view did);
+std::string ReplayRefoldKey(uint64_t job, std::string_view did);
+
+}  // namespace atfill::sources

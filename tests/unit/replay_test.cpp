@@ -1,0 +1,407 @@
+// The replay source over a directory archive written by ArchiveWriter: the exact filter, the
+// account sweep (markers as of their time), failed blocks, the stop after blocks failed in a row,
+// and resuming from a cursor. The source is driven by hand (Read, Decode, the chunk's state writes
+// applied, Committed), as the engine would.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <set>
+
+#include "atproto/json.hpp"
+#include "sources/archive.hpp"
+#include "sources/archive_writer.hpp"
+#include "sources/replay.hpp"
+#include "state/failed_blocks.hpp"
+#include "state/kv_store.hpp"
+
+namespace atfill::sources {
+namespace {
+
+namespace fs = std::filesystem;
+using pipeline::AccountEvent;
+using pipeline::Event;
+using pipeline::RecordEvent;
+
+fs::path Scratch(const std::string& name) {
+  fs::path p =
+      fs::temp_directory_path() / ("atfill-replay-test-" + std::to_string(::getpid()) + "-" + name);
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p;
+}
+
+constexpr int64_t kT0 = 1'780'000'000'000'000;
+constexpr int64_t kHour = 3'600'000'000;
+
+RecordEvent Create(const std::string& did, const std::string& collection, const std::string& rkey,
+                   const std::string& rev, const std::string& text) {
+  RecordEvent r;
+  r.did = did;
+  r.collection = collection;
+  r.rkey = rkey;
+  r.rev = rev;
+  r.operation = pipeline::Operation::kCreate;
+  r.body = R"({"$type":")" + collection + R"(","createdAt":"2026-01-01T00:00:00.000Z","text":")" +
+           text + R"("})";
+  return r;
+}
+
+RecordEvent Delete(const std::string& did, const std::string& collection, const std::string& rkey,
+                   const std::string& rev) {
+  RecordEvent r;
+  r.did = did;
+  r.collection = collection;
+  r.rkey = rkey;
+  r.rev = rev;
+  r.operation = pipeline::Operation::kDelete;
+  return r;
+}
+
+AccountEvent Account(const std::string& did, bool active, pipeline::AccountStatus status) {
+  AccountEvent a;
+  a.did = did;
+  a.active = active;
+  a.status = status;
+  return a;
+}
+
+constexpr const char* kPost = "app.bsky.feed.post";
+constexpr const char* kLike = "app.bsky.feed.like";
+const std::string kA = "did:plc:aaaaaaaaaaaaaaaaaaaaaaaa";
+const std::string kB = "did:plc:bbbbbbbbbbbbbbbbbbbbbbbb";
+const std::string kC = "did:plc:cccccccccccccccccccccccc";
+
+// Writes events (with their witnessed times) to a new archive in `dir`.
+void WriteArchive(const fs::path& dir,
+                  const std::vector<std::pair<JetstreamFrame::Payload, int64_t>>& events,
+                  uint32_t rows_per_block, uint64_t segment_bytes = uint64_t{256} << 20) {
+  ArchiveWriterOptions o;
+  o.rows_per_block = rows_per_block;
+  o.segment_bytes = segment_bytes;
+  auto w = ArchiveWriter::Open(dir.string(), o);
+  ASSERT_TRUE(w.ok()) << w.status().message();
+  for (const auto& [e, t] : events) {
+    auto seq = (*w)->Append(e, t);
+    ASSERT_TRUE(seq.ok()) << seq.status().message();
+  }
+  ASSERT_TRUE((*w)->Finish().ok());
+}
+
+// What a run of the source produced.
+struct RunResult {
+  std::vector<Event> events;
+  std::vector<pipeline::EventError> errors;
+  Status status;
+  std::string last_cursor;
+};
+
+// Runs the source to its end as the engine would: each chunk decoded, its state writes applied,
+// then reported committed.
+RunResult Drive(ReplaySource& source, state::KvStore& kv, size_t max_chunks = SIZE_MAX) {
+  RunResult out;
+  uint64_t seq = 0;
+  for (size_t n = 0; n < max_chunks; ++n) {
+    pipeline::EventChunk chunk;
+    auto more = source.Read(&chunk);
+    if (!more.ok()) {
+      out.status = more.status();
+      return out;
+    }
+    if (!*more) break;
+    source.Decode(&chunk);
+    for (auto& e : chunk.events) out.events.push_back(std::move(e));
+    for (auto& e : chunk.errors) out.errors.push_back(std::move(e));
+    if (!chunk.resume_cursor.empty()) out.last_cursor = chunk.resume_cursor;
+    EXPECT_TRUE(kv.Write(chunk.state_writes).ok());
+    source.Committed(seq++);
+  }
+  return out;
+}
+
+std::string Describe(const Event& e) {
+  if (const auto* r = std::get_if<RecordEvent>(&e)) {
+    return std::string(pipeline::OperationName(r->operation)) + " " + r->Uri();
+  }
+  const auto& a = std::get<AccountEvent>(e);
+  return (a.resync ? std::string("resync ")
+                   : "account " + std::string(pipeline::AccountStatusName(a.status)) + " ") +
+         a.did;
+}
+
+std::vector<std::string> Describe(const std::vector<Event>& events) {
+  std::vector<std::string> out;
+  for (const auto& e : events) out.push_back(Describe(e));
+  return out;
+}
+
+TEST(ReplayTest, TheRecordsSweepKeepsOnlyTheJobsCollectionsWithCidsOfTheStoredRecords) {
+  const fs::path dir = Scratch("filter");
+  std::vector<std::pair<JetstreamFrame::Payload, int64_t>> events;
+  for (int i = 0; i < 100; ++i) {
+    const std::string did = i % 2 ? kA : kB;
+    events.emplace_back(
+        Create(did, i % 3 ? kPost : kLike, "r" + std::to_string(i),
+               "3l3qo2vuowo2" + std::to_string(i % 10), "text " + std::to_string(i)),
+        kT0 + i);
+  }
+  events.emplace_back(Delete(kA, kPost, "r1", "3l3qo2vuowo2z"), kT0 + 100);
+  WriteArchive(dir, events, 16);
+  auto archive = LocalArchive::Open(dir.string());
+  ASSERT_TRUE(archive.ok()) << archive.status().message();
+  auto kv = state::NewMemoryKvStore();
+  ReplayOptions o;
+  o.collections = {kPost};
+  ReplaySource source(archive->get(), o, 7, kv.get());
+  ASSERT_TRUE(source.Seek("").ok());
+  RunResult run = Drive(source, *kv);
+  ASSERT_TRUE(run.status.ok()) << run.status.message();
+  EXPECT_TRUE(run.errors.empty());
+  EXPECT_EQ(source.tip(), 101u);
+  size_t creates = 0;
+  uint64_t last = 0;
+  for (const Event& e : run.events) {
+    const auto& r = std::get<RecordEvent>(e);
+    EXPECT_EQ(r.collection, kPost);
+    EXPECT_GT(r.position, last) << "events in seq order";
+    last = r.position;
+    EXPECT_EQ(r.origin, pipeline::Origin::kReplay);
+    if (r.operation == pipeline::Operation::kCreate) {
+      ++creates;
+      auto cid = atproto::CidOfRecord(r.body);
+      ASSERT_TRUE(cid.ok()) << cid.status().message();
+      EXPECT_EQ(*cid, r.cid) << r.Uri();
+      EXPECT_EQ(r.created_at, "2026-01-01T00:00:00.000Z");
+    }
+  }
+  EXPECT_EQ(creates, 66u);  // i % 3 != 0 of 0..99
+  EXPECT_EQ(run.events.size(), 67u);
+  EXPECT_EQ(Describe(run.events.back()), "delete at://" + kA + "/" + kPost + "/r1");
+  // Both accounts are remembered with their last record's seq.
+  auto a = kv->Get(state::Family::kQueue, ReplayDidKey(7, kA));
+  ASSERT_TRUE(a.ok() && a->has_value());
+  auto none = kv->Get(state::Family::kQueue, ReplayDidKey(7, kC));
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->has_value());
+}
+
+TEST(ReplayTest, MarkersApplyAsOfTheirTimeToAccountsThatHoldRecords) {
+  const fs::path dir = Scratch("markers");
+  using S = pipeline::AccountStatus;
+  std::vector<std::pair<JetstreamFrame::Payload, int64_t>> events = {
+      {Create(kA, kPost, "a1", "3l3qo2vuowo21", "before the takedown"), kT0 + 1},  // seq 1
+      {Create(kC, kPost, "c1", "3l3qo2vuowo21", "c's post"), kT0 + 2},             // seq 2
+      {Account(kA, false, S::kTakendown), kT0 + 3},                                // seq 3
+      {Account(kB, false, S::kTakendown), kT0 + 4},  // seq 4: no records
+      {Account(kA, true, S::kActive), kT0 + 5},      // seq 5
+      {Create(kA, kPost, "a2", "3l3qo2vuowo22", "after reinstatement"), kT0 + 6},  // seq 6
+      {Create(kA, kLike, "l1", "3l3qo2vuowo23", "a like"), kT0 + 7},               // seq 7
+      {Account(kC, false, S::kDeleted), kT0 + 8},                                  // seq 8
+  };
+  WriteArchive(dir, events, 2);
+  auto archive = LocalArchive::Open(dir.string());
+  ASSERT_TRUE(archive.ok()) << archive.status().message();
+  auto kv = state::NewMemoryKvStore();
+  ReplayOptions o;
+  o.collections = {kPost};
+  o.marker_tail_hours = 0;  // the whole archive
+  ReplaySource source(archive->get(), o, 1, kv.get());
+  ASSERT_TRUE(source.Seek("").ok());
+  RunResult run = Drive(source, *kv);
+  ASSERT_TRUE(run.status.ok()) << run.status.message();
+  EXPECT_TRUE(run.errors.empty());
+  const std::vector<std::string> want = {
+      // the records sweep
+      "create at://" + kA + "/app.bsky.feed.post/a1",
+      "create at://" + kC + "/app.bsky.feed.post/c1",
+      "create at://" + kA + "/app.bsky.feed.post/a2",
+      // the account sweep: A's takedown, then A's rows after it again, in order
+      "account takendown " + kA,
+      "account active " + kA,
+      "create at://" + kA + "/app.bsky.feed.post/a2",
+      // B wrote nothing in the collections: its marker is not applied; C's deletion is
+      "account deleted " + kC,
+  };
+  EXPECT_EQ(Describe(run.events), want);
+  EXPECT_EQ(source.stats().refolded_dids, 1u);
+  EXPECT_EQ(source.account_sweep_start(), 0u);
+}
+
+TEST(ReplayTest, TheAccountSweepStartsAtTheSegmentWithinTheTailOfTheNewest) {
+  const fs::path dir = Scratch("tail");
+  using S = pipeline::AccountStatus;
+  std::vector<std::pair<JetstreamFrame::Payload, int64_t>> events = {
+      {Create(kA, kPost, "a1", "3l3qo2vuowo21", "old"), kT0},
+      {Create(kC, kPost, "c1", "3l3qo2vuowo21", "old"), kT0 + 1},
+      {Account(kA, false, S::kTakendown), kT0 + 2},  // 30 h before the newest: outside the tail
+      {Account(kC, false, S::kTakendown), kT0 + 26 * kHour},  // 4 h before the newest
+      {Create(kB, kPost, "b1", "3l3qo2vuowo21", "new"), kT0 + 30 * kHour},
+  };
+  // One row per block and per segment: every event in its own segment.
+  WriteArchive(dir, events, 1, 1);
+  auto archive = LocalArchive::Open(dir.string());
+  ASSERT_TRUE(archive.ok()) << archive.status().message();
+  auto segments = (*archive)->ListSegments();
+  ASSERT_TRUE(segments.ok());
+  ASSERT_EQ(segments->size(), 5u);
+  for (double tail : {12.0, 0.0}) {
+    auto kv = state::NewMemoryKvStore();
+    ReplayOptions o;
+    o.collections = {kPost};
+    o.marker_tail_hours = tail;
+    ReplaySource source(archive->get(), o, 1, kv.get());
+    ASSERT_TRUE(source.Seek("").ok());
+    RunResult run = Drive(source, *kv);
+    ASSERT_TRUE(run.status.ok()) << run.status.message();
+    std::vector<std::string> want = {
+        "create at://" + kA + "/app.bsky.feed.post/a1",
+        "create at://" + kC + "/app.bsky.feed.post/c1",
+        "create at://" + kB + "/app.bsky.feed.post/b1",
+    };
+    if (tail == 0) want.push_back("account takendown " + kA);
+    want.push_back("account takendown " + kC);
+    EXPECT_EQ(Describe(run.events), want) << "tail " << tail;
+    EXPECT_EQ(source.account_sweep_start(), tail == 0 ? 0u : 4u) << "tail " << tail;
+  }
+}
+
+// Flips bytes inside block `block`'s frame of the segment file.
+void CorruptBlock(const fs::path& segment, size_t block) {
+  auto reader = jss::SegmentReader::Open(segment.string());
+  ASSERT_TRUE(reader.ok()) << reader.status().message();
+  const jss::BlockInfo info = reader->footer().blocks.at(block);
+  std::fstream f(segment, std::ios::in | std::ios::out | std::ios::binary);
+  const uint64_t at = info.offset + 8 + info.compressed_size / 2;
+  f.seekp(static_cast<std::streamoff>(at));
+  const char junk[4] = {'\x5a', '\x5a', '\x5a', '\x5a'};
+  f.write(junk, sizeof(junk));
+}
+
+TEST(ReplayTest, ABlockThatDoesNotDecodeIsRecordedAsFailedAndTheRestLands) {
+  const fs::path dir = Scratch("corrupt");
+  std::vector<std::pair<JetstreamFrame::Payload, int64_t>> events;
+  for (int i = 0; i < 40; ++i) {
+    events.emplace_back(Create(kA, kPost, "r" + std::to_string(i), "3l3qo2vuowo21",
+                               "a longer text so the frame has a middle " + std::to_string(i)),
+                        kT0 + i);
+  }
+  WriteArchive(dir, events, 10);  // blocks of seq 1-10, 11-20, 21-30, 31-40
+  CorruptBlock(dir / jss::SegmentName(0), 1);
+  auto archive = LocalArchive::Open(dir.string());
+  ASSERT_TRUE(archive.ok()) << archive.status().message();
+  auto kv = state::NewMemoryKvStore();
+  ReplayOptions o;
+  ReplaySource source(archive->get(), o, 3, kv.get());
+  ASSERT_TRUE(source.Seek("").ok());
+  RunResult run = Drive(source, *kv);
+  ASSERT_TRUE(run.status.ok()) << run.status.message();
+  EXPECT_EQ(run.events.size(), 30u);
+  for (const Event& e : run.events) {
+    const uint64_t p = pipeline::PositionOf(e);
+    EXPECT_TRUE(p <= 10 || p > 20) << p;
+  }
+  ASSERT_EQ(run.errors.size(), 1u);
+  EXPECT_EQ(run.errors[0].kind, "bad_block");
+  EXPECT_EQ(run.errors[0].key, jss::SegmentName(0) + "/1");
+  state::FailedBlocks failed(*kv);
+  auto fb = failed.Get(3, jss::SegmentName(0) + "/1");
+  ASSERT_TRUE(fb.ok());
+  ASSERT_TRUE(fb->has_value());
+  EXPECT_NE((*fb)->reason.find("bad_block"), std::string::npos);
+  EXPECT_EQ(source.stats().failed_blocks, 1u);
+}
+
+// An archive whose blocks `fail` are not delivered.
+class FlakyArchive : public Archive {
+ public:
+  FlakyArchive(Archive* inner, std::set<uint32_t> fail) : inner_(inner), fail_(std::move(fail)) {}
+  std::string Describe() const override { return "flaky " + inner_->Describe(); }
+  Result<std::vector<SegmentInfo>> ListSegments() override { return inner_->ListSegments(); }
+  Result<Plan> PlanSnapshot(const PlanRequest& r) override { return inner_->PlanSnapshot(r); }
+  Result<std::string> GetBlock(const SegmentInfo& s, uint32_t block) override {
+    if (fail_.count(block)) return Status::Unavailable("503 after 5 attempts");
+    return inner_->GetBlock(s, block);
+  }
+
+ private:
+  Archive* inner_;
+  std::set<uint32_t> fail_;
+};
+
+TEST(ReplayTest, SixteenUndeliveredBlocksInARowStopTheJobAndFifteenDoNot) {
+  const fs::path dir = Scratch("in-a-row");
+  std::vector<std::pair<JetstreamFrame::Payload, int64_t>> events;
+  for (int i = 0; i < 40; ++i) {
+    events.emplace_back(Create(kA, kPost, "r" + std::to_string(i), "3l3qo2vuowo21", "t"), kT0 + i);
+  }
+  WriteArchive(dir, events, 1);  // one row per block: blocks 0..39
+  auto local = LocalArchive::Open(dir.string());
+  ASSERT_TRUE(local.ok());
+  {
+    std::set<uint32_t> fail;
+    for (uint32_t b = 5; b < 20; ++b) fail.insert(b);  // 15 in a row
+    FlakyArchive flaky(local->get(), fail);
+    auto kv = state::NewMemoryKvStore();
+    ReplaySource source(&flaky, ReplayOptions{}, 1, kv.get());
+    ASSERT_TRUE(source.Seek("").ok());
+    RunResult run = Drive(source, *kv);
+    ASSERT_TRUE(run.status.ok()) << run.status.message();
+    EXPECT_EQ(run.events.size(), 25u);
+    EXPECT_EQ(run.errors.size(), 15u);
+    auto count = state::FailedBlocks(*kv).Count(1);
+    ASSERT_TRUE(count.ok());
+    EXPECT_EQ(*count, 15u);
+  }
+  {
+    std::set<uint32_t> fail;
+    for (uint32_t b = 5; b < 21; ++b) fail.insert(b);  // 16 in a row
+    FlakyArchive flaky(local->get(), fail);
+    auto kv = state::NewMemoryKvStore();
+    ReplaySource source(&flaky, ReplayOptions{}, 1, kv.get());
+    ASSERT_TRUE(source.Seek("").ok());
+    RunResult run = Drive(source, *kv);
+    ASSERT_FALSE(run.status.ok());
+    EXPECT_EQ(run.status.message(),
+              "the archive failed 16 blocks in a row; stopping (resume to continue)");
+    EXPECT_EQ(run.events.size(), 5u);
+    // Resumed from its cursor (the blocks before the stop were recorded) against an archive
+    // that answers again, it reads on from there.
+    ReplaySource again(local->get(), ReplayOptions{}, 1, kv.get());
+    ASSERT_TRUE(again.Seek(run.last_cursor).ok());
+    RunResult rest = Drive(again, *kv);
+    ASSERT_TRUE(rest.status.ok()) << rest.status.message();
+    ASSERT_FALSE(rest.events.empty());
+    EXPECT_EQ(pipeline::PositionOf(rest.events.front()), 21u);
+    EXPECT_EQ(pipeline::PositionOf(rest.events.back()), 40u);
+  }
+}
+
+TEST(ReplayTest, AResumedReplayReadsOnlyRowsAfterItsCursorAndKeepsItsTip) {
+  const fs::path dir = Scratch("resume");
+  std::vector<std::pair<JetstreamFrame::Payload, int64_t>> events;
+  for (int i = 0; i < 30; ++i) {
+    events.emplace_back(Create(kA, kPost, "r" + std::to_string(i), "3l3qo2vuowo21", "t"), kT0 + i);
+  }
+  WriteArchive(dir, events, 7);
+  // Rows added after the job pinned its tip (seq 30) are not replayed by it.
+  {
+    std::vector<std::pair<JetstreamFrame::Payload, int64_t>> more;
+    more.emplace_back(Create(kA, kPost, "late", "3l3qo2vuowo22", "t"), kT0 + 99);
+    WriteArchive(dir, more, 7);
+  }
+  auto archive = LocalArchive::Open(dir.string());
+  ASSERT_TRUE(archive.ok());
+  auto kv = state::NewMemoryKvStore();
+  ReplaySource source(archive->get(), ReplayOptions{}, 1, kv.get());
+  ASSERT_TRUE(source.Seek("records 30 12").ok());
+  RunResult run = Drive(source, *kv);
+  ASSERT_TRUE(run.status.ok()) << run.status.message();
+  ASSERT_EQ(run.events.size(), 18u);
+  EXPECT_EQ(pipeline::PositionOf(run.events.front()), 13u);
+  EXPECT_EQ(pipeline::PositionOf(run.events.back()), 30u);
+  EXPECT_FALSE(source.Seek("records x").ok());
+}
+
+}  // namespace
+}  // namespace atfill::sources
