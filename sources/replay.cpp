@@ -11,6 +11,7 @@
 #include "atproto/cid.hpp"
 #include "atproto/json.hpp"
 #include "atproto/value.hpp"
+#include "pipeline/job.hpp"
 #include "state/codec.hpp"
 
 namespace atfill::sources {
@@ -257,7 +258,10 @@ Status ReplaySource::PlanNext() {
     return Status::Unavailable("the archive's plan did not advance past seq " +
                                std::to_string(plan_.planned_through));
   }
-  if (tip_ == 0) tip_ = plan.sealed_tip;
+  if (tip_ == 0) {
+    tip_ = plan.sealed_tip;
+    announce_tip_ = tip_ != 0;
+  }
   plan_ = std::move(plan);
   planned_ = true;
   plan_segment_ = 0;
@@ -265,8 +269,18 @@ Status ReplaySource::PlanNext() {
   return Status::OK();
 }
 
+bool ReplaySource::KnownFailed(const std::string& block_id) const {
+  std::lock_guard lock(stats_mu_);
+  return failed_ids_.count(block_id) != 0;
+}
+
 void ReplaySource::RecordFailure(EventChunk* chunk, const std::string& block_id,
                                  const std::string& kind, const std::string& message) const {
+  {
+    // A block is recorded once (a refold may meet it again).
+    std::lock_guard lock(stats_mu_);
+    if (!failed_ids_.insert(block_id).second) return;
+  }
   state::FailedBlock fb;
   fb.block_id = block_id;
   fb.reason = kind + ": " + message;
@@ -292,7 +306,7 @@ Result<bool> ReplaySource::Read(EventChunk* chunk) {
           if (more.ok()) ++chunks_out_;
           return more;
         }
-        if (!options_.accounts || !options_.only_blocks.empty()) {
+        if (!options_.accounts) {
           sweep_ = Sweep::kDone;
           return false;
         }
@@ -334,10 +348,16 @@ Result<bool> ReplaySource::ReadRecords(EventChunk* chunk) {
     const std::string id = BlockId(seg.segment.name, b.index);
     if (!only_blocks_.empty() && !only_blocks_.count(id)) continue;
     const uint64_t through = std::min(b.max_seq, tip_);
-    chunk->stage = state::JobStage::kReplaying;
+    chunk->stage =
+        only_blocks_.empty() ? state::JobStage::kReplaying : state::JobStage::kRetryingBlocks;
     chunk->raw_first_position = b.min_seq;
     chunk->input_done = through;
     chunk->resume_cursor = CursorText(through);
+    if (announce_tip_) {
+      // The job's progress: seq N of the pinned tip.
+      chunk->counters.emplace_back(pipeline::kInputTotal, static_cast<int64_t>(tip_));
+      announce_tip_ = false;
+    }
     auto frame = archive_->GetBlock(seg.segment, b.index);
     if (!frame.ok()) {
       RecordFailure(chunk, id, "archive_block", frame.status().message());
@@ -395,6 +415,7 @@ void ReplaySource::Decode(EventChunk* chunk) const {
   for (const auto& [did, seq] : last_seq) {
     chunk->state_writes.Put(state::Family::kQueue, ReplayDidKey(job_, did), Be64(seq));
   }
+  if (options_.retry_of != 0) failed_.Remove(&chunk->state_writes, options_.retry_of, id);
   std::lock_guard lock(stats_mu_);
   ++stats_.blocks;
   stats_.rows += rows;
@@ -447,6 +468,7 @@ Status ReplaySource::Refold(const std::string& did, uint64_t after_seq, EventChu
     for (const PlannedSegment& seg : plan.segments) {
       for (const PlannedBlock& b : seg.blocks) {
         const std::string id = BlockId(seg.segment.name, b.index);
+        if (KnownFailed(id)) continue;
         auto frame = archive_->GetBlock(seg.segment, b.index);
         if (!frame.ok()) {
           RecordFailure(chunk, id, "archive_block", frame.status().message());
@@ -562,6 +584,12 @@ Result<bool> ReplaySource::ReadAccounts(EventChunk* chunk) {
       const std::string did(row.did);
       if (refolded_.count(did)) continue;
       ATFILL_ASSIGN_OR_RETURN(auto holds, kv_->Get(state::Family::kQueue, ReplayDidKey(job_, did)));
+      if (!holds && options_.retry_of != 0) {
+        // A retry also applies the markers the first job missed (they may have been in the
+        // failed blocks) of the accounts that job wrote records for.
+        ATFILL_ASSIGN_OR_RETURN(
+            holds, kv_->Get(state::Family::kQueue, ReplayDidKey(options_.retry_of, did)));
+      }
       if (!holds) continue;  // the account wrote no record in the job's collections
       ATFILL_ASSIGN_OR_RETURN(auto refolded,
                               kv_->Get(state::Family::kQueue, ReplayRefoldKey(job_, did)));
@@ -577,7 +605,9 @@ Result<bool> ReplaySource::ReadAccounts(EventChunk* chunk) {
       }
       const bool kill = IsKill(a);
       chunk->events.emplace_back(std::move(a));
-      if (kill && FromBe64(*holds) > row.seq) {
+      // A retry of failed blocks does not know the account's later rows (the first job wrote
+      // them): every kill replays them again.
+      if (kill && (options_.retry_of != 0 || FromBe64(*holds) > row.seq)) {
         ATFILL_RETURN_IF_ERROR(Refold(did, row.seq, chunk));
       }
     }

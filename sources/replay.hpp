@@ -51,6 +51,9 @@ struct ReplayOptions {
   uint32_t max_failed_in_a_row = 16;
   // Only these blocks ("<segment name>/<block index>"), for retry-failed; empty = the plan's.
   std::vector<std::string> only_blocks;
+  // The job whose failed blocks these are: each one read and decoded now leaves its failed list
+  // (in the chunk's state writes). 0 = none.
+  uint64_t retry_of = 0;
   Status Validate() const;
 };
 
@@ -89,8 +92,10 @@ class ReplaySource : public pipeline::Source {
   Result<bool> ReadRecords(pipeline::EventChunk* chunk);
   Result<bool> ReadAccounts(pipeline::EventChunk* chunk);
   Status StartAccounts();
+  // Records a failed block in the chunk (state, error log, counter), once per block.
   void RecordFailure(pipeline::EventChunk* chunk, const std::string& block_id,
                      const std::string& kind, const std::string& message) const;
+  bool KnownFailed(const std::string& block_id) const;
   Status Refold(const std::string& did, uint64_t after_seq, pipeline::EventChunk* chunk);
   std::string CursorText(uint64_t seq) const;
 
@@ -105,6 +110,7 @@ class ReplaySource : public pipeline::Source {
   uint64_t done_seq_ = 0;  // rows at or below it (in this sweep) are applied or handed out
   uint64_t account_start_ = 0;
   bool planned_ = false;
+  bool announce_tip_ = false;  // the tip was just pinned: the next chunk adds it to the job
   Plan plan_;
   size_t plan_segment_ = 0;
   size_t plan_block_ = 0;
@@ -120,6 +126,7 @@ class ReplaySource : public pipeline::Source {
 
   mutable std::mutex stats_mu_;
   mutable ReplayStats stats_;
+  mutable std::set<std::string> failed_ids_;  // under stats_mu_
 };
 
 // State keys of a replay job (family kQueue): the DIDs that wrote records, with their last record

@@ -37,6 +37,7 @@ int RunPause(std::span<char* const> args);
 int RunResume(std::span<char* const> args);
 int RunCancel(std::span<char* const> args);
 int RunArchive(std::span<char* const> args);
+int RunRetryFailed(std::span<char* const> args);
 
 std::span<const Verb> Verbs();
 

@@ -68,7 +68,22 @@ std::string ProgressLine(const state::JobRecord& job, int64_t now_us) {
     std::snprintf(buf, sizeof(buf), " %.1f%%", p.percent);
     line += buf;
   }
-  line += " | " + FormatCount(job.counters.events_read) + " events";
+  const auto extra = [&](const char* name) -> uint64_t {
+    auto it = job.counters.extra.find(name);
+    return it == job.counters.extra.end() ? 0 : it->second;
+  };
+  const auto source = job.params.find("source");
+  if (source != job.params.end() && source->second == "replay") {
+    // An archive replay: where it is in the archive's seqs, what it downloaded, what failed.
+    line += " | seq " + FormatCount(extra(pipeline::kInputDone)) + " of " +
+            FormatCount(extra(pipeline::kInputTotal));
+    char mb[32];
+    std::snprintf(mb, sizeof(mb), "%.1f MB", static_cast<double>(job.counters.bytes) / 1e6);
+    line += " | " + std::string(mb) + " read";
+    line += " | " + FormatCount(extra("failed_blocks")) + " failed blocks";
+  } else {
+    line += " | " + FormatCount(job.counters.events_read) + " events";
+  }
   line += " | " + FormatCount(job.counters.records_written) + " written";
   line += " | " + Rate(p.records_per_s) + " rec/s";
   if (p.eta_s >= 0 && job.status == state::JobStatus::kRunning) {

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cinttypes>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <thread>
 
@@ -16,6 +17,7 @@
 #include "sources/replay.hpp"
 #include "stages/cid_verify.hpp"
 #include "stages/ingest_guard.hpp"
+#include "state/failed_blocks.hpp"
 #include "tools/atfill/app_config.hpp"
 #include "tools/atfill/cli.hpp"
 #include "tools/atfill/job_run.hpp"
@@ -61,13 +63,20 @@ Result<sources::CrawlOptions> CrawlOfJob(const AppConfig& config, state::JobReco
 
 // A replay job: the job's collections read from its archive (sources/replay.hpp).
 int RunReplayJob(const char* verb, const AppConfig& config, OpenedState& st, state::JobRecord job) {
-  const std::string dir = job.params["archive"];
+  const auto param = [&job](const char* name) {
+    auto it = job.params.find(name);
+    return it == job.params.end() ? std::string() : it->second;
+  };
+  const std::string dir = param("archive");
   auto archive = sources::LocalArchive::Open(dir);
   if (!archive.ok()) {
     return Fail(verb, "job " + std::to_string(job.id) + ": " + archive.status().message(), kExitIo);
   }
   sources::ReplayOptions options = config.replay;
-  options.collections = Split(job.params["collections"]);
+  options.collections = Split(param("collections"));
+  options.only_blocks = Split(param("blocks"));
+  if (!param("retry_of").empty())
+    options.retry_of = std::strtoull(param("retry_of").c_str(), nullptr, 10);
   auto sink = sinks::OpenSqliteSink(config.sqlite);
   if (!sink.ok()) return Fail(verb, sink.status().message(), kExitIo);
   sources::ReplaySource source(archive->get(), options, job.id, st.kv.get());
@@ -89,7 +98,9 @@ int RunReplayJob(const char* verb, const AppConfig& config, OpenedState& st, sta
 
 int RunBackfillJob(const char* verb, const AppConfig& config, OpenedState& st, state::JobRecord job,
                    bool hold_live = false) {
-  if (job.params["source"] == "replay") return RunReplayJob(verb, config, st, std::move(job));
+  if (auto it = job.params.find("source"); it != job.params.end() && it->second == "replay") {
+    return RunReplayJob(verb, config, st, std::move(job));
+  }
   auto crawl = CrawlOfJob(config, job);
   if (!crawl.ok())
     return Fail(verb, "job " + std::to_string(job.id) + ": " + crawl.status().message(),
@@ -287,6 +298,62 @@ int RunBackfill(std::span<char* const> args) {
   if (!job.ok()) return Fail("backfill", job.status().message(), kExitIo);
   AnnounceBackfill("backfill", crawl, *job, resumed);
   const int rc = RunBackfillJob("backfill", *config, *st, *job);
+  RestoreSignals();
+  return rc;
+}
+
+int RunRetryFailed(std::span<char* const> args) {
+  if (args.size() != 2)
+    return Fail("retry-failed", "usage: atfill retry-failed CONFIG JOB", kExitUsage);
+  auto config = LoadAppConfig(args[0]);
+  if (!config.ok()) return Fail("retry-failed", config.status().message(), kExitUsage);
+  char* end = nullptr;
+  const uint64_t id = std::strtoull(args[1], &end, 10);
+  if (end == args[1] || *end != '\0' || id == 0) {
+    return Fail("retry-failed", std::string("'") + args[1] + "' is not a job id", kExitUsage);
+  }
+  CatchStopSignals();
+  auto st = OpenStateForWrite(*config);
+  if (!st.ok()) return Fail("retry-failed", st.status().message(), kExitIo);
+  auto original = st->jobs->Get(id);
+  if (!original.ok()) return Fail("retry-failed", original.status().message(), kExitUsage);
+  if (original->params["source"] != "replay") {
+    return Fail("retry-failed",
+                "job " + std::to_string(id) +
+                    " is not a replay job: only archive replays have failed blocks",
+                kExitUsage);
+  }
+  std::vector<std::string> blocks;
+  state::FailedBlocks failed(*st->kv);
+  if (Status s = failed.Scan(id,
+                             [&](const state::FailedBlock& b) {
+                               blocks.push_back(b.block_id);
+                               return true;
+                             });
+      !s.ok()) {
+    return Fail("retry-failed", s.message(), kExitIo);
+  }
+  if (blocks.empty()) {
+    std::fprintf(stderr, "atfill retry-failed: job %" PRIu64 " has no failed block\n", id);
+    return kExitOk;
+  }
+  state::JobRecord prototype;
+  prototype.kind = "backfill";
+  prototype.stage = state::JobStage::kRetryingBlocks;
+  prototype.created_us = pipeline::NowMicros();
+  prototype.started_by = "cli";
+  prototype.params = original->params;
+  prototype.params["retry_of"] = std::to_string(id);
+  prototype.params["blocks"] = Join(blocks);
+  bool resumed = false;
+  auto job = pipeline::FindOrCreateJob(st->jobs.get(), prototype, {"source", "retry_of"}, &resumed);
+  if (!job.ok()) return Fail("retry-failed", job.status().message(), kExitIo);
+  std::fprintf(stderr,
+               "atfill retry-failed: %s job %" PRIu64
+               " fetching the %zu failed block(s) of job %" PRIu64
+               ", then the account events of the accounts they hold records of\n",
+               resumed ? "resuming" : "started", job->id, Split(job->params["blocks"]).size(), id);
+  const int rc = RunBackfillJob("retry-failed", *config, *st, *job);
   RestoreSignals();
   return rc;
 }

@@ -7,6 +7,7 @@
 #include "pipeline/engine.hpp"
 #include "pipeline/job.hpp"
 #include "state/crawl_log.hpp"
+#include "state/failed_blocks.hpp"
 #include "tools/atfill/app_config.hpp"
 #include "tools/atfill/cli.hpp"
 #include "tools/atfill/job_view.hpp"
@@ -243,6 +244,27 @@ int RunJob(std::span<char* const> args) {
   std::printf("  errors      %s\n", counts->empty() ? "none" : "");
   for (const auto& [k, v] : *counts)
     std::printf("    %-22s %s\n", k.c_str(), FormatCount(v).c_str());
+  if (j.params.count("source") && j.params.at("source") == "replay") {
+    // The archive blocks still failed (atfill retry-failed reads them again).
+    state::FailedBlocks failed(*st->kv);
+    size_t shown = 0, total = 0;
+    std::string lines;
+    Status s = failed.Scan(j.id, [&](const state::FailedBlock& b) {
+      ++total;
+      if (shown < 20) {
+        ++shown;
+        lines += "    " + b.block_id + "  " + b.reason + "\n";
+      }
+      return true;
+    });
+    if (!s.ok()) {
+      std::printf("  failed blocks: cannot be read: %s\n", s.message().c_str());
+    } else {
+      std::printf("  failed blocks %s%s\n%s", total == 0 ? "none" : FormatCount(total).c_str(),
+                  total > shown ? (" (first " + std::to_string(shown) + " shown)").c_str() : "",
+                  lines.c_str());
+    }
+  }
   if (a.batches) {
     std::printf("\n  %-8s %-28s %-28s %8s %8s %10s %8s\n", "BATCH", "FROM", "TO", "COUNT", "FAILED",
                 "MS", "ATTEMPTS");

@@ -67,6 +67,15 @@ std::span<const Verb> Verbs() {
        "  --segment-kb N      seal a segment once it reaches N KiB (default 262144: 256 MiB)\n\n"
        "exit: 0 written, 1 some lines skipped, 2 usage or config, 3 files unavailable\n",
        RunArchive},
+      {"retry-failed", "fetch again the archive blocks a replay job could not read",
+       "usage: atfill retry-failed CONFIG JOB\n\n"
+       "Starts a new job that reads only the failed blocks of replay job JOB (atfill job CONFIG\n"
+       "JOB lists them), then applies the account events of every account those blocks wrote\n"
+       "records for. Each block read leaves JOB's failed list; one that fails again is recorded\n"
+       "in the new job. The same command again resumes the unfinished retry.\n\n"
+       "exit: 0 completed (or nothing to retry), 1 failed, 2 usage or config, 3 state\n"
+       "      unavailable, 4 paused or cancelled\n",
+       RunRetryFailed},
       {"run", "resume unfinished jobs, then keep the database current from a Jetstream",
        "usage: atfill run CONFIG [--backfill]\n\n"
        "Resumes, oldest first, every job that was interrupted (running or pausing when its\n"
