@@ -7,6 +7,8 @@
 //
 //   build/bench/replay_bench                      (Release build)
 //   ATFILL_REPLAY_BENCH_EVENTS=N                  (another size; default 5,000,000)
+//   ATFILL_REPLAY_BENCH_ARCHIVE=DIR               (generate the archive there once, reuse it)
+//   ATFILL_REPLAY_BENCH_BATCH=events,chunks,ms    (the engine's batch limits)
 #include <benchmark/benchmark.h>
 
 #include <chrono>
@@ -47,6 +49,16 @@ const fs::path& ArchiveDir(uint64_t* bytes) {
   static uint64_t size = 0;
   if (dir.empty()) {
     dir = WorkDir() / "archive";
+    if (const char* keep = std::getenv("ATFILL_REPLAY_BENCH_ARCHIVE")) {
+      // A kept archive: generated into that folder once, reused by later runs.
+      dir = keep;
+      std::error_code ec;
+      if (fs::exists(dir / "seg_0000000000.jss", ec)) {
+        for (const auto& f : fs::directory_iterator(dir)) size += f.file_size();
+        *bytes = size;
+        return dir;
+      }
+    }
     gen::EventGenOptions o;
     o.dids = 10'000;
     o.update_ratio = 0;

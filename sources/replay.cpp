@@ -7,6 +7,8 @@
 #include <thread>
 #include <unordered_map>
 
+#include <xxhash.h>
+
 #include "atproto/cbor.hpp"
 #include "atproto/cid.hpp"
 #include "atproto/json.hpp"
@@ -392,7 +394,7 @@ void ReplaySource::Decode(EventChunk* chunk) const {
   if (!body.ok()) return RecordFailure(chunk, id, "bad_block", body.status().message());
   auto block = jss::Block::Parse(std::move(*body));
   if (!block.ok()) return RecordFailure(chunk, id, "bad_block", block.status().message());
-  std::unordered_map<std::string_view, uint64_t> last_seq;
+  std::unordered_map<std::string_view, uint64_t> first_seq;
   uint64_t rows = 0;
   chunk->events.reserve(chunk->events.size() + block->size());
   for (size_t i = 0; i < block->size(); ++i) {
@@ -409,10 +411,17 @@ void ReplaySource::Decode(EventChunk* chunk) const {
       continue;
     }
     chunk->events.emplace_back(std::move(r));
-    uint64_t& s = last_seq[row.did];
-    s = std::max(s, row.seq);
+    first_seq.emplace(row.did, row.seq);
   }
-  for (const auto& [did, seq] : last_seq) {
+  // The accounts that hold records, for the account sweep: each written once per run (a set of
+  // their hashes remembers which were; past its cap every chunk writes its accounts).
+  for (const auto& [did, seq] : first_seq) {
+    const uint64_t hash = XXH3_64bits(did.data(), did.size());
+    {
+      std::lock_guard lock(seen_mu_);
+      if (seen_dids_.count(hash)) continue;
+      if (seen_dids_.size() < kSeenDidsCap) seen_dids_.insert(hash);
+    }
     chunk->state_writes.Put(state::Family::kQueue, ReplayDidKey(job_, did), Be64(seq));
   }
   if (options_.retry_of != 0) failed_.Remove(&chunk->state_writes, options_.retry_of, id);
@@ -605,9 +614,8 @@ Result<bool> ReplaySource::ReadAccounts(EventChunk* chunk) {
       }
       const bool kill = IsKill(a);
       chunk->events.emplace_back(std::move(a));
-      // A retry of failed blocks does not know the account's later rows (the first job wrote
-      // them): every kill replays them again.
-      if (kill && (options_.retry_of != 0 || FromBe64(*holds) > row.seq)) {
+      // The account's rows after the kill are replayed again (the blooms find its blocks).
+      if (kill) {
         ATFILL_RETURN_IF_ERROR(Refold(did, row.seq, chunk));
       }
     }

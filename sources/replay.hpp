@@ -4,13 +4,13 @@
 // sealed tip, pinned when the job starts: one chunk per planned block, decompressed, decoded and
 // filtered exactly (the planner over-selects) on the engine's decode threads; every commit row
 // becomes a RecordEvent (CID computed from the stored DAG-CBOR, body its atproto JSON) that goes
-// through the same stages as a crawled record. Each DID that wrote a record is remembered in state
-// with the seq of its last record. The account sweep then reads the account and sync markers of
+// through the same stages as a crawled record. Each DID that wrote a record is remembered in
+// state. The account sweep then reads the account and sync markers of
 // those DIDs, from the segment that ends within `marker_tail_hours` of the newest one (0: the whole
 // archive). Markers apply as of their own time: a kill (a #sync, or an inactive account whose
-// status purges records) of a DID that wrote records after it is applied, then that DID's rows
-// after the marker are replayed again in order (commits and markers), so the account keeps what
-// it wrote later and loses only what it held then.
+// status purges records) is applied, then that DID's rows after the marker (found through the
+// blocks' DID blooms) are replayed again in order, commits and markers, so the account keeps what
+// it wrote later and loses only what it held then; its later markers in the sweep are skipped.
 //
 // A block that arrives but does not decode is recorded as a failed block (state::FailedBlocks,
 // kind "bad_block" in the error log) and skipped; one the archive does not deliver is recorded as
@@ -26,6 +26,7 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <unordered_set>
 #include <string>
 #include <vector>
 
@@ -127,10 +128,14 @@ class ReplaySource : public pipeline::Source {
   mutable std::mutex stats_mu_;
   mutable ReplayStats stats_;
   mutable std::set<std::string> failed_ids_;  // under stats_mu_
+  // Hashes of the accounts whose "holds records" key this run wrote.
+  static constexpr size_t kSeenDidsCap = 4'000'000;
+  mutable std::mutex seen_mu_;
+  mutable std::unordered_set<uint64_t> seen_dids_;
 };
 
-// State keys of a replay job (family kQueue): the DIDs that wrote records, with their last record
-// seq, and the DIDs whose rows after a kill marker were replayed again.
+// State keys of a replay job (family kQueue): the DIDs that wrote records (with the seq of the
+// first record a chunk saw), and the DIDs whose rows after a kill marker were replayed again.
 std::string ReplayDidKey(uint64_t job, std::string_view did);
 std::string ReplayRefoldKey(uint64_t job, std::string_view did);
 

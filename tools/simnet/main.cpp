@@ -19,6 +19,10 @@
 // --jetstream-disconnect-after N --jetstream-disconnect-probability X --jetstream-max-queue N
 // --jetstream-send-buffer N --jetstream-false-deletes X (share of #account deleted events the
 // account's PDS contradicts).
+// Archive options (archive.localhost; on with --archive-dir DIR; prints ARCHIVE_URL=):
+// --archive-from-jetstream (write the Jetstream log into DIR first) --archive-rows-per-block N
+// --archive-segment-bytes N --archive-max-plan-entries N --archive-max-list-page N
+// --archive-key KEY (required Bearer key) --archive-quota BYTES_PER_S --archive-absent 404|501.
 #include <signal.h>
 #include <sys/resource.h>
 
@@ -50,6 +54,10 @@ int Usage() {
       "         [--jetstream-interval-us N] [--jetstream-disconnect-after N]\n"
       "         [--jetstream-disconnect-probability X] [--jetstream-max-queue N]\n"
       "         [--jetstream-send-buffer N] [--jetstream-false-deletes X]\n"
+      "         [--archive-dir DIR] [--archive-from-jetstream] [--archive-rows-per-block N]\n"
+      "         [--archive-segment-bytes N] [--archive-max-plan-entries N]\n"
+      "         [--archive-max-list-page N] [--archive-key KEY] [--archive-quota N]\n"
+      "         [--archive-absent 404|501]\n"
       "       serve: [--duration-s N] [--truth-out FILE] [--jetstream-truth-out FILE]\n"
       "              [--jetstream-v1-dict-out FILE] [--jetstream-v2-dict-out FILE]\n"
       "       truth: [--with-faults]\n",
@@ -84,6 +92,10 @@ Status ParseArgs(int argc, char** argv, Cli* cli) {
     const std::string_view flag = argv[i];
     if (flag == "--with-faults") {
       cli->with_faults = true;
+      continue;
+    }
+    if (flag == "--archive-from-jetstream") {
+      o.archive.from_jetstream = true;
       continue;
     }
     if (i + 1 >= argc) return Status::Invalid(std::string(flag) + " needs a value");
@@ -153,6 +165,22 @@ Status ParseArgs(int argc, char** argv, Cli* cli) {
       ok = ParseNumber(value, &o.jetstream.max_send_queue);
     } else if (flag == "--jetstream-send-buffer") {
       ok = ParseNumber(value, &o.jetstream.send_buffer_bytes);
+    } else if (flag == "--archive-dir") {
+      o.archive.dir = value;
+    } else if (flag == "--archive-rows-per-block") {
+      ok = ParseNumber(value, &o.archive.rows_per_block);
+    } else if (flag == "--archive-segment-bytes") {
+      ok = ParseNumber(value, &o.archive.segment_bytes);
+    } else if (flag == "--archive-max-plan-entries") {
+      ok = ParseNumber(value, &o.archive.max_plan_entries);
+    } else if (flag == "--archive-max-list-page") {
+      ok = ParseNumber(value, &o.archive.max_list_page);
+    } else if (flag == "--archive-key") {
+      o.archive.faults.required_key = value;
+    } else if (flag == "--archive-quota") {
+      ok = ParseNumber(value, &o.archive.faults.quota_bytes_per_second);
+    } else if (flag == "--archive-absent") {
+      ok = ParseNumber(value, &o.archive.faults.no_archive_status);
     } else if (flag == "--distribution") {
       ok = value == "uniform" || value == "log";
       o.distribution = value == "uniform" ? atfill::simnet::RecordCountDistribution::kUniform
@@ -235,6 +263,9 @@ int Serve(const Cli& cli) {
               (*net)->plc_url().c_str(), static_cast<unsigned>((*net)->port()));
   if ((*net)->jetstream() != nullptr) {
     std::printf("JETSTREAM_URL=%s\n", (*net)->jetstream_url().c_str());
+  }
+  if (!(*net)->archive_url().empty()) {
+    std::printf("ARCHIVE_URL=%s\n", (*net)->archive_url().c_str());
   }
   std::fflush(stdout);
 

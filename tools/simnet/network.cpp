@@ -162,6 +162,10 @@ Status SimnetOptions::Validate() const {
     return Status::Invalid("oversize_record_bytes must be 1..64 MiB");
   }
   ATFILL_RETURN_IF_ERROR(jetstream.Validate());
+  ATFILL_RETURN_IF_ERROR(archive.Validate().WithContext("archive"));
+  if (archive.from_jetstream && jetstream.events == 0) {
+    return Status::Invalid("archive.from_jetstream needs a Jetstream (jetstream.events > 0)");
+  }
   for (const FaultRule& rule : faults) {
     if (rule.target.empty()) return Status::Invalid("a fault rule has an empty target");
     if (rule.host_share < 0 || rule.host_share > 1) {

@@ -17,6 +17,7 @@
 #include "atproto/car.hpp"
 #include "atproto/repo.hpp"
 #include "base/json_writer.hpp"
+#include "tools/simnet/archive_server.hpp"
 #include "tools/simnet/http_util.hpp"
 #include "tools/simnet/jetstream_server.hpp"
 #include "tools/simnet/simnet.hpp"
@@ -101,6 +102,7 @@ struct Simnet::Impl {
   std::unique_ptr<Network> net;
   // Declared before the io_context: WebSocket sessions it destroys still point at it.
   std::unique_ptr<JetstreamServer> jetstream;
+  std::unique_ptr<ArchiveServer> archive;
   asio::io_context ioc;
   tcp::acceptor acceptor{ioc};
   std::vector<std::thread> threads;
@@ -161,6 +163,25 @@ class Simnet::Impl::Session : public std::enable_shared_from_this<Session> {
     keep_alive_ = req.keep_alive();
     version_ = req.version();
     const auto host = req[http::field::host];
+    if (server_->archive != nullptr) {
+      std::optional<ArchiveServer::Answer> answer =
+          server_->archive->Handle(std::string_view(host.data(), host.size()), req);
+      if (answer) {
+        ++server_->requests;
+        server_->CountStatus(answer->status);
+        Reply r;
+        r.status = answer->status;
+        r.content_type = std::move(answer->content_type);
+        r.headers = std::move(answer->headers);
+        r.body = std::move(answer->body);
+        if (answer->fault == ArchiveServer::Answer::Fault::kDrop) r.fault = Reply::Fault::kHold;
+        if (answer->fault == ArchiveServer::Answer::Fault::kTruncate) {
+          r.fault = Reply::Fault::kTruncate;
+        }
+        r.delay_ms = server_->net->options().latency_ms;
+        return RespondLater(std::move(r));
+      }
+    }
     if (server_->jetstream != nullptr &&
         IsJetstreamHost(std::string_view(host.data(), host.size()))) {
       ++server_->requests;
@@ -175,8 +196,12 @@ class Simnet::Impl::Session : public std::enable_shared_from_this<Session> {
       return Respond(std::move(r));
     }
     const auto target = req.target();
-    Reply reply = server_->Handle(std::string_view(host.data(), host.size()),
-                                  std::string_view(target.data(), target.size()));
+    RespondLater(server_->Handle(std::string_view(host.data(), host.size()),
+                                 std::string_view(target.data(), target.size())));
+  }
+
+  // Respond() after the reply's delay.
+  void RespondLater(Reply reply) {
     if (reply.delay_ms <= 0) return Respond(std::move(reply));
     timer_.expires_after(std::chrono::milliseconds(reply.delay_ms));
     timer_.async_wait(
@@ -568,6 +593,12 @@ Result<std::unique_ptr<Simnet>> Simnet::Start(SimnetOptions options) {
   if (options.jetstream.events > 0) {
     ATFILL_ASSIGN_OR_RETURN(impl->jetstream, JetstreamServer::Create(net, options.jetstream));
   }
+  if (!options.archive.dir.empty()) {
+    const JetstreamServer* j = impl->jetstream.get();
+    ATFILL_ASSIGN_OR_RETURN(
+        impl->archive, ArchiveServer::Create(options.archive, j != nullptr ? &j->log() : nullptr,
+                                             j != nullptr ? j->dictionary(2) : ByteView(), port));
+  }
   impl->Accept();
   Impl* raw = impl.get();
   for (int i = 0; i < options.threads; ++i) {
@@ -598,6 +629,19 @@ const Network& Simnet::network() const { return *impl_->net; }
 std::string Simnet::jetstream_url() const {
   if (impl_->jetstream == nullptr) return "";
   return "ws://jetstream.localhost:" + std::to_string(impl_->net->port());
+}
+
+std::string Simnet::archive_url() const {
+  if (impl_->archive == nullptr) return "";
+  return "http://archive.localhost:" + std::to_string(impl_->net->port());
+}
+
+void Simnet::SetArchiveFaults(ArchiveFaults faults) {
+  if (impl_->archive != nullptr) impl_->archive->SetFaults(std::move(faults));
+}
+
+ArchiveStats Simnet::archive_stats() const {
+  return impl_->archive != nullptr ? impl_->archive->stats() : ArchiveStats{};
 }
 
 const JetstreamLog* Simnet::jetstream() const {

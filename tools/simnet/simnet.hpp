@@ -11,6 +11,10 @@
 //   jetstream.localhost:PORT a Jetstream (when SimnetOptions::jetstream.events > 0; see
 //                            jetstream.hpp): GET /subscribe (v1), the v2 WebSocket
 //                            network.bsky.jetstream.subscribeEvents and getZstdDictionary
+//   archive.localhost:PORT   a Jetstream v2 archive (when SimnetOptions::archive.dir is set):
+//                            listSegments, planSnapshot, getSegment, getBlock,
+//                            getZstdDictionary (also at jetstream.localhost), with faults
+//   cdn.localhost:PORT       where the archive's redirect fault sends getBlock
 // Everything (accounts, keys, records, statuses, which records and accounts carry a fault) is
 // derived from the seed, so the ground truth can be printed without serving. Two things are not
 // reproducible across processes: commit signatures (OpenSSL's ECDSA is randomized; within one
@@ -19,6 +23,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -158,6 +163,82 @@ struct JetstreamOptions {
   Status Validate() const;
 };
 
+// The archive host (archive.localhost; SPEC §3): a Jetstream v2 archive served from the sealed
+// `.jss` segments of a directory. Faults are injected per request target, and can be changed
+// while simnet runs (Simnet::SetArchiveFaults).
+struct ArchiveFault {
+  enum class Kind : uint8_t {
+    kStatus,    // an XRPC error answer with `status` (and Retry-After when retry_after_s >= 0)
+    kCorrupt,   // getBlock/getSegment: bytes of the body flipped; JSON methods: half the JSON
+    kDrop,      // no answer: the connection closes
+    kTruncate,  // the full Content-Length, half the body, then the connection closes
+    kRedirect,  // getBlock: 302 to http://cdn.localhost:PORT/blocks/<segment>/<index>, which
+                // serves the frame without asking for a key
+  };
+  Kind kind = Kind::kStatus;
+  int status = 500;
+  // Retry-After in seconds; -1 = no header.
+  int64_t retry_after_s = -1;
+  // Retry-After as an HTTP-date (now + retry_after_s) rather than delta-seconds.
+  bool retry_after_date = false;
+  // The first `times` requests of the target hit, later ones are served; 0 = every request.
+  uint32_t times = 0;
+};
+
+struct ArchiveFaults {
+  // By target: "listSegments", "planSnapshot", "getSegment", "getBlock" (every request of that
+  // method), or "<segment name>/<block index>" (getBlock of one block; checked first).
+  std::map<std::string, ArchiveFault> faults;
+  // Every archive method answers this: 404 NotFound or 501 MethodNotImplemented ("no archive
+  // here"); 0 = serve.
+  int no_archive_status = 0;
+  // Key planSnapshot, getSegment and getBlock require as "Authorization: Bearer <key>": 401
+  // AuthRequired without one, 403 Forbidden for another. Empty = no key needed.
+  std::string required_key;
+  // A byte quota (bytes per second), advertised on every archive answer in
+  // X-Archive-Quota-Bytes-Per-Second and enforced per Authorization value: a token bucket one
+  // second deep, charged the body bytes of every answer; a request arriving while its bucket is
+  // in debt gets 429 RateLimitExceeded with Retry-After. 0 = none.
+  uint64_t quota_bytes_per_second = 0;
+};
+
+struct ArchiveOptions {
+  // The directory whose sealed segments (seg_*.jss, read at Start) are served; empty = no
+  // archive host. The archive methods are also served at jetstream.localhost when it runs.
+  std::string dir;
+  // At Start, first write the Jetstream log's events (seqs 1..events) into `dir` as segments
+  // (ArchiveWriter); `dir` must then hold no segment yet. Needs jetstream.events > 0.
+  bool from_jetstream = false;
+  uint32_t rows_per_block = 256;               // from_jetstream: rows per block (1..262144)
+  uint64_t segment_bytes = uint64_t{1} << 20;  // from_jetstream: seal a segment at this size
+  // planSnapshot: work entries per page (a whole segment or one block range) before the page is
+  // truncated; 0 = unlimited.
+  uint32_t max_plan_entries = 100'000;
+  // planSnapshot: a segment whose selected share of blocks reaches this is planned whole
+  // (mode "segment"); 0..1.
+  double whole_segment_threshold = 0.75;
+  // listSegments: largest page, whatever `limit` asks (1..1000).
+  uint32_t max_list_page = 1000;
+  // Faults at Start.
+  ArchiveFaults faults;
+
+  Status Validate() const;
+};
+
+// The archive host's counters since Start.
+struct ArchiveStats {
+  uint64_t requests = 0;  // requests to the archive methods (any host) and cdn.localhost
+  uint64_t list_segments = 0, plan_snapshots = 0, get_segments = 0, get_blocks = 0;
+  uint64_t faults = 0;            // answers replaced by an injected fault
+  uint64_t key_rejections = 0;    // 401 and 403 answers
+  uint64_t quota_rejections = 0;  // 429 answers of the quota
+  uint64_t bytes = 0;             // body bytes of archive answers
+  uint64_t cdn_requests = 0;      // requests to cdn.localhost
+  // Requests carrying an Authorization header to any host or method that never needs a key
+  // (cdn.localhost, listSegments, getZstdDictionary, every other simulated host).
+  uint64_t authorization_elsewhere = 0;
+};
+
 enum class RecordCountDistribution {
   kUniform,     // records per account uniform in [min_records, max_records]
   kLogUniform,  // log-uniform: many small repos, a few large ones (as on the real network)
@@ -197,6 +278,8 @@ struct SimnetOptions {
   uint64_t repo_cache_bytes = uint64_t{200} << 20;
   // The Jetstream host (off unless jetstream.events > 0).
   JetstreamOptions jetstream;
+  // The archive host (off unless archive.dir is set).
+  ArchiveOptions archive;
 
   Status Validate() const;
 };
@@ -351,6 +434,11 @@ class Simnet {
   // The ground truth of this instance (did:web DIDs carry its port).
   Result<GroundTruth> Truth() const;
   SimnetStats stats() const;
+  // "http://archive.localhost:PORT"; empty when the archive is off.
+  std::string archive_url() const;
+  // Replaces the archive's faults (their hit counts start again). No-op when it is off.
+  void SetArchiveFaults(ArchiveFaults faults);
+  ArchiveStats archive_stats() const;
   // Requests answered (or held) by one host so far.
   uint64_t host_requests(size_t host_id) const;
   // Idempotent.
