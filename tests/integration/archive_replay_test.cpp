@@ -209,7 +209,7 @@ TEST(ArchiveReplayTest, AccountBackfillsAreRefusedAsReplaysAndAutoCrawlsWithoutA
   auto automatic = RunProcess({kAtfill, "backfill", (dir / "a.toml").string(), "--source", "auto",
                                "--collection", "app.bsky.feed.post"},
                               dir.path());
-  EXPECT_THAT(automatic.err, HasSubstr("the archive cannot be read"));
+  EXPECT_THAT(automatic.err, HasSubstr("no archive to replay from"));
   EXPECT_THAT(automatic.err, HasSubstr("the backfill crawls"));
   // replay with that archive fails the job's start, naming the folder.
   auto replay = RunProcess({kAtfill, "backfill", (dir / "a.toml").string(), "--source", "replay",

@@ -1,8 +1,16 @@
 #include "tools/atfill/app_config.hpp"
 
+#include <cstdlib>
+#include <filesystem>
+
 #include "pipeline/config.hpp"
 
 namespace atfill::cli {
+
+std::string ArchiveLocation(const AppConfig& config) {
+  if (!config.archive_dir.empty()) return std::filesystem::absolute(config.archive_dir).string();
+  return config.archive_url;
+}
 
 Result<AppConfig> LoadAppConfig(const std::string& path) {
   ATFILL_ASSIGN_OR_RETURN(pipeline::ConfigFile file, pipeline::ConfigFile::Load(path));
@@ -60,6 +68,16 @@ Result<AppConfig> LoadAppConfig(const std::string& path) {
   ATFILL_RETURN_IF_ERROR(
       file.ReadEnum("crawl.source", &c.backfill_source, {"crawl", "auto", "replay"}));
   ATFILL_RETURN_IF_ERROR(file.ReadPath("archive.dir", &c.archive_dir));
+  ATFILL_RETURN_IF_ERROR(file.ReadString("archive.url", &c.archive_url));
+  ATFILL_RETURN_IF_ERROR(file.ReadString("archive.key", &c.archive_key));
+  if (const char* key = std::getenv("ATFILL_ARCHIVE_KEY"); key != nullptr && *key != '\0') {
+    c.archive_key = key;
+  }
+  if (!c.archive_url.empty() && !c.archive_url.starts_with("http://") &&
+      !c.archive_url.starts_with("https://")) {
+    return Status::Invalid(path + ": [archive] url '" + c.archive_url +
+                           "' is not an http:// or https:// address");
+  }
   ATFILL_RETURN_IF_ERROR(file.ReadDouble("archive.replay_marker_tail_hours",
                                          &c.replay.marker_tail_hours, 0, 24.0 * 365 * 100));
   int64_t block_mb = static_cast<int64_t>(c.replay.max_block_bytes >> 20);

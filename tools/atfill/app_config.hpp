@@ -32,7 +32,12 @@ struct AppConfig {
   // (the Jetstream archive; never falls back) or "auto" (replay when an archive is configured and
   // answers, else crawl). Account backfills (given DIDs) always crawl.
   std::string backfill_source = "crawl";
-  std::string archive_dir;        // [archive] dir: a local directory of .jss segments
+  // [archive] url: a Jetstream v2 archive's host (its XRPC API), or dir: a local directory of .jss
+  // segments (dir wins when both are set). key (or the environment's ATFILL_ARCHIVE_KEY): the
+  // archive's bearer key, sent to it alone.
+  std::string archive_url;
+  std::string archive_dir;
+  std::string archive_key;
   sources::ReplayOptions replay;  // [archive] replay_marker_tail_hours, max_block_mb, ...
   // [live] check_deleted_accounts, account_check_timeout_ms: ask the PDS before purging a
   // deleted account (stages/account_check.hpp).
@@ -50,6 +55,9 @@ struct AppConfig {
   state::TombstoneOptions tombstones;  // [tombstones]
   double progress_interval_s = 10;     // [progress] interval_s (plain log lines)
 };
+
+// Where a replay reads: the archive directory (absolute) or URL; empty when none is configured.
+std::string ArchiveLocation(const AppConfig& config);
 
 // Loads and validates CONFIG. Relative paths are relative to the config file's folder.
 Result<AppConfig> LoadAppConfig(const std::string& path);

@@ -13,6 +13,7 @@
 #include "pipeline/run.hpp"
 #include "sinks/sqlite_sink.hpp"
 #include "sources/archive.hpp"
+#include "sources/archive_http.hpp"
 #include "sources/crawl.hpp"
 #include "sources/replay.hpp"
 #include "stages/cid_verify.hpp"
@@ -61,14 +62,39 @@ Result<sources::CrawlOptions> CrawlOfJob(const AppConfig& config, state::JobReco
   return crawl;
 }
 
+// The archive at `location`: a URL (the archive XRPC API, the config's key) or a directory.
+// `probe` shortens the retries (auto's question "is there an archive?").
+Result<std::unique_ptr<sources::Archive>> OpenArchive(const AppConfig& config,
+                                                      const std::string& location,
+                                                      bool probe = false) {
+  if (location.starts_with("http://") || location.starts_with("https://")) {
+    sources::HttpArchiveOptions o;
+    o.base_url = location;
+    o.key = config.archive_key;
+    o.allow_private_addresses =
+        config.crawl.allow_loopback_endpoints || config.crawl.allow_private_endpoints;
+    o.user_agent = config.crawl.http.user_agent;
+    if (probe) {
+      o.retry_delays_ms = {250, 750};
+      o.unavailable_retries = 1;
+      o.max_throttled_ms = 10'000;
+      o.connect_timeout_ms = 5'000;
+      o.request_timeout_ms = 15'000;
+    }
+    ATFILL_ASSIGN_OR_RETURN(auto archive, sources::HttpArchive::Open(std::move(o)));
+    return std::unique_ptr<sources::Archive>(std::move(archive));
+  }
+  ATFILL_ASSIGN_OR_RETURN(auto archive, sources::LocalArchive::Open(location));
+  return std::unique_ptr<sources::Archive>(std::move(archive));
+}
+
 // A replay job: the job's collections read from its archive (sources/replay.hpp).
 int RunReplayJob(const char* verb, const AppConfig& config, OpenedState& st, state::JobRecord job) {
   const auto param = [&job](const char* name) {
     auto it = job.params.find(name);
     return it == job.params.end() ? std::string() : it->second;
   };
-  const std::string dir = param("archive");
-  auto archive = sources::LocalArchive::Open(dir);
+  auto archive = OpenArchive(config, param("archive"));
   if (!archive.ok()) {
     return Fail(verb, "job " + std::to_string(job.id) + ": " + archive.status().message(), kExitIo);
   }
@@ -151,7 +177,7 @@ Result<state::JobRecord> FindOrCreateBackfillJob(const AppConfig& config, Opened
     prototype.params.erase("discovery");
     prototype.params.erase("mode");
     prototype.params["source"] = "replay";
-    prototype.params["archive"] = std::filesystem::absolute(config.archive_dir).string();
+    prototype.params["archive"] = ArchiveLocation(config);
     prototype.stage = state::JobStage::kReplaying;
   }
   return pipeline::FindOrCreateJob(
@@ -199,18 +225,36 @@ Result<std::string> ChooseSource(const AppConfig& config, const sources::CrawlOp
     }
     return std::string("crawl");
   }
-  if (config.archive_dir.empty()) {
+  const std::string location = ArchiveLocation(config);
+  if (location.empty()) {
     if (source == "replay") {
-      return Status::Invalid(config.path + ": a replay needs an archive: set [archive] dir");
+      return Status::Invalid(config.path + ": a replay needs an archive: set [archive] url or dir");
     }
-    std::fprintf(stderr, "atfill: no archive is configured ([archive] dir); the backfill crawls\n");
+    std::fprintf(stderr,
+                 "atfill: no archive is configured ([archive] url or dir); the backfill crawls\n");
     return std::string("crawl");
   }
   if (source == "auto") {
-    auto archive = sources::LocalArchive::Open(config.archive_dir);
-    if (!archive.ok()) {
-      std::fprintf(stderr, "atfill: the archive cannot be read (%s); the backfill crawls\n",
-                   archive.status().message().c_str());
+    // Is there an archive that answers? A plan of the collections asks (key-gated, like a
+    // replay's requests).
+    auto archive = OpenArchive(config, location, /*probe=*/true);
+    Status answer = archive.status();
+    if (archive.ok()) {
+      sources::PlanRequest request;
+      request.collections = crawl.collections;
+      request.markers = false;
+      answer = (*archive)->PlanSnapshot(request).status();
+    }
+    if (!answer.ok()) {
+      const bool refused_key = !config.archive_key.empty() &&
+                               answer.code() == StatusCode::kInvalid &&
+                               answer.message().find("key") != std::string::npos;
+      if (refused_key) {
+        return Status::Invalid("the archive " + location +
+                               " refused the configured key: " + answer.message());
+      }
+      std::fprintf(stderr, "atfill: no archive to replay from (%s); the backfill crawls\n",
+                   answer.message().c_str());
       return std::string("crawl");
     }
   }
