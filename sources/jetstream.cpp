@@ -195,7 +195,7 @@ struct JetstreamSource::Impl {
     std::atomic<int64_t> last_time_us{0};
     std::atomic<int64_t> last_message_ms{0};
     std::atomic<uint64_t> messages{0}, bytes{0}, connections{0}, v1_fallbacks{0}, overflow_drops{0},
-        cursor_too_old{0}, gaps{0}, gap_events{0}, future_cursors{0};
+        cursor_too_old{0}, gaps{0}, gap_events{0}, future_cursors{0}, gap_replays{0};
     // The position the connection being opened resumes from (UrlFor; 0 = none: a fresh start or
     // the live tip). Its first event must be that one again (replay is inclusive); a later one
     // means the host no longer had it: a gap.
@@ -278,6 +278,53 @@ struct JetstreamSource::Impl {
                                                        : "time_us " + std::to_string(asked_time);
     sh.pending_gaps.push_back(
         {{"stream_gap", std::move(key), std::move(message)}, "stream_gaps", events});
+  }
+
+  // CursorTooOld on v2 with a gap replay configured: the gap goes to a replay job and the stream
+  // resumes at the archive's sealed tip. False when it did not (the caller resumes by time).
+  static bool ReplayGap(Shared& sh, const std::function<Result<JetstreamOptions::GapReplay>(
+                                        uint64_t, const std::string&)>& gap_replay) {
+    const uint64_t last = sh.last_seq.load();
+    if (!gap_replay || sh.v1.load() || sh.by_time.load() || last == 0) return false;
+    std::string host;
+    {
+      std::lock_guard<std::mutex> lock(sh.host_mu);
+      host = sh.host;
+    }
+    auto g = gap_replay(last, host);
+    std::lock_guard<std::mutex> lock(sh.mu);
+    const std::string key = "seq " + std::to_string(last);
+    if (!g.ok() || g->resume_after_seq <= last) {
+      const std::string why = g.ok() ? "the archive holds nothing after seq " + std::to_string(last)
+                                     : g.status().message();
+      sh.pending_gaps.push_back(
+          {{"gap_replay_failed", key,
+            "cursor seq " + std::to_string(last) +
+                " is below the host's lookback floor (CursorTooOld) and the gap cannot be "
+                "replayed from the archive (" +
+                why +
+                "): resuming from the host's floor by witnessed time; a backfill is the way to "
+                "recover what the stream skipped"},
+           "gap_replay_failures",
+           0});
+      return false;
+    }
+    const uint64_t events = g->resume_after_seq - last;
+    sh.last_seq = g->resume_after_seq;
+    sh.gaps.fetch_add(1);
+    sh.gap_events.fetch_add(events);
+    sh.gap_replays.fetch_add(1);
+    sh.pending_gaps.push_back(
+        {{"stream_gap", key,
+          "cursor seq " + std::to_string(last) +
+              " is below the host's lookback floor (CursorTooOld): replay job " +
+              std::to_string(g->job_id) + " replays seqs " + std::to_string(last + 1) + ".." +
+              std::to_string(g->resume_after_seq) +
+              " from the archive; the stream resumes after seq " +
+              std::to_string(g->resume_after_seq)},
+         "stream_gaps",
+         events});
+    return true;
   }
 
   JetstreamOptions options;
@@ -439,7 +486,8 @@ struct JetstreamSource::Impl {
     auto host_index = [hosts = options.hosts](const std::string& h) {
       return HostIndexIn(hosts, h);
     };
-    handlers.on_event = [sh, auto_protocol, host_index](const net::ConnectionEvent& e) {
+    handlers.on_event = [sh, auto_protocol, host_index,
+                         gap_replay = options.gap_replay](const net::ConnectionEvent& e) {
       {
         std::lock_guard<std::mutex> lock(sh->host_mu);
         sh->host = e.host;
@@ -456,8 +504,8 @@ struct JetstreamSource::Impl {
             sh->v1 = true;  // no v2 here: v1 until the process restarts
             sh->v1_fallbacks.fetch_add(1);
           } else if (x.error == "CursorTooOld") {
-            sh->by_time = true;
             sh->cursor_too_old.fetch_add(1);
+            if (!ReplayGap(*sh, gap_replay)) sh->by_time = true;
           } else if (x.error == "UnknownZstdDictionary") {
             sh->v2_compress = false;
           }
@@ -696,6 +744,7 @@ JetstreamStats JetstreamSource::stats() const {
   st.connections = sh.connections.load();
   st.reconnects = st.connections > 0 ? st.connections - 1 : 0;
   st.v1_fallbacks = sh.v1_fallbacks.load();
+  st.gap_replays = sh.gap_replays.load();
   st.overflow_drops = sh.overflow_drops.load();
   st.cursor_too_old = sh.cursor_too_old.load();
   st.gaps = sh.gaps.load();

@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -68,6 +69,18 @@ struct JetstreamOptions {
   bool allow_private_endpoints = false;
   // Reconnect backoff and failover, timeouts, ping handling.
   net::WebSocketOptions websocket;
+  // Gap replay (v2): when the host answers CursorTooOld, called with the last seq received and the
+  // host (ws:// or wss:// URL) that refused it, on the
+  // connection's thread (it may take up to its own deadline, about 30 s). It arranges for the
+  // gap to be replayed from the host's archive (a replay job) and returns the seq the stream
+  // resumes after (the archive's sealed tip) and the job's id; the stream then resumes at that
+  // seq and the gap is logged naming the job. An error (or no callback) resumes by witnessed
+  // time from the host's floor, as before, and the log says a backfill is the way to recover.
+  struct GapReplay {
+    uint64_t resume_after_seq = 0;
+    uint64_t job_id = 0;
+  };
+  std::function<Result<GapReplay>(uint64_t last_seq, const std::string& host)> gap_replay;
 
   Status Validate() const;
 };
@@ -78,6 +91,7 @@ struct JetstreamStats {
   uint64_t connections = 0;     // upgrades that succeeded
   uint64_t reconnects = 0;      // connections after the first
   uint64_t v1_fallbacks = 0;    // 404 on v2 answered by moving to v1
+  uint64_t gap_replays = 0;     // CursorTooOld answered by a replay job for the gap
   uint64_t overflow_drops = 0;  // connections dropped because the buffer was full
   uint64_t cursor_too_old = 0;  // v2 refusals of a seq cursor (resumed by time)
   // Connections whose first event was past the position they resumed from (the host no longer

@@ -225,7 +225,17 @@ std::string ReplaySource::CursorText(uint64_t seq) const {
 }
 
 Status ReplaySource::Seek(const std::string& resume_cursor) {
-  if (resume_cursor.empty()) return Status::OK();
+  // The blocks this job recorded as failed: one read now leaves the list.
+  ATFILL_RETURN_IF_ERROR(failed_.Scan(job_, [this](const state::FailedBlock& b) {
+    failed_ids_.insert(b.block_id);
+    return true;
+  }));
+  if (resume_cursor.empty()) {
+    done_seq_ = options_.after_seq;
+    tip_ = options_.before_seq;
+    announce_tip_ = tip_ != 0;
+    return Status::OK();
+  }
   char kind[16] = {};
   unsigned long long a = 0, b = 0, c = 0;
   const int n = std::sscanf(resume_cursor.c_str(), "%15s %llu %llu %llu", kind, &a, &b, &c);
@@ -269,6 +279,16 @@ Status ReplaySource::PlanNext() {
   plan_segment_ = 0;
   plan_block_ = 0;
   return Status::OK();
+}
+
+void ReplaySource::ClearFailure(EventChunk* chunk, const std::string& block_id) const {
+  {
+    std::lock_guard lock(stats_mu_);
+    if (failed_ids_.erase(block_id) == 0) return;
+    if (stats_.failed_blocks > 0) --stats_.failed_blocks;
+  }
+  failed_.Remove(&chunk->state_writes, job_, block_id);
+  chunk->counters.emplace_back("failed_blocks", -1);
 }
 
 bool ReplaySource::KnownFailed(const std::string& block_id) const {
@@ -363,6 +383,10 @@ Result<bool> ReplaySource::ReadRecords(EventChunk* chunk) {
     auto frame = archive_->GetBlock(seg.segment, b.index);
     if (!frame.ok()) {
       RecordFailure(chunk, id, "archive_block", frame.status().message());
+      // The cursor does not pass an undelivered block until a later one is delivered: a job the
+      // streak stops reads the whole streak again when it resumes.
+      chunk->resume_cursor.clear();
+      chunk->input_done = 0;
       done_seq_ = through;
       if (++failed_in_a_row_ >= options_.max_failed_in_a_row) {
         return Status::Unavailable("the archive failed " + std::to_string(failed_in_a_row_) +
@@ -425,6 +449,7 @@ void ReplaySource::Decode(EventChunk* chunk) const {
     chunk->state_writes.Put(state::Family::kQueue, ReplayDidKey(job_, did), Be64(seq));
   }
   if (options_.retry_of != 0) failed_.Remove(&chunk->state_writes, options_.retry_of, id);
+  ClearFailure(chunk, id);
   std::lock_guard lock(stats_mu_);
   ++stats_.blocks;
   stats_.rows += rows;
@@ -433,7 +458,14 @@ void ReplaySource::Decode(EventChunk* chunk) const {
 
 Status ReplaySource::StartAccounts() {
   account_start_ = 0;
-  if (options_.marker_tail_hours > 0) {
+  if (options_.after_seq > 0) {
+    // A window: its markers.
+    account_start_ = options_.after_seq + 1;
+    std::fprintf(stderr,
+                 "atfill: replay job %" PRIu64 ": the account sweep covers seqs %" PRIu64
+                 "..%" PRIu64 "\n",
+                 job_, account_start_, tip_);
+  } else if (options_.marker_tail_hours > 0) {
     auto segments = archive_->ListSegments();
     if (!segments.ok()) {
       std::fprintf(stderr,
@@ -455,7 +487,7 @@ Status ReplaySource::StartAccounts() {
       }
     }
   }
-  if (account_start_ == 0) {
+  if (account_start_ == 0 && options_.after_seq == 0) {
     std::fprintf(stderr,
                  "atfill: replay job %" PRIu64 ": the account sweep reads the whole archive\n",
                  job_);
@@ -566,6 +598,8 @@ Result<bool> ReplaySource::ReadAccounts(EventChunk* chunk) {
     auto frame = archive_->GetBlock(seg.segment, b.index);
     if (!frame.ok()) {
       RecordFailure(chunk, id, "archive_block", frame.status().message());
+      chunk->resume_cursor.clear();
+      chunk->input_done = 0;
       if (++failed_in_a_row_ >= options_.max_failed_in_a_row) {
         return Status::Unavailable("the archive failed " + std::to_string(failed_in_a_row_) +
                                    " blocks in a row; stopping (resume to continue)");
@@ -574,6 +608,7 @@ Result<bool> ReplaySource::ReadAccounts(EventChunk* chunk) {
     }
     failed_in_a_row_ = 0;
     chunk->bytes_read = frame->size();
+    ClearFailure(chunk, id);
     auto body =
         jss::DecompressFrame({reinterpret_cast<const uint8_t*>(frame->data()), frame->size()},
                              b.uncompressed_size, options_.max_block_bytes);
@@ -599,7 +634,7 @@ Result<bool> ReplaySource::ReadAccounts(EventChunk* chunk) {
         ATFILL_ASSIGN_OR_RETURN(
             holds, kv_->Get(state::Family::kQueue, ReplayDidKey(options_.retry_of, did)));
       }
-      if (!holds) continue;  // the account wrote no record in the job's collections
+      if (!holds && !options_.all_markers) continue;  // it wrote no record in the collections
       ATFILL_ASSIGN_OR_RETURN(auto refolded,
                               kv_->Get(state::Family::kQueue, ReplayRefoldKey(job_, did)));
       if (refolded && FromBe64(*refolded) < row.seq) {

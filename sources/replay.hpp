@@ -14,7 +14,9 @@
 //
 // A block that arrives but does not decode is recorded as a failed block (state::FailedBlocks,
 // kind "bad_block" in the error log) and skipped; one the archive does not deliver is recorded as
-// well ("archive_block"), and after `max_failed_in_a_row` of those in a row the job stops.
+// well ("archive_block"), and after `max_failed_in_a_row` of those in a row the job stops. The
+// cursor passes an undelivered block only with the next delivered one, so a stopped job reads the
+// streak again when it resumes; a failed block read on a later run leaves the job's list.
 //
 // Resume cursor: "records <tip> <seq>", "accounts <tip> <start> <seq>": every row at or below
 // seq of that sweep has been applied; the tip and the account sweep's start are kept.
@@ -26,8 +28,8 @@
 #include <mutex>
 #include <optional>
 #include <set>
-#include <unordered_set>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "base/status.hpp"
@@ -55,6 +57,13 @@ struct ReplayOptions {
   // The job whose failed blocks these are: each one read and decoded now leaves its failed list
   // (in the chunk's state writes). 0 = none.
   uint64_t retry_of = 0;
+  // A window of the archive, (after_seq, before_seq] (0: its start, its sealed tip): a live
+  // stream's gap. Both sweeps cover the window; with `all_markers` the account sweep applies
+  // every account's markers in it (as the stream would have), not only those of accounts that
+  // wrote records in the replay.
+  uint64_t after_seq = 0;
+  uint64_t before_seq = 0;
+  bool all_markers = false;
   Status Validate() const;
 };
 
@@ -97,6 +106,8 @@ class ReplaySource : public pipeline::Source {
   void RecordFailure(pipeline::EventChunk* chunk, const std::string& block_id,
                      const std::string& kind, const std::string& message) const;
   bool KnownFailed(const std::string& block_id) const;
+  // A block recorded as failed was read and decoded now: it leaves the job's failed list.
+  void ClearFailure(pipeline::EventChunk* chunk, const std::string& block_id) const;
   Status Refold(const std::string& did, uint64_t after_seq, pipeline::EventChunk* chunk);
   std::string CursorText(uint64_t seq) const;
 

@@ -366,15 +366,23 @@ TEST(ReplayTest, SixteenUndeliveredBlocksInARowStopTheJobAndFifteenDoNot) {
     EXPECT_EQ(run.status.message(),
               "the archive failed 16 blocks in a row; stopping (resume to continue)");
     EXPECT_EQ(run.events.size(), 5u);
-    // Resumed from its cursor (the blocks before the stop were recorded) against an archive
-    // that answers again, it reads on from there.
+    // The cursor stayed before the streak: resumed against an archive that answers again, the
+    // job reads the whole streak, and its blocks leave the failed list.
+    EXPECT_EQ(run.last_cursor, "records 40 5");
+    auto before = state::FailedBlocks(*kv).Count(1);
+    ASSERT_TRUE(before.ok());
+    EXPECT_EQ(*before, 15u);  // the sixteenth stopped the job before its chunk was handed out
     ReplaySource again(local->get(), ReplayOptions{}, 1, kv.get());
     ASSERT_TRUE(again.Seek(run.last_cursor).ok());
     RunResult rest = Drive(again, *kv);
     ASSERT_TRUE(rest.status.ok()) << rest.status.message();
-    ASSERT_FALSE(rest.events.empty());
-    EXPECT_EQ(pipeline::PositionOf(rest.events.front()), 21u);
+    ASSERT_EQ(rest.events.size(), 35u);
+    EXPECT_EQ(pipeline::PositionOf(rest.events.front()), 6u);
     EXPECT_EQ(pipeline::PositionOf(rest.events.back()), 40u);
+    auto after = state::FailedBlocks(*kv).Count(1);
+    ASSERT_TRUE(after.ok());
+    EXPECT_EQ(*after, 0u);
+    EXPECT_EQ(again.stats().failed_blocks, 0u);
   }
 }
 

@@ -78,6 +78,24 @@ Result<AppConfig> LoadAppConfig(const std::string& path) {
     return Status::Invalid(path + ": [archive] url '" + c.archive_url +
                            "' is not an http:// or https:// address");
   }
+  if (file.Has("archive.retry_delays_ms")) {
+    // ConfigFile reads no integer list: the elements are read one by one ("key[0]", ...). The
+    // string-list read marks the key itself read; it succeeds only on an empty array.
+    const std::string key = "archive.retry_delays_ms";
+    std::vector<std::string> strings;
+    const bool empty = file.ReadStringList(key, &strings).ok() && strings.empty();
+    if (!empty && !file.Has(key + "[0]")) {
+      return Status::Invalid(file.Where(key) + " must be an array of integers (milliseconds)");
+    }
+    std::vector<int64_t> delays;
+    for (size_t i = 0; file.Has(key + "[" + std::to_string(i) + "]"); ++i) {
+      if (i == 100) return Status::Invalid(file.Where(key) + " holds more than 100 delays");
+      int64_t ms = 0;
+      ATFILL_RETURN_IF_ERROR(file.ReadInt(key + "[" + std::to_string(i) + "]", &ms, 0, 86'400'000));
+      delays.push_back(ms);
+    }
+    c.archive_retry_delays_ms = std::move(delays);
+  }
   ATFILL_RETURN_IF_ERROR(file.ReadDouble("archive.replay_marker_tail_hours",
                                          &c.replay.marker_tail_hours, 0, 24.0 * 365 * 100));
   int64_t block_mb = static_cast<int64_t>(c.replay.max_block_bytes >> 20);
@@ -175,9 +193,9 @@ Result<AppConfig> LoadAppConfig(const std::string& path) {
   if (Status s = c.error_log.Validate(); !s.ok()) return s.WithContext(path + ": [jobs]");
   if (Status s = c.tombstones.Validate(); !s.ok()) return s.WithContext(path + ": [tombstones]");
   if (Status s = c.replay.Validate(); !s.ok()) return s.WithContext(path + ": [archive]");
-  if (c.backfill_source == "replay" && c.archive_dir.empty()) {
-    return Status::Invalid(path +
-                           ": [crawl] source = \"replay\" needs an archive: set [archive] dir");
+  if (c.backfill_source == "replay" && c.archive_dir.empty() && c.archive_url.empty()) {
+    return Status::Invalid(
+        path + ": [crawl] source = \"replay\" needs an archive: set [archive] url or dir");
   }
   return c;
 }

@@ -2,7 +2,10 @@
 // documented in docs/config.md.
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "base/status.hpp"
 #include "pipeline/engine.hpp"
@@ -38,6 +41,10 @@ struct AppConfig {
   std::string archive_url;
   std::string archive_dir;
   std::string archive_key;
+  // [archive] retry_delays_ms: the waits before each retry of an archive request answered with a
+  // 5xx or not at all (one entry per retry, milliseconds; [] = never retry); unset = HttpArchive's
+  // default (6 retries over about 30 s).
+  std::optional<std::vector<int64_t>> archive_retry_delays_ms;
   sources::ReplayOptions replay;  // [archive] replay_marker_tail_hours, max_block_mb, ...
   // [live] check_deleted_accounts, account_check_timeout_ms: ask the PDS before purging a
   // deleted account (stages/account_check.hpp).

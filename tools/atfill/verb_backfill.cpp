@@ -3,6 +3,7 @@
 // atfill run CONFIG: resumes every unfinished job after a restart.
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
@@ -74,6 +75,7 @@ Result<std::unique_ptr<sources::Archive>> OpenArchive(const AppConfig& config,
     o.allow_private_addresses =
         config.crawl.allow_loopback_endpoints || config.crawl.allow_private_endpoints;
     o.user_agent = config.crawl.http.user_agent;
+    if (config.archive_retry_delays_ms) o.retry_delays_ms = *config.archive_retry_delays_ms;
     if (probe) {
       o.retry_delays_ms = {250, 750};
       o.unavailable_retries = 1;
@@ -101,6 +103,9 @@ int RunReplayJob(const char* verb, const AppConfig& config, OpenedState& st, sta
   sources::ReplayOptions options = config.replay;
   options.collections = Split(param("collections"));
   options.only_blocks = Split(param("blocks"));
+  options.after_seq = std::strtoull(param("after_seq").c_str(), nullptr, 10);
+  options.before_seq = std::strtoull(param("before_seq").c_str(), nullptr, 10);
+  options.all_markers = param("gap") == "1";
   if (!param("retry_of").empty())
     options.retry_of = std::strtoull(param("retry_of").c_str(), nullptr, 10);
   auto sink = sinks::OpenSqliteSink(config.sqlite);
@@ -548,6 +553,58 @@ int RunRun(std::span<char* const> args) {
   if (crawls.joinable()) crawls.join();
   RestoreSignals();
   return std::max({worst, rc, backfill_rc});
+}
+
+GapReplays::~GapReplays() {
+  std::lock_guard lock(mu_);
+  for (auto& t : threads_) t.join();
+}
+
+Result<std::pair<uint64_t, uint64_t>> GapReplays::Start(uint64_t last_seq,
+                                                        const std::string& host) {
+  std::string location = ArchiveLocation(config_);
+  if (location.empty()) {
+    // The Jetstream host serves its own archive.
+    if (host.starts_with("ws://")) location = "http://" + host.substr(5);
+    if (host.starts_with("wss://")) location = "https://" + host.substr(6);
+    while (!location.empty() && location.back() == '/') location.pop_back();
+  }
+  if (location.empty()) return Status::Invalid("no archive is configured ([archive] url or dir)");
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  ATFILL_ASSIGN_OR_RETURN(auto archive, OpenArchive(config_, location, /*probe=*/true));
+  sources::PlanRequest request;
+  request.collections = config_.live.collections;
+  request.after_seq = last_seq;
+  auto plan = (*archive).PlanSnapshot(request);
+  if (!plan.ok()) return plan.status().WithContext("planning the gap at " + location);
+  if (std::chrono::steady_clock::now() > deadline) {
+    return Status::Unavailable("the archive " + location + " took more than 30 s to plan the gap");
+  }
+  if (plan->sealed_tip <= last_seq) {
+    return Status::NotFound("the archive " + location + " has sealed nothing after seq " +
+                            std::to_string(last_seq));
+  }
+  state::JobRecord job;
+  job.kind = "backfill";
+  job.stage = state::JobStage::kReplaying;
+  job.created_us = pipeline::NowMicros();
+  job.started_by = "live gap";
+  job.params = {{"config", std::filesystem::absolute(config_.path).string()},
+                {"source", "replay"},
+                {"archive", location},
+                {"collections", Join(config_.live.collections)},
+                {"after_seq", std::to_string(last_seq)},
+                {"before_seq", std::to_string(plan->sealed_tip)},
+                {"gap", "1"},
+                {"sink", config_.sink + ":" + config_.sqlite.path}};
+  ATFILL_ASSIGN_OR_RETURN(job, st_.jobs->Create(job));
+  std::fprintf(stderr,
+               "atfill run: the stream's gap after seq %" PRIu64 " is replayed by job %" PRIu64
+               " from %s (through seq %" PRIu64 ")\n",
+               last_seq, job.id, location.c_str(), plan->sealed_tip);
+  std::lock_guard lock(mu_);
+  threads_.emplace_back([this, job] { RunBackfillJob("run", config_, st_, job); });
+  return std::make_pair(plan->sealed_tip, job.id);
 }
 
 Result<std::vector<std::string>> UnfinishedBackfillCollections(OpenedState& st) {

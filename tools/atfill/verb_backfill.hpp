@@ -3,7 +3,10 @@
 
 #include <cstdint>
 #include <functional>
+#include <mutex>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "base/status.hpp"
@@ -21,6 +24,24 @@ struct OpenedState;
 // their checkpoint (stages::LiveHold); `stop` receives the live job's stop reason.
 int RunLive(const AppConfig& config, OpenedState& st,
             std::function<bool()> backfill_running = nullptr, state::StopReason* stop = nullptr);
+
+// Gap replays of a live consumer (JetstreamOptions::gap_replay): each CursorTooOld becomes a replay
+// job of the stream's gap, (last seq, the archive's sealed tip], from [archive] url or dir, else
+// the host's own archive (its ws:// address as http://), run on a thread of its own. The
+// destructor waits for them.
+class GapReplays {
+ public:
+  GapReplays(const AppConfig& config, OpenedState& st) : config_(config), st_(st) {}
+  ~GapReplays();
+  // Plans the gap (giving up after about 30 s), creates its job and starts it.
+  Result<std::pair<uint64_t, uint64_t>> Start(uint64_t last_seq, const std::string& host);
+
+ private:
+  const AppConfig& config_;
+  OpenedState& st_;
+  std::mutex mu_;
+  std::vector<std::thread> threads_;
+};
 
 // The collections the unfinished backfill jobs of this state cover ("*" for one that fetches every
 // collection); empty when none is unfinished.

@@ -57,7 +57,19 @@ int RunLive(const AppConfig& config, OpenedState& st, std::function<bool()> back
                std::string(sources::JetstreamProtocolName(config.live.protocol)).c_str());
   auto sink = sinks::OpenSqliteSink(config.sqlite);
   if (!sink.ok()) return Fail("run", sink.status().message(), kExitIo);
-  auto source = sources::JetstreamSource::Create(config.live, st.kv.get());
+  // With [crawl] source = auto or replay, a cursor below the host's floor (CursorTooOld) becomes a
+  // replay job of the gap, run beside this consumer (waited for when it ends).
+  GapReplays gaps(config, st);
+  sources::JetstreamOptions live = config.live;
+  if (config.backfill_source != "crawl") {
+    live.gap_replay = [&gaps](
+                          uint64_t last_seq,
+                          const std::string& host) -> Result<sources::JetstreamOptions::GapReplay> {
+      ATFILL_ASSIGN_OR_RETURN(auto started, gaps.Start(last_seq, host));
+      return sources::JetstreamOptions::GapReplay{started.first, started.second};
+    };
+  }
+  auto source = sources::JetstreamSource::Create(live, st.kv.get());
   if (!source.ok()) return Fail("run", source.status().message(), kExitUsage);
   stages::CidVerify verify;
   // Record deletes leave a tombstone only where a stale create could still arrive.
@@ -116,9 +128,10 @@ int RunLive(const AppConfig& config, OpenedState& st, std::function<bool()> back
   const auto s = (*source)->stats();
   std::fprintf(stderr,
                "atfill run: live: %s via %s, %" PRIu64 " connection(s), last seq %" PRIu64
-               ", %" PRIu64 " v1 fallback(s), %" PRIu64 " cursor(s) too old\n",
+               ", %" PRIu64 " v1 fallback(s), %" PRIu64 " cursor(s) too old, %" PRIu64
+               " gap(s) replayed from the archive\n",
                s.host.c_str(), s.protocol.c_str(), s.connections, s.last_seq, s.v1_fallbacks,
-               s.cursor_too_old);
+               s.cursor_too_old, s.gap_replays);
   return rc;
 }
 

@@ -11,7 +11,10 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
+#include "atproto/cbor.hpp"
+#include "atproto/cid.hpp"
 #include "atproto/json.hpp"
 #include "atproto/syntax.hpp"
 #include "atproto/value.hpp"
@@ -159,16 +162,75 @@ std::optional<std::pair<uint64_t, uint64_t>> ApplyRange(const http::request<http
   return std::make_pair(first, last - first + 1);
 }
 
-Status WriteFromJetstream(const JetstreamLog& log, const ArchiveOptions& o) {
+// from_jetstream and from_repos write into a directory without segments.
+Status CheckNoSegments(const ArchiveOptions& o) {
   std::error_code ec;
   if (std::filesystem::exists(o.dir, ec)) {
     for (const auto& entry : std::filesystem::directory_iterator(o.dir, ec)) {
       if (jss::ParseSegmentName(entry.path().filename().string()).ok()) {
-        return Status::Invalid("archive directory " + o.dir +
-                               " already holds segments; from_jetstream needs an empty one");
+        return Status::Invalid("archive directory " + o.dir + " already holds segments; " +
+                               (o.from_repos ? "from_repos" : "from_jetstream") +
+                               " needs an empty one");
       }
     }
   }
+  return Status::OK();
+}
+
+// Every active account's repo as Jetstream stores a backfilled one (SPEC §4.4), from seq 1. The
+// rows go straight to segment writers (ArchiveWriter would re-encode the record from its JSON):
+// the payload is the very block RepoWriter puts in the repo, its CID checked against the record's.
+Status WriteFromRepos(const Network& net, const ArchiveOptions& o) {
+  std::error_code ec;
+  std::filesystem::create_directories(o.dir, ec);
+  if (ec) return Status::IoError("creating archive directory " + o.dir + ": " + ec.message());
+  jss::SegmentWriterOptions wo;
+  wo.rows_per_block = o.rows_per_block;
+  uint64_t index = 0, seq = 0;
+  std::optional<jss::SegmentWriter> open;
+  const auto seal = [&]() -> Status {
+    if (!open) return Status::OK();
+    Status s = open->Seal();
+    open.reset();
+    ++index;
+    return s;
+  };
+  const auto& accounts = net.accounts();
+  const int64_t end_us = net.options().jetstream.start_time_us;
+  for (const Account& a : accounts) {
+    if (a.status != AccountStatus::kActive) continue;
+    const int64_t witnessed_at =
+        end_us - static_cast<int64_t>(accounts.size() - a.index) * int64_t{1000};
+    ATFILL_ASSIGN_OR_RETURN(std::vector<GeneratedRecord> records, net.Records(a));
+    for (const GeneratedRecord& r : records) {
+      ATFILL_ASSIGN_OR_RETURN(Value value, atproto::JsonToValue(r.json));
+      const atfill::Bytes block = atproto::EncodeCbor(value);
+      if (atproto::Cid::Compute(atproto::Cid::Codec::kDagCbor, block) != r.cid) {
+        return Status::Internal("simnet archive: the block of at://" + a.did + "/" + r.collection +
+                                "/" + r.rkey + " does not have the record's CID");
+      }
+      jss::Row row;
+      row.seq = ++seq;
+      row.witnessed_at = witnessed_at;
+      row.kind = jss::Kind::kCreate;
+      row.did = a.did;
+      row.collection = r.collection;
+      row.rkey = r.rkey;
+      row.rev = a.rev;
+      row.payload = block;
+      if (!open) {
+        const std::string path = (std::filesystem::path(o.dir) / jss::SegmentName(index)).string();
+        ATFILL_ASSIGN_OR_RETURN(auto writer, jss::SegmentWriter::Create(path, wo));
+        open.emplace(std::move(writer));
+      }
+      ATFILL_RETURN_IF_ERROR(open->Append(row).WithContext("simnet archive: " + a.did));
+      if (open->bytes_written() >= o.segment_bytes) ATFILL_RETURN_IF_ERROR(seal());
+    }
+  }
+  return seal();
+}
+
+Status WriteFromJetstream(const JetstreamLog& log, const ArchiveOptions& o) {
   sources::ArchiveWriterOptions wo;
   wo.rows_per_block = o.rows_per_block;
   wo.segment_bytes = o.segment_bytes;
@@ -198,6 +260,7 @@ Status ArchiveOptions::Validate() const {
     return Status::Invalid("max_list_page must be 1..1000");
   }
   if (from_jetstream && dir.empty()) return Status::Invalid("from_jetstream needs a directory");
+  if (from_repos && dir.empty()) return Status::Invalid("from_repos needs a directory");
   const int s = faults.no_archive_status;
   if (s != 0 && s != 404 && s != 501)
     return Status::Invalid("no_archive_status must be 0, 404 or 501");
@@ -214,13 +277,19 @@ struct ArchiveServer::Segment {
 ArchiveServer::~ArchiveServer() = default;
 
 Result<std::unique_ptr<ArchiveServer>> ArchiveServer::Create(const ArchiveOptions& options,
+                                                             const Network& network,
                                                              const JetstreamLog* log,
                                                              ByteView dictionary, uint16_t port) {
   ATFILL_RETURN_IF_ERROR(options.Validate());
-  if (options.from_jetstream) {
-    if (log == nullptr) return Status::Invalid("archive.from_jetstream needs a Jetstream");
-    ATFILL_RETURN_IF_ERROR(WriteFromJetstream(*log, options));
+  if (options.from_jetstream && log == nullptr) {
+    return Status::Invalid("archive.from_jetstream needs a Jetstream");
   }
+  if (options.from_repos || options.from_jetstream) {
+    ATFILL_RETURN_IF_ERROR(CheckNoSegments(options));
+  }
+  if (options.from_repos) ATFILL_RETURN_IF_ERROR(WriteFromRepos(network, options));
+  // ArchiveWriter appends after the repos' segments (next index, next seq).
+  if (options.from_jetstream) ATFILL_RETURN_IF_ERROR(WriteFromJetstream(*log, options));
   std::unique_ptr<ArchiveServer> s(new ArchiveServer());
   s->options_ = options;
   s->port_ = port;

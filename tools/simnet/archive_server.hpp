@@ -50,10 +50,12 @@ class ArchiveServer {
     Fault fault = Fault::kNone;
   };
 
-  // Writes the log into options.dir first when options.from_jetstream (`log` must then be set),
-  // then opens every sealed segment there. `dictionary` (may be empty) is what getZstdDictionary
-  // serves; `port` names cdn.localhost in redirects.
+  // Writes the network's repos into options.dir first when options.from_repos, then the log
+  // when options.from_jetstream (`log` must then be set), then opens every sealed segment there.
+  // `dictionary` (may be empty) is what getZstdDictionary serves; `port` names cdn.localhost in
+  // redirects.
   static Result<std::unique_ptr<ArchiveServer>> Create(const ArchiveOptions& options,
+                                                       const Network& network,
                                                        const JetstreamLog* log, ByteView dictionary,
                                                        uint16_t port);
   ~ArchiveServer();

@@ -20,7 +20,9 @@
 // --jetstream-send-buffer N --jetstream-false-deletes X (share of #account deleted events the
 // account's PDS contradicts).
 // Archive options (archive.localhost; on with --archive-dir DIR; prints ARCHIVE_URL=):
-// --archive-from-jetstream (write the Jetstream log into DIR first) --archive-rows-per-block N
+// --archive-from-jetstream (write the Jetstream log into DIR first) --archive-from-repos (write
+// every active account's repo into DIR first, as Jetstream stores backfilled repos; before the
+// log when both are given) --archive-rows-per-block N
 // --archive-segment-bytes N --archive-max-plan-entries N --archive-max-list-page N
 // --archive-key KEY (required Bearer key) --archive-quota BYTES_PER_S --archive-absent 404|501.
 #include <signal.h>
@@ -54,7 +56,8 @@ int Usage() {
       "         [--jetstream-interval-us N] [--jetstream-disconnect-after N]\n"
       "         [--jetstream-disconnect-probability X] [--jetstream-max-queue N]\n"
       "         [--jetstream-send-buffer N] [--jetstream-false-deletes X]\n"
-      "         [--archive-dir DIR] [--archive-from-jetstream] [--archive-rows-per-block N]\n"
+      "         [--archive-dir DIR] [--archive-from-jetstream] [--archive-from-repos]\n"
+      "         [--archive-rows-per-block N]\n"
       "         [--archive-segment-bytes N] [--archive-max-plan-entries N]\n"
       "         [--archive-max-list-page N] [--archive-key KEY] [--archive-quota N]\n"
       "         [--archive-absent 404|501]\n"
@@ -96,6 +99,10 @@ Status ParseArgs(int argc, char** argv, Cli* cli) {
     }
     if (flag == "--archive-from-jetstream") {
       o.archive.from_jetstream = true;
+      continue;
+    }
+    if (flag == "--archive-from-repos") {
+      o.archive.from_repos = true;
       continue;
     }
     if (i + 1 >= argc) return Status::Invalid(std::string(flag) + " needs a value");

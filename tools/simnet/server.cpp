@@ -596,8 +596,9 @@ Result<std::unique_ptr<Simnet>> Simnet::Start(SimnetOptions options) {
   if (!options.archive.dir.empty()) {
     const JetstreamServer* j = impl->jetstream.get();
     ATFILL_ASSIGN_OR_RETURN(
-        impl->archive, ArchiveServer::Create(options.archive, j != nullptr ? &j->log() : nullptr,
-                                             j != nullptr ? j->dictionary(2) : ByteView(), port));
+        impl->archive,
+        ArchiveServer::Create(options.archive, net, j != nullptr ? &j->log() : nullptr,
+                              j != nullptr ? j->dictionary(2) : ByteView(), port));
   }
   impl->Accept();
   Impl* raw = impl.get();

@@ -206,11 +206,23 @@ struct ArchiveOptions {
   // The directory whose sealed segments (seg_*.jss, read at Start) are served; empty = no
   // archive host. The archive methods are also served at jetstream.localhost when it runs.
   std::string dir;
-  // At Start, first write the Jetstream log's events (seqs 1..events) into `dir` as segments
-  // (ArchiveWriter); `dir` must then hold no segment yet. Needs jetstream.events > 0.
+  // At Start, first write the Jetstream log's events (seqs 1..events; after the repos' rows with
+  // from_repos) into `dir` as segments (ArchiveWriter); `dir` must then hold no segment yet.
+  // Needs jetstream.events > 0.
   bool from_jetstream = false;
-  uint32_t rows_per_block = 256;               // from_jetstream: rows per block (1..262144)
-  uint64_t segment_bytes = uint64_t{1} << 20;  // from_jetstream: seal a segment at this size
+  // At Start, first write every active account's current repo into `dir` as Jetstream stores a
+  // backfilled repo (SPEC §4.4): one Create row per record (payload = the record's DAG-CBOR block
+  // exactly as in the repo getRepo serves, rev = the repo's commit rev), all rows of a repo
+  // sharing one witnessed_at, in account order. Deactivated and taken-down accounts are left
+  // out: their PDS serves no repo to backfill. The repo of account i (of n) is witnessed at
+  // jetstream.start_time_us - (n - i) ms, so with from_jetstream the log follows, its events
+  // numbered after the repos' rows (the archive's seqs then differ from the Jetstream host's).
+  // `dir` must hold no segment yet.
+  bool from_repos = false;
+  // from_jetstream / from_repos: rows per block (1..262144).
+  uint32_t rows_per_block = 256;
+  // from_jetstream / from_repos: seal a segment at this size (bytes, compressed).
+  uint64_t segment_bytes = uint64_t{1} << 20;
   // planSnapshot: work entries per page (a whole segment or one block range) before the page is
   // truncated; 0 = unlimited.
   uint32_t max_plan_entries = 100'000;
