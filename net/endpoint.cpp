@@ -194,4 +194,19 @@ Status CheckPublicEndpoint(std::string_view url, bool allow_private) {
   return Status::OK();
 }
 
+void AppendPercentEncoded(std::string_view value, std::string* out) {
+  static constexpr char kHex[] = "0123456789ABCDEF";
+  for (const char c : value) {
+    const auto u = static_cast<unsigned char>(c);
+    if ((u >= 'A' && u <= 'Z') || (u >= 'a' && u <= 'z') || (u >= '0' && u <= '9') || u == '-' ||
+        u == '.' || u == '_' || u == '~') {
+      out->push_back(c);
+    } else {
+      out->push_back('%');
+      out->push_back(kHex[u >> 4]);
+      out->push_back(kHex[u & 0xF]);
+    }
+  }
+}
+
 }  // namespace atfill::net

@@ -37,4 +37,7 @@ Status CheckPublicEndpoint(std::string_view url, bool allow_private);
 // the version this library was built as when `version` is empty.
 std::string DefaultUserAgent(std::string_view version);
 
+// Appends `value` percent-encoded for a URL query (every byte but A-Z a-z 0-9 - . _ ~).
+void AppendPercentEncoded(std::string_view value, std::string* out);
+
 }  // namespace atfill::net

@@ -15,6 +15,7 @@
 #include "atproto/value.hpp"
 #include "base/json_writer.hpp"
 #include "base/strings.hpp"
+#include "net/endpoint.hpp"
 #include "net/retry_policy.hpp"
 #include "net/xrpc_error.hpp"
 #include "sources/jss.hpp"
@@ -90,21 +91,6 @@ std::string ResolveLocation(const std::string& url, std::string_view location) {
   std::string path = path_start == std::string::npos ? "/" : url.substr(path_start);
   path = path.substr(0, path.find_first_of("?#"));
   return root + path.substr(0, path.rfind('/') + 1) + std::string(location);
-}
-
-void AppendEncoded(std::string_view value, std::string* out) {
-  static constexpr char kHex[] = "0123456789ABCDEF";
-  for (const char c : value) {
-    const auto u = static_cast<unsigned char>(c);
-    if ((u >= 'A' && u <= 'Z') || (u >= 'a' && u <= 'z') || (u >= '0' && u <= '9') || u == '-' ||
-        u == '.' || u == '_' || u == '~') {
-      out->push_back(c);
-    } else {
-      out->push_back('%');
-      out->push_back(kHex[u >> 4]);
-      out->push_back(kHex[u & 0xF]);
-    }
-  }
 }
 
 int64_t NowUnixMs() {
@@ -570,7 +556,7 @@ Result<std::vector<SegmentInfo>> HttpArchive::ListSegments() {
     call.url = base_ + std::string(kNsid) + "listSegments?limit=1000";
     if (!cursor.empty()) {
       call.url += "&cursor=";
-      AppendEncoded(cursor, &call.url);
+      net::AppendPercentEncoded(cursor, &call.url);
     }
     call.max_bytes = options_.max_json_bytes;
     const std::string where = "archive listSegments " + call.url;
@@ -651,7 +637,7 @@ Result<std::shared_ptr<const HttpArchive::BlockIndex>> HttpArchive::FetchIndex(
   const auto read = [&](const std::string& etag, uint64_t offset, uint64_t length) -> Result<Read> {
     Call call;
     call.url = base_ + std::string(kNsid) + "getSegment?name=";
-    AppendEncoded(name, &call.url);
+    net::AppendPercentEncoded(name, &call.url);
     call.auth = true;
     call.max_bytes = options_.max_json_bytes;
     call.headers.emplace_back(
@@ -900,7 +886,7 @@ Result<Plan> HttpArchive::PlanSnapshot(const PlanRequest& request) {
 Result<std::string> HttpArchive::GetBlock(const SegmentInfo& segment, uint32_t block) {
   Call call;
   call.url = base_ + std::string(kNsid) + "getBlock?segment=";
-  AppendEncoded(segment.name, &call.url);
+  net::AppendPercentEncoded(segment.name, &call.url);
   call.url += "&blockIndex=" + std::to_string(block);
   call.auth = true;
   call.max_bytes = options_.max_frame_bytes;

@@ -350,12 +350,12 @@ Result<bool> ReplaySource::Read(EventChunk* chunk) {
   }
 }
 
-Result<bool> ReplaySource::ReadRecords(EventChunk* chunk) {
+Result<const PlannedBlock*> ReplaySource::NextBlock(const PlannedSegment** segment) {
   while (true) {
     if (!planned_) ATFILL_RETURN_IF_ERROR(PlanNext());
-    if (tip_ == 0) return false;  // an empty archive
+    if (tip_ == 0 || done_seq_ >= tip_) return nullptr;  // an empty archive, or the sweep's end
     if (plan_segment_ >= plan_.segments.size()) {
-      if (plan_.planned_through >= tip_) return false;
+      if (plan_.planned_through >= tip_) return nullptr;
       ATFILL_RETURN_IF_ERROR(PlanNext());
       continue;
     }
@@ -367,6 +367,18 @@ Result<bool> ReplaySource::ReadRecords(EventChunk* chunk) {
     }
     const PlannedBlock& b = seg.blocks[plan_block_++];
     if (b.max_seq <= done_seq_) continue;
+    *segment = &seg;
+    return &b;
+  }
+}
+
+Result<bool> ReplaySource::ReadRecords(EventChunk* chunk) {
+  while (true) {
+    const PlannedSegment* segment = nullptr;
+    ATFILL_ASSIGN_OR_RETURN(const PlannedBlock* next, NextBlock(&segment));
+    if (next == nullptr) return false;
+    const PlannedSegment& seg = *segment;
+    const PlannedBlock& b = *next;
     const std::string id = BlockId(seg.segment.name, b.index);
     if (!only_blocks_.empty() && !only_blocks_.count(id)) continue;
     const uint64_t through = std::min(b.max_seq, tip_);
@@ -572,21 +584,11 @@ Result<bool> ReplaySource::ReadAccounts(EventChunk* chunk) {
   }
   if (done_seq_ == UINT64_MAX) ATFILL_RETURN_IF_ERROR(StartAccounts());
   while (true) {
-    if (!planned_) ATFILL_RETURN_IF_ERROR(PlanNext());
-    if (tip_ == 0 || done_seq_ >= tip_) return false;
-    if (plan_segment_ >= plan_.segments.size()) {
-      if (plan_.planned_through >= tip_) return false;
-      ATFILL_RETURN_IF_ERROR(PlanNext());
-      continue;
-    }
-    const PlannedSegment& seg = plan_.segments[plan_segment_];
-    if (plan_block_ >= seg.blocks.size()) {
-      ++plan_segment_;
-      plan_block_ = 0;
-      continue;
-    }
-    const PlannedBlock& b = seg.blocks[plan_block_++];
-    if (b.max_seq <= done_seq_) continue;
+    const PlannedSegment* segment = nullptr;
+    ATFILL_ASSIGN_OR_RETURN(const PlannedBlock* next, NextBlock(&segment));
+    if (next == nullptr) return false;
+    const PlannedSegment& seg = *segment;
+    const PlannedBlock& b = *next;
     const std::string id = BlockId(seg.segment.name, b.index);
     const uint64_t through = std::min(b.max_seq, tip_);
     const uint64_t after = done_seq_;

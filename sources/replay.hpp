@@ -99,6 +99,9 @@ class ReplaySource : public pipeline::Source {
   enum class Sweep : uint8_t { kRecords, kAccounts, kDone };
   struct Cursor;
   Status PlanNext();
+  // The sweep's next planned block after done_seq_ (the next plan page when one is used up), with
+  // its segment; null at the sweep's end. Valid until the next call.
+  Result<const PlannedBlock*> NextBlock(const PlannedSegment** segment);
   Result<bool> ReadRecords(pipeline::EventChunk* chunk);
   Result<bool> ReadAccounts(pipeline::EventChunk* chunk);
   Status StartAccounts();

@@ -13,6 +13,7 @@
 #include "atproto/syntax.hpp"
 #include "base/bytes.hpp"
 #include "base/strings.hpp"
+#include "net/endpoint.hpp"
 
 namespace atfill::stages {
 namespace {
@@ -31,21 +32,6 @@ std::string_view TrimBase(std::string_view base) {
   return base;
 }
 
-void AppendEncoded(std::string_view value, std::string* out) {
-  static constexpr char kHex[] = "0123456789ABCDEF";
-  for (const char c : value) {
-    const auto u = static_cast<unsigned char>(c);
-    if ((u >= 'A' && u <= 'Z') || (u >= 'a' && u <= 'z') || (u >= '0' && u <= '9') || u == '-' ||
-        u == '.' || u == '_' || u == '~') {
-      out->push_back(c);
-    } else {
-      out->push_back('%');
-      out->push_back(kHex[u >> 4]);
-      out->push_back(kHex[u & 0xF]);
-    }
-  }
-}
-
 // Builds "{base}/xrpc/{method}?k=v&k=v".
 class UrlBuilder {
  public:
@@ -58,7 +44,7 @@ class UrlBuilder {
     url_.push_back(first_ ? '?' : '&');
     first_ = false;
     url_.append(name).push_back('=');
-    AppendEncoded(value, &url_);
+    net::AppendPercentEncoded(value, &url_);
     return *this;
   }
   UrlBuilder& Limit(uint32_t limit) {
