@@ -8,7 +8,9 @@
 //   build/bench/replay_bench                      (Release build)
 //   ATFILL_REPLAY_BENCH_EVENTS=N                  (another size; default 5,000,000)
 //   ATFILL_REPLAY_BENCH_ARCHIVE=DIR               (generate the archive there once, reuse it)
-//   ATFILL_REPLAY_BENCH_BATCH=events,chunks,ms    (the engine's batch limits)
+//   ATFILL_REPLAY_BENCH_BATCH=events,chunks,ms    (the engine's batch limits; default
+//                                                 sources::kReplayBatch, as atfill replays)
+//   ATFILL_REPLAY_BENCH_SQLITE=cache_mb,wal_mb,page_kb  (the SQLite sink's options)
 #include <benchmark/benchmark.h>
 
 #include <chrono>
@@ -104,6 +106,14 @@ void BM_Replay(benchmark::State& state) {
     if (to_sqlite) {
       sinks::SqliteSinkOptions out;
       out.path = (dir / "out.db").string();
+      if (const char* e = std::getenv("ATFILL_REPLAY_BENCH_SQLITE")) {
+        long long cache_mb = 0, wal_mb = 0, page_kb = 0;
+        if (std::sscanf(e, "%lld,%lld,%lld", &cache_mb, &wal_mb, &page_kb) == 3) {
+          out.cache_bytes = cache_mb << 20;
+          out.wal_autocheckpoint_bytes = wal_mb << 20;
+          out.page_size_bytes = page_kb << 10;
+        }
+      }
       auto s = sinks::OpenSqliteSink(out);
       if (!s.ok()) return state.SkipWithError("sink");
       sink = std::move(*s);
@@ -118,6 +128,7 @@ void BM_Replay(benchmark::State& state) {
     stages::CidVerify verify;
     stages::IngestGuard guard(&tombstones);
     pipeline::RunOptions run;
+    run.engine.batch = sources::kReplayBatch;  // as atfill runs a replay
     if (const char* e = std::getenv("ATFILL_REPLAY_BENCH_BATCH")) {
       unsigned long long events = 0, chunks = 0;
       long long ms = 0;

@@ -1,5 +1,7 @@
 #include "sinks/intern_cache.hpp"
 
+#include <xxhash.h>
+
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -13,17 +15,27 @@ InternCache::InternCache(size_t max_entries)
     : max_entries_(max_entries == 0 ? 1 : max_entries), slots_(kInitialSlots) {}
 
 uint64_t InternCache::Hash(std::string_view key) {
-  return static_cast<uint64_t>(std::hash<std::string_view>{}(key)) | 1;
+  return static_cast<uint64_t>(XXH3_64bits(key.data(), key.size())) | 1;
+}
+
+bool InternCache::Matches(const Slot& s, std::string_view key) const {
+  return s.length == key.size() &&
+         std::memcmp(arena_.data() + s.offset, key.data(), key.size()) == 0;
 }
 
 std::optional<int64_t> InternCache::Find(std::string_view key) const {
+  // Runs of one key (a batch's single collection, an account's events grouped together) skip
+  // the hash.
+  if (last_ < slots_.size() && slots_[last_].hash != 0 && Matches(slots_[last_], key)) {
+    return slots_[last_].id;
+  }
   const uint64_t h = Hash(key);
   const size_t mask = slots_.size() - 1;
   for (size_t i = h & mask;; i = (i + 1) & mask) {
     const Slot& s = slots_[i];
     if (s.hash == 0) return std::nullopt;
-    if (s.hash == h && s.length == key.size() &&
-        std::memcmp(arena_.data() + s.offset, key.data(), key.size()) == 0) {
+    if (s.hash == h && Matches(s, key)) {
+      last_ = i;
       return s.id;
     }
   }
@@ -45,12 +57,14 @@ void InternCache::Add(std::string_view key, int64_t id) {
 }
 
 void InternCache::Clear() {
+  last_ = SIZE_MAX;
   slots_.assign(kInitialSlots, Slot{});
   arena_.clear();
   size_ = 0;
 }
 
 void InternCache::Grow() {
+  last_ = SIZE_MAX;
   std::vector<Slot> old(slots_.size() * 2);
   old.swap(slots_);
   const size_t mask = slots_.size() - 1;

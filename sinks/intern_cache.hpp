@@ -31,12 +31,14 @@ class InternCache {
     uint32_t length = 0;
   };
   static uint64_t Hash(std::string_view key);
+  bool Matches(const Slot& s, std::string_view key) const;
   void Grow();
 
   size_t max_entries_;
   size_t size_ = 0;
   std::vector<Slot> slots_;  // a power of two long, at most half full
   std::string arena_;
+  mutable size_t last_ = SIZE_MAX;  // the slot the last Find hit
 };
 
 }  // namespace atfill::sinks

@@ -73,7 +73,8 @@ class SqliteSink final : public pipeline::Sink {
 
   Status Prepare();
   Status WriteOnce(std::span<const Event> batch, int64_t now, WriteStats* stats);
-  Status ApplyWrite(const RecordEvent& e, int64_t now, WriteStats* stats);
+  // did_id: the account's interned id when the caller has it, else 0.
+  Status ApplyWrite(const RecordEvent& e, int64_t did_id, int64_t now, WriteStats* stats);
   Status ApplyDelete(const RecordEvent& e, WriteStats* stats);
   Status ApplyAccount(const AccountEvent& e, WriteStats* stats);
   // Removes the DID's rows in `collections` (all when empty); the number removed.
@@ -239,7 +240,8 @@ Status SqliteSink::WriteOnce(std::span<const Event> batch, int64_t now, WriteSta
   // the outcome is the same.
   order_.resize(batch.size());
   for (size_t i = 0; i < batch.size(); ++i) order_[i] = static_cast<uint32_t>(i);
-  if (batch.size() >= kGroupMinEvents) {
+  const bool grouped = batch.size() >= kGroupMinEvents;
+  if (grouped) {
     group_keys_.assign(batch.size(), 0);
     for (size_t i = 0; i < batch.size(); ++i) {
       if (const auto* r = std::get_if<RecordEvent>(&batch[i])) {
@@ -262,8 +264,10 @@ Status SqliteSink::WriteOnce(std::span<const Event> batch, int64_t now, WriteSta
   for (const uint32_t i : order_) {
     if (const auto* r = std::get_if<RecordEvent>(&batch[i])) {
       ATFILL_RETURN_IF_ERROR(CheckRecordEvent(*r, i));
-      Status st =
-          r->operation == Operation::kDelete ? ApplyDelete(*r, stats) : ApplyWrite(*r, now, stats);
+      // A record's account was interned by the grouping pass (its id is the group key).
+      Status st = r->operation == Operation::kDelete
+                      ? ApplyDelete(*r, stats)
+                      : ApplyWrite(*r, grouped ? group_keys_[i] : 0, now, stats);
       if (!st.ok()) return st.WithContext("event " + std::to_string(i) + " (" + r->Uri() + ")");
     } else {
       const auto& a = std::get<AccountEvent>(batch[i]);
@@ -280,8 +284,11 @@ Status SqliteSink::WriteOnce(std::span<const Event> batch, int64_t now, WriteSta
 // What a create/update does to an existing row.
 enum class WriteVerdict : uint8_t { kStale, kUnchanged, kUnchangedNewerRev, kUpdate };
 
-Status SqliteSink::ApplyWrite(const RecordEvent& e, int64_t now, WriteStats* stats) {
-  ATFILL_ASSIGN_OR_RETURN(int64_t did_id, Intern(dids_, e.did));
+Status SqliteSink::ApplyWrite(const RecordEvent& e, int64_t did_id, int64_t now,
+                              WriteStats* stats) {
+  if (did_id == 0) {
+    ATFILL_ASSIGN_OR_RETURN(did_id, Intern(dids_, e.did));
+  }
   ATFILL_ASSIGN_OR_RETURN(int64_t collection_id, Intern(collections_, e.collection));
   const std::string cid = e.cid.ToString();
   {

@@ -70,7 +70,9 @@ struct Workspace {
               "[state]\ndir = \"replay-state\"\n[sink.sqlite]\npath = \"replay.db\"\n"
               "[crawl]\nsource = \"replay\"\n"
               "collections = [\"app.bsky.feed.post\", \"app.bsky.feed.like\"]\n"
-              "[archive]\ndir = \"archive\"\nreplay_marker_tail_hours = 0\n");
+              "[archive]\ndir = \"archive\"\nreplay_marker_tail_hours = 0\n"
+              // Small batches: a SIGKILL lands between commits (the default is 100,000).
+              "batch_records = 4000\nbatch_ms = 100\n");
     WriteFile(dir / "ingest.toml",
               "[state]\ndir = \"ingest-state\"\n[sink.sqlite]\npath = \"ingest.db\"\n");
     auto w = Atfill({"archive", "write", Config("replay"), (dir / "archive").string(), events,
@@ -217,6 +219,13 @@ TEST(ArchiveReplayTest, AccountBackfillsAreRefusedAsReplaysAndAutoCrawlsWithoutA
                            dir.path());
   EXPECT_NE(replay.exit_code, 0) << Describe(replay);
   EXPECT_THAT(replay.err, HasSubstr("none"));
+  // A replay's batch limits are checked like [engine]'s.
+  WriteFile(dir / "b.toml", "[archive]\ndir = \"none\"\nbatch_records = 0\n");
+  auto zero = RunProcess({kAtfill, "backfill", (dir / "b.toml").string(), "--source", "replay",
+                          "--collection", "app.bsky.feed.post"},
+                         dir.path());
+  EXPECT_EQ(zero.exit_code, 2) << Describe(zero);
+  EXPECT_THAT(zero.err, HasSubstr("b.toml:3: archive.batch_records = 0 is out of range"));
 }
 
 }  // namespace

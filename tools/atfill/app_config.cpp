@@ -102,6 +102,12 @@ Result<AppConfig> LoadAppConfig(const std::string& path) {
   ATFILL_RETURN_IF_ERROR(file.ReadInt("archive.max_block_mb", &block_mb, 1, 4096));
   c.replay.max_block_bytes = static_cast<uint64_t>(block_mb) << 20;
   ATFILL_RETURN_IF_ERROR(
+      file.ReadUint("archive.batch_records", &c.replay_batch.max_events, 1, 1'000'000));
+  ATFILL_RETURN_IF_ERROR(
+      file.ReadInt("archive.batch_ms", &c.replay_batch.max_delay_ms, 0, 600'000));
+  ATFILL_RETURN_IF_ERROR(
+      file.ReadUint("archive.batch_chunks", &c.replay_batch.max_chunks, 1, 100'000));
+  ATFILL_RETURN_IF_ERROR(
       file.ReadUint("archive.max_failed_in_a_row", &c.replay.max_failed_in_a_row, 1, 1'000'000));
   ATFILL_RETURN_IF_ERROR(file.ReadStringList("crawl.dids", &k.dids));
   ATFILL_RETURN_IF_ERROR(file.ReadUint("crawl.list_repos_limit", &k.list_repos_limit, 1, 1000));
@@ -193,6 +199,7 @@ Result<AppConfig> LoadAppConfig(const std::string& path) {
   if (Status s = c.error_log.Validate(); !s.ok()) return s.WithContext(path + ": [jobs]");
   if (Status s = c.tombstones.Validate(); !s.ok()) return s.WithContext(path + ": [tombstones]");
   if (Status s = c.replay.Validate(); !s.ok()) return s.WithContext(path + ": [archive]");
+  if (Status s = c.replay_batch.Validate(); !s.ok()) return s.WithContext(path + ": [archive]");
   if (c.backfill_source == "replay" && c.archive_dir.empty() && c.archive_url.empty()) {
     return Status::Invalid(
         path + ": [crawl] source = \"replay\" needs an archive: set [archive] url or dir");

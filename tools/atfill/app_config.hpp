@@ -46,6 +46,8 @@ struct AppConfig {
   // default (6 retries over about 30 s).
   std::optional<std::vector<int64_t>> archive_retry_delays_ms;
   sources::ReplayOptions replay;  // [archive] replay_marker_tail_hours, max_block_mb, ...
+  // [archive] batch_records, batch_ms, batch_chunks: a replay's batches (sources::kReplayBatch).
+  pipeline::BatcherOptions replay_batch = sources::kReplayBatch;
   // [live] check_deleted_accounts, account_check_timeout_ms: ask the PDS before purging a
   // deleted account (stages/account_check.hpp).
   bool check_deleted_accounts = true;

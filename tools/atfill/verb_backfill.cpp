@@ -123,6 +123,7 @@ int RunReplayJob(const char* verb, const AppConfig& config, OpenedState& st, sta
   run.transforms.push_back(&guard);
   run.sink = sink->get();
   run.cursor_name = "job/" + std::to_string(run.job.id) + "/replay";
+  run.batch = config.replay_batch;
   run.read_noun = "archive blocks read";
   return RunInForeground(run);
 }
