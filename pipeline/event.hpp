@@ -68,6 +68,10 @@ struct AccountEvent {
   // records follow as creates. No tombstone is left or lifted; `active`/`status` are ignored.
   bool resync = false;
   std::vector<std::string> resync_collections;
+  // When set, a purge or resync removes only rows whose rev is older than this (or that have
+  // none): a gap replay's marker applied as of its time (sources/replay.hpp) leaves the rows the
+  // live stream beside it wrote since. Set by sources only; not kept by EncodeEvent.
+  std::string purge_before_rev;
   // Upstream relay sequence number and time (unix microseconds), 0 when unknown.
   int64_t seq = 0;
   int64_t time_us = 0;

@@ -36,6 +36,8 @@ struct WriteStats {
 //    DID. Other account events change nothing in the sink.
 //  * resync (AccountEvent::resync): removes the DID's rows in the event's collections (all when
 //    it names none); the creates that follow in the stream bring the current records back.
+//  * a purge or resync with AccountEvent::purge_before_rev removes only the rows whose rev is
+//    older than it (or that have none).
 // Tombstones (refusing creates after a delete) are the ingest guard's job, not the sink's.
 class Sink {
  public:

@@ -78,8 +78,9 @@ class SqliteSink final : public pipeline::Sink {
   Status ApplyDelete(const RecordEvent& e, WriteStats* stats);
   Status ApplyAccount(const AccountEvent& e, WriteStats* stats);
   // Removes the DID's rows in `collections` (all when empty); the number removed.
+  // Only rows whose rev is older than `before_rev` (or that have none) when it is not empty.
   Result<uint64_t> RemoveRows(int64_t did_id, const std::vector<std::string>& collections,
-                              const char* what);
+                              const std::string& before_rev, const char* what);
   // Looks up the stored row of (did_id, collection_id, rkey); when it exists calls
   // on_row(cid, rev) (views valid only during the call) and returns its rowid.
   template <typename OnRow>
@@ -95,7 +96,8 @@ class SqliteSink final : public pipeline::Sink {
   SqliteSinkOptions options_;
   sqlite::Db db_;
   Stmt begin_, commit_, rollback_;
-  Stmt insert_row_, select_row_, update_row_, update_rev_, delete_row_, purge_did_;
+  Stmt insert_row_, select_row_, update_row_, update_rev_, delete_row_, purge_did_,
+      purge_did_before_;
   InternTable dids_;
   InternTable collections_;
   int last_failure_rc_ = SQLITE_OK;
@@ -194,6 +196,9 @@ Status SqliteSink::Prepare() {
       prep(&update_rev_, "UPDATE atfill_record_rows SET rev = ?1 WHERE id = ?2"));
   ATFILL_RETURN_IF_ERROR(prep(&delete_row_, "DELETE FROM atfill_record_rows WHERE id = ?1"));
   ATFILL_RETURN_IF_ERROR(prep(&purge_did_, "DELETE FROM atfill_record_rows WHERE did_id = ?1"));
+  ATFILL_RETURN_IF_ERROR(prep(&purge_did_before_,
+                              "DELETE FROM atfill_record_rows WHERE did_id = ?1 AND "
+                              "(rev IS NULL OR rev < ?2)"));
   ATFILL_RETURN_IF_ERROR(prep(&dids_.find, "SELECT id FROM atfill_dids WHERE did = ?1"));
   ATFILL_RETURN_IF_ERROR(prep(&dids_.insert, "INSERT INTO atfill_dids(did) VALUES (?1)"));
   ATFILL_RETURN_IF_ERROR(
@@ -389,11 +394,12 @@ Status SqliteSink::ApplyDelete(const RecordEvent& e, WriteStats* stats) {
 }
 
 Result<uint64_t> SqliteSink::RemoveRows(int64_t did_id, const std::vector<std::string>& collections,
-                                        const char* what) {
+                                        const std::string& before_rev, const char* what) {
   if (collections.empty()) {
-    sqlite3_stmt* s = purge_did_.get();
+    sqlite3_stmt* s = before_rev.empty() ? purge_did_.get() : purge_did_before_.get();
     ResetOnExit reset(s);
     sqlite3_bind_int64(s, 1, did_id);
+    if (!before_rev.empty()) BindText(s, 2, before_rev);
     ATFILL_RETURN_IF_ERROR(Run(s, what));
     return static_cast<uint64_t>(sqlite3_changes64(db_.get()));
   }
@@ -416,13 +422,15 @@ Result<uint64_t> SqliteSink::RemoveRows(int64_t did_id, const std::vector<std::s
   ATFILL_ASSIGN_OR_RETURN(Stmt remove,
                           sqlite::Prepare(db_.get(),
                                           "DELETE FROM atfill_record_rows WHERE did_id = ?1 AND "
-                                          "collection_id = ?2",
+                                          "collection_id = ?2 AND (?3 IS NULL OR rev IS NULL OR "
+                                          "rev < ?3)",
                                           false));
   uint64_t removed = 0;
   for (int64_t collection_id : matching) {
     sqlite3_reset(remove.get());
     sqlite3_bind_int64(remove.get(), 1, did_id);
     sqlite3_bind_int64(remove.get(), 2, collection_id);
+    if (!before_rev.empty()) BindText(remove.get(), 3, before_rev);
     ATFILL_RETURN_IF_ERROR(Run(remove.get(), what));
     removed += static_cast<uint64_t>(sqlite3_changes64(db_.get()));
   }
@@ -434,12 +442,14 @@ Status SqliteSink::ApplyAccount(const AccountEvent& e, WriteStats* stats) {
   ++(e.resync ? stats->resyncs : stats->purged_accounts);
   ATFILL_ASSIGN_OR_RETURN(std::optional<int64_t> did_id, Lookup(dids_, e.did));
   if (!did_id) return Status::OK();
+  const std::string& before_rev = e.purge_before_rev;
   if (e.resync) {
-    ATFILL_ASSIGN_OR_RETURN(uint64_t n, RemoveRows(*did_id, e.resync_collections,
+    ATFILL_ASSIGN_OR_RETURN(uint64_t n, RemoveRows(*did_id, e.resync_collections, before_rev,
                                                    "removing the records of a resynced repo"));
     stats->resynced_records += n;
   } else {
-    ATFILL_ASSIGN_OR_RETURN(uint64_t n, RemoveRows(*did_id, {}, "purging the account's records"));
+    ATFILL_ASSIGN_OR_RETURN(uint64_t n,
+                            RemoveRows(*did_id, {}, before_rev, "purging the account's records"));
     stats->purged_records += n;
   }
   return Status::OK();

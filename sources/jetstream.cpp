@@ -284,8 +284,11 @@ struct JetstreamSource::Impl {
   // resumes at the archive's sealed tip. False when it did not (the caller resumes by time).
   static bool ReplayGap(Shared& sh, const std::function<Result<JetstreamOptions::GapReplay>(
                                         uint64_t, const std::string&)>& gap_replay) {
-    const uint64_t last = sh.last_seq.load();
+    uint64_t last = sh.last_seq.load();
     if (!gap_replay || sh.v1.load() || sh.by_time.load() || last == 0) return false;
+    // A consumer told to start at start_seq has not applied that event yet.
+    const bool nothing_seen = sh.start_from_oldest.load() && sh.last_time_us.load() == 0;
+    if (nothing_seen) --last;
     std::string host;
     {
       std::lock_guard<std::mutex> lock(sh.host_mu);
@@ -311,6 +314,7 @@ struct JetstreamSource::Impl {
     }
     const uint64_t events = g->resume_after_seq - last;
     sh.last_seq = g->resume_after_seq;
+    sh.start_from_oldest = false;  // the stream resumes after the gap, not at start_seq
     sh.gaps.fetch_add(1);
     sh.gap_events.fetch_add(events);
     sh.gap_replays.fetch_add(1);
@@ -382,6 +386,10 @@ struct JetstreamSource::Impl {
     for (const auto& d : options.dids) add("dids", d);
     if ((shared->by_time.load() || other_host) && time_us > 0) {
       add("cursor", std::to_string(time_us));
+    } else if (shared->by_time.load() && shared->start_from_oldest.load()) {
+      // start_seq is below the host's floor and no event was seen: the oldest event it keeps
+      // (a time before every event is clamped up to its floor).
+      add("cursor", "1000000000000000");
     } else if (seq > 0) {
       add("cursor", std::to_string(seq));  // inclusive: the last event comes again
     }

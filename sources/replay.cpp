@@ -12,6 +12,7 @@
 #include "atproto/cbor.hpp"
 #include "atproto/cid.hpp"
 #include "atproto/json.hpp"
+#include "atproto/tid.hpp"
 #include "atproto/value.hpp"
 #include "pipeline/job.hpp"
 #include "state/codec.hpp"
@@ -650,6 +651,13 @@ Result<bool> ReplaySource::ReadAccounts(EventChunk* chunk) {
         continue;
       }
       const bool kill = IsKill(a);
+      if (kill && options_.before_seq != 0 && a.time_us > 0) {
+        // A window (a live stream's gap) is replayed beside the stream, which may already have
+        // written the account's later records: the marker removes only what the account held
+        // at its time (a repo's revs grow with time; a relay refuses revs from the future).
+        auto tid = atproto::Tid::FromParts(static_cast<uint64_t>(a.time_us), 0);
+        if (tid.ok()) a.purge_before_rev = tid->str();
+      }
       chunk->events.emplace_back(std::move(a));
       // The account's rows after the kill are replayed again (the blooms find its blocks).
       if (kill) {

@@ -68,7 +68,8 @@ struct ReplayOptions {
   // A window of the archive, (after_seq, before_seq] (0: its start, its sealed tip): a live
   // stream's gap. Both sweeps cover the window; with `all_markers` the account sweep applies
   // every account's markers in it (as the stream would have), not only those of accounts that
-  // wrote records in the replay.
+  // wrote records in the replay. A window's kill markers remove only the rows older than their
+  // time (AccountEvent::purge_before_rev): the live stream beside it may have written later ones.
   uint64_t after_seq = 0;
   uint64_t before_seq = 0;
   bool all_markers = false;

@@ -372,6 +372,32 @@ TEST_P(SinkConformanceTest, ResyncReplacesTheDidsRowsInItsCollections) {
   EXPECT_EQ(stats.resynced_records, 0u);
 }
 
+TEST_P(SinkConformanceTest, APurgeOrResyncWithABoundRemovesOnlyOlderRows) {
+  MustWrite({MakeCreate(kAlice, kPost, "p1", kBodyA, kRev1),
+             MakeCreate(kAlice, kPost, "p2", kBodyB, kRev3),
+             MakeCreate(kAlice, kLike, "l1", kBodyC, ""),
+             MakeCreate(kAlice, kLike, "l2", kBodyC, kRev2),
+             MakeCreate(kBob, kPost, "p1", kBodyA, kRev1)});
+  // A takedown as of kRev2's time: rows older than it (and the revless one) go, kRev2 and later
+  // stay.
+  pipeline::Event purge = MakeAccount(kAlice, AccountStatus::kTakendown);
+  std::get<pipeline::AccountEvent>(purge).purge_before_rev = kRev2;
+  ExpectStats(MustWrite({purge}), Stats(0, 0, 0, 0, 0, 1, 2));
+  EXPECT_EQ(MustReadAll(), (std::vector<TableRow>{Row(kAlice, kLike, "l2", kBodyC, kRev2),
+                                                  Row(kAlice, kPost, "p2", kBodyB, kRev3),
+                                                  Row(kBob, kPost, "p1", kBodyA, kRev1)}));
+  // A resync of posts as of kRev4: p2 (kRev3) goes, the like stays (another collection).
+  pipeline::AccountEvent resync;
+  resync.did = kAlice;
+  resync.resync = true;
+  resync.resync_collections = {kPost};
+  resync.purge_before_rev = kRev4;
+  auto stats = MustWrite({pipeline::Event(resync)});
+  EXPECT_EQ(stats.resynced_records, 1u);
+  EXPECT_EQ(MustReadAll(), (std::vector<TableRow>{Row(kAlice, kLike, "l2", kBodyC, kRev2),
+                                                  Row(kBob, kPost, "p1", kBodyA, kRev1)}));
+}
+
 TEST_P(SinkConformanceTest, EventsApplyInBatchOrder) {
   // create, delete, create again of one URI in one batch: the last create wins.
   ExpectStats(MustWrite({MakeCreate(kAlice, kPost, "r", kBodyA, kRev1),

@@ -63,6 +63,25 @@ Result<sources::CrawlOptions> CrawlOfJob(const AppConfig& config, state::JobReco
   return crawl;
 }
 
+// The archive XRPC base of a Jetstream host ("ws://h:1/" -> "http://h:1"); empty for another
+// scheme.
+std::string ArchiveOfHost(const std::string& host) {
+  std::string location;
+  if (host.starts_with("ws://")) location = "http://" + host.substr(5);
+  if (host.starts_with("wss://")) location = "https://" + host.substr(6);
+  while (!location.empty() && location.back() == '/') location.pop_back();
+  return location;
+}
+
+// Whether `location` is the archive of one of [live]'s hosts (whose own allowance of private
+// addresses then applies to it).
+bool IsLiveHost(const AppConfig& config, const std::string& location) {
+  for (const std::string& host : config.live.hosts) {
+    if (ArchiveOfHost(host) == location) return true;
+  }
+  return false;
+}
+
 // The archive at `location`: a URL (the archive XRPC API, the config's key) or a directory.
 // `probe` shortens the retries (auto's question "is there an archive?").
 Result<std::unique_ptr<sources::Archive>> OpenArchive(const AppConfig& config,
@@ -73,7 +92,8 @@ Result<std::unique_ptr<sources::Archive>> OpenArchive(const AppConfig& config,
     o.base_url = location;
     o.key = config.archive_key;
     o.allow_private_addresses =
-        config.crawl.allow_loopback_endpoints || config.crawl.allow_private_endpoints;
+        config.crawl.allow_loopback_endpoints || config.crawl.allow_private_endpoints ||
+        (config.live.allow_private_endpoints && IsLiveHost(config, location));
     o.user_agent = config.crawl.http.user_agent;
     if (config.archive_retry_delays_ms) o.retry_delays_ms = *config.archive_retry_delays_ms;
     if (probe) {
@@ -564,12 +584,7 @@ GapReplays::~GapReplays() {
 Result<std::pair<uint64_t, uint64_t>> GapReplays::Start(uint64_t last_seq,
                                                         const std::string& host) {
   std::string location = ArchiveLocation(config_);
-  if (location.empty()) {
-    // The Jetstream host serves its own archive.
-    if (host.starts_with("ws://")) location = "http://" + host.substr(5);
-    if (host.starts_with("wss://")) location = "https://" + host.substr(6);
-    while (!location.empty() && location.back() == '/') location.pop_back();
-  }
+  if (location.empty()) location = ArchiveOfHost(host);  // the host serves its own archive
   if (location.empty()) return Status::Invalid("no archive is configured ([archive] url or dir)");
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   ATFILL_ASSIGN_OR_RETURN(auto archive, OpenArchive(config_, location, /*probe=*/true));
@@ -603,6 +618,7 @@ Result<std::pair<uint64_t, uint64_t>> GapReplays::Start(uint64_t last_seq,
                "atfill run: the stream's gap after seq %" PRIu64 " is replayed by job %" PRIu64
                " from %s (through seq %" PRIu64 ")\n",
                last_seq, job.id, location.c_str(), plan->sealed_tip);
+  started_ = true;  // before the stream resumes past the gap
   std::lock_guard lock(mu_);
   threads_.emplace_back([this, job] { RunBackfillJob("run", config_, st_, job); });
   return std::make_pair(plan->sealed_tip, job.id);

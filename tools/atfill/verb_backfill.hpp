@@ -1,6 +1,7 @@
 // The crawl verbs' entry points shared with `resume` and `run`.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <mutex>
@@ -35,12 +36,15 @@ class GapReplays {
   ~GapReplays();
   // Plans the gap (giving up after about 30 s), creates its job and starts it.
   Result<std::pair<uint64_t, uint64_t>> Start(uint64_t last_seq, const std::string& host);
+  // Whether a gap replay was started by this process.
+  bool started() const { return started_.load(); }
 
  private:
   const AppConfig& config_;
   OpenedState& st_;
   std::mutex mu_;
   std::vector<std::thread> threads_;
+  std::atomic<bool> started_{false};
 };
 
 // The collections the unfinished backfill jobs of this state cover ("*" for one that fetches every

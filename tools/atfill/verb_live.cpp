@@ -74,7 +74,13 @@ int RunLive(const AppConfig& config, OpenedState& st, std::function<bool()> back
   stages::CidVerify verify;
   // Record deletes leave a tombstone only where a stale create could still arrive.
   stages::DeleteTombstoneRule rule;
-  rule.sink_holds = sinks::SqliteHoldsRecords(config.sqlite.path);
+  // While a gap replay runs beside the stream, every delete leaves a tombstone: the replay may
+  // still bring the record's older create.
+  rule.sink_holds = [&gaps, holds = sinks::SqliteHoldsRecords(config.sqlite.path)](
+                        const std::string& did, const std::string& collection) -> Result<bool> {
+    if (gaps.started()) return true;
+    return holds(did, collection);
+  };
   auto backfills = UnfinishedBackfillCollections(st);
   if (!backfills.ok()) return Fail("run", backfills.status().message(), kExitIo);
   rule.always = std::move(*backfills);

@@ -235,7 +235,10 @@ Status WriteFromJetstream(const JetstreamLog& log, const ArchiveOptions& o) {
   wo.rows_per_block = o.rows_per_block;
   wo.segment_bytes = o.segment_bytes;
   ATFILL_ASSIGN_OR_RETURN(auto writer, sources::ArchiveWriter::Open(o.dir, wo));
-  for (uint64_t seq = 1; seq <= log.size(); ++seq) {
+  const uint64_t last = o.jetstream_through_seq == 0
+                            ? log.size()
+                            : std::min<uint64_t>(o.jetstream_through_seq, log.size());
+  for (uint64_t seq = 1; seq <= last; ++seq) {
     ATFILL_ASSIGN_OR_RETURN(std::string text, log.FrameV2(seq));
     sources::JetstreamFrame frame;
     std::string kind;

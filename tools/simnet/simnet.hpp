@@ -210,6 +210,9 @@ struct ArchiveOptions {
   // from_repos) into `dir` as segments (ArchiveWriter); `dir` must then hold no segment yet.
   // Needs jetstream.events > 0.
   bool from_jetstream = false;
+  // from_jetstream: only the log's events 1..this (an archive whose sealed tip trails the stream,
+  // as a live host's does); 0 = all.
+  uint64_t jetstream_through_seq = 0;
   // At Start, first write every active account's current repo into `dir` as Jetstream stores a
   // backfilled repo (SPEC §4.4): one Create row per record (payload = the record's DAG-CBOR block
   // exactly as in the repo getRepo serves, rev = the repo's commit rev), all rows of a repo
