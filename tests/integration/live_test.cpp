@@ -563,7 +563,7 @@ TEST(LiveTest, AGapBelowTheFloorIsReplayedFromTheArchiveBesideTheStream) {
   so.jetstream.retention_events = 1000;
   // Creates and updates only: a delete or account purge the stream applies after the gap, of a
   // record the replay writes later, can still be undone (the replay's guard reads the
-  // tombstones when it starts; see the README's known limits).
+  // tombstones when it starts; README, "Known limit").
   so.jetstream.delete_share = 0;
   so.jetstream.account_share = 0;
   so.archive.dir = (dir.path() / "archive").string();
