@@ -44,6 +44,7 @@ struct Candidate {
 LiveHold::LiveHold(state::LiveHolds* holds, LiveHoldOptions options)
     : holds_(holds), options_(std::move(options)) {
   if (!options_.backfill_running) options_.backfill_running = [] { return false; };
+  if (!options_.hold_all) options_.hold_all = [] { return false; };
   if (!options_.clock) {
     options_.clock = [] { return static_cast<uint64_t>(pipeline::NowMicros()); };
   }
@@ -57,7 +58,8 @@ std::unique_ptr<pipeline::TransformState> LiveHold::NewState() const {
 Status LiveHold::Process(pipeline::TransformState* state, pipeline::EventChunk* chunk) const {
   auto& s = static_cast<HoldState&>(*state);
   std::lock_guard<std::mutex> lock(s.mu);
-  const bool running = options_.backfill_running();
+  const bool hold_all = options_.hold_all();
+  const bool running = hold_all || options_.backfill_running();
   if (running) s.drained = false;
 
   // 1. Repos whose hold ends: checkpointed with no unit left, or every held repo once no crawl
@@ -146,7 +148,7 @@ Status LiveHold::Process(pipeline::TransformState* state, pipeline::EventChunk* 
       if (it == hold.end()) {
         bool h = false;
         if (s.releasing.count(did) == 0) {
-          if (s.inflight.count(did) != 0) {
+          if (hold_all || s.inflight.count(did) != 0) {
             h = true;
           } else {
             ATFILL_ASSIGN_OR_RETURN(int64_t left, holds_->Unfinished(did));

@@ -26,6 +26,10 @@ struct LiveHoldOptions {
   // Whether a crawl is running beside the consumer. While none is, nothing new is held and every
   // repo still held (a crawl that stopped before finishing it) is released.
   std::function<bool()> backfill_running;
+  // Whether every live event is held, whatever its repo: while a replay of the stream's gap runs
+  // beside the consumer (the gap's older events must land first). When it turns false, the held
+  // repos are released once no crawl runs (they have no checkpoint: nothing is dropped).
+  std::function<bool()> hold_all;
   // Repos released per chunk at most (bounds the work of one chunk; the rest follow).
   size_t max_releases_per_chunk = 256;
   // The order of held events: must grow across restarts (default: the wall clock in µs, made

@@ -555,17 +555,16 @@ INSTANTIATE_TEST_SUITE_P(Protocols, LiveGaps,
 // `atfill run` with [crawl] source = "auto" whose start is below the host's floor (simnet keeps
 // the newest 1,000 of 6,000 events) and whose host serves an archive sealed through seq 5,500: the
 // gap (seqs 1..5,500) becomes a replay job from the host's own archive, run beside the live
-// consumer, which resumes at once after seq 5,500. The table ends equal to the whole log applied:
-// no hole between the replay and the stream, nothing the replay did undoes what the stream wrote.
+// consumer, which resumes reading at once after seq 5,500 and holds what it reads until the gap
+// is replayed. The table ends equal to the whole log applied: no hole between the replay and the
+// stream, and nothing the replay wrote late undoes what the stream said later.
 TEST(LiveTest, AGapBelowTheFloorIsReplayedFromTheArchiveBesideTheStream) {
   TempDir dir;
   simnet::SimnetOptions so = Network(6000);
   so.jetstream.retention_events = 1000;
-  // Creates and updates only: a delete or account purge the stream applies after the gap, of a
-  // record the replay writes later, can still be undone (the replay's guard reads the
-  // tombstones when it starts; README, "Known limit").
-  so.jetstream.delete_share = 0;
-  so.jetstream.account_share = 0;
+  // Deletes and account events on both sides of the tip: the stream's events after it wait in
+  // state until the gap is replayed, so nothing the replay writes late undoes them.
+  so.jetstream.account_share = 0.05;
   so.archive.dir = (dir.path() / "archive").string();
   so.archive.from_jetstream = true;
   so.archive.jetstream_through_seq = 5500;
@@ -605,6 +604,15 @@ TEST(LiveTest, AGapBelowTheFloorIsReplayedFromTheArchiveBesideTheStream) {
   EXPECT_NE(jobs.out.find("completed"), std::string::npos) << jobs.out;
   auto live = testing::RunProcess({ATFILL_BINARY, "job", config, "1", "--errors"}, dir.path());
   EXPECT_NE(live.out.find("replay job 2 replays seqs 1..5500"), std::string::npos) << live.out;
+  // The stream's events after the tip were held, then all applied.
+  auto counter = [&live](const std::string& name) -> uint64_t {
+    const size_t at = live.out.find("  " + name + " ");
+    return at == std::string::npos
+               ? 0
+               : std::strtoull(live.out.c_str() + at + name.size() + 3, nullptr, 10);
+  };
+  EXPECT_GT(counter("live_held"), 400u) << live.out;
+  EXPECT_EQ(counter("live_released"), counter("live_held")) << live.out;
 }
 
 // `atfill run` as a user runs it, killed with SIGKILL three times mid-stream, then run until the

@@ -115,6 +115,7 @@ class LiveHoldTest : public ::testing::Test {
   void MakeHold() {
     LiveHoldOptions o;
     o.backfill_running = [this] { return running_; };
+    o.hold_all = [this] { return hold_all_; };
     o.clock = [this] { return ++clock_; };
     hold_ = std::make_unique<LiveHold>(&holds_, o);
     st_ = hold_->NewState();
@@ -154,6 +155,7 @@ class LiveHoldTest : public ::testing::Test {
   std::unique_ptr<state::KvStore> kv_;
   state::LiveHolds holds_;
   bool running_ = true;
+  bool hold_all_ = false;
   uint64_t clock_ = 1000;
   std::unique_ptr<LiveHold> hold_;
   std::unique_ptr<pipeline::TransformState> st_;
@@ -244,6 +246,31 @@ TEST_F(LiveHoldTest, HeldEventsSurviveARestartAndAreReleasedOnceNoCrawlRuns) {
   EXPECT_EQ(HeldRepos(), 0u);
   EXPECT_EQ(Names(Process({Rec(kB, "b2", "3l0000000000d")})),
             (std::vector<std::string>{"B:b2@3l0000000000d"}));
+}
+
+// A gap replay beside the stream: every event waits, whatever its repo, until the replay ends;
+// then all are released in arrival order per repo, nothing dropped (no checkpoint).
+TEST_F(LiveHoldTest, HoldAllHoldsEveryRepoUntilItTurnsOff) {
+  running_ = false;
+  hold_all_ = true;
+  MakeHold();
+  auto c = Process({Rec(kA, "a1", "3l0000000000a"), Acct(kB, AccountStatus::kTakendown),
+                    Rec(kA, "a2", "3l0000000000b")});
+  EXPECT_TRUE(c.events.empty());
+  EXPECT_EQ(Counter(c, "live_held"), 3);
+  Commit(Seal());
+  EXPECT_EQ(HeldRepos(), 2u);
+  EXPECT_TRUE(Process({Rec(kB, "b1", "3l0000000000c")}).events.empty());
+  Commit(Seal());
+  hold_all_ = false;
+  auto released = Process({Rec(kA, "a3", "3l0000000000d")});
+  EXPECT_EQ(Counter(released, "live_released"), 4);
+  EXPECT_EQ(Counter(released, "live_hold_dropped"), 0);
+  EXPECT_EQ(Names(released),
+            (std::vector<std::string>{"A:a1@3l0000000000a", "A:a2@3l0000000000b", "B:account",
+                                      "B:b1@3l0000000000c", "A:a3@3l0000000000d"}));
+  Commit(Seal());
+  EXPECT_EQ(HeldRepos(), 0u);
 }
 
 TEST_F(LiveHoldTest, NothingIsHeldWithoutMarks) {

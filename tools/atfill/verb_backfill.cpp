@@ -576,9 +576,13 @@ int RunRun(std::span<char* const> args) {
   return std::max({worst, rc, backfill_rc});
 }
 
-GapReplays::~GapReplays() {
+GapReplays::~GapReplays() { Wait(); }
+
+void GapReplays::Wait() {
   std::lock_guard lock(mu_);
-  for (auto& t : threads_) t.join();
+  for (auto& t : threads_) {
+    if (t.joinable()) t.join();
+  }
 }
 
 Result<std::pair<uint64_t, uint64_t>> GapReplays::Start(uint64_t last_seq,
@@ -618,9 +622,14 @@ Result<std::pair<uint64_t, uint64_t>> GapReplays::Start(uint64_t last_seq,
                "atfill run: the stream's gap after seq %" PRIu64 " is replayed by job %" PRIu64
                " from %s (through seq %" PRIu64 ")\n",
                last_seq, job.id, location.c_str(), plan->sealed_tip);
-  started_ = true;  // before the stream resumes past the gap
+  // Both before the stream resumes past the gap: its events are held from now on.
+  started_ = true;
+  ++running_;
   std::lock_guard lock(mu_);
-  threads_.emplace_back([this, job] { RunBackfillJob("run", config_, st_, job); });
+  threads_.emplace_back([this, job] {
+    RunBackfillJob("run", config_, st_, job);
+    --running_;
+  });
   return std::make_pair(plan->sealed_tip, job.id);
 }
 

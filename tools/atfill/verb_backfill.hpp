@@ -38,6 +38,10 @@ class GapReplays {
   Result<std::pair<uint64_t, uint64_t>> Start(uint64_t last_seq, const std::string& host);
   // Whether a gap replay was started by this process.
   bool started() const { return started_.load(); }
+  // Whether a gap replay started by this process is still running.
+  bool running() const { return running_.load() > 0; }
+  // Waits for every gap replay started to end.
+  void Wait();
 
  private:
   const AppConfig& config_;
@@ -45,6 +49,7 @@ class GapReplays {
   std::mutex mu_;
   std::vector<std::thread> threads_;
   std::atomic<bool> started_{false};
+  std::atomic<int> running_{0};
 };
 
 // The collections the unfinished backfill jobs of this state cover ("*" for one that fetches every

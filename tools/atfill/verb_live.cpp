@@ -89,7 +89,9 @@ int RunLive(const AppConfig& config, OpenedState& st, std::function<bool()> back
   // what an earlier run held is applied).
   state::LiveHolds holds(*st.kv);
   stages::LiveHoldOptions hold_options;
-  hold_options.backfill_running = std::move(backfill_running);
+  hold_options.backfill_running = backfill_running;
+  // While a gap replay runs, the stream's events wait in state, then apply on top of the gap.
+  hold_options.hold_all = [&gaps] { return gaps.running(); };
   stages::LiveHold hold(&holds, std::move(hold_options));
   // The account check asks PDSs with the crawl's resolver settings ([resolver], [net]).
   std::unique_ptr<state::ResolverCache> check_cache;  // outlives the client's callbacks
@@ -138,6 +140,18 @@ int RunLive(const AppConfig& config, OpenedState& st, std::function<bool()> back
                " gap(s) replayed from the archive\n",
                s.host.c_str(), s.protocol.c_str(), s.connections, s.last_seq, s.v1_fallbacks,
                s.cursor_too_old, s.gap_replays);
+  if (gaps.started() && run.stop_reason.code == "stream_idle") {
+    // The stream went quiet while its events waited for the gap: once the gap is replayed, the
+    // consumer runs again from its cursor and applies them.
+    if (gaps.running()) {
+      std::fprintf(stderr,
+                   "atfill run: the stream is idle; waiting for the gap replay to finish, then "
+                   "applying the live events held meanwhile\n");
+    }
+    gaps.Wait();
+    source->reset();  // its connection closes before the next run opens one
+    return RunLive(config, st, std::move(backfill_running), stop);
+  }
   return rc;
 }
 
