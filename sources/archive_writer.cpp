@@ -89,8 +89,18 @@ Status ArchiveWriter::Finish() {
 }
 
 Result<uint64_t> ArchiveWriter::Append(const JetstreamFrame::Payload& event, int64_t witnessed_at) {
+  return Append(event, witnessed_at, 0);
+}
+
+Result<uint64_t> ArchiveWriter::Append(const JetstreamFrame::Payload& event, int64_t witnessed_at,
+                                       uint64_t seq) {
+  if (seq != 0 && seq < next_seq_) {
+    return Status::Invalid("seq " + std::to_string(seq) + " is not past the archive's last (" +
+                           std::to_string(next_seq_ - 1) + ")");
+  }
+  const uint64_t at = seq != 0 ? seq : next_seq_;
   jss::Row row;
-  row.seq = next_seq_;
+  row.seq = at;
   row.witnessed_at = witnessed_at;
   Bytes payload;
   if (const auto* r = std::get_if<pipeline::RecordEvent>(&event)) {
@@ -157,7 +167,8 @@ Result<uint64_t> ArchiveWriter::Append(const JetstreamFrame::Payload& event, int
   row.payload = payload;
   ATFILL_RETURN_IF_ERROR(jss::ValidateRow(row));
   ATFILL_RETURN_IF_ERROR(AppendRow(row));
-  return next_seq_++;
+  next_seq_ = at + 1;
+  return at;
 }
 
 }  // namespace atfill::sources

@@ -34,6 +34,9 @@ class ArchiveWriter {
   // Sync row. `witnessed_at` is the event's time (unix µs). Other frames (info, errors) are
   // ignored. Returns the seq given to the row, or 0 when nothing was written.
   Result<uint64_t> Append(const JetstreamFrame::Payload& event, int64_t witnessed_at);
+  // The same with the row's seq given (a host's own numbering, kept by an archive of its live
+  // stream): it must be past every seq written; 0 takes the next one as above.
+  Result<uint64_t> Append(const JetstreamFrame::Payload& event, int64_t witnessed_at, uint64_t seq);
   // Seals the open segment (if it has rows).
   Status Finish();
 

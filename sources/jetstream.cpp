@@ -649,6 +649,18 @@ Result<bool> JetstreamSource::Read(pipeline::EventChunk* chunk) {
 }
 
 void JetstreamSource::Decode(pipeline::EventChunk* chunk) const {
+  DecodeFrames(chunk, [&](JetstreamFrame& frame) {
+    if (auto event = frame.TakeEvent()) {
+      if (auto* a = std::get_if<pipeline::AccountEvent>(&*event); a != nullptr && a->resync) {
+        a->resync_collections = impl_->options.collections;  // the collections it indexes
+      }
+      chunk->events.push_back(std::move(*event));
+    }
+  });
+}
+
+void JetstreamSource::DecodeFrames(
+    pipeline::EventChunk* chunk, const std::function<void(JetstreamFrame& frame)>& on_frame) const {
   const Impl& s = *impl_;
   // One decoder per thread and dictionary.
   thread_local std::unordered_map<const ZstdDictionary*, std::unique_ptr<ZstdFrameDecoder>>
@@ -709,12 +721,7 @@ void JetstreamSource::Decode(pipeline::EventChunk* chunk) const {
       last_time = frame.time_us;
       last_host = (flags >> kHostShift) - 1;
     }
-    if (auto event = frame.TakeEvent()) {
-      if (auto* a = std::get_if<pipeline::AccountEvent>(&*event); a != nullptr && a->resync) {
-        a->resync_collections = s.options.collections;  // the collections this consumer indexes
-      }
-      chunk->events.push_back(std::move(*event));
-    }
+    on_frame(frame);
   }
   if (last_seq != 0) {
     chunk->resume_cursor = std::to_string(last_seq) + ":" + std::to_string(last_time);

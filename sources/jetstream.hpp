@@ -27,6 +27,7 @@
 #include "base/status.hpp"
 #include "net/websocket.hpp"
 #include "pipeline/source.hpp"
+#include "sources/jetstream_frames.hpp"
 #include "state/kv_store.hpp"
 
 namespace atfill::sources {
@@ -122,6 +123,11 @@ class JetstreamSource : public pipeline::Source {
   Status Seek(const std::string& resume_cursor) override;
   Result<bool> Read(pipeline::EventChunk* chunk) override;
   void Decode(pipeline::EventChunk* chunk) const override;
+  // Decode's first half: calls on_frame with every frame of the chunk (decompressed and decoded;
+  // bad ones go to chunk->errors) and moves the cursor, leaving chunk->events alone. For callers
+  // that keep the frames themselves (atfill archive write from a live host).
+  void DecodeFrames(pipeline::EventChunk* chunk,
+                    const std::function<void(JetstreamFrame& frame)>& on_frame) const;
   std::string Describe() const override;
   // After an idle exit (idle_exit_ms): "stream_idle", so the job pauses (a live job does not
   // complete) and the next run continues from its cursor.

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
@@ -17,6 +18,7 @@
 #include "sinks/sqlite_reader.hpp"
 #include "sinks/sqlite_sink.hpp"
 #include "sources/jetstream.hpp"
+#include "sources/jss.hpp"
 #include "stages/account_check.hpp"
 #include "stages/cid_verify.hpp"
 #include "stages/ingest_guard.hpp"
@@ -613,6 +615,77 @@ TEST(LiveTest, AGapBelowTheFloorIsReplayedFromTheArchiveBesideTheStream) {
   };
   EXPECT_GT(counter("live_held"), 400u) << live.out;
   EXPECT_EQ(counter("live_released"), counter("live_held")) << live.out;
+}
+
+// `atfill archive write --live`: the stream of simnet's Jetstream (published over ~2 s) written as
+// an archive under the host's own seqs, killed with SIGKILL once a segment is sealed and run again
+// (it continues after the newest sealed seq; the killed run's open segment is written again). The
+// archive holds every event once, and a replay of it equals the whole log applied.
+TEST(LiveTest, AnArchiveWrittenFromTheStreamHoldsEveryEventOnceAndReplaysToTheLog) {
+  simnet::SimnetOptions so = Network(3000);
+  so.jetstream.published_at_start = 500;
+  so.jetstream.events_per_second = 1500;
+  auto net = simnet::Simnet::Start(so);
+  ASSERT_TRUE(net.ok()) << net.status().ToString();
+  const auto want = Truth(**net);
+  TempDir dir;
+  const std::string config = (dir.path() / "atfill.toml").string();
+  testing::WriteFile(config,
+                     "[state]\ndir = \"state\"\n[sink.sqlite]\npath = \"db.sqlite\"\n"
+                     "[crawl]\nsource = \"replay\"\n"
+                     "collections = [\"app.bsky.feed.post\", \"app.bsky.feed.like\"]\n"
+                     "[archive]\ndir = \"archive\"\nreplay_marker_tail_hours = 0\n"
+                     "[live]\nhosts = [\"" +
+                         (*net)->jetstream_url() +
+                         "\"]\nallow_private_endpoints = true\nidle_exit_ms = 1000\nstart_seq = 1\n"
+                         "reconnect_base_ms = 20\nreconnect_max_ms = 200\n");
+  const std::vector<std::string> write = {ATFILL_BINARY,
+                                          "archive",
+                                          "write",
+                                          config,
+                                          (dir.path() / "archive").string(),
+                                          "--live",
+                                          "--segment-kb",
+                                          "16",
+                                          "--rows-per-block",
+                                          "64"};
+  {
+    testing::Child child(write, dir.path());
+    bool sealed = false;
+    for (int i = 0; i < 1000 && !sealed; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      std::error_code ec;
+      sealed = std::filesystem::exists(dir.path() / "archive" / "seg_0000000001.jss", ec);
+    }
+    ASSERT_TRUE(sealed) << "no segment was sealed";
+    ASSERT_TRUE(child.Kill(SIGKILL)) << "the writer finished before it could be killed";
+    EXPECT_EQ(child.Wait().signal, SIGKILL);
+  }
+  auto again = testing::RunProcess(write, dir.path());
+  ASSERT_EQ(again.exit_code, 0) << again.err;
+  EXPECT_NE(again.err.find("after seq "), std::string::npos) << again.err;
+  // Every seq of the log once, in order.
+  std::vector<uint64_t> seqs;
+  for (const auto& entry : std::filesystem::directory_iterator(dir.path() / "archive")) {
+    if (entry.path().extension() != ".jss") continue;
+    auto reader = jss::SegmentReader::Open(entry.path().string());
+    ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+    for (size_t b = 0; b < reader->footer().blocks.size(); ++b) {
+      auto block = reader->ReadBlock(b);
+      ASSERT_TRUE(block.ok()) << block.status().ToString();
+      for (size_t i = 0; i < block->size(); ++i) seqs.push_back(block->row(i).seq);
+    }
+  }
+  std::sort(seqs.begin(), seqs.end());
+  ASSERT_EQ(seqs.size(), 3000u);
+  EXPECT_EQ(seqs.front(), 1u);
+  EXPECT_EQ(seqs.back(), 3000u);
+  EXPECT_EQ(std::adjacent_find(seqs.begin(), seqs.end()), seqs.end());
+  // The archive replayed equals the log applied.
+  auto replay = testing::RunProcess({ATFILL_BINARY, "backfill", config}, dir.path());
+  ASSERT_EQ(replay.exit_code, 0) << replay.err;
+  const auto got = Table((dir.path() / "db.sqlite").string());
+  EXPECT_EQ(got, want) << Diff(want, got);
 }
 
 // `atfill run` as a user runs it, killed with SIGKILL three times mid-stream, then run until the

@@ -1,5 +1,6 @@
-// atfill archive write CONFIG DIR FILE...: keeps a Jetstream v2 archive of one's own, `.jss`
-// segments written from Jetstream event files, which a replay (`[archive] dir`) reads back.
+// atfill archive write CONFIG DIR FILE... | --live: keeps a Jetstream v2 archive of one's own,
+// `.jss` segments written from Jetstream event files or from [live]'s host, which a replay
+// (`[archive] dir`) reads back.
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
@@ -9,9 +10,12 @@
 
 #include "sources/archive_writer.hpp"
 #include "sources/event_file.hpp"
+#include "sources/jetstream.hpp"
 #include "sources/jetstream_frames.hpp"
+#include "state/kv_store.hpp"
 #include "tools/atfill/app_config.hpp"
 #include "tools/atfill/cli.hpp"
+#include "tools/atfill/job_run.hpp"
 
 namespace atfill::cli {
 namespace {
@@ -22,7 +26,75 @@ int Fail(const std::string& msg, int code) {
 }
 
 constexpr const char* kUsage =
-    "usage: atfill archive write CONFIG DIR FILE... [--rows-per-block N] [--segment-kb N]";
+    "usage: atfill archive write CONFIG DIR (FILE... | --live) [--rows-per-block N] "
+    "[--segment-kb N]";
+
+// The stream of [live]'s host into `dir`, each row under the host's own seq, until the stream
+// goes quiet ([live] idle_exit_ms) or SIGINT/SIGTERM. The archive is its own cursor: a run
+// continues after its newest sealed seq (the open segment of a killed run is written again).
+int WriteLive(const AppConfig& config, const std::string& dir,
+              const sources::ArchiveWriterOptions& options) {
+  if (config.live.hosts.empty()) return Fail("--live needs [live] hosts", kExitUsage);
+  auto writer = sources::ArchiveWriter::Open(dir, options);
+  if (!writer.ok()) return Fail(writer.status().message(), kExitIo);
+  const uint64_t after = (*writer)->next_seq() - 1;
+  sources::JetstreamOptions live = config.live;
+  if (after > 0) live.start_seq = 0;  // the archive's newest seq decides
+  auto kv = state::NewMemoryKvStore();
+  auto source = sources::JetstreamSource::Create(live, kv.get());
+  if (!source.ok()) return Fail(source.status().message(), kExitUsage);
+  if (Status s = (*source)->Seek(after > 0 ? std::to_string(after) : ""); !s.ok()) {
+    return Fail(s.message(), kExitIo);
+  }
+  std::fprintf(stderr, "atfill archive: writing the stream of %s to %s %s\n",
+               live.hosts.front().c_str(), dir.c_str(),
+               after > 0            ? ("after seq " + std::to_string(after)).c_str()
+               : live.start_seq > 0 ? ("from seq " + std::to_string(live.start_seq)).c_str()
+                                    : "from the live tip");
+  CatchStopSignals();
+  uint64_t rows = 0, bad = 0, first = 0, last = after;
+  Status failed = Status::OK();
+  pipeline::EventChunk chunk;
+  while (failed.ok() && !StopSignalled()) {
+    chunk = pipeline::EventChunk();
+    auto more = (*source)->Read(&chunk);
+    if (!more.ok()) {
+      failed = more.status();
+      break;
+    }
+    (*source)->DecodeFrames(&chunk, [&](sources::JetstreamFrame& frame) {
+      if (!failed.ok() || (frame.seq != 0 && frame.seq <= last)) return;  // written already
+      auto seq = (*writer)->Append(frame.payload, frame.time_us, frame.seq);
+      if (!seq.ok()) {
+        if (++bad <= 10) {
+          std::fprintf(stderr, "atfill archive: seq %" PRIu64 " skipped: %s\n", frame.seq,
+                       seq.status().message().c_str());
+        }
+        return;
+      }
+      if (*seq == 0) return;  // an info or error frame
+      if (first == 0) first = *seq;
+      last = *seq;
+      ++rows;
+    });
+    for (const auto& e : chunk.errors) {
+      if (++bad <= 10) {
+        std::fprintf(stderr, "atfill archive: %s %s: %s\n", e.kind.c_str(), e.key.c_str(),
+                     e.message.c_str());
+      }
+    }
+    if (!*more) break;
+  }
+  RestoreSignals();
+  Status sealed = (*writer)->Finish();
+  std::fprintf(stderr,
+               "atfill archive: wrote %" PRIu64 " rows (seq %" PRIu64 "..%" PRIu64 ") in %" PRIu64
+               " segment(s) to %s; %" PRIu64 " event(s) skipped\n",
+               rows, first, last, (*writer)->segments_written(), dir.c_str(), bad);
+  if (!failed.ok()) return Fail(failed.message(), kExitIo);
+  if (!sealed.ok()) return Fail(sealed.message(), kExitIo);
+  return kExitOk;
+}
 
 }  // namespace
 
@@ -30,6 +102,7 @@ int RunArchive(std::span<char* const> args) {
   if (args.empty() || std::string_view(args[0]) != "write") return Fail(kUsage, kExitUsage);
   std::vector<std::string> positional;
   sources::ArchiveWriterOptions options;
+  bool live = false;
   for (size_t i = 1; i < args.size(); ++i) {
     const std::string_view a = args[i];
     if (a == "--rows-per-block" || a == "--segment-kb") {
@@ -44,6 +117,8 @@ int RunArchive(std::span<char* const> args) {
       } else {
         options.segment_bytes = static_cast<uint64_t>(v) << 10;
       }
+    } else if (a == "--live") {
+      live = true;
     } else if (a.starts_with("--")) {
       return Fail("unknown option " + std::string(a), kExitUsage);
     } else {
@@ -54,11 +129,12 @@ int RunArchive(std::span<char* const> args) {
   auto config = LoadAppConfig(positional[0]);
   if (!config.ok()) return Fail(config.status().message(), kExitUsage);
   const std::string dir = positional[1];
-  if (positional.size() == 2) {
-    return Fail("give the event files to archive (writing from a live Jetstream is not built yet)",
-                kExitUsage);
-  }
   if (Status s = options.Validate(); !s.ok()) return Fail(s.message(), kExitUsage);
+  if (live) {
+    if (positional.size() > 2) return Fail("--live takes no event files", kExitUsage);
+    return WriteLive(*config, dir, options);
+  }
+  if (positional.size() == 2) return Fail("give the event files to archive, or --live", kExitUsage);
   sources::EventFileOptions files = config->files;
   files.paths.assign(positional.begin() + 2, positional.end());
   auto source = sources::EventFileSource::Open(files);
