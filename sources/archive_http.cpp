@@ -7,6 +7,8 @@
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <optional>
 #include <thread>
 #include <utility>
@@ -19,6 +21,9 @@
 #include "net/retry_policy.hpp"
 #include "net/xrpc_error.hpp"
 #include "sources/jss.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
 
 namespace atfill::sources {
 namespace {
@@ -311,6 +316,9 @@ Status HttpArchiveOptions::Validate() const {
     return Status::Invalid(
         "max_retry_after_ms, throttle_default_wait_ms and max_throttled_ms must not be negative");
   }
+  if (spool_chunk_bytes < 1 || max_spool_segment_bytes < 1) {
+    return Status::Invalid("spool_chunk_bytes and max_spool_segment_bytes must be positive");
+  }
   if (index_fetch_concurrency < 1 || index_fetch_concurrency > 64) {
     return Status::Invalid("index_fetch_concurrency must be 1..64");
   }
@@ -337,6 +345,65 @@ struct HttpArchive::BlockIndex {
   uint64_t file_size = 0;
   std::vector<jss::BlockInfo> blocks;
 };
+
+// One segment being downloaded into a .part file, read back block by block as it arrives.
+struct HttpArchive::Spool {
+  std::string name, checksum, path;
+  uint64_t size = 0;  // the file's (the block index's file_size)
+  int fd = -1;
+  std::mutex mu;
+  std::condition_variable cv;
+  uint64_t have = 0;  // bytes [0, have) are in the file
+  bool done = false;  // the download ended (complete when have == size)
+  bool stop = false;
+  Status failed;
+  std::thread thread;
+
+  ~Spool() {
+    {
+      std::lock_guard lock(mu);
+      stop = true;
+    }
+    cv.notify_all();
+    if (thread.joinable()) thread.join();
+    if (fd >= 0) ::close(fd);
+    std::error_code ec;
+    std::filesystem::remove(path, ec);
+  }
+};
+
+namespace {
+
+Status PwriteAll(int fd, const char* data, size_t n, uint64_t offset, const std::string& path) {
+  while (n > 0) {
+    const ssize_t w = ::pwrite(fd, data, n, static_cast<off_t>(offset));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return Status::IoError("writing " + path + ": " + std::strerror(errno));
+    }
+    data += w;
+    n -= static_cast<size_t>(w);
+    offset += static_cast<uint64_t>(w);
+  }
+  return Status::OK();
+}
+
+Status PreadAll(int fd, char* data, size_t n, uint64_t offset, const std::string& path) {
+  while (n > 0) {
+    const ssize_t r = ::pread(fd, data, n, static_cast<off_t>(offset));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) {
+      return Status::IoError("reading " + path + ": " +
+                             (r < 0 ? std::strerror(errno) : "unexpected end of file"));
+    }
+    data += r;
+    n -= static_cast<size_t>(r);
+    offset += static_cast<uint64_t>(r);
+  }
+  return Status::OK();
+}
+
+}  // namespace
 
 HttpArchive::HttpArchive(HttpArchiveOptions options) : options_(std::move(options)) {}
 
@@ -868,6 +935,11 @@ Result<Plan> HttpArchive::PlanSnapshot(const PlanRequest& request) {
         if (request.before_seq != 0 && bi.min_seq > request.before_seq) continue;
         add(b);
       }
+      if (!p.blocks.empty() && !options_.spool_dir.empty() &&
+          index.file_size <= options_.max_spool_segment_bytes) {
+        std::lock_guard lock(mu_);
+        whole_[e.name] = p.blocks.front().index;
+      }
     } else {
       for (const auto& [first, last] : e.ranges) {
         if (last >= index.blocks.size()) {
@@ -883,7 +955,177 @@ Result<Plan> HttpArchive::PlanSnapshot(const PlanRequest& request) {
   return plan;
 }
 
+void HttpArchive::Download(Spool* spool) {
+  Status failed = Status::OK();
+  bool spooled = false;
+  while (true) {
+    uint64_t offset = 0;
+    {
+      std::lock_guard lock(spool->mu);
+      if (spool->stop) break;
+      offset = spool->have;
+    }
+    if (offset >= spool->size) {
+      spooled = true;
+      break;
+    }
+    const uint64_t length = std::min(options_.spool_chunk_bytes, spool->size - offset);
+    Call call;
+    call.url = base_ + std::string(kNsid) + "getSegment?name=";
+    net::AppendPercentEncoded(spool->name, &call.url);
+    call.auth = true;
+    call.max_bytes = options_.max_spool_segment_bytes;
+    call.headers.emplace_back(
+        "Range", "bytes=" + std::to_string(offset) + "-" + std::to_string(offset + length - 1));
+    call.headers.emplace_back("If-Range", "\"" + spool->checksum + "\"");
+    const std::string where = "archive getSegment " + call.url;
+    Result<net::HttpResponse> r = Execute(call);
+    if (!r.ok()) {
+      failed = r.status();
+      break;
+    }
+    uint64_t first = 0, last = 0, total = 0;
+    if (r->status == 200) {
+      // The whole file (the segment changed since the plan, or no range support): its block
+      // offsets may differ from the index read, so the spool is given up.
+      failed = Status::Unavailable(where +
+                                   ": the archive sent the whole segment (HTTP 200) for a "
+                                   "ranged read pinned to checksum " +
+                                   spool->checksum);
+      break;
+    }
+    if (r->status != 206 || !ParseContentRange(r->content_range(), &first, &last, &total) ||
+        first != offset || r->body.size() != length || last - first + 1 != length) {
+      failed = Status::Invalid(where + ": bad ranged answer (HTTP " + std::to_string(r->status) +
+                               ", Content-Range " + QuoteForMessage(r->content_range(), 100) +
+                               ", " + std::to_string(r->body.size()) + " bytes for " +
+                               std::to_string(offset) + "+" + std::to_string(length) + ")");
+      break;
+    }
+    if (Status w = PwriteAll(spool->fd, r->body.data(), r->body.size(), offset, spool->path);
+        !w.ok()) {
+      failed = w;
+      break;
+    }
+    {
+      std::lock_guard lock(spool->mu);
+      spool->have = offset + length;
+    }
+    spool->cv.notify_all();
+  }
+  {
+    std::lock_guard lock(mu_);
+    if (spooled) ++stats_.spooled_segments;
+    if (!failed.ok()) ++stats_.spool_failures;
+  }
+  {
+    std::lock_guard lock(spool->mu);
+    spool->done = true;
+    spool->failed = failed;
+  }
+  spool->cv.notify_all();
+}
+
+Result<std::optional<std::string>> HttpArchive::SpooledBlock(const SegmentInfo& segment,
+                                                             uint32_t block) {
+  if (options_.spool_dir.empty() || segment.checksum.empty()) return std::optional<std::string>();
+  const std::string path = (std::filesystem::path(options_.spool_dir) /
+                            (segment.name + "." + segment.checksum + ".part"))
+                               .string();
+  std::shared_ptr<Spool> spool;
+  std::shared_ptr<Spool> old;  // destroyed (its thread joined) outside the lock
+  {
+    std::lock_guard lock(mu_);
+    if (spool_ != nullptr && spool_->name == segment.name && spool_->checksum == segment.checksum) {
+      spool = spool_;
+    } else {
+      auto it = whole_.find(segment.name);
+      std::error_code ec;
+      const bool resumable = std::filesystem::exists(path, ec);
+      if (it == whole_.end() || (it->second != block && !resumable)) {
+        return std::optional<std::string>();
+      }
+      old = std::move(spool_);
+    }
+  }
+  old.reset();
+  ATFILL_ASSIGN_OR_RETURN(std::shared_ptr<const BlockIndex> index,
+                          Index(segment.name, segment.checksum));
+  if (block >= index->blocks.size()) return std::optional<std::string>();
+  if (spool == nullptr) {
+    auto made = std::make_shared<Spool>();
+    made->name = segment.name;
+    made->checksum = segment.checksum;
+    made->path = path;
+    made->size = index->file_size;
+    std::error_code ec;
+    std::filesystem::create_directories(options_.spool_dir, ec);
+    made->fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (made->fd < 0) {
+      std::fprintf(stderr,
+                   "atfill: archive: cannot spool %s to %s (%s); reading it block by block\n",
+                   segment.name.c_str(), path.c_str(), std::strerror(errno));
+      std::lock_guard lock(mu_);
+      whole_.erase(segment.name);
+      return std::optional<std::string>();
+    }
+    // A .part file of an earlier run holds a prefix of the same file (the name has its checksum).
+    const off_t existing = ::lseek(made->fd, 0, SEEK_END);
+    made->have = existing > 0 ? std::min<uint64_t>(static_cast<uint64_t>(existing), made->size) : 0;
+    made->thread = std::thread([this, raw = made.get()] { Download(raw); });
+    spool = made;
+    std::lock_guard lock(mu_);
+    if (spool_ == nullptr) {
+      spool_ = made;
+    } else {
+      old = std::move(spool_);  // another caller's; this one wins
+      spool_ = made;
+    }
+  }
+  old.reset();
+  const jss::BlockInfo& b = index->blocks[block];
+  const uint64_t end = b.offset + 8 + b.compressed_size;
+  bool arrived = false;
+  {
+    std::unique_lock lock(spool->mu);
+    spool->cv.wait(lock, [&] { return spool->have >= end || spool->done || spool->stop; });
+    arrived = spool->have >= end;
+    if (!arrived && !spool->failed.ok()) {
+      std::fprintf(stderr, "atfill: archive: spooling %s failed (%s); reading it block by block\n",
+                   segment.name.c_str(), spool->failed.message().c_str());
+    }
+  }
+  if (!arrived) {
+    // The download failed (or another segment took the spool): this segment by getBlock.
+    {
+      std::lock_guard lock(mu_);
+      whole_.erase(segment.name);
+      if (spool_ == spool) old = std::move(spool_);
+    }
+    old.reset();
+    return std::optional<std::string>();
+  }
+  uint64_t prefix = 0;
+  std::string frame(b.compressed_size, '\0');
+  ATFILL_RETURN_IF_ERROR(
+      PreadAll(spool->fd, reinterpret_cast<char*>(&prefix), 8, b.offset, spool->path));
+  ATFILL_RETURN_IF_ERROR(
+      PreadAll(spool->fd, frame.data(), frame.size(), b.offset + 8, spool->path));
+  if (prefix != b.compressed_size) {
+    return Status::Corrupt("archive segment " + segment.name + " (spooled): block " +
+                           std::to_string(block) + " length prefix is " + std::to_string(prefix) +
+                           ", block index says " + std::to_string(b.compressed_size));
+  }
+  {
+    std::lock_guard lock(mu_);
+    ++stats_.spooled_blocks;
+  }
+  return std::optional<std::string>(std::move(frame));
+}
+
 Result<std::string> HttpArchive::GetBlock(const SegmentInfo& segment, uint32_t block) {
+  ATFILL_ASSIGN_OR_RETURN(std::optional<std::string> spooled, SpooledBlock(segment, block));
+  if (spooled) return std::move(*spooled);
   Call call;
   call.url = base_ + std::string(kNsid) + "getBlock?segment=";
   net::AppendPercentEncoded(segment.name, &call.url);

@@ -14,8 +14,18 @@
 // with the whole file instead is handled too; a compaction rewrite keeps every block and its
 // bounds, so a changed checksum is harmless). Block indexes are cached per (segment, checksum).
 // A mode "segment" entry becomes every block of the segment that has rows and lies in the
-// request's window; a mode "blocks" entry becomes exactly the listed blocks. Blocks are then
-// fetched one by one with getBlock (no whole-segment download, no spool files).
+// request's window; a mode "blocks" entry becomes exactly the listed blocks.
+//
+// Spooling. With `spool_dir` set, a segment planned whole (mode "segment", at most
+// max_spool_segment_bytes) is downloaded whole when its first planned block is asked for:
+// getSegment in spool_chunk_bytes ranges pinned with If-Range to its checksum, into
+// `<spool_dir>/<name>.<checksum>.part`, on a thread of its own; each GetBlock of the segment waits
+// until its block's bytes are there (blocks are decoded as they arrive). A chunk that fails is
+// retried like any request, the download resuming where it stopped (a .part file left by an earlier
+// process is resumed too); a server that answers 200 instead of 206 (the file changed) gives the
+// whole file at once. One segment is spooled at a time: moving to another deletes the file. If the
+// download fails for good, the segment's blocks are fetched with getBlock. Everything else (a plan
+// of block ranges, blocks asked out of order by a refold) is fetched block by block with getBlock.
 //
 // Auth. `key` is sent as `Authorization: Bearer <key>` on planSnapshot, getSegment and getBlock,
 // and only to the archive's own origin (scheme, host and port of base_url): redirects are followed
@@ -99,18 +109,28 @@ struct HttpArchiveOptions {
   int max_redirects = 5;
   // The whole User-Agent; empty = the HttpClient's default.
   std::string user_agent;
+  // Where segments planned whole are downloaded (see "Spooling"); empty = never, every block by
+  // getBlock. Created when missing.
+  std::string spool_dir;
+  // Largest segment spooled, bytes (larger ones are read block by block).
+  uint64_t max_spool_segment_bytes = uint64_t{1} << 30;
+  // getSegment range size while spooling, bytes.
+  uint64_t spool_chunk_bytes = uint64_t{8} << 20;
 
   Status Validate() const;
 };
 
 // Counters since the archive was opened.
 struct HttpArchiveStats {
-  uint64_t requests = 0;       // HTTP attempts made
-  uint64_t retries = 0;        // attempts after a 5xx, 408, 503 or no answer
-  uint64_t throttled = 0;      // 429 answers
-  uint64_t bytes = 0;          // response body bytes received
-  int64_t paced_ms = 0;        // time spent waiting for the quota
-  uint64_t index_fetches = 0;  // segment block indexes read (cache misses)
+  uint64_t requests = 0;          // HTTP attempts made
+  uint64_t retries = 0;           // attempts after a 5xx, 408, 503 or no answer
+  uint64_t throttled = 0;         // 429 answers
+  uint64_t bytes = 0;             // response body bytes received
+  int64_t paced_ms = 0;           // time spent waiting for the quota
+  uint64_t index_fetches = 0;     // segment block indexes read (cache misses)
+  uint64_t spooled_segments = 0;  // segments downloaded whole
+  uint64_t spooled_blocks = 0;    // blocks read from a spooled segment
+  uint64_t spool_failures = 0;    // spooled downloads that failed (their blocks by getBlock)
 };
 
 class HttpArchive : public Archive {
@@ -142,6 +162,7 @@ class HttpArchive : public Archive {
  private:
   struct Call;
   struct BlockIndex;
+  struct Spool;
   explicit HttpArchive(HttpArchiveOptions options);
 
   // One logical request with redirects, retries, throttling and pacing.
@@ -152,6 +173,11 @@ class HttpArchive : public Archive {
                                                        const std::string& checksum);
   Result<std::shared_ptr<const BlockIndex>> Index(const std::string& name,
                                                   const std::string& checksum);
+  // The block from the segment's spool (started when `block` is its first planned one, or a .part
+  // file of it is there); nullopt when the block is not to be read from a spool.
+  Result<std::optional<std::string>> SpooledBlock(const SegmentInfo& segment, uint32_t block);
+  // The download thread of `spool`.
+  void Download(Spool* spool);
 
   HttpArchiveOptions options_;
   std::string base_;    // base_url without a trailing slash
@@ -168,6 +194,10 @@ class HttpArchive : public Archive {
            std::pair<std::shared_ptr<const BlockIndex>, std::list<std::string>::iterator>>
       indexes_;
   std::list<std::string> lru_;
+  // Segments planned whole, by name: their first planned block.
+  std::map<std::string, uint32_t> whole_;
+  // The segment being spooled (at most one).
+  std::shared_ptr<Spool> spool_;
 };
 
 }  // namespace atfill::sources

@@ -70,6 +70,11 @@ Result<AppConfig> LoadAppConfig(const std::string& path) {
   ATFILL_RETURN_IF_ERROR(file.ReadPath("archive.dir", &c.archive_dir));
   ATFILL_RETURN_IF_ERROR(file.ReadString("archive.url", &c.archive_url));
   ATFILL_RETURN_IF_ERROR(file.ReadString("archive.key", &c.archive_key));
+  c.archive_replay_dir = c.state.path + "/replay";
+  ATFILL_RETURN_IF_ERROR(file.ReadPath("archive.replay_dir", &c.archive_replay_dir));
+  ATFILL_RETURN_IF_ERROR(file.ReadBool("archive.spool_segments", &c.archive_spool_segments));
+  ATFILL_RETURN_IF_ERROR(
+      file.ReadUint("archive.spool_chunk_kb", &c.archive_spool_chunk_kb, 1, 1 << 20));
   if (const char* key = std::getenv("ATFILL_ARCHIVE_KEY"); key != nullptr && *key != '\0') {
     c.archive_key = key;
   }

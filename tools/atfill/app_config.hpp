@@ -45,7 +45,13 @@ struct AppConfig {
   // 5xx or not at all (one entry per retry, milliseconds; [] = never retry); unset = HttpArchive's
   // default (6 retries over about 30 s).
   std::optional<std::vector<int64_t>> archive_retry_delays_ms;
-  sources::ReplayOptions replay;  // [archive] replay_marker_tail_hours, max_block_mb, ...
+  // [archive] replay_dir (default "<state dir>/replay"), spool_segments (default true): segments
+  // an archive URL plans whole are downloaded there and read as they arrive
+  // (HttpArchiveOptions::spool_dir); false reads every block with getBlock.
+  std::string archive_replay_dir;
+  bool archive_spool_segments = true;
+  uint64_t archive_spool_chunk_kb = 8192;  // [archive] spool_chunk_kb: getSegment range size
+  sources::ReplayOptions replay;           // [archive] replay_marker_tail_hours, max_block_mb, ...
   // [archive] batch_records, batch_ms, batch_chunks: a replay's batches (sources::kReplayBatch).
   pipeline::BatcherOptions replay_batch = sources::kReplayBatch;
   // [live] check_deleted_accounts, account_check_timeout_ms: ask the PDS before purging a

@@ -95,6 +95,8 @@ Result<std::unique_ptr<sources::Archive>> OpenArchive(const AppConfig& config,
         config.crawl.allow_loopback_endpoints || config.crawl.allow_private_endpoints ||
         (config.live.allow_private_endpoints && IsLiveHost(config, location));
     o.user_agent = config.crawl.http.user_agent;
+    if (config.archive_spool_segments) o.spool_dir = config.archive_replay_dir;
+    o.spool_chunk_bytes = config.archive_spool_chunk_kb << 10;
     if (config.archive_retry_delays_ms) o.retry_delays_ms = *config.archive_retry_delays_ms;
     if (probe) {
       o.retry_delays_ms = {250, 750};
@@ -145,7 +147,17 @@ int RunReplayJob(const char* verb, const AppConfig& config, OpenedState& st, sta
   run.cursor_name = "job/" + std::to_string(run.job.id) + "/replay";
   run.batch = config.replay_batch;
   run.read_noun = "archive blocks read";
-  return RunInForeground(run);
+  const int rc = RunInForeground(run);
+  if (const auto* http = dynamic_cast<const sources::HttpArchive*>(archive->get())) {
+    const sources::HttpArchiveStats s = http->stats();
+    std::fprintf(stderr,
+                 "atfill %s: archive: %" PRIu64 " requests (%" PRIu64 " retried, %" PRIu64
+                 " throttled), %.1f MB, %" PRIu64 " segments spooled (%" PRIu64
+                 " blocks read from them, %" PRIu64 " spool failures)\n",
+                 verb, s.requests, s.retries, s.throttled, static_cast<double>(s.bytes) / 1e6,
+                 s.spooled_segments, s.spooled_blocks, s.spool_failures);
+  }
+  return rc;
 }
 
 int RunBackfillJob(const char* verb, const AppConfig& config, OpenedState& st, state::JobRecord job,
