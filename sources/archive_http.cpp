@@ -349,7 +349,7 @@ struct HttpArchive::BlockIndex {
 // One segment being downloaded into a .part file, read back block by block as it arrives.
 struct HttpArchive::Spool {
   std::string name, checksum, path;
-  uint64_t size = 0;  // the file's (the block index's file_size)
+  uint64_t size = 0;  // through the end of the last block
   int fd = -1;
   std::mutex mu;
   std::condition_variable cv;
@@ -957,7 +957,6 @@ Result<Plan> HttpArchive::PlanSnapshot(const PlanRequest& request) {
 
 void HttpArchive::Download(Spool* spool) {
   Status failed = Status::OK();
-  bool spooled = false;
   while (true) {
     uint64_t offset = 0;
     {
@@ -965,10 +964,7 @@ void HttpArchive::Download(Spool* spool) {
       if (spool->stop) break;
       offset = spool->have;
     }
-    if (offset >= spool->size) {
-      spooled = true;
-      break;
-    }
+    if (offset >= spool->size) break;
     const uint64_t length = std::min(options_.spool_chunk_bytes, spool->size - offset);
     Call call;
     call.url = base_ + std::string(kNsid) + "getSegment?name=";
@@ -1013,10 +1009,9 @@ void HttpArchive::Download(Spool* spool) {
     }
     spool->cv.notify_all();
   }
-  {
+  if (!failed.ok()) {
     std::lock_guard lock(mu_);
-    if (spooled) ++stats_.spooled_segments;
-    if (!failed.ok()) ++stats_.spool_failures;
+    ++stats_.spool_failures;
   }
   {
     std::lock_guard lock(spool->mu);
@@ -1057,7 +1052,10 @@ Result<std::optional<std::string>> HttpArchive::SpooledBlock(const SegmentInfo& 
     made->name = segment.name;
     made->checksum = segment.checksum;
     made->path = path;
-    made->size = index->file_size;
+    // The blocks are all a replay reads (the index and blooms came with the plan).
+    for (const jss::BlockInfo& bi : index->blocks) {
+      made->size = std::max<uint64_t>(made->size, bi.offset + 8 + bi.compressed_size);
+    }
     std::error_code ec;
     std::filesystem::create_directories(options_.spool_dir, ec);
     made->fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
@@ -1075,6 +1073,7 @@ Result<std::optional<std::string>> HttpArchive::SpooledBlock(const SegmentInfo& 
     made->thread = std::thread([this, raw = made.get()] { Download(raw); });
     spool = made;
     std::lock_guard lock(mu_);
+    ++stats_.spooled_segments;
     if (spool_ == nullptr) {
       spool_ = made;
     } else {

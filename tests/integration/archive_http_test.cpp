@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <set>
 #include <string>
@@ -244,6 +245,60 @@ TEST_F(ArchiveHttpTest, ListPlanAndEveryBlockEqualTheLocalArchive) {
   EXPECT_EQ(net_->archive_stats().get_segments, segment_reads);
   EXPECT_EQ(http->stats().index_fetches, segments_.size());
   EXPECT_EQ(net_->archive_stats().authorization_elsewhere, 0u);
+}
+
+// With a spool directory, segments planned whole are downloaded in ranges and read from there:
+// every frame equals the local archive's, no block is fetched alone, and a .part file a killed
+// run left (here: the first half of the first segment) is resumed, not downloaded again.
+TEST_F(ArchiveHttpTest, WholeSegmentsAreSpooledAndAPartFileIsResumed) {
+  Serve();
+  testing::TempDir spool;
+  HttpArchiveOptions o = Options();
+  o.spool_dir = spool.path().string();
+  o.spool_chunk_bytes = 10'000;
+  const SegmentInfo& first = segments_.front();
+  std::string head;
+  {
+    std::ifstream in(std::filesystem::path(Dir()) / first.name, std::ios::binary);
+    head.assign(first.size_bytes / 2, '\0');
+    in.read(head.data(), static_cast<std::streamsize>(head.size()));
+    ASSERT_TRUE(in.good());
+  }
+  testing::WriteFile(spool.path() / (first.name + "." + first.checksum + ".part"), head);
+  auto http = Open(o);
+  ASSERT_NE(http, nullptr);
+  const PlanRequest everything;
+  auto plan = http->PlanSnapshot(everything);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  const uint64_t bytes_before = net_->archive_stats().bytes;
+  size_t blocks = 0;
+  for (const PlannedSegment& s : plan->segments) {
+    for (const PlannedBlock& b : s.blocks) {
+      auto frame = http->GetBlock(s.segment, b.index);
+      ASSERT_TRUE(frame.ok()) << frame.status().ToString();
+      EXPECT_EQ(*frame, LocalFrame(s.segment, b.index)) << BlockName(s, b);
+      ++blocks;
+    }
+  }
+  EXPECT_EQ(net_->archive_stats().get_blocks, 0u);
+  EXPECT_EQ(http->stats().spooled_blocks, blocks);
+  EXPECT_EQ(http->stats().spooled_segments, segments_.size());
+  EXPECT_EQ(http->stats().spool_failures, 0u);
+  // Every segment's blocks were served once, but for the half the .part file held.
+  uint64_t total = 0;
+  for (const SegmentInfo& seg : segments_) {
+    auto reader = jss::SegmentReader::Open((std::filesystem::path(Dir()) / seg.name).string());
+    ASSERT_TRUE(reader.ok());
+    uint64_t end = 0;
+    for (const jss::BlockInfo& b : reader->footer().blocks) {
+      end = std::max<uint64_t>(end, b.offset + 8 + b.compressed_size);
+    }
+    total += seg.name == first.name ? end - std::min<uint64_t>(end, head.size()) : end;
+  }
+  EXPECT_EQ(net_->archive_stats().bytes - bytes_before, total);
+  // Only the segment being read is on disk; none once the archive closes.
+  http.reset();
+  EXPECT_TRUE(std::filesystem::is_empty(spool.path()));
 }
 
 TEST_F(ArchiveHttpTest, FilteredPlansSelectTheSameRows) {
