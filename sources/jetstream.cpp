@@ -386,9 +386,9 @@ struct JetstreamSource::Impl {
     for (const auto& d : options.dids) add("dids", d);
     if ((shared->by_time.load() || other_host) && time_us > 0) {
       add("cursor", std::to_string(time_us));
-    } else if (shared->by_time.load() && shared->start_from_oldest.load()) {
-      // start_seq is below the host's floor and no event was seen: the oldest event it keeps
-      // (a time before every event is clamped up to its floor).
+    } else if (shared->by_time.load()) {
+      // Below the host's floor with no witnessed time known (start_seq, or a cursor saved without
+      // one): the oldest event it keeps (a time before every event is clamped up to its floor).
       add("cursor", "1000000000000000");
     } else if (seq > 0) {
       add("cursor", std::to_string(seq));  // inclusive: the last event comes again

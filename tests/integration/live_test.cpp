@@ -146,6 +146,21 @@ struct Mode {
   const char* name;
 };
 
+// An `atfill run` config in `dir` against `net`'s Jetstream: state "state", table "db.sqlite",
+// `sections` (whole TOML sections), then [live] from seq 1 with quick reconnects, exiting after
+// `idle_ms` of quiet, plus `live_keys`. Returns its path.
+std::string RunConfig(const std::filesystem::path& dir, const simnet::Simnet& net,
+                      const std::string& sections, const std::string& live_keys = "",
+                      int idle_ms = 1500) {
+  const std::string path = (dir / "atfill.toml").string();
+  testing::WriteFile(
+      path, "[state]\ndir = \"state\"\n[sink.sqlite]\npath = \"db.sqlite\"\n" + sections +
+                "[live]\nhosts = [\"" + net.jetstream_url() +
+                "\"]\nallow_private_endpoints = true\nidle_exit_ms = " + std::to_string(idle_ms) +
+                "\nstart_seq = 1\nreconnect_base_ms = 20\nreconnect_max_ms = 200\n" + live_keys);
+  return path;
+}
+
 class LiveModes : public ::testing::TestWithParam<Mode> {};
 
 TEST_P(LiveModes, TheWholeStreamAppliedEqualsTheGroundTruth) {
@@ -576,19 +591,13 @@ TEST(LiveTest, AGapBelowTheFloorIsReplayedFromTheArchiveBesideTheStream) {
   ASSERT_TRUE(net.ok()) << net.status().ToString();
   const auto want = Truth(**net);
   ASSERT_GT(want.size(), 1000u);
-  const std::string config = (dir.path() / "atfill.toml").string();
-  testing::WriteFile(config,
-                     "[state]\ndir = \"state\"\n[sink.sqlite]\npath = \"db.sqlite\"\n"
-                     "[resolver]\nplc = \"" +
-                         (*net)->plc_url() +
-                         "\"\n[crawl]\nsource = \"auto\"\n"
-                         "[engine]\nbatch_ms = 50\nbatch_records = 500\n"
-                         "[archive]\nbatch_records = 500\nbatch_ms = 50\n"
-                         "[progress]\ninterval_s = 60\n[live]\nhosts = [\"" +
-                         (*net)->jetstream_url() +
-                         "\"]\nallow_private_endpoints = true\nidle_exit_ms = 1500\nstart_seq = 1\n"
-                         "batch_records = 500\nbatch_ms = 50\n"
-                         "reconnect_base_ms = 20\nreconnect_max_ms = 200\n");
+  const std::string config =
+      RunConfig(dir.path(), **net,
+                "[resolver]\nplc = \"" + (*net)->plc_url() +
+                    "\"\n[crawl]\nsource = \"auto\"\n"
+                    "[engine]\nbatch_ms = 50\nbatch_records = 500\n"
+                    "[archive]\nbatch_records = 500\nbatch_ms = 50\n[progress]\ninterval_s = 60\n",
+                "batch_records = 500\nbatch_ms = 50\n");
   auto run = testing::RunProcess({ATFILL_BINARY, "run", config}, dir.path());
   ASSERT_EQ(run.exit_code, 4) << run.err;  // paused: the stream went quiet
   const auto errors =
@@ -629,16 +638,12 @@ TEST(LiveTest, AnArchiveWrittenFromTheStreamHoldsEveryEventOnceAndReplaysToTheLo
   ASSERT_TRUE(net.ok()) << net.status().ToString();
   const auto want = Truth(**net);
   TempDir dir;
-  const std::string config = (dir.path() / "atfill.toml").string();
-  testing::WriteFile(config,
-                     "[state]\ndir = \"state\"\n[sink.sqlite]\npath = \"db.sqlite\"\n"
-                     "[crawl]\nsource = \"replay\"\n"
-                     "collections = [\"app.bsky.feed.post\", \"app.bsky.feed.like\"]\n"
-                     "[archive]\ndir = \"archive\"\nreplay_marker_tail_hours = 0\n"
-                     "[live]\nhosts = [\"" +
-                         (*net)->jetstream_url() +
-                         "\"]\nallow_private_endpoints = true\nidle_exit_ms = 1000\nstart_seq = 1\n"
-                         "reconnect_base_ms = 20\nreconnect_max_ms = 200\n");
+  const std::string config =
+      RunConfig(dir.path(), **net,
+                "[crawl]\nsource = \"replay\"\n"
+                "collections = [\"app.bsky.feed.post\", \"app.bsky.feed.like\"]\n"
+                "[archive]\ndir = \"archive\"\nreplay_marker_tail_hours = 0\n",
+                "", 1000);
   const std::vector<std::string> write = {ATFILL_BINARY,
                                           "archive",
                                           "write",
@@ -697,18 +702,11 @@ TEST(LiveTest, SigkilledMidStreamThenResumedEqualsTheGroundTruth) {
   ASSERT_TRUE(net.ok()) << net.status().ToString();
   const auto want = Truth(**net);
   TempDir dir;
-  const std::string config = (dir.path() / "atfill.toml").string();
-  testing::WriteFile(config,
-                     "[state]\ndir = \"state\"\n[sink.sqlite]\npath = \"db.sqlite\"\n"
-                     "[resolver]\nplc = \"" +
-                         (*net)->plc_url() +
-                         "\"\n"
-                         "[engine]\nbatch_ms = 50\nbatch_records = 500\n"
-                         "[progress]\ninterval_s = 60\n[live]\nhosts = [\"" +
-                         (*net)->jetstream_url() +
-                         "\"]\nallow_private_endpoints = true\nidle_exit_ms = 1500\nstart_seq = 1\n"
-                         "batch_records = 500\nbatch_ms = 50\n"
-                         "reconnect_base_ms = 20\nreconnect_max_ms = 200\n");
+  const std::string config = RunConfig(dir.path(), **net,
+                                       "[resolver]\nplc = \"" + (*net)->plc_url() +
+                                           "\"\n[engine]\nbatch_ms = 50\nbatch_records = 500\n"
+                                           "[progress]\ninterval_s = 60\n",
+                                       "batch_records = 500\nbatch_ms = 50\n");
   const std::string db = (dir.path() / "db.sqlite").string();
   const uint64_t seed = testing::TestSeed();
   std::mt19937_64 rng(seed);

@@ -12,6 +12,18 @@ std::string ArchiveLocation(const AppConfig& config) {
   return config.archive_url;
 }
 
+namespace {
+
+// [section] batch_records, batch_ms, batch_chunks.
+Status ReadBatch(pipeline::ConfigFile& file, const std::string& section,
+                 pipeline::BatcherOptions* b) {
+  ATFILL_RETURN_IF_ERROR(file.ReadUint(section + ".batch_records", &b->max_events, 1, 1'000'000));
+  ATFILL_RETURN_IF_ERROR(file.ReadInt(section + ".batch_ms", &b->max_delay_ms, 0, 600'000));
+  return file.ReadUint(section + ".batch_chunks", &b->max_chunks, 1, 100'000);
+}
+
+}  // namespace
+
 Result<AppConfig> LoadAppConfig(const std::string& path) {
   ATFILL_ASSIGN_OR_RETURN(pipeline::ConfigFile file, pipeline::ConfigFile::Load(path));
   AppConfig c;
@@ -37,9 +49,7 @@ Result<AppConfig> LoadAppConfig(const std::string& path) {
   c.sqlite.wal_autocheckpoint_bytes = wal_mb << 20;
 
   auto& e = c.engine;
-  ATFILL_RETURN_IF_ERROR(file.ReadUint("engine.batch_records", &e.batch.max_events, 1, 1'000'000));
-  ATFILL_RETURN_IF_ERROR(file.ReadInt("engine.batch_ms", &e.batch.max_delay_ms, 0, 600'000));
-  ATFILL_RETURN_IF_ERROR(file.ReadUint("engine.batch_chunks", &e.batch.max_chunks, 1, 100'000));
+  ATFILL_RETURN_IF_ERROR(ReadBatch(file, "engine", &e.batch));
   ATFILL_RETURN_IF_ERROR(file.ReadUint("engine.workers", &e.workers, 0, 1024));
   ATFILL_RETURN_IF_ERROR(
       file.ReadUint("engine.max_chunks_in_flight", &e.max_chunks_in_flight, 0, 1'000'000));
@@ -106,12 +116,7 @@ Result<AppConfig> LoadAppConfig(const std::string& path) {
   int64_t block_mb = static_cast<int64_t>(c.replay.max_block_bytes >> 20);
   ATFILL_RETURN_IF_ERROR(file.ReadInt("archive.max_block_mb", &block_mb, 1, 4096));
   c.replay.max_block_bytes = static_cast<uint64_t>(block_mb) << 20;
-  ATFILL_RETURN_IF_ERROR(
-      file.ReadUint("archive.batch_records", &c.replay_batch.max_events, 1, 1'000'000));
-  ATFILL_RETURN_IF_ERROR(
-      file.ReadInt("archive.batch_ms", &c.replay_batch.max_delay_ms, 0, 600'000));
-  ATFILL_RETURN_IF_ERROR(
-      file.ReadUint("archive.batch_chunks", &c.replay_batch.max_chunks, 1, 100'000));
+  ATFILL_RETURN_IF_ERROR(ReadBatch(file, "archive", &c.replay_batch));
   ATFILL_RETURN_IF_ERROR(
       file.ReadUint("archive.max_failed_in_a_row", &c.replay.max_failed_in_a_row, 1, 1'000'000));
   ATFILL_RETURN_IF_ERROR(file.ReadStringList("crawl.dids", &k.dids));
@@ -178,10 +183,7 @@ Result<AppConfig> LoadAppConfig(const std::string& path) {
   ATFILL_RETURN_IF_ERROR(
       file.ReadInt("live.idle_timeout_ms", &l.websocket.idle_timeout_ms, 0, 3'600'000));
   ATFILL_RETURN_IF_ERROR(file.ReadBool("live.check_deleted_accounts", &c.check_deleted_accounts));
-  ATFILL_RETURN_IF_ERROR(
-      file.ReadUint("live.batch_records", &c.live_batch.max_events, 1, 1'000'000));
-  ATFILL_RETURN_IF_ERROR(file.ReadInt("live.batch_ms", &c.live_batch.max_delay_ms, 0, 600'000));
-  ATFILL_RETURN_IF_ERROR(file.ReadUint("live.batch_chunks", &c.live_batch.max_chunks, 1, 100'000));
+  ATFILL_RETURN_IF_ERROR(ReadBatch(file, "live", &c.live_batch));
   ATFILL_RETURN_IF_ERROR(
       file.ReadInt("live.account_check_timeout_ms", &c.account_check.timeout_ms, 1, 600'000));
   k.resolver_http.connect_timeout_ms = k.http.connect_timeout_ms;
