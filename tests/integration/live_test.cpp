@@ -17,7 +17,9 @@
 #include "pipeline/run.hpp"
 #include "sinks/sqlite_reader.hpp"
 #include "sinks/sqlite_sink.hpp"
+#include "sources/archive_writer.hpp"
 #include "sources/jetstream.hpp"
+#include "sources/jetstream_frames.hpp"
 #include "sources/jss.hpp"
 #include "stages/account_check.hpp"
 #include "stages/cid_verify.hpp"
@@ -691,6 +693,39 @@ TEST(LiveTest, AnArchiveWrittenFromTheStreamHoldsEveryEventOnceAndReplaysToTheLo
   ASSERT_EQ(replay.exit_code, 0) << replay.err;
   const auto got = Table((dir.path() / "db.sqlite").string());
   EXPECT_EQ(got, want) << Diff(want, got);
+}
+
+// `atfill archive write --live` on an archive whose newest seq (500) the host no longer keeps (it
+// keeps the newest 1,000 of 3,000): the host refuses the seq, the writer goes on from the oldest
+// event kept and says how much the stream skipped; nothing is written twice.
+TEST(LiveTest, AnArchiveBehindTheHostsFloorContinuesFromItAndNamesTheGap) {
+  simnet::SimnetOptions so = Network(3000);
+  so.jetstream.retention_events = 1000;
+  auto net = simnet::Simnet::Start(so);
+  ASSERT_TRUE(net.ok()) << net.status().ToString();
+  TempDir dir;
+  const std::filesystem::path archive = dir.path() / "archive";
+  {
+    auto writer = sources::ArchiveWriter::Open(archive.string());
+    ASSERT_TRUE(writer.ok()) << writer.status().ToString();
+    for (uint64_t seq = 1; seq <= 500; ++seq) {
+      auto text = (*net)->jetstream()->FrameV2(seq);
+      ASSERT_TRUE(text.ok());
+      sources::JetstreamFrame frame;
+      std::string kind;
+      ASSERT_TRUE(sources::DecodeJetstreamV2(*text, &frame, &kind).ok());
+      ASSERT_TRUE((*writer)->Append(frame.payload, frame.time_us, frame.seq).ok());
+    }
+    ASSERT_TRUE((*writer)->Finish().ok());
+  }
+  const std::string config = RunConfig(dir.path(), **net, "", "", 1000);
+  auto r = testing::RunProcess(
+      {ATFILL_BINARY, "archive", "write", config, archive.string(), "--live"}, dir.path());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("after seq 500"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("gap: the host no longer keeps seqs 501..2000"), std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("wrote 1000 rows (seq 2001..3000)"), std::string::npos) << r.err;
 }
 
 // `atfill run` as a user runs it, killed with SIGKILL three times mid-stream, then run until the

@@ -73,6 +73,15 @@ int WriteLive(const AppConfig& config, const std::string& dir,
         return;
       }
       if (*seq == 0) return;  // an info or error frame
+      if (first == 0 && after > 0 && *seq > after + 1 && live.collections.empty() &&
+          live.dids.empty()) {
+        // An unfiltered stream numbers every event: the host no longer kept these.
+        std::fprintf(stderr,
+                     "atfill archive: gap: the host no longer keeps seqs %" PRIu64 "..%" PRIu64
+                     " (after the archive's newest, %" PRIu64
+                     "); the archive goes on from seq %" PRIu64 " without them\n",
+                     after + 1, *seq - 1, after, *seq);
+      }
       if (first == 0) first = *seq;
       last = *seq;
       ++rows;
