@@ -723,8 +723,7 @@ TEST(LiveTest, AnArchiveBehindTheHostsFloorContinuesFromItAndNamesTheGap) {
       {ATFILL_BINARY, "archive", "write", config, archive.string(), "--live"}, dir.path());
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.err.find("after seq 500"), std::string::npos) << r.err;
-  EXPECT_NE(r.err.find("gap: the host no longer keeps seqs 501..2000"), std::string::npos)
-      << r.err;
+  EXPECT_NE(r.err.find("gap: the host no longer keeps seqs 501..2000"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("wrote 1000 rows (seq 2001..3000)"), std::string::npos) << r.err;
 }
 

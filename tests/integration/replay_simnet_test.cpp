@@ -100,6 +100,16 @@ std::string WriteConfig(const fs::path& dir, const std::string& name,
   return path.string();
 }
 
+// A replay of `net`'s whole archive with the config "<name>" (its [archive] plus
+// `extra_archive`), which must succeed; its output. The table is "<name>.db".
+ProcessResult Replay(const fs::path& dir, const simnet::Simnet& net, const std::string& name,
+                     const std::string& extra_archive = "") {
+  const std::string config = WriteConfig(dir, name, net.archive_url(), nullptr, extra_archive);
+  auto r = Atfill(dir, {"backfill", config, "--source", "replay"});
+  EXPECT_EQ(r.exit_code, 0) << Describe(r);
+  return r;
+}
+
 // A network whose archive holds its repos (ArchiveOptions::from_repos) in `archive_dir`.
 simnet::SimnetOptions RepoArchive(const fs::path& archive_dir, uint32_t accounts,
                                   uint32_t rows_per_block) {
@@ -197,10 +207,7 @@ TEST(ReplaySimnetTest, SpooledSegmentsResumeBrokenDownloads) {
   so.archive.segment_bytes = 256 << 10;
   auto net = simnet::Simnet::Start(so);
   ASSERT_TRUE(net.ok()) << net.status().ToString();
-  const std::string blockwise = WriteConfig(dir.path(), "blockwise", (*net)->archive_url(), nullptr,
-                                            "spool_segments = false\n");
-  auto b = Atfill(dir.path(), {"backfill", blockwise, "--source", "replay"});
-  ASSERT_EQ(b.exit_code, 0) << Describe(b);
+  auto b = Replay(dir.path(), **net, "blockwise", "spool_segments = false\n");
   const auto want = Table(dir / "blockwise.db");
   ASSERT_GT(want.size(), 500u);
   EXPECT_THAT(b.err, HasSubstr(" 0 segments spooled"));
@@ -209,11 +216,9 @@ TEST(ReplaySimnetTest, SpooledSegmentsResumeBrokenDownloads) {
   faults.faults["getSegment"] = {.kind = simnet::ArchiveFault::Kind::kTruncate, .times = 6};
   (*net)->SetArchiveFaults(faults);
   const simnet::ArchiveStats before = (*net)->archive_stats();
-  const std::string spooled =
-      WriteConfig(dir.path(), "spooled", (*net)->archive_url(), nullptr,
+  auto r = Replay(dir.path(), **net, "spooled",
                   "spool_chunk_kb = 16\nretry_delays_ms = [10, 10, 10, 10, 10, 10, 10, 10]\n");
-  auto r = Atfill(dir.path(), {"backfill", spooled, "--source", "replay"});
-  ASSERT_EQ(r.exit_code, 0) << Describe(r);
+  ASSERT_EQ(r.exit_code, 0);
   EXPECT_EQ(Table(dir / "spooled.db"), want);
   const simnet::ArchiveStats after = (*net)->archive_stats();
   EXPECT_EQ(after.get_blocks, before.get_blocks);  // nothing block by block
@@ -345,9 +350,7 @@ TEST(ReplaySimnetTest, FailedBlocksThenRetryFailed) {
   const auto blocks = Blocks(dir / "archive");
   ASSERT_GT(blocks.size(), 50u);
 
-  const std::string clean = WriteConfig(dir.path(), "clean", (*net)->archive_url(), nullptr);
-  auto c = Atfill(dir.path(), {"backfill", clean, "--source", "replay"});
-  ASSERT_EQ(c.exit_code, 0) << Describe(c);
+  Replay(dir.path(), **net, "clean");
   const auto want = Table(dir / "clean.db");
   ASSERT_GT(want.size(), 500u);
 
@@ -393,9 +396,7 @@ TEST(ReplaySimnetTest, SixteenInARowStopsAndResumes) {
   ASSERT_GT(blocks.size(), 40u);
   ASSERT_EQ(blocks[40], jss::SegmentName(0) + "/40");
 
-  const std::string clean = WriteConfig(dir.path(), "clean", (*net)->archive_url(), nullptr);
-  auto c = Atfill(dir.path(), {"backfill", clean, "--source", "replay"});
-  ASSERT_EQ(c.exit_code, 0) << Describe(c);
+  Replay(dir.path(), **net, "clean");
   const auto want = Table(dir / "clean.db");
   ASSERT_GT(want.size(), 500u);
 
