@@ -639,7 +639,7 @@ Result<std::pair<uint64_t, uint64_t>> GapReplays::Start(uint64_t last_seq,
   ++running_;
   std::lock_guard lock(mu_);
   threads_.emplace_back([this, job] {
-    RunBackfillJob("run", config_, st_, job);
+    if (RunBackfillJob("run", config_, st_, job) != kExitOk) unfinished_ = true;
     --running_;
   });
   return std::make_pair(plan->sealed_tip, job.id);

@@ -40,6 +40,8 @@ class GapReplays {
   bool started() const { return started_.load(); }
   // Whether a gap replay started by this process is still running.
   bool running() const { return running_.load() > 0; }
+  // Whether a gap replay started by this process ended without completing (failed or paused).
+  bool unfinished() const { return unfinished_.load(); }
   // Waits for every gap replay started to end.
   void Wait();
 
@@ -50,6 +52,7 @@ class GapReplays {
   std::vector<std::thread> threads_;
   std::atomic<bool> started_{false};
   std::atomic<int> running_{0};
+  std::atomic<bool> unfinished_{false};
 };
 
 // The collections the unfinished backfill jobs of this state cover ("*" for one that fetches every

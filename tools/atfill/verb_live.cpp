@@ -74,11 +74,12 @@ int RunLive(const AppConfig& config, OpenedState& st, std::function<bool()> back
   stages::CidVerify verify;
   // Record deletes leave a tombstone only where a stale create could still arrive.
   stages::DeleteTombstoneRule rule;
-  // While a gap replay runs beside the stream, every delete leaves a tombstone: the replay may
-  // still bring the record's older create.
+  // The stream's events wait while a gap replay runs (hold_all below), so none reaches the guard
+  // before the gap is written. A gap job that stopped unfinished may still bring older creates
+  // when it is resumed: until then, every delete leaves a tombstone.
   rule.sink_holds = [&gaps, holds = sinks::SqliteHoldsRecords(config.sqlite.path)](
                         const std::string& did, const std::string& collection) -> Result<bool> {
-    if (gaps.started()) return true;
+    if (gaps.unfinished()) return true;
     return holds(did, collection);
   };
   auto backfills = UnfinishedBackfillCollections(st);
