@@ -144,6 +144,27 @@ Status ConfigFile::ReadPath(std::string_view key, std::string* out) {
   return Status::OK();
 }
 
+Status ConfigFile::ReadPathTable(std::string_view key, std::map<std::string, std::string>* out) {
+  const toml::node* n = impl_->Find(key);
+  if (n == nullptr) return Status::OK();
+  const toml::table* t = n->as_table();
+  if (t == nullptr) return impl_->TypeError(n, key, "a table of name = \"path\" entries");
+  std::map<std::string, std::string> values;
+  for (const auto& [k, node] : *t) {
+    const std::string entry = std::string(key) + "." + std::string(k.str());
+    impl_->used.insert(entry);
+    auto v = node.value<std::string>();
+    if (!node.is_string() || !v) return impl_->TypeError(&node, entry, "a path (a string)");
+    if (v->empty())
+      return Status::Invalid(impl_->Line(&node) + ": " + entry + " must not be empty");
+    std::filesystem::path p(*v);
+    if (p.is_relative() && !impl_->dir.empty()) p = std::filesystem::path(impl_->dir) / p;
+    values[std::string(k.str())] = p.lexically_normal().string();
+  }
+  *out = std::move(values);
+  return Status::OK();
+}
+
 bool ConfigFile::Has(std::string_view key) const {
   return impl_->table.at_path(key).node() != nullptr;
 }

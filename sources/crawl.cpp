@@ -312,6 +312,7 @@ struct CrawlSource::Impl {
   uint64_t resume_upto = 0;
   uint64_t resume_scan = 0;
   uint64_t resume_left = 0;
+  uint64_t other_shards = 0;  // DIDs discovery skipped for another shard, not counted yet
   uint64_t recent_seq = 0;
   uint64_t deferred = 0;
   std::string last_deferred;
@@ -380,6 +381,10 @@ struct CrawlSource::Impl {
   // go into the chunk's state writes.
   Status QueueDid(std::string_view did, std::string_view listed, EventChunk* chunk,
                   uint64_t* queued) {
+    if (!options.shard.Owns(did)) {
+      ++other_shards;
+      return Status::OK();
+    }
     std::vector<std::string> colls;
     std::vector<std::string> unit_ids = UnitIds(did, listed, &colls);
     for (size_t i = 0; i < unit_ids.size(); ++i) {
@@ -404,6 +409,10 @@ struct CrawlSource::Impl {
   }
 
   void CountQueued(EventChunk* chunk, uint64_t queued) {
+    if (other_shards != 0) {
+      chunk->counters.emplace_back("repos_other_shards", static_cast<int64_t>(other_shards));
+      other_shards = 0;
+    }
     if (queued == 0) return;
     chunk->counters.emplace_back("units_queued", static_cast<int64_t>(queued));
     chunk->counters.emplace_back(pipeline::kInputTotal, static_cast<int64_t>(queued));

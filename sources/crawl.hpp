@@ -28,6 +28,7 @@
 
 #include "base/status.hpp"
 #include "net/http_client.hpp"
+#include "pipeline/shard.hpp"
 #include "pipeline/source.hpp"
 #include "stages/fetcher.hpp"
 #include "stages/resolver.hpp"
@@ -84,6 +85,9 @@ struct CrawlOptions {
   // A live consumer runs beside the crawl: each repo queued is marked and each repo written
   // checkpointed (state::LiveHolds), so the consumer holds the repo's live events until then.
   bool hold_live = false;
+  // This process's shard of the DID space (--shard i/n): discovery queues only the DIDs it owns
+  // (counted in "repos_other_shards"), so nothing else of another shard is resolved or fetched.
+  pipeline::Shard shard;
   stages::FetchLimits limits;
   stages::ResolverOptions resolver;
   // The fetch client (PDS hosts and the relay): per-host and host limits, retries, 429 cooldowns.

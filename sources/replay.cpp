@@ -438,6 +438,7 @@ void ReplaySource::Decode(EventChunk* chunk) const {
     const jss::Row row = block->row(i);
     if (row.seq <= h.after_seq || row.seq > h.before_seq) continue;
     if (!CommitShaped(row.kind)) continue;
+    if (!options_.shard.Owns(row.did)) continue;
     if (!pipeline::CollectionMatches(row.collection, options_.collections)) continue;
     ++rows;
     RecordEvent r;
@@ -628,6 +629,7 @@ Result<bool> ReplaySource::ReadAccounts(EventChunk* chunk) {
       const jss::Row row = block->row(i);
       if (row.seq <= after || row.seq > tip_) continue;
       if (row.kind != jss::Kind::kAccount && row.kind != jss::Kind::kSync) continue;
+      if (!options_.shard.Owns(row.did)) continue;
       const std::string did(row.did);
       if (refolded_.count(did)) continue;
       ATFILL_ASSIGN_OR_RETURN(auto holds, kv_->Get(state::Family::kQueue, ReplayDidKey(job_, did)));

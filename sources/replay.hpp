@@ -34,6 +34,7 @@
 
 #include "base/status.hpp"
 #include "pipeline/batcher.hpp"
+#include "pipeline/shard.hpp"
 #include "pipeline/source.hpp"
 #include "sources/archive.hpp"
 #include "state/failed_blocks.hpp"
@@ -51,6 +52,9 @@ inline constexpr pipeline::BatcherOptions kReplayBatch{
 struct ReplayOptions {
   // The job's collections (NSIDs or "prefix.*"); empty = every collection.
   std::vector<std::string> collections;
+  // This process's shard of the DID space (--shard i/n): rows and markers of DIDs another shard
+  // owns are skipped.
+  pipeline::Shard shard;
   // The account sweep starts at the segment that ends within this many hours of the newest one;
   // 0 sweeps the whole archive.
   double marker_tail_hours = 12;

@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 
 #include "pipeline/config.hpp"
 
@@ -22,7 +23,14 @@ Status ReadBatch(pipeline::ConfigFile& file, const std::string& section,
   return file.ReadUint(section + ".batch_chunks", &b->max_chunks, 1, 100'000);
 }
 
+std::optional<pipeline::Shard>& ShardOverride() {
+  static std::optional<pipeline::Shard> shard;
+  return shard;
+}
+
 }  // namespace
+
+void SetShardOverride(pipeline::Shard shard) { ShardOverride() = shard; }
 
 Result<AppConfig> LoadAppConfig(const std::string& path) {
   ATFILL_ASSIGN_OR_RETURN(pipeline::ConfigFile file, pipeline::ConfigFile::Load(path));
@@ -59,6 +67,14 @@ Result<AppConfig> LoadAppConfig(const std::string& path) {
       file.ReadInt("engine.sink_retry_max_ms", &e.sink_retry.max_delay_ms, 1, 3'600'000));
   ATFILL_RETURN_IF_ERROR(
       file.ReadUint("engine.sink_retry_max_attempts", &e.sink_retry.max_attempts, 0, 1'000'000));
+  std::string shard;
+  ATFILL_RETURN_IF_ERROR(file.ReadString("engine.shard", &shard));
+  if (!shard.empty()) {
+    auto parsed = pipeline::Shard::Parse(shard);
+    if (!parsed.ok()) return parsed.status().WithContext(file.Where("engine.shard"));
+    c.shard = *parsed;
+  }
+  if (ShardOverride()) c.shard = *ShardOverride();
 
   ATFILL_RETURN_IF_ERROR(file.ReadUint("files.chunk_lines", &c.files.chunk_lines, 1, 1'000'000));
   ATFILL_RETURN_IF_ERROR(
@@ -197,6 +213,8 @@ Result<AppConfig> LoadAppConfig(const std::string& path) {
   ATFILL_RETURN_IF_ERROR(
       file.ReadDouble("progress.interval_s", &c.progress_interval_s, 0.1, 86'400));
   ATFILL_RETURN_IF_ERROR(file.Finish());
+  c.crawl.shard = c.shard;
+  c.replay.shard = c.shard;
 
   // Cross-field rules; the message names the section.
   if (Status s = c.engine.Validate(); !s.ok()) return s.WithContext(path + ": [engine]");

@@ -10,6 +10,7 @@
 #include "base/status.hpp"
 #include "pipeline/engine.hpp"
 #include "pipeline/job.hpp"
+#include "pipeline/shard.hpp"
 #include "sinks/sqlite_sink.hpp"
 #include "sources/crawl.hpp"
 #include "sources/event_file.hpp"
@@ -28,6 +29,9 @@ struct AppConfig {
   std::string sink = "sqlite";      // [sink] kind
   sinks::SqliteSinkOptions sqlite;  // [sink.sqlite]
   pipeline::EngineOptions engine;   // [engine]
+  // [engine] shard = "i/n" (or --shard i/n, which wins): this process owns the DIDs of shard i;
+  // copied into crawl and replay, and every job's graph starts with a pipeline::ShardFilter.
+  pipeline::Shard shard;
   sources::EventFileOptions files;  // [files] (paths come from the command line)
   sources::CrawlOptions crawl;      // [crawl], [resolver], [net]
   sources::JetstreamOptions live;   // [live] (no hosts: no live consumer)
@@ -73,6 +77,9 @@ struct AppConfig {
 
 // Where a replay reads: the archive directory (absolute) or URL; empty when none is configured.
 std::string ArchiveLocation(const AppConfig& config);
+
+// A --shard given on the command line: LoadAppConfig uses it instead of [engine] shard.
+void SetShardOverride(pipeline::Shard shard);
 
 // Loads and validates CONFIG. Relative paths are relative to the config file's folder.
 Result<AppConfig> LoadAppConfig(const std::string& path);

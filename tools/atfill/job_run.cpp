@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "pipeline/job.hpp"
+#include "pipeline/shard.hpp"
 #include "tools/atfill/cli.hpp"
 #include "tools/atfill/job_view.hpp"
 
@@ -80,12 +81,18 @@ void RestoreSignals() {
 int RunInForeground(ForegroundJob& spec) {
   const AppConfig& config = *spec.config;
   OpenedState& st = *spec.state;
+  // A sharded process's graph first removes the events of DIDs other shards own.
+  pipeline::ShardFilter shard_filter(config.shard);
+  std::vector<const pipeline::Transform*> transforms = spec.transforms;
+  if (!config.shard.all()) {
+    transforms.insert(transforms.begin(), &shard_filter);
+    spec.job.params["shard"] = config.shard.ToString();
+  }
   pipeline::JobRunner runner(st.kv.get(), st.jobs.get(), st.errors.get(), spec.job,
                              spec.cursor_name, config.jobs);
   pipeline::EngineOptions engine_options = config.engine;
   if (spec.batch) engine_options.batch = *spec.batch;
-  pipeline::Engine engine(engine_options, spec.source, spec.transforms, spec.sink, st.kv.get(),
-                          &runner);
+  pipeline::Engine engine(engine_options, spec.source, transforms, spec.sink, st.kv.get(), &runner);
   ProgressReporter progress([&runner] { return runner.Snapshot(); }, config.progress_interval_s,
                             ::isatty(STDERR_FILENO) != 0);
   Result<state::JobRecord> done = Status::Internal("not run");

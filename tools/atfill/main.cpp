@@ -1,6 +1,9 @@
 #include <cstdio>
 #include <string_view>
+#include <vector>
 
+#include "pipeline/shard.hpp"
+#include "tools/atfill/app_config.hpp"
 #include "tools/atfill/cli.hpp"
 
 namespace {
@@ -32,8 +35,26 @@ int main(int argc, char** argv) {
   }
   for (const auto& verb : atfill::cli::Verbs()) {
     if (verb.name != name) continue;
-    std::span<char* const> args(argv + 2, static_cast<size_t>(argc - 2));
-    if (atfill::cli::WantsHelp(verb, args)) return atfill::cli::kExitOk;
+    std::span<char* const> all(argv + 2, static_cast<size_t>(argc - 2));
+    if (atfill::cli::WantsHelp(verb, all)) return atfill::cli::kExitOk;
+    // --shard i/n works with every verb: it replaces [engine] shard for this process.
+    std::vector<char*> args;
+    for (size_t i = 0; i < all.size(); ++i) {
+      if (std::string_view(all[i]) != "--shard") {
+        args.push_back(all[i]);
+        continue;
+      }
+      if (i + 1 >= all.size()) {
+        std::fprintf(stderr, "atfill %s: --shard needs a value (i/n)\n", argv[1]);
+        return atfill::cli::kExitUsage;
+      }
+      auto shard = atfill::pipeline::Shard::Parse(all[++i]);
+      if (!shard.ok()) {
+        std::fprintf(stderr, "atfill %s: --shard: %s\n", argv[1], shard.status().message().c_str());
+        return atfill::cli::kExitUsage;
+      }
+      atfill::cli::SetShardOverride(*shard);
+    }
     return verb.run(args);
   }
   std::fprintf(stderr, "atfill: unknown verb '%s' (atfill --help lists them)\n", argv[1]);

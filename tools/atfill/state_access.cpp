@@ -33,6 +33,21 @@ OpenedState Wrap(std::unique_ptr<state::KvStore> kv, const AppConfig& config, bo
 
 Result<OpenedState> OpenStateForWrite(const AppConfig& config) {
   ATFILL_ASSIGN_OR_RETURN(auto kv, state::OpenRocksDb(config.state));
+  // A state directory belongs to one shard: its queue, cursors and live position are that
+  // shard's. The first process to write it records its shard; another shard is refused.
+  constexpr std::string_view kShardKey = "shard";
+  ATFILL_ASSIGN_OR_RETURN(auto recorded, kv->Get(state::Family::kMeta, kShardKey));
+  const std::string shard = config.shard.ToString();
+  if (!recorded) {
+    state::WriteBatch b;
+    b.Put(state::Family::kMeta, kShardKey, shard);
+    ATFILL_RETURN_IF_ERROR(kv->Write(b));
+  } else if (*recorded != shard) {
+    return Status::Invalid("the state directory " + config.state.path + " belongs to shard " +
+                           *recorded + ", and this process is shard " + shard +
+                           " ([engine] shard or --shard): each shard needs its own state directory "
+                           "([state] dir)");
+  }
   // Now that this process holds the state, a request written from here on is for it, even one
   // that arrives before its job starts; only older ones are dropped.
   RemoveStaleRequests(config);
