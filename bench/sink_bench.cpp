@@ -1,15 +1,23 @@
-// The SQLite sink alone: 1,000,000 generated create events (~400-byte bodies, 10,000 DIDs, 3
-// collections) written in batches of 5,000, against the raw bound of the same rows inserted by a
-// bare prepared-statement loop into the same schema (one transaction per 5,000). Two arrival
-// orders: `crawl` (each repo's records together, as a getRepo/listRecords backfill delivers them)
-// and `interleaved` (every record from a random DID, as the firehose or an archive replay does).
-// Both with the sink's default page size and SQLite's default (4 KiB). Also the replay of an
+// The SQLite and PostgreSQL sinks alone: 1,000,000 generated create events (~400-byte bodies,
+// 10,000 DIDs, 3 collections) written in batches of 5,000, against the raw bound of the same rows
+// inserted by a bare prepared-statement loop into the same schema (one transaction per 5,000). Two
+// arrival orders: `crawl` (each repo's records together, as a getRepo/listRecords backfill delivers
+// them) and `interleaved` (every record from a random DID, as the firehose or an archive replay
+// does). Both with the sink's default page size and SQLite's default (4 KiB). Also the replay of an
 // already written table (every event `unchanged`).
 //
 // Counters: items_per_second (records/s over the Write calls only; generating events is not
 // timed), bytes_per_second (record bodies), and vs_raw = sink records/s / raw records/s for the
 // same order (present when the raw benchmark ran first in the same process).
+//
+// The PostgreSQL sink writes the same 1,000,000 events (same generator, same batches) into a fresh
+// database on the server named by ATFILL_BENCH_PG (else ATFILL_TEST_PG; an admin connection string
+// in key=value form, such as "host=127.0.0.1 port=55432 user=postgres dbname=postgres";
+// tools/pgserver starts a server), crawl and interleaved order, and the replay; vs_sqlite = its
+// records/s / the SQLite sink's (default page size) for the same order, when that ran first in the
+// same process. Without a server those benchmarks report an error and the SQLite ones still run.
 #include <benchmark/benchmark.h>
+#include <libpq-fe.h>
 #include <sqlite3.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -17,6 +25,7 @@
 #include <array>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <random>
@@ -27,6 +36,7 @@
 #include "atproto/cid.hpp"
 #include "base/bytes.hpp"
 #include "pipeline/event.hpp"
+#include "sinks/postgres_sink.hpp"
 #include "sinks/sqlite_sink.hpp"
 
 namespace atfill::sinks {
@@ -144,6 +154,12 @@ class TempDir {
 // Raw records/s by (order, page size).
 std::map<std::pair<Order, int64_t>, double>& RawRates() {
   static std::map<std::pair<Order, int64_t>, double> rates;
+  return rates;
+}
+
+// The SQLite sink's records/s (default page size) by order.
+std::map<Order, double>& SqliteSinkRates() {
+  static std::map<Order, double> rates;
   return rates;
 }
 
@@ -299,6 +315,9 @@ void BM_SqliteSink(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations() * kRecords);
   state.SetBytesProcessed(static_cast<int64_t>(body_bytes));
   state.SetLabel(OrderName(order));
+  if (total_seconds > 0 && page_size == SqliteSinkOptions().page_size_bytes) {
+    SqliteSinkRates()[order] = static_cast<double>(state.iterations()) * kRecords / total_seconds;
+  }
   auto raw = RawRates().find({order, page_size});
   if (raw != RawRates().end() && total_seconds > 0) {
     state.counters["vs_raw"] =
@@ -314,6 +333,118 @@ void BM_SqliteSinkReplay(benchmark::State& state) {
   for (auto _ : state) {
     TempDir dir;
     auto sink = OpenSqliteSink(BenchOptions(dir.File("sink.db"), 0));
+    if (!sink.ok()) return state.SkipWithError(sink.status().ToString().c_str());
+    uint64_t first_bytes = 0;
+    pipeline::WriteStats first;
+    WriteAll(state, **sink, gen, &first_bytes, &first);
+    ::sync();
+    pipeline::WriteStats replay;
+    double seconds = WriteAll(state, **sink, gen, &body_bytes, &replay);
+    if (replay.unchanged != kRecords) {
+      return state.SkipWithError("the replay was not all unchanged");
+    }
+    state.SetIterationTime(seconds);
+  }
+  state.SetItemsProcessed(state.iterations() * kRecords);
+  state.SetBytesProcessed(static_cast<int64_t>(body_bytes));
+  state.SetLabel(OrderName(order));
+}
+
+// A fresh database on the benchmark's PostgreSQL server, dropped by the destructor.
+class PgBenchDatabase {
+ public:
+  // Empty conninfo() when there is no server or the database could not be made; error() says why.
+  PgBenchDatabase() {
+    const char* env = std::getenv("ATFILL_BENCH_PG");
+    if (env == nullptr || *env == '\0') env = std::getenv("ATFILL_TEST_PG");
+    if (env == nullptr || *env == '\0') {
+      error_ =
+          "no PostgreSQL server: set ATFILL_BENCH_PG (or ATFILL_TEST_PG) to an admin connection "
+          "string, e.g. after tools/pgserver start /tmp/pgbench 55433: \"host=127.0.0.1 "
+          "port=55433 user=postgres dbname=postgres\"";
+      return;
+    }
+    admin_ = env;
+    name_ = "atfill_bench_" + std::to_string(::getpid());
+    if (!Admin("DROP DATABASE IF EXISTS " + name_ + " WITH (FORCE)") ||
+        !Admin("CREATE DATABASE " + name_)) {
+      return;
+    }
+    // Later keywords override earlier ones: the admin string's database is replaced.
+    conninfo_ = admin_ + " dbname=" + name_;
+  }
+  ~PgBenchDatabase() {
+    if (!conninfo_.empty()) Admin("DROP DATABASE IF EXISTS " + name_ + " WITH (FORCE)");
+  }
+  const std::string& conninfo() const { return conninfo_; }
+  const std::string& error() const { return error_; }
+
+ private:
+  bool Admin(const std::string& sql) {
+    PGconn* conn = PQconnectdb(admin_.c_str());
+    PQsetNoticeProcessor(
+        conn, [](void*, const char*) {}, nullptr);
+    bool ok = PQstatus(conn) == CONNECTION_OK;
+    if (ok) {
+      PGresult* r = PQexec(conn, sql.c_str());
+      ok = PQresultStatus(r) == PGRES_COMMAND_OK;
+      PQclear(r);
+    }
+    if (!ok) error_ = sql + ": " + PQerrorMessage(conn);
+    PQfinish(conn);
+    return ok;
+  }
+  std::string admin_;
+  std::string name_;
+  std::string conninfo_;
+  std::string error_;
+};
+
+PostgresSinkOptions PgBenchOptions(const std::string& conninfo) {
+  PostgresSinkOptions options;
+  options.conninfo = conninfo;
+  options.now_us = [] { return kNowUs; };
+  return options;
+}
+
+void BM_PostgresSink(benchmark::State& state) {
+  const Order order = static_cast<Order>(state.range(0));
+  const Generator& gen = GeneratorFor(order);
+  double total_seconds = 0;
+  uint64_t body_bytes = 0;
+  for (auto _ : state) {
+    PgBenchDatabase db;
+    if (db.conninfo().empty()) return state.SkipWithError(db.error().c_str());
+    auto sink = OpenPostgresSink(PgBenchOptions(db.conninfo()));
+    if (!sink.ok()) return state.SkipWithError(sink.status().ToString().c_str());
+    ::sync();
+    pipeline::WriteStats total;
+    double seconds = WriteAll(state, **sink, gen, &body_bytes, &total);
+    if (total.inserted != kRecords) {
+      return state.SkipWithError("the sink did not insert every record");
+    }
+    state.SetIterationTime(seconds);
+    total_seconds += seconds;
+  }
+  state.SetItemsProcessed(state.iterations() * kRecords);
+  state.SetBytesProcessed(static_cast<int64_t>(body_bytes));
+  state.SetLabel(OrderName(order));
+  auto sqlite = SqliteSinkRates().find(order);
+  if (sqlite != SqliteSinkRates().end() && total_seconds > 0) {
+    state.counters["vs_sqlite"] =
+        static_cast<double>(state.iterations()) * kRecords / total_seconds / sqlite->second;
+  }
+}
+
+// Replaying a table already written: every event is `unchanged`.
+void BM_PostgresSinkReplay(benchmark::State& state) {
+  const Order order = static_cast<Order>(state.range(0));
+  const Generator& gen = GeneratorFor(order);
+  uint64_t body_bytes = 0;
+  for (auto _ : state) {
+    PgBenchDatabase db;
+    if (db.conninfo().empty()) return state.SkipWithError(db.error().c_str());
+    auto sink = OpenPostgresSink(PgBenchOptions(db.conninfo()));
     if (!sink.ok()) return state.SkipWithError(sink.status().ToString().c_str());
     uint64_t first_bytes = 0;
     pipeline::WriteStats first;
@@ -350,6 +481,21 @@ BENCHMARK(BM_SqliteSink)->Apply([](auto* b) { Configure(b, 1, 0); });
 BENCHMARK(BM_RawInsert)->Apply([](auto* b) { Configure(b, 1, 4096); });
 BENCHMARK(BM_SqliteSink)->Apply([](auto* b) { Configure(b, 1, 4096); });
 BENCHMARK(BM_SqliteSinkReplay)
+    ->ArgName("order")
+    ->Arg(0)
+    ->Arg(1)
+    ->Iterations(1)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+// After the SQLite sink's runs, for vs_sqlite.
+BENCHMARK(BM_PostgresSink)
+    ->ArgName("order")
+    ->Arg(0)
+    ->Arg(1)
+    ->Iterations(1)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_PostgresSinkReplay)
     ->ArgName("order")
     ->Arg(0)
     ->Arg(1)

@@ -23,6 +23,8 @@
 namespace atfill::net {
 namespace {
 
+std::atomic<void (*)(int)> g_response_observer{nullptr};
+
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
@@ -733,6 +735,9 @@ class HttpClient::Impl {
       }
       DetachEasy(t);
       any = true;
+      if (auto* observe = g_response_observer.load(std::memory_order_relaxed)) {
+        observe(code == CURLE_OK ? static_cast<int>(status) : 0);
+      }
       OnAttemptDone(t, code, static_cast<int>(status));
     }
     return any;
@@ -1011,5 +1016,9 @@ HttpClientStats HttpClient::stats() const { return impl_->Stats(); }
 HostStatus HttpClient::HostState(std::string_view host) const { return impl_->HostState(host); }
 
 const HttpClientOptions& HttpClient::options() const { return impl_->options(); }
+
+void SetResponseObserver(void (*observer)(int status)) {
+  g_response_observer.store(observer, std::memory_order_relaxed);
+}
 
 }  // namespace atfill::net

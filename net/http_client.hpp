@@ -165,6 +165,11 @@ struct HostStatus {
   int64_t cooldown_remaining_ms = 0;  // time left before new requests may start (after a 429)
 };
 
+// Process-wide: called on the client's loop thread for every HTTP attempt that ends, with its
+// status (<= 0 when no answer came: connection failure, timeout), by every HttpClient of the
+// process; for metrics. nullptr (the default) calls nothing. Must be fast and must not throw.
+void SetResponseObserver(void (*observer)(int status));
+
 class HttpClient {
  public:
   // Validates `options`, initialises libcurl and starts the loop thread.

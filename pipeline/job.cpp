@@ -53,6 +53,7 @@ JobRunner::JobRunner(state::KvStore* kv, state::JobStore* jobs, state::ErrorLog*
       snapshot_(job_) {}
 
 Status JobRunner::Save(state::JobRecord record) {
+  if (options_.on_change) options_.on_change(record, nullptr);
   state::WriteBatch batch;
   ATFILL_RETURN_IF_ERROR(jobs_->Put(&batch, record));
   ATFILL_RETURN_IF_ERROR(kv_->Write(batch));
@@ -196,6 +197,7 @@ Status JobRunner::PrepareCommit(const BatchReport& report, state::WriteBatch* ba
     audit.committed_at_us = now;
     ATFILL_RETURN_IF_ERROR(jobs_->PutBatchAudit(batch, pending_.id, audit));
   }
+  if (options_.on_change) options_.on_change(pending_, &report);
   return jobs_->Put(batch, pending_);
 }
 

@@ -23,6 +23,11 @@ struct JobOptions {
   bool record_batches = false;
   // Stop the job when its error log holds this many entries (the error log's cap).
   bool stop_at_error_cap = true;
+  // Called with the job each time the runner publishes it (when it starts, after each committed
+  // batch with that batch's report, and when it ends with `batch` null), in that order, on the
+  // thread that published it. For watchers (the admin API's stage history, metrics); must not
+  // block for long.
+  std::function<void(const state::JobRecord& job, const BatchReport* batch)> on_change;
   Status Validate() const;
 };
 

@@ -93,6 +93,19 @@ void CrawlLog::PutRecent(WriteBatch* batch, uint64_t job, const RecentRepo& repo
   batch->Put(Family::kJobs, SlotKey(job, repo.seq % std::max<uint32_t>(capacity, 1)), w.Take());
 }
 
+Result<uint64_t> CrawlLog::ClearRecent(uint64_t job) {
+  WriteBatch batch;
+  uint64_t n = 0;
+  ATFILL_RETURN_IF_ERROR(kv_.Scan(Family::kJobs, codec::KeyWithId("r", job),
+                                  [&](std::string_view key, std::string_view) {
+                                    batch.Delete(Family::kJobs, key);
+                                    ++n;
+                                    return true;
+                                  }));
+  if (n != 0) ATFILL_RETURN_IF_ERROR(kv_.Write(batch));
+  return n;
+}
+
 Result<std::vector<RecentRepo>> CrawlLog::Recent(uint64_t job) {
   std::vector<RecentRepo> out;
   Status bad = Status::OK();

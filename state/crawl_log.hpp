@@ -53,6 +53,9 @@ class CrawlLog {
   Result<std::vector<RecentRepo>> Recent(uint64_t job);
   // The largest seq stored (0 when none), to continue numbering after a restart.
   Result<uint64_t> LastRecentSeq(uint64_t job);
+  // Deletes the job's recent repos (its per-repo details); the host summaries stay. Returns how
+  // many entries were removed.
+  Result<uint64_t> ClearRecent(uint64_t job);
 
  private:
   KvStore& kv_;

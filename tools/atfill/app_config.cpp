@@ -41,7 +41,16 @@ Result<AppConfig> LoadAppConfig(const std::string& path) {
   // Relative defaults resolve against the config's folder, like configured paths.
   ATFILL_RETURN_IF_ERROR(file.ReadPath("state.dir", &c.state.path));
   ATFILL_RETURN_IF_ERROR(file.ReadBool("state.sync", &c.state.sync));
-  ATFILL_RETURN_IF_ERROR(file.ReadEnum("sink.kind", &c.sink, {"sqlite"}));
+  ATFILL_RETURN_IF_ERROR(file.ReadEnum("sink.kind", &c.sink, {"sqlite", "postgres"}));
+  auto& pg = c.postgres;
+  ATFILL_RETURN_IF_ERROR(file.ReadString("sink.postgres.conninfo", &pg.conninfo));
+  ATFILL_RETURN_IF_ERROR(file.ReadString("sink.postgres.schema", &pg.schema));
+  ATFILL_RETURN_IF_ERROR(
+      file.ReadInt("sink.postgres.connect_timeout_ms", &pg.connect_timeout_ms, 1, 3'600'000));
+  ATFILL_RETURN_IF_ERROR(
+      file.ReadInt("sink.postgres.lock_timeout_ms", &pg.lock_timeout_ms, 1, 3'600'000));
+  ATFILL_RETURN_IF_ERROR(
+      file.ReadUint("sink.postgres.conflict_retries", &pg.conflict_retries, 0, 1000));
   ATFILL_RETURN_IF_ERROR(file.ReadPath("sink.sqlite.path", &c.sqlite.path));
   std::string sync = "normal";
   ATFILL_RETURN_IF_ERROR(file.ReadEnum("sink.sqlite.synchronous", &sync, {"normal", "full"}));
@@ -80,6 +89,15 @@ Result<AppConfig> LoadAppConfig(const std::string& path) {
   ATFILL_RETURN_IF_ERROR(
       file.ReadUint("files.max_line_bytes", &c.files.max_line_bytes, 64, 1 << 30));
   ATFILL_RETURN_IF_ERROR(file.ReadBool("stages.verify_cids", &c.verify_cids));
+  auto& sc = c.scripts;
+  ATFILL_RETURN_IF_ERROR(file.ReadPathTable("scripts.collections", &sc.scripts));
+  ATFILL_RETURN_IF_ERROR(file.ReadBool("scripts.fail_open", &sc.fail_open));
+  ATFILL_RETURN_IF_ERROR(
+      file.ReadUint("scripts.instruction_budget", &sc.instruction_budget, 1000, INT32_MAX));
+  int64_t script_mb = static_cast<int64_t>(sc.memory_limit_bytes >> 20);
+  ATFILL_RETURN_IF_ERROR(file.ReadInt("scripts.memory_mb", &script_mb, 1, 65536));
+  sc.memory_limit_bytes = static_cast<size_t>(script_mb) << 20;
+  ATFILL_RETURN_IF_ERROR(file.ReadUint("scripts.attempts", &sc.max_attempts, 1, 100));
 
   auto& k = c.crawl;
   ATFILL_RETURN_IF_ERROR(file.ReadString("crawl.relay", &k.relay_url));
@@ -212,6 +230,17 @@ Result<AppConfig> LoadAppConfig(const std::string& path) {
   c.tombstones.retention_us = retention_hours * 3'600'000'000;
   ATFILL_RETURN_IF_ERROR(
       file.ReadDouble("progress.interval_s", &c.progress_interval_s, 0.1, 86'400));
+  ATFILL_RETURN_IF_ERROR(
+      file.ReadInt("jobs.backfill_retention_days", &c.backfill_retention_days, 0, 36'500));
+  c.admin_enabled = file.Has("admin.port");
+  ATFILL_RETURN_IF_ERROR(file.ReadString("admin.address", &c.admin.address));
+  ATFILL_RETURN_IF_ERROR(file.ReadUint("admin.port", &c.admin.port, 0, 65535));
+  ATFILL_RETURN_IF_ERROR(file.ReadString("admin.token", &c.admin.token));
+  ATFILL_RETURN_IF_ERROR(
+      file.ReadInt("admin.sse_interval_ms", &c.admin.sse_interval_ms, 10, 60'000));
+  if (c.admin.token.empty()) {
+    if (const char* token = std::getenv("ATFILL_ADMIN_TOKEN")) c.admin.token = token;
+  }
   ATFILL_RETURN_IF_ERROR(file.Finish());
   c.crawl.shard = c.shard;
   c.replay.shard = c.shard;
@@ -220,10 +249,20 @@ Result<AppConfig> LoadAppConfig(const std::string& path) {
   if (Status s = c.engine.Validate(); !s.ok()) return s.WithContext(path + ": [engine]");
   if (Status s = c.live_batch.Validate(); !s.ok()) return s.WithContext(path + ": [live]");
   if (Status s = c.sqlite.Validate(); !s.ok()) return s.WithContext(path + ": [sink.sqlite]");
+  if (Status s = c.postgres.Validate(); !s.ok()) return s.WithContext(path + ": [sink.postgres]");
   if (Status s = c.state.Validate(); !s.ok()) return s.WithContext(path + ": [state]");
   if (Status s = c.error_log.Validate(); !s.ok()) return s.WithContext(path + ": [jobs]");
   if (Status s = c.tombstones.Validate(); !s.ok()) return s.WithContext(path + ": [tombstones]");
   if (Status s = c.replay.Validate(); !s.ok()) return s.WithContext(path + ": [archive]");
+  if (Status s = c.scripts.Validate(); !s.ok()) return s.WithContext(path + ": [scripts]");
+  if (c.admin_enabled) {
+    if (c.admin.token.empty()) {
+      return Status::Invalid(path +
+                             ": [admin] needs a token (token = \"...\" or the environment's "
+                             "ATFILL_ADMIN_TOKEN): the admin API never runs open");
+    }
+    if (Status s = c.admin.Validate(); !s.ok()) return s.WithContext(path + ": [admin]");
+  }
   if (Status s = c.replay_batch.Validate(); !s.ok()) return s.WithContext(path + ": [archive]");
   if (c.backfill_source == "replay" && c.archive_dir.empty() && c.archive_url.empty()) {
     return Status::Invalid(

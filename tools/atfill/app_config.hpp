@@ -11,24 +11,28 @@
 #include "pipeline/engine.hpp"
 #include "pipeline/job.hpp"
 #include "pipeline/shard.hpp"
+#include "sinks/postgres_sink.hpp"
 #include "sinks/sqlite_sink.hpp"
 #include "sources/crawl.hpp"
 #include "sources/event_file.hpp"
 #include "sources/jetstream.hpp"
 #include "sources/replay.hpp"
 #include "stages/account_check.hpp"
+#include "stages/script.hpp"
 #include "state/error_log.hpp"
 #include "state/kv_store.hpp"
 #include "state/tombstones.hpp"
+#include "tools/atfill/admin/admin_server.hpp"
 
 namespace atfill::cli {
 
 struct AppConfig {
-  std::string path;                 // the config file
-  state::RocksDbOptions state;      // [state]
-  std::string sink = "sqlite";      // [sink] kind
-  sinks::SqliteSinkOptions sqlite;  // [sink.sqlite]
-  pipeline::EngineOptions engine;   // [engine]
+  std::string path;                     // the config file
+  state::RocksDbOptions state;          // [state]
+  std::string sink = "sqlite";          // [sink] kind
+  sinks::SqliteSinkOptions sqlite;      // [sink.sqlite]
+  sinks::PostgresSinkOptions postgres;  // [sink.postgres]
+  pipeline::EngineOptions engine;       // [engine]
   // [engine] shard = "i/n" (or --shard i/n, which wins): this process owns the DIDs of shard i;
   // copied into crawl and replay, and every job's graph starts with a pipeline::ShardFilter.
   pipeline::Shard shard;
@@ -68,11 +72,22 @@ struct AppConfig {
   pipeline::BatcherOptions live_batch{
       .max_events = 50'000, .max_delay_ms = 1000, .max_chunks = 128};
   stages::AccountCheckOptions account_check;
-  bool verify_cids = true;             // [stages] verify_cids
+  bool verify_cids = true;  // [stages] verify_cids
+  // [scripts] fail_open, instruction_budget, memory_mb, attempts, and [scripts.collections]
+  // (collection = "script.lua"): the Lua record scripts run after CID verification (read_record
+  // is bound to the configured sink when a job runs).
+  stages::ScriptOptions scripts;
   pipeline::JobOptions jobs;           // [jobs]
   state::ErrorLogOptions error_log;    // [jobs] error_log_cap
   state::TombstoneOptions tombstones;  // [tombstones]
   double progress_interval_s = 10;     // [progress] interval_s (plain log lines)
+  // [admin] address, port, token (or the environment's ATFILL_ADMIN_TOKEN): `atfill run` serves
+  // the admin API and dashboard when port is set (0 = a free port, printed at start).
+  bool admin_enabled = false;
+  admin::AdminServerOptions admin;
+  // [jobs] backfill_retention_days: the per-repo details and leftover queue of backfill jobs
+  // finished longer ago are deleted by a daily task of `atfill run`; 0 keeps them forever.
+  int64_t backfill_retention_days = 28;
 };
 
 // Where a replay reads: the archive directory (absolute) or URL; empty when none is configured.

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cinttypes>
 #include <condition_variable>
@@ -13,8 +14,11 @@
 
 #include "pipeline/job.hpp"
 #include "pipeline/shard.hpp"
+#include "stages/script.hpp"
 #include "tools/atfill/cli.hpp"
 #include "tools/atfill/job_view.hpp"
+#include "tools/atfill/job_watch.hpp"
+#include "tools/atfill/sink_access.hpp"
 
 namespace atfill::cli {
 namespace {
@@ -84,12 +88,32 @@ int RunInForeground(ForegroundJob& spec) {
   // A sharded process's graph first removes the events of DIDs other shards own.
   pipeline::ShardFilter shard_filter(config.shard);
   std::vector<const pipeline::Transform*> transforms = spec.transforms;
+  // The record scripts run on verified records, before the ordered stages (hold, guard).
+  std::unique_ptr<stages::ScriptStage> scripts;
+  if (!config.scripts.scripts.empty()) {
+    stages::ScriptOptions options = config.scripts;
+    options.read_record = SinkRecordReader(config);
+    auto made = stages::ScriptStage::Create(std::move(options));
+    if (!made.ok()) {
+      std::fprintf(stderr, "atfill %s: %s: %s\n", spec.verb, config.path.c_str(),
+                   made.status().message().c_str());
+      return kExitUsage;
+    }
+    scripts = std::move(*made);
+    auto after = std::find_if(transforms.begin(), transforms.end(),
+                              [](const auto* t) { return t->name() == "cid_verify"; });
+    transforms.insert(after == transforms.end() ? transforms.begin() : after + 1, scripts.get());
+  }
   if (!config.shard.all()) {
     transforms.insert(transforms.begin(), &shard_filter);
     spec.job.params["shard"] = config.shard.ToString();
   }
+  pipeline::JobOptions job_options = config.jobs;
+  job_options.on_change = [](const state::JobRecord& job, const pipeline::BatchReport* batch) {
+    JobWatch::Get().Changed(job, batch);
+  };
   pipeline::JobRunner runner(st.kv.get(), st.jobs.get(), st.errors.get(), spec.job,
-                             spec.cursor_name, config.jobs);
+                             spec.cursor_name, job_options);
   pipeline::EngineOptions engine_options = config.engine;
   if (spec.batch) engine_options.batch = *spec.batch;
   pipeline::Engine engine(engine_options, spec.source, transforms, spec.sink, st.kv.get(), &runner);
@@ -98,9 +122,11 @@ int RunInForeground(ForegroundJob& spec) {
   Result<state::JobRecord> done = Status::Internal("not run");
   {
     StopWatcher watcher(config, spec.job.id, &runner);
+    JobWatch::Get().Attach(spec.job.id, &runner);
     progress.Start();
     done = runner.Run(&engine);
     progress.Stop();
+    JobWatch::Get().Detach(spec.job.id);
   }
   ClearRequests(config, spec.job.id);
   if (!done.ok()) {

@@ -12,7 +12,6 @@
 
 #include "pipeline/job.hpp"
 #include "pipeline/run.hpp"
-#include "sinks/sqlite_sink.hpp"
 #include "sources/archive.hpp"
 #include "sources/archive_http.hpp"
 #include "sources/crawl.hpp"
@@ -23,6 +22,8 @@
 #include "tools/atfill/app_config.hpp"
 #include "tools/atfill/cli.hpp"
 #include "tools/atfill/job_run.hpp"
+#include "tools/atfill/run_admin.hpp"
+#include "tools/atfill/sink_access.hpp"
 #include "tools/atfill/state_access.hpp"
 #include "tools/atfill/verb_backfill.hpp"
 
@@ -130,7 +131,7 @@ int RunReplayJob(const char* verb, const AppConfig& config, OpenedState& st, sta
   options.all_markers = param("gap") == "1";
   if (!param("retry_of").empty())
     options.retry_of = std::strtoull(param("retry_of").c_str(), nullptr, 10);
-  auto sink = sinks::OpenSqliteSink(config.sqlite);
+  auto sink = OpenConfiguredSink(config);
   if (!sink.ok()) return Fail(verb, sink.status().message(), kExitIo);
   sources::ReplaySource source(archive->get(), options, job.id, st.kv.get());
   stages::CidVerify verify;
@@ -160,8 +161,10 @@ int RunReplayJob(const char* verb, const AppConfig& config, OpenedState& st, sta
   return rc;
 }
 
+}  // namespace
+
 int RunBackfillJob(const char* verb, const AppConfig& config, OpenedState& st, state::JobRecord job,
-                   bool hold_live = false) {
+                   bool hold_live) {
   if (auto it = job.params.find("source"); it != job.params.end() && it->second == "replay") {
     return RunReplayJob(verb, config, st, std::move(job));
   }
@@ -170,7 +173,7 @@ int RunBackfillJob(const char* verb, const AppConfig& config, OpenedState& st, s
     return Fail(verb, "job " + std::to_string(job.id) + ": " + crawl.status().message(),
                 kExitUsage);
   crawl->hold_live = hold_live;
-  auto sink = sinks::OpenSqliteSink(config.sqlite);
+  auto sink = OpenConfiguredSink(config);
   if (!sink.ok()) return Fail(verb, sink.status().message(), kExitIo);
   auto source = sources::CrawlSource::Create(*crawl, job.id, st.kv.get());
   if (!source.ok()) return Fail(verb, source.status().message(), kExitUsage);
@@ -190,10 +193,13 @@ int RunBackfillJob(const char* verb, const AppConfig& config, OpenedState& st, s
   return RunInForeground(run);
 }
 
+namespace {
+
 // The job that crawls these targets: the unfinished one, or a new one.
 Result<state::JobRecord> FindOrCreateBackfillJob(const AppConfig& config, OpenedState& st,
                                                  const sources::CrawlOptions& crawl, bool* resumed,
-                                                 const std::string& source = "crawl") {
+                                                 const std::string& source = "crawl",
+                                                 const std::string& started_by = "cli") {
   const int64_t now = pipeline::NowMicros();
   ATFILL_RETURN_IF_ERROR(st.tombstones->Sweep(now).status().WithContext("sweeping tombstones"));
   // The same targets resume the unfinished job that crawls them.
@@ -201,14 +207,14 @@ Result<state::JobRecord> FindOrCreateBackfillJob(const AppConfig& config, Opened
   prototype.kind = "backfill";
   prototype.stage = state::JobStage::kDiscovering;
   prototype.created_us = now;
-  prototype.started_by = "cli";
+  prototype.started_by = started_by;
   prototype.params = {{"config", std::filesystem::absolute(config.path).string()},
                       {"relay", crawl.relay_url},
                       {"discovery", std::string(sources::DiscoveryName(crawl.discovery))},
                       {"mode", std::string(sources::FetchModeName(crawl.mode))},
                       {"collections", Join(crawl.collections)},
                       {"dids", Join(crawl.dids)},
-                      {"sink", config.sink + ":" + config.sqlite.path}};
+                      {"sink", SinkLocation(config)}};
   if (source == "replay") {
     // A replay reads the archive, not the relay: its targets are the collections.
     prototype.params.erase("relay");
@@ -308,6 +314,44 @@ bool TakeValue(std::span<char* const> args, size_t* i, T* out) {
 
 }  // namespace
 
+Result<std::pair<sources::CrawlOptions, std::string>> PlanBackfill(const AppConfig& config,
+                                                                   const BackfillTargets& t) {
+  sources::CrawlOptions crawl = config.crawl;
+  if (!t.collections.empty()) crawl.collections = t.collections;
+  if (!t.dids.empty()) {
+    crawl.dids = t.dids;
+    crawl.discovery = sources::Discovery::kDidList;
+  }
+  if (!t.relay.empty()) crawl.relay_url = t.relay;
+  if (!t.mode.empty()) {
+    auto m = sources::ParseFetchMode(t.mode);
+    if (!m.ok()) return m.status().WithContext("--mode");
+    crawl.mode = *m;
+  }
+  if (!t.discovery.empty()) {
+    auto d = sources::ParseDiscovery(t.discovery);
+    if (!d.ok()) return d.status().WithContext("--discovery");
+    crawl.discovery = *d;
+  }
+  if (crawl.discovery != sources::Discovery::kDidList) crawl.dids.clear();
+  ATFILL_ASSIGN_OR_RETURN(
+      std::string chosen,
+      ChooseSource(config, crawl, t.source.empty() ? config.backfill_source : t.source));
+  if (chosen == "crawl") ATFILL_RETURN_IF_ERROR(crawl.Validate().WithContext(config.path));
+  return std::make_pair(std::move(crawl), std::move(chosen));
+}
+
+Result<state::JobRecord> CreateBackfill(const AppConfig& config, OpenedState& st,
+                                        const BackfillTargets& targets,
+                                        const std::string& started_by) {
+  ATFILL_ASSIGN_OR_RETURN(auto planned, PlanBackfill(config, targets));
+  bool resumed = false;
+  ATFILL_ASSIGN_OR_RETURN(auto job, FindOrCreateBackfillJob(config, st, planned.first, &resumed,
+                                                            planned.second, started_by));
+  AnnounceBackfill(started_by.c_str(), planned.first, job, resumed);
+  return job;
+}
+
 int RunBackfill(std::span<char* const> args) {
   std::vector<std::string> positional, collections, dids;
   std::string mode, discovery, relay, source;
@@ -345,32 +389,10 @@ int RunBackfill(std::span<char* const> args) {
   }
   auto config = LoadAppConfig(positional[0]);
   if (!config.ok()) return Fail("backfill", config.status().message(), kExitUsage);
-  if (source.empty()) source = config->backfill_source;
-  sources::CrawlOptions crawl = config->crawl;
-  if (!collections.empty()) crawl.collections = collections;
-  if (!dids.empty()) {
-    crawl.dids = dids;
-    crawl.discovery = sources::Discovery::kDidList;
-  }
-  if (!relay.empty()) crawl.relay_url = relay;
-  if (!mode.empty()) {
-    auto m = sources::ParseFetchMode(mode);
-    if (!m.ok()) return Fail("backfill", "--mode: " + m.status().message(), kExitUsage);
-    crawl.mode = *m;
-  }
-  if (!discovery.empty()) {
-    auto d = sources::ParseDiscovery(discovery);
-    if (!d.ok()) return Fail("backfill", "--discovery: " + d.status().message(), kExitUsage);
-    crawl.discovery = *d;
-  }
-  if (crawl.discovery != sources::Discovery::kDidList) crawl.dids.clear();
-  auto chosen = ChooseSource(*config, crawl, source);
-  if (!chosen.ok()) return Fail("backfill", chosen.status().message(), kExitUsage);
-  if (*chosen == "crawl") {
-    if (Status s = crawl.Validate(); !s.ok()) {
-      return Fail("backfill", config->path + ": " + s.message(), kExitUsage);
-    }
-  }
+  auto planned = PlanBackfill(*config, {collections, dids, mode, discovery, relay, source});
+  if (!planned.ok()) return Fail("backfill", planned.status().message(), kExitUsage);
+  const sources::CrawlOptions& crawl = planned->first;
+  const std::string* chosen = &planned->second;
 
   CatchStopSignals();
   auto st = OpenStateForWrite(*config);
@@ -382,6 +404,33 @@ int RunBackfill(std::span<char* const> args) {
   const int rc = RunBackfillJob("backfill", *config, *st, *job);
   RestoreSignals();
   return rc;
+}
+
+Result<state::JobRecord> CreateRetryJob(OpenedState& st, uint64_t id, const std::string& started_by,
+                                        bool* resumed) {
+  ATFILL_ASSIGN_OR_RETURN(auto original, st.jobs->Get(id));
+  if (original.params["source"] != "replay") {
+    return Status::Unsupported("job " + std::to_string(id) +
+                               " is not a replay job: only archive replays have failed blocks");
+  }
+  std::vector<std::string> blocks;
+  state::FailedBlocks failed(*st.kv);
+  ATFILL_RETURN_IF_ERROR(failed.Scan(id, [&](const state::FailedBlock& b) {
+    blocks.push_back(b.block_id);
+    return true;
+  }));
+  if (blocks.empty()) {
+    return Status::NotFound("job " + std::to_string(id) + " has no failed block");
+  }
+  state::JobRecord prototype;
+  prototype.kind = "backfill";
+  prototype.stage = state::JobStage::kRetryingBlocks;
+  prototype.created_us = pipeline::NowMicros();
+  prototype.started_by = started_by;
+  prototype.params = original.params;
+  prototype.params["retry_of"] = std::to_string(id);
+  prototype.params["blocks"] = Join(blocks);
+  return pipeline::FindOrCreateJob(st.jobs.get(), prototype, {"source", "retry_of"}, resumed);
 }
 
 int RunRetryFailed(std::span<char* const> args) {
@@ -397,39 +446,18 @@ int RunRetryFailed(std::span<char* const> args) {
   CatchStopSignals();
   auto st = OpenStateForWrite(*config);
   if (!st.ok()) return Fail("retry-failed", st.status().message(), kExitIo);
-  auto original = st->jobs->Get(id);
-  if (!original.ok()) return Fail("retry-failed", original.status().message(), kExitUsage);
-  if (original->params["source"] != "replay") {
-    return Fail("retry-failed",
-                "job " + std::to_string(id) +
-                    " is not a replay job: only archive replays have failed blocks",
-                kExitUsage);
-  }
-  std::vector<std::string> blocks;
-  state::FailedBlocks failed(*st->kv);
-  if (Status s = failed.Scan(id,
-                             [&](const state::FailedBlock& b) {
-                               blocks.push_back(b.block_id);
-                               return true;
-                             });
-      !s.ok()) {
-    return Fail("retry-failed", s.message(), kExitIo);
-  }
-  if (blocks.empty()) {
-    std::fprintf(stderr, "atfill retry-failed: job %" PRIu64 " has no failed block\n", id);
-    return kExitOk;
-  }
-  state::JobRecord prototype;
-  prototype.kind = "backfill";
-  prototype.stage = state::JobStage::kRetryingBlocks;
-  prototype.created_us = pipeline::NowMicros();
-  prototype.started_by = "cli";
-  prototype.params = original->params;
-  prototype.params["retry_of"] = std::to_string(id);
-  prototype.params["blocks"] = Join(blocks);
   bool resumed = false;
-  auto job = pipeline::FindOrCreateJob(st->jobs.get(), prototype, {"source", "retry_of"}, &resumed);
-  if (!job.ok()) return Fail("retry-failed", job.status().message(), kExitIo);
+  auto job = CreateRetryJob(*st, id, "cli", &resumed);
+  if (!job.ok()) {
+    const bool nothing = job.status().code() == StatusCode::kNotFound &&
+                         job.status().message().find("no failed block") != std::string::npos;
+    if (nothing) {
+      std::fprintf(stderr, "atfill retry-failed: %s\n", job.status().message().c_str());
+      return kExitOk;
+    }
+    return Fail("retry-failed", job.status().message(),
+                job.status().code() == StatusCode::kIoError ? kExitIo : kExitUsage);
+  }
   std::fprintf(stderr,
                "atfill retry-failed: %s job %" PRIu64
                " fetching the %zu failed block(s) of job %" PRIu64
@@ -508,7 +536,7 @@ int RunRun(std::span<char* const> args) {
       }
       // The live job is run below (when configured), not resumed.
       if (!ShouldResume(j)) continue;
-      if (j.kind == "backfill" && live) {
+      if (j.kind == "backfill" && (live || config->admin_enabled)) {
         beside.push_back(j);
       } else if (j.kind == "backfill" || j.kind == "ingest") {
         todo.push_back(j);
@@ -532,6 +560,9 @@ int RunRun(std::span<char* const> args) {
     worst = std::max(worst, rc);
     if (rc == kExitStopped) return worst;  // paused or cancelled by the user: stop here
   }
+  // With [admin], this process serves the API and dashboard until Ctrl-C (or SIGTERM); backfills
+  // (resumed, asked for, or started over the API) run on threads of their own meanwhile.
+  if (config->admin_enabled) return std::max(worst, ServeRun(*config, beside, with_backfill));
   CatchStopSignals();
   auto st = OpenStateForWrite(*config);
   if (!st.ok()) return Fail("run", st.status().message(), kExitIo);
@@ -628,7 +659,7 @@ Result<std::pair<uint64_t, uint64_t>> GapReplays::Start(uint64_t last_seq,
                 {"after_seq", std::to_string(last_seq)},
                 {"before_seq", std::to_string(plan->sealed_tip)},
                 {"gap", "1"},
-                {"sink", config_.sink + ":" + config_.sqlite.path}};
+                {"sink", SinkLocation(config_)}};
   ATFILL_ASSIGN_OR_RETURN(job, st_.jobs->Create(job));
   std::fprintf(stderr,
                "atfill run: the stream's gap after seq %" PRIu64 " is replayed by job %" PRIu64

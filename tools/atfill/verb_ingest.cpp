@@ -11,7 +11,6 @@
 #include "pipeline/job.hpp"
 #include "pipeline/run.hpp"
 #include "sinks/dry_run_sink.hpp"
-#include "sinks/sqlite_sink.hpp"
 #include "sources/event_file.hpp"
 #include "stages/cid_verify.hpp"
 #include "stages/ingest_guard.hpp"
@@ -19,6 +18,7 @@
 #include "tools/atfill/cli.hpp"
 #include "tools/atfill/job_run.hpp"
 #include "tools/atfill/job_view.hpp"
+#include "tools/atfill/sink_access.hpp"
 #include "tools/atfill/state_access.hpp"
 
 namespace atfill::cli {
@@ -83,7 +83,7 @@ int RunIngest(std::span<char* const> args) {
   prototype.params = {{"config", std::filesystem::absolute(config->path).string()},
                       {"files", JoinLines(files)},
                       {"dry_run", dry_run ? "true" : "false"},
-                      {"sink", dry_run ? "dry-run" : config->sink + ":" + config->sqlite.path}};
+                      {"sink", dry_run ? "dry-run" : SinkLocation(*config)}};
   bool resumed = false;
   auto found = pipeline::FindOrCreateJob(st->jobs.get(), prototype, {"files", "dry_run"}, &resumed);
   if (!found.ok()) return Fail(found.status().message(), kExitIo);
@@ -96,7 +96,7 @@ int RunIngest(std::span<char* const> args) {
                  files.size(), job->params["sink"].c_str());
   }
 
-  auto sink = dry_run ? sinks::NewDryRunSink() : sinks::OpenSqliteSink(config->sqlite);
+  auto sink = dry_run ? sinks::NewDryRunSink() : OpenConfiguredSink(*config);
   if (!sink.ok()) return Fail(sink.status().message(), kExitIo);
   sources::EventFileOptions file_options = config->files;
   file_options.paths = files;

@@ -6,8 +6,6 @@
 
 #include "pipeline/job.hpp"
 #include "pipeline/run.hpp"
-#include "sinks/sqlite_reader.hpp"
-#include "sinks/sqlite_sink.hpp"
 #include "sources/jetstream.hpp"
 #include "stages/account_check.hpp"
 #include "stages/cid_verify.hpp"
@@ -20,6 +18,7 @@
 #include "tools/atfill/cli.hpp"
 #include "tools/atfill/job_run.hpp"
 #include "tools/atfill/job_view.hpp"
+#include "tools/atfill/sink_access.hpp"
 #include "tools/atfill/state_access.hpp"
 #include "tools/atfill/verb_backfill.hpp"
 
@@ -27,7 +26,7 @@ namespace atfill::cli {
 namespace {
 
 // One cursor for every live job of this state: a new live job continues where the last stopped.
-constexpr const char* kLiveCursor = "live/jetstream";
+// kLiveCursor: verb_backfill.hpp
 
 int Fail(const char* verb, const std::string& msg, int code) {
   std::fprintf(stderr, "atfill %s: %s\n", verb, msg.c_str());
@@ -48,14 +47,14 @@ int RunLive(const AppConfig& config, OpenedState& st, std::function<bool()> back
   prototype.params = {
       {"hosts", hosts},
       {"protocol", std::string(sources::JetstreamProtocolName(config.live.protocol))},
-      {"sink", config.sink + ":" + config.sqlite.path}};
+      {"sink", SinkLocation(config)}};
   bool resumed = false;
   auto job = pipeline::FindOrCreateJob(st.jobs.get(), prototype, {}, &resumed);
   if (!job.ok()) return Fail("run", job.status().message(), kExitIo);
   std::fprintf(stderr, "atfill run: live job %" PRIu64 " from %s (%s)\n", job->id,
                config.live.hosts.front().c_str(),
                std::string(sources::JetstreamProtocolName(config.live.protocol)).c_str());
-  auto sink = sinks::OpenSqliteSink(config.sqlite);
+  auto sink = OpenConfiguredSink(config);
   if (!sink.ok()) return Fail("run", sink.status().message(), kExitIo);
   // With [crawl] source = auto or replay, a cursor below the host's floor (CursorTooOld) becomes a
   // replay job of the gap, run beside this consumer (waited for when it ends).
@@ -77,7 +76,7 @@ int RunLive(const AppConfig& config, OpenedState& st, std::function<bool()> back
   // The stream's events wait while a gap replay runs (hold_all below), so none reaches the guard
   // before the gap is written. A gap job that stopped unfinished may still bring older creates
   // when it is resumed: until then, every delete leaves a tombstone.
-  rule.sink_holds = [&gaps, holds = sinks::SqliteHoldsRecords(config.sqlite.path)](
+  rule.sink_holds = [&gaps, holds = SinkHoldsRecords(config)](
                         const std::string& did, const std::string& collection) -> Result<bool> {
     if (gaps.unfinished()) return true;
     return holds(did, collection);

@@ -1,0 +1,40 @@
+// Internal to sinks/: the PostgreSQL schema and its versioned migrations.
+//
+// Version 1 (every name in the configured schema, "public" by default):
+//   atfill_schema_version(version)           one row: the schema version of these tables
+//   atfill_dids(id, did)                     interned DIDs (bigint identity)
+//   atfill_collections(id, nsid)             interned collection NSIDs (integer identity)
+//   atfill_record_rows(did_id, collection_id, rkey, cid, rev, indexed_at, created_at, record)
+//       primary key (did_id, collection_id, rkey); rev and created_at NULL when unknown;
+//       indexed_at in unix microseconds; record is the JSON text exactly as received (text, not
+//       jsonb, so the bytes stay exact)
+//   atfill_records                           the view raw SQL reads (see postgres_sink.hpp)
+// Text that is compared or sorted (did, nsid, rkey, rev) uses the "C" collation: byte order, as
+// SQLite compares, whatever the database's locale.
+#pragma once
+
+#include <libpq-fe.h>
+
+#include <string>
+
+#include "base/status.hpp"
+
+namespace atfill::sinks::pg {
+
+// The schema's name quoted for SQL text ("public" -> "\"public\"").
+std::string QualifiedName(const std::string& schema, const char* table);
+
+// The version of the atfill tables in `schema`: 0 when there are none yet. A version row missing
+// or duplicated is Corrupt.
+Result<int> ReadSchemaVersion(PGconn* conn, const std::string& schema);
+
+// Brings the tables in `schema` to kPostgresSchemaVersion (creating the schema itself when it does
+// not exist), applying each migration N -> N+1 in order in one transaction that holds an advisory
+// lock, so that several processes opening one database at once serialise here and exactly one
+// creates the tables. Tables written by a newer atfill are Unsupported and left untouched.
+Status MigrateSchema(PGconn* conn, const std::string& schema);
+
+// Fails unless the tables are exactly at kPostgresSchemaVersion (readers never migrate).
+Status CheckSchemaCurrent(PGconn* conn, const std::string& schema);
+
+}  // namespace atfill::sinks::pg

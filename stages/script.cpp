@@ -1,0 +1,1328 @@
+#include "stages/script.hpp"
+
+#include <simdjson.h>
+
+#include <algorithm>
+#include <charconv>
+#include <climits>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <fstream>
+#include <iterator>
+#include <sstream>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <lua.hpp>
+
+#include "atproto/syntax.hpp"
+#include "base/strings.hpp"
+
+// Lua reports errors with longjmp (the Debian library is built as C), which skips C++
+// destructors. So every function Lua calls, and every stretch of C++ that calls a Lua function
+// able to raise (anything that allocates), holds no object with a destructor on its stack: text
+// goes through the worker's member buffers, and C++ calls that build strings (a CID's text, the
+// record reader) finish in their own scope before Lua is called again.
+
+namespace atfill::stages {
+
+struct ScriptStage::Program {
+  struct Script {
+    std::string collection;
+    std::string origin;      // the file path, or "inline:<collection>"
+    std::string chunk_name;  // "@" + origin: Lua then names it like a file in messages
+    std::string text;
+  };
+  ScriptOptions options;
+  std::vector<Script> scripts;
+  // Transparent hashing: lookups by string_view without building a string.
+  struct Hash {
+    using is_transparent = void;
+    size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
+  std::unordered_map<std::string, size_t, Hash, std::equal_to<>> index;
+
+  static constexpr size_t kNone = static_cast<size_t>(-1);
+  size_t Find(std::string_view collection) const {
+    auto it = index.find(collection);
+    return it == index.end() ? kNone : it->second;
+  }
+};
+
+namespace {
+
+using pipeline::Operation;
+using pipeline::RecordEvent;
+namespace dom = simdjson::dom;
+
+// JSON nesting the decoder accepts and the encoder writes (atproto allows 128, not counting
+// $link and $bytes objects). The encoder's bound also stops tables that contain themselves.
+constexpr size_t kMaxDepth = 256;
+constexpr size_t kMinMemory = size_t{256} << 10;
+
+struct Allocator {
+  size_t used = 0;
+  size_t limit = 0;
+};
+
+// lua_Alloc with a cap: a request past it returns nullptr, which Lua turns into a "not enough
+// memory" error (after an emergency collection). Shrinking never fails.
+void* LimitedAlloc(void* ud, void* ptr, size_t osize, size_t nsize) {
+  auto* a = static_cast<Allocator*>(ud);
+  // With ptr == nullptr, osize is the kind of object being made, not a size.
+  const size_t old = ptr == nullptr ? 0 : osize;
+  if (nsize == 0) {
+    std::free(ptr);
+    a->used -= old;
+    return nullptr;
+  }
+  if (nsize > old && nsize - old > a->limit - a->used) return nullptr;
+  void* p = std::realloc(ptr, nsize);
+  if (p == nullptr) return nullptr;
+  a->used = a->used - old + nsize;
+  return p;
+}
+
+enum class Outcome : uint8_t { kKeep, kChanged, kDrop, kError };
+
+// The upvalues of the event's closures (RunRecord, FieldsIndex, EventNewIndex, EventPairs): the
+// event's two tables, then the strings they use, interned once so that a call neither hashes nor
+// compares text (rawequal on interned strings compares pointers).
+constexpr const char* kRunStrings[] = {"did",    "collection", "rkey", "operation", "origin",
+                                       "rev",    "uri",        "cid",  "record",    "create",
+                                       "update", "delete",     "live", "crawl",     "replay"};
+enum RunUpvalue : int {
+  kUpFields = 1,
+  kUpProxy,
+  kUpDid,
+  kUpCollection,
+  kUpRkey,
+  kUpOperation,
+  kUpOrigin,
+  kUpRev,
+  kUpUri,
+  kUpCid,
+  kUpRecord,
+  kUpCreate,
+  kUpUpdate,
+  kUpDelete,
+  kUpLive,
+  kUpCrawl,
+  kUpReplay,
+  kUpCount = kUpReplay,
+};
+static_assert(kUpCount == 2 + static_cast<int>(std::size(kRunStrings)));
+enum class LoadPhase : uint8_t { kCompile, kRun, kNoRecord };
+
+// Integral doubles inside int64 become integers, as JSON writers often emit 1.0 or 1e2.
+bool DoubleToInteger(double d, int64_t* out) {
+  if (!std::isfinite(d) || d != std::trunc(d)) return false;
+  if (d < -9223372036854775808.0 || d >= 9223372036854775808.0) return false;
+  *out = static_cast<int64_t>(d);
+  return true;
+}
+
+// A JSON string literal as base/json_writer.hpp's AppendJsonString (kMinimal) writes it, but the
+// runs that need no escape are copied in one go: records are mostly such runs, and this is the
+// encoder's hottest loop.
+void AppendEscaped(std::string_view s, std::string* out) {
+  out->push_back('"');
+  size_t run = 0;
+  size_t i = 0;
+  const size_t n = s.size();
+  for (; i < n; ++i) {
+    // Eight bytes at a time while none is a control character, '"' or '\\'.
+    while (i + 8 <= n) {
+      uint64_t x = 0;
+      std::memcpy(&x, s.data() + i, 8);
+      constexpr uint64_t kOnes = 0x0101010101010101ULL;
+      constexpr uint64_t kHigh = 0x8080808080808080ULL;
+      const uint64_t quote = x ^ (kOnes * '"');
+      const uint64_t backslash = x ^ (kOnes * '\\');
+      const uint64_t hits = ((x - kOnes * 0x20) & ~x) | ((quote - kOnes) & ~quote) |
+                            ((backslash - kOnes) & ~backslash);
+      if ((hits & kHigh) != 0) break;
+      i += 8;
+    }
+    if (i >= n) break;
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c >= 0x20 && c != '"' && c != '\\') continue;
+    out->append(s.data() + run, i - run);
+    run = i + 1;
+    switch (c) {
+      case '"':
+        out->append("\\\"");
+        break;
+      case '\\':
+        out->append("\\\\");
+        break;
+      case '\n':
+        out->append("\\n");
+        break;
+      case '\r':
+        out->append("\\r");
+        break;
+      case '\t':
+        out->append("\\t");
+        break;
+      case '\b':
+        out->append("\\b");
+        break;
+      case '\f':
+        out->append("\\f");
+        break;
+      default: {
+        static constexpr char kHex[] = "0123456789abcdef";
+        const char escape[] = {'\\', 'u', '0', '0', kHex[c >> 4], kHex[c & 15]};
+        out->append(escape, sizeof(escape));
+      }
+    }
+  }
+  out->append(s.data() + run, n - run);
+  out->push_back('"');
+}
+
+bool ValidUtf8(const char* s, size_t n) {
+  // Most strings are ASCII: checked here without simdjson's dispatch.
+  unsigned char any = 0;
+  for (size_t i = 0; i < n; ++i) any |= static_cast<unsigned char>(s[i]);
+  return any < 0x80 || simdjson::validate_utf8(s, n);
+}
+
+void AppendInteger(int64_t v, std::string* out) {
+  char buf[24];
+  const auto r = std::to_chars(buf, buf + sizeof(buf), v);
+  out->append(buf, r.ptr);
+}
+
+// One Lua state and what a call needs around it. Owned by one worker thread.
+class LuaWorker final : public pipeline::TransformState {
+ public:
+  explicit LuaWorker(const ScriptStage::Program* program) : program_(program) {
+    // Sets the depth limit. On failure parse() allocates on demand (with simdjson's own depth
+    // limit) or reports the failure like any parse error.
+    const simdjson::error_code err = parser_.allocate(4096, kMaxDepth);
+    static_cast<void>(err);
+  }
+  ~LuaWorker() override {
+    if (L_ != nullptr) lua_close(L_);
+  }
+  LuaWorker(const LuaWorker&) = delete;
+  LuaWorker& operator=(const LuaWorker&) = delete;
+
+  Status Init();
+  const Status& init_status() const { return init_status_; }
+
+  // One attempt of script `script` on `event`. kChanged leaves the new body in *encoded() and its
+  // createdAt in created_at(); kError leaves the message in error().
+  Outcome Run(size_t script, const RecordEvent& event);
+  std::string* encoded() { return &encoded_; }
+  const std::string& created_at() const { return created_at_; }
+  const std::string& error() const { return error_; }
+
+ private:
+  static LuaWorker* Self(lua_State* L) { return *static_cast<LuaWorker**>(lua_getextraspace(L)); }
+
+  // Protected entry points (called through lua_pcall).
+  static int OpenSandbox(lua_State* L);
+  static int LoadScript(lua_State* L);
+  static int RunRecord(lua_State* L);
+  static int ClearEvent(lua_State* L);
+  // Hooks and the functions scripts reach.
+  static void BudgetHook(lua_State* L, lua_Debug* ar);
+  static int FieldsIndex(lua_State* L);
+  static int EventNewIndex(lua_State* L);
+  static int EventPairs(lua_State* L);
+  static int FieldsNext(lua_State* L);
+  static int Refuse(lua_State* L);
+  static int RefuseLibrary(lua_State* L);
+  static int Silent(lua_State* L);
+  static int SafeSetMetatable(lua_State* L);
+  static int GetRecord(lua_State* L);
+  static int JsonDecode(lua_State* L);
+  static int JsonEncode(lua_State* L);
+  static int MakeArray(lua_State* L);
+
+  const char* ScriptName() const { return program_->scripts[script_].origin.c_str(); }
+  std::string StatusMessage(int rc);
+
+  // JSON text -> DOM in parser_; false with the reason in *error.
+  bool Parse(std::string_view text, dom::element* root, const char** error);
+  // The text JSON `e` re-encodes to by EncodeValue's rules (sorted keys, integers); false when
+  // it cannot be (a non-integer number).
+  bool Canonical(dom::element e, size_t depth, std::string* out);
+  bool CanonicalArray(dom::array array, size_t depth, std::string* out);
+  bool CanonicalObject(dom::object object, size_t depth, std::string* out);
+  // Pushes `e` as a Lua value; `array_mt` is the absolute index of the array metatable.
+  void PushJson(lua_State* L, dom::element e, int array_mt);
+  void PushArray(lua_State* L, dom::array array, int array_mt);
+  void PushObject(lua_State* L, dom::object object, int array_mt);
+  // Parses `text` and pushes it, or raises "<what>: invalid JSON: ...".
+  void PushParsed(lua_State* L, std::string_view text, const char* what);
+
+  // Lua value at `idx` -> JSON appended to out_; raises (naming the path below `what`) on a
+  // value JSON cannot hold.
+  void EncodeValue(lua_State* L, int idx, size_t depth);
+  void EncodeTable(lua_State* L, int idx, size_t depth);
+  [[noreturn]] void EncodeFail(lua_State* L, const char* reason);
+
+  const ScriptStage::Program* program_;
+  Allocator alloc_;
+  lua_State* L_ = nullptr;
+  Status init_status_;
+  int budget_ = 0;
+
+  int run_ref_ = LUA_NOREF;
+  int fields_ref_ = LUA_NOREF;
+  int array_mt_ref_ = LUA_NOREF;
+  int env_mt_ref_ = LUA_NOREF;
+  std::vector<int> record_refs_;
+  size_t loading_ = 0;
+  LoadPhase load_phase_ = LoadPhase::kCompile;
+
+  // The call in progress.
+  const RecordEvent* event_ = nullptr;
+  size_t script_ = 0;
+  bool over_budget_ = false;
+  // Bit k set: the fields table holds the entry of upvalue k (made or set during the call).
+  uint32_t made_fields_ = 0;
+  bool decoded_ = false;  // event.record was decoded; canonical_ holds the original's encoding
+  bool canonical_ok_ = false;
+  Outcome outcome_ = Outcome::kKeep;
+
+  // Buffers kept across calls (their capacity is reused).
+  dom::parser parser_;
+  std::unique_ptr<char[]> padded_;
+  size_t padded_capacity_ = 0;
+  std::vector<std::pair<std::string_view, dom::element>> dom_entries_;
+  // An object's keys while they are sorted, each with the stack slot holding its value.
+  struct KeyRef {
+    std::string_view key;
+    int slot;
+  };
+  std::vector<KeyRef> keys_;
+  // The encoder's path for error messages: a key, or an array index when key is null.
+  struct PathPart {
+    const char* key;
+    size_t key_size;
+    lua_Integer index;
+  };
+  std::vector<PathPart> path_;
+  const char* encode_what_ = "";
+  bool capture_created_at_ = false;
+  std::string* out_ = nullptr;
+  std::string encoded_;
+  std::string canonical_;
+  std::string created_at_;
+  std::string scratch_;
+  std::string error_;
+};
+
+// ---- setup -------------------------------------------------------------------------------------
+
+Status LuaWorker::Init() {
+  const ScriptOptions& opt = program_->options;
+  budget_ = static_cast<int>(opt.instruction_budget);
+  alloc_.limit = opt.memory_limit_bytes;
+  L_ = lua_newstate(LimitedAlloc, &alloc_);
+  if (L_ == nullptr) {
+    init_status_ = Status::ResourceExhausted("cannot create a Lua state within memory_limit_bytes");
+    return init_status_;
+  }
+  *static_cast<LuaWorker**>(lua_getextraspace(L_)) = this;
+  record_refs_.assign(program_->scripts.size(), LUA_NOREF);
+  keys_.reserve(64);
+  path_.reserve(32);
+  dom_entries_.reserve(64);
+
+  lua_pushcfunction(L_, OpenSandbox);
+  int rc = lua_pcall(L_, 0, 0, 0);
+  if (rc != LUA_OK) {
+    init_status_ = Status::ResourceExhausted("cannot set up the Lua sandbox: " + StatusMessage(rc));
+    lua_settop(L_, 0);
+    return init_status_;
+  }
+  for (size_t i = 0; i < program_->scripts.size(); ++i) {
+    const auto& script = program_->scripts[i];
+    loading_ = i;
+    script_ = i;
+    over_budget_ = false;
+    lua_sethook(L_, BudgetHook, LUA_MASKCOUNT, budget_);
+    lua_pushcfunction(L_, LoadScript);
+    rc = lua_pcall(L_, 0, 0, 0);
+    if (rc == LUA_OK) continue;
+    const std::string message = StatusMessage(rc);
+    lua_settop(L_, 0);
+    const std::string what = "script for " + script.collection + " (" + script.origin + ")";
+    switch (load_phase_) {
+      case LoadPhase::kCompile:
+        init_status_ = Status::Invalid(what + " does not compile: " + message);
+        break;
+      case LoadPhase::kRun:
+        init_status_ = Status::Invalid(what + " failed while loading: " + message);
+        break;
+      case LoadPhase::kNoRecord:
+        init_status_ = Status::Invalid(what + " does not define a global function record(event)");
+        break;
+    }
+    return init_status_;
+  }
+  lua_settop(L_, 0);
+  // Calls leave short-lived garbage (event strings, decoded records): the generational
+  // collector handles that with less work than the incremental one.
+  lua_gc(L_, LUA_GCGEN, 0, 0);
+  return init_status_;
+}
+
+int LuaWorker::OpenSandbox(lua_State* L) {
+  LuaWorker* self = Self(L);
+  luaL_requiref(L, LUA_GNAME, luaopen_base, 1);
+  luaL_requiref(L, LUA_STRLIBNAME, luaopen_string, 1);
+  luaL_requiref(L, LUA_TABLIBNAME, luaopen_table, 1);
+  luaL_requiref(L, LUA_MATHLIBNAME, luaopen_math, 1);
+  luaL_requiref(L, LUA_UTF8LIBNAME, luaopen_utf8, 1);
+  lua_settop(L, 0);
+  lua_pushglobaltable(L);
+  const int g = lua_gettop(L);
+
+  // Functions that would reach files, compile code or steer the collector: stubs that say so.
+  for (const char* name :
+       {"dofile", "loadfile", "load", "loadstring", "require", "collectgarbage", "module"}) {
+    lua_pushstring(L, name);
+    lua_pushcclosure(L, Refuse, 1);
+    lua_setfield(L, g, name);
+  }
+  lua_getfield(L, g, "string");
+  lua_pushliteral(L, "string.dump");
+  lua_pushcclosure(L, Refuse, 1);
+  lua_setfield(L, -2, "dump");
+  lua_pop(L, 1);
+  // Libraries not loaded: tables whose every field raises an error naming the library.
+  for (const char* name : {"io", "os", "package", "debug", "coroutine"}) {
+    lua_newtable(L);
+    lua_createtable(L, 0, 3);
+    lua_pushstring(L, name);
+    lua_pushcclosure(L, RefuseLibrary, 1);
+    lua_pushvalue(L, -1);
+    lua_setfield(L, -3, "__index");
+    lua_setfield(L, -2, "__newindex");
+    lua_pushboolean(L, 0);
+    lua_setfield(L, -2, "__metatable");
+    lua_setmetatable(L, -2);
+    lua_setfield(L, g, name);
+  }
+  lua_pushcfunction(L, Silent);
+  lua_setfield(L, g, "print");
+  lua_pushcfunction(L, Silent);
+  lua_setfield(L, g, "warn");
+  lua_pushcfunction(L, SafeSetMetatable);
+  lua_setfield(L, g, "setmetatable");
+
+  // Decoded JSON arrays carry this metatable so they encode as arrays even when empty.
+  lua_createtable(L, 0, 1);
+  lua_pushliteral(L, "atfill.array");
+  lua_setfield(L, -2, "__name");
+  self->array_mt_ref_ = luaL_ref(L, LUA_REGISTRYINDEX);
+
+  lua_createtable(L, 0, 6);
+  lua_pushcfunction(L, GetRecord);
+  lua_setfield(L, -2, "get_record");
+  lua_pushcfunction(L, JsonDecode);
+  lua_setfield(L, -2, "json_decode");
+  lua_pushcfunction(L, JsonEncode);
+  lua_setfield(L, -2, "json_encode");
+  lua_pushcfunction(L, MakeArray);
+  lua_setfield(L, -2, "array");
+  lua_pushlightuserdata(L, nullptr);
+  lua_setfield(L, -2, "null");
+  lua_setfield(L, g, "atfill");
+
+  // Each script's globals live in its own table, reading through to the shared ones.
+  lua_createtable(L, 0, 1);
+  lua_pushvalue(L, g);
+  lua_setfield(L, -2, "__index");
+  self->env_mt_ref_ = luaL_ref(L, LUA_REGISTRYINDEX);
+
+  // The event: an empty proxy whose reads go to `fields` and whose writes are checked. Both
+  // tables are reused for every call of this state; `fields` never reaches the script. Its
+  // entries are made on first read (FieldsIndex), so a call pays only for the fields it reads.
+  lua_createtable(L, 0, 10);  // fields
+  const int fields = lua_gettop(L);
+  lua_newtable(L);  // proxy
+  const int proxy = lua_gettop(L);
+  // Pushes `fn` as a closure over the event machinery (the RunUpvalue layout).
+  const auto push_closure = [&](lua_CFunction fn) {
+    lua_pushvalue(L, fields);
+    lua_pushvalue(L, proxy);
+    for (const char* name : kRunStrings) lua_pushstring(L, name);
+    lua_pushcclosure(L, fn, kUpCount);
+  };
+  lua_createtable(L, 0, 2);
+  push_closure(FieldsIndex);
+  lua_setfield(L, -2, "__index");
+  lua_pushliteral(L, "atfill event");
+  lua_setfield(L, -2, "__metatable");
+  lua_setmetatable(L, fields);
+  lua_createtable(L, 0, 4);
+  lua_pushvalue(L, fields);
+  lua_setfield(L, -2, "__index");
+  push_closure(EventNewIndex);
+  lua_setfield(L, -2, "__newindex");
+  push_closure(EventPairs);
+  lua_setfield(L, -2, "__pairs");
+  lua_pushliteral(L, "atfill event");
+  lua_setfield(L, -2, "__metatable");
+  lua_setmetatable(L, proxy);
+  lua_pushvalue(L, fields);
+  self->fields_ref_ = luaL_ref(L, LUA_REGISTRYINDEX);
+  push_closure(RunRecord);
+  self->run_ref_ = luaL_ref(L, LUA_REGISTRYINDEX);
+  return 0;
+}
+
+int LuaWorker::LoadScript(lua_State* L) {
+  LuaWorker* self = Self(L);
+  const auto& script = self->program_->scripts[self->loading_];
+  self->load_phase_ = LoadPhase::kCompile;
+  // Mode "t": a precompiled (binary) chunk is refused.
+  if (luaL_loadbufferx(L, script.text.data(), script.text.size(), script.chunk_name.c_str(), "t") !=
+      LUA_OK) {
+    return lua_error(L);
+  }
+  const int chunk = lua_gettop(L);
+  lua_createtable(L, 0, 4);
+  const int env = lua_gettop(L);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, self->env_mt_ref_);
+  lua_setmetatable(L, env);
+  lua_pushvalue(L, env);
+  // A main chunk's only upvalue is _ENV.
+  lua_setupvalue(L, chunk, 1);
+  self->load_phase_ = LoadPhase::kRun;
+  lua_pushvalue(L, chunk);
+  lua_call(L, 0, 0);
+  self->load_phase_ = LoadPhase::kNoRecord;
+  lua_pushliteral(L, "record");
+  lua_rawget(L, env);
+  if (lua_type(L, -1) != LUA_TFUNCTION) {
+    lua_pushliteral(L, "no function record");
+    return lua_error(L);
+  }
+  self->record_refs_[self->loading_] = luaL_ref(L, LUA_REGISTRYINDEX);
+  return 0;
+}
+
+std::string LuaWorker::StatusMessage(int rc) {
+  std::string message;
+  if (lua_type(L_, -1) == LUA_TSTRING) {
+    size_t n = 0;
+    const char* s = lua_tolstring(L_, -1, &n);
+    message.assign(s, n);
+  } else {
+    // Not converted: that could run the script's __tostring or allocate outside protection.
+    message = std::string("(error object is a ") + luaL_typename(L_, -1) + " value)";
+  }
+  if (rc == LUA_ERRMEM) {
+    // Lua's message carries no position; name the script at least.
+    if (script_ < program_->scripts.size()) message = std::string(ScriptName()) + ": " + message;
+    message += " (the script's memory limit is " + std::to_string(alloc_.limit) + " bytes)";
+  }
+  return message;
+}
+
+// ---- the sandbox's functions -------------------------------------------------------------------
+
+void LuaWorker::BudgetHook(lua_State* L, lua_Debug* ar) {
+  LuaWorker* self = Self(L);
+  if (!self->over_budget_) {
+    // From now on every instruction raises again, so a script's pcall cannot swallow the error
+    // and carry on with a fresh budget.
+    self->over_budget_ = true;
+    lua_sethook(L, BudgetHook, LUA_MASKCOUNT, 1);
+  }
+  lua_getinfo(L, "Sl", ar);
+  lua_pushfstring(L, "%s:%d: script exceeded its instruction budget (%I instructions)",
+                  ar->short_src, ar->currentline, static_cast<lua_Integer>(self->budget_));
+  lua_error(L);
+}
+
+int LuaWorker::Refuse(lua_State* L) {
+  return luaL_error(L, "%s is not available in atfill scripts",
+                    lua_tostring(L, lua_upvalueindex(1)));
+}
+
+int LuaWorker::RefuseLibrary(lua_State* L) {
+  const char* library = lua_tostring(L, lua_upvalueindex(1));
+  if (lua_type(L, 2) == LUA_TSTRING) {
+    return luaL_error(L, "%s.%s is not available in atfill scripts (no %s library)", library,
+                      lua_tostring(L, 2), library);
+  }
+  return luaL_error(L, "the %s library is not available in atfill scripts", library);
+}
+
+int LuaWorker::Silent(lua_State* /*L*/) { return 0; }
+
+// setmetatable without __gc: finalizers would run script code at arbitrary moments (inside
+// another record's call, or while atfill decodes JSON).
+int LuaWorker::SafeSetMetatable(lua_State* L) {
+  const int t = lua_type(L, 2);
+  luaL_checktype(L, 1, LUA_TTABLE);
+  luaL_argexpected(L, t == LUA_TNIL || t == LUA_TTABLE, 2, "nil or table");
+  if (t == LUA_TTABLE) {
+    lua_pushliteral(L, "__gc");
+    if (lua_rawget(L, 2) != LUA_TNIL) {
+      return luaL_error(L, "__gc metamethods are not available in atfill scripts");
+    }
+    lua_pop(L, 1);
+  }
+  if (luaL_getmetafield(L, 1, "__metatable") != LUA_TNIL) {
+    return luaL_error(L, "cannot change a protected metatable");
+  }
+  lua_settop(L, 2);
+  lua_setmetatable(L, 1);
+  return 1;
+}
+
+// The iterator pairs(event) returns; the fields table is its upvalue, not a value the script
+// could keep.
+int LuaWorker::FieldsNext(lua_State* L) {
+  lua_settop(L, 2);
+  if (lua_next(L, lua_upvalueindex(kUpFields)) != 0) return 2;
+  lua_pushnil(L);
+  return 1;
+}
+
+// __index of the fields table: makes a field on its first read in a call and keeps it there
+// (the key is one of the interned upvalue strings, so the comparisons are pointer compares).
+int LuaWorker::FieldsIndex(lua_State* L) {
+  LuaWorker* self = Self(L);
+  const RecordEvent* event = self->event_;
+  if (event == nullptr) return 0;
+  int field = 0;
+  for (int k = kUpDid; k <= kUpRecord; ++k) {
+    if (lua_rawequal(L, 2, lua_upvalueindex(k))) {
+      field = k;
+      break;
+    }
+  }
+  const auto push_string = [&](const std::string& s) { lua_pushlstring(L, s.data(), s.size()); };
+  switch (field) {
+    case kUpDid:
+      push_string(event->did);
+      break;
+    case kUpCollection:
+      push_string(event->collection);
+      break;
+    case kUpRkey:
+      push_string(event->rkey);
+      break;
+    case kUpOperation:
+      lua_pushvalue(L, lua_upvalueindex(event->operation == Operation::kCreate   ? kUpCreate
+                                        : event->operation == Operation::kUpdate ? kUpUpdate
+                                                                                 : kUpDelete));
+      break;
+    case kUpOrigin:
+      lua_pushvalue(L, lua_upvalueindex(event->origin == pipeline::Origin::kLive    ? kUpLive
+                                        : event->origin == pipeline::Origin::kCrawl ? kUpCrawl
+                                                                                    : kUpReplay));
+      break;
+    case kUpRev:
+      if (event->rev.empty()) return 0;
+      push_string(event->rev);
+      break;
+    case kUpUri:
+      self->scratch_ = event->Uri();
+      push_string(self->scratch_);
+      break;
+    case kUpCid:
+      if (!event->cid.valid()) return 0;
+      self->scratch_ = event->cid.ToString();
+      push_string(self->scratch_);
+      break;
+    case kUpRecord: {
+      if (event->operation == Operation::kDelete) return 0;
+      dom::element root;
+      const char* error = nullptr;
+      if (!self->Parse(event->body, &root, &error)) {
+        return luaL_error(L, "event.record is not valid JSON: %s", error);
+      }
+      self->canonical_.clear();
+      self->dom_entries_.clear();
+      self->canonical_ok_ = self->Canonical(root, 0, &self->canonical_);
+      self->decoded_ = true;
+      lua_rawgeti(L, LUA_REGISTRYINDEX, self->array_mt_ref_);
+      self->PushJson(L, root, lua_gettop(L));
+      break;
+    }
+    default:
+      return 0;
+  }
+  lua_pushvalue(L, 2);
+  lua_pushvalue(L, -2);
+  lua_rawset(L, 1);
+  self->made_fields_ |= 1u << field;
+  return 1;
+}
+
+int LuaWorker::EventNewIndex(lua_State* L) {
+  LuaWorker* self = Self(L);
+  if (lua_rawequal(L, 2, lua_upvalueindex(kUpRecord))) {
+    if (self->event_ != nullptr && self->event_->operation == Operation::kDelete) {
+      return luaL_error(L, "event.record cannot be set on a delete");
+    }
+    const int t = lua_type(L, 3);
+    if (t != LUA_TTABLE && t != LUA_TNIL) {
+      return luaL_error(L, "event.record must be a table (got a %s)", lua_typename(L, t));
+    }
+    lua_settop(L, 3);
+    lua_rawset(L, lua_upvalueindex(kUpFields));
+    self->made_fields_ |= 1u << kUpRecord;
+    return 0;
+  }
+  for (int k = kUpDid; k < kUpRecord; ++k) {
+    if (lua_rawequal(L, 2, lua_upvalueindex(k))) {
+      return luaL_error(L, "event.%s is read-only (only event.record can be changed)",
+                        lua_tostring(L, 2));
+    }
+  }
+  if (lua_type(L, 2) == LUA_TSTRING) {
+    return luaL_error(L, "event has no field '%s' (only event.record can be changed)",
+                      lua_tostring(L, 2));
+  }
+  return luaL_error(L, "event fields are read-only (only event.record can be changed)");
+}
+
+// pairs(event) lists every field, so they are all made first.
+int LuaWorker::EventPairs(lua_State* L) {
+  const int fields = lua_upvalueindex(kUpFields);
+  for (int k = kUpDid; k <= kUpRecord; ++k) {
+    lua_pushvalue(L, lua_upvalueindex(k));
+    lua_gettable(L, fields);
+    lua_pop(L, 1);
+  }
+  lua_pushvalue(L, fields);
+  lua_pushcclosure(L, FieldsNext, 1);
+  lua_pushnil(L);
+  lua_pushnil(L);
+  return 3;
+}
+
+int LuaWorker::GetRecord(lua_State* L) {
+  LuaWorker* self = Self(L);
+  size_t n = 0;
+  const char* uri = luaL_checklstring(L, 1, &n);
+  const auto& reader = self->program_->options.read_record;
+  if (!reader) return luaL_error(L, "atfill.get_record: no record reader is configured");
+  // The reader's result lives only in this scope; what Lua needs is copied to members first.
+  bool found = false;
+  bool failed = false;
+  {
+    try {
+      auto result = reader(std::string_view(uri, n));
+      if (!result.ok()) {
+        failed = true;
+        self->scratch_ = result.status().ToString();
+      } else if (result->has_value()) {
+        found = true;
+        self->scratch_ = std::move(**result);
+      }
+    } catch (const std::exception& e) {
+      failed = true;
+      self->scratch_ = e.what();
+    } catch (...) {
+      failed = true;
+      self->scratch_ = "the record reader threw an unknown exception";
+    }
+  }
+  if (failed) return luaL_error(L, "atfill.get_record: %s", self->scratch_.c_str());
+  if (!found) return 0;
+  // scratch_ is not touched again until the push copies what it needs.
+  self->PushParsed(L, self->scratch_, "atfill.get_record");
+  return 1;
+}
+
+int LuaWorker::JsonDecode(lua_State* L) {
+  size_t n = 0;
+  const char* text = luaL_checklstring(L, 1, &n);
+  Self(L)->PushParsed(L, std::string_view(text, n), "atfill.json_decode");
+  return 1;
+}
+
+int LuaWorker::JsonEncode(lua_State* L) {
+  LuaWorker* self = Self(L);
+  luaL_checkany(L, 1);
+  lua_settop(L, 1);
+  self->scratch_.clear();
+  self->out_ = &self->scratch_;
+  self->path_.clear();
+  self->keys_.clear();
+  self->encode_what_ = "atfill.json_encode: value";
+  self->capture_created_at_ = false;
+  self->EncodeValue(L, 1, 0);
+  lua_pushlstring(L, self->scratch_.data(), self->scratch_.size());
+  return 1;
+}
+
+int LuaWorker::MakeArray(lua_State* L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  lua_settop(L, 1);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, Self(L)->array_mt_ref_);
+  lua_setmetatable(L, 1);
+  return 1;
+}
+
+// ---- JSON --------------------------------------------------------------------------------------
+
+bool LuaWorker::Parse(std::string_view text, dom::element* root, const char** error) {
+  const size_t need = text.size() + simdjson::SIMDJSON_PADDING;
+  if (padded_capacity_ < need) {
+    const size_t capacity = std::max(need, padded_capacity_ * 2);
+    // Zeroed once, so the padding simdjson may read is never uninitialised memory.
+    padded_ = std::make_unique<char[]>(capacity);
+    padded_capacity_ = capacity;
+  }
+  std::memcpy(padded_.get(), text.data(), text.size());
+  auto parsed = parser_.parse(padded_.get(), text.size(), false);
+  if (parsed.error() != simdjson::SUCCESS) {
+    *error = simdjson::error_message(parsed.error());
+    return false;
+  }
+  *root = parsed.value_unsafe();
+  return true;
+}
+
+void LuaWorker::PushParsed(lua_State* L, std::string_view text, const char* what) {
+  dom::element root;
+  const char* error = nullptr;
+  if (!Parse(text, &root, &error)) luaL_error(L, "%s: invalid JSON: %s", what, error);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, array_mt_ref_);
+  const int mt = lua_gettop(L);
+  PushJson(L, root, mt);
+  lua_remove(L, mt);
+}
+
+void LuaWorker::PushArray(lua_State* L, dom::array array, int array_mt) {
+  lua_createtable(L, static_cast<int>(std::min<size_t>(array.size(), INT_MAX)), 0);
+  lua_pushvalue(L, array_mt);
+  lua_setmetatable(L, -2);
+  lua_Integer i = 0;
+  for (dom::element item : array) {
+    PushJson(L, item, array_mt);
+    lua_rawseti(L, -2, ++i);
+  }
+}
+
+void LuaWorker::PushObject(lua_State* L, dom::object object, int array_mt) {
+  lua_createtable(L, 0, static_cast<int>(std::min<size_t>(object.size(), INT_MAX)));
+  for (dom::key_value_pair field : object) {
+    lua_pushlstring(L, field.key.data(), field.key.size());
+    PushJson(L, field.value, array_mt);
+    lua_rawset(L, -3);
+  }
+}
+
+void LuaWorker::PushJson(lua_State* L, dom::element e, int array_mt) {
+  luaL_checkstack(L, 4, "JSON nesting");
+  switch (e.type()) {
+    case dom::element_type::ARRAY:
+      PushArray(L, e.get_array().value_unsafe(), array_mt);
+      return;
+    case dom::element_type::OBJECT:
+      PushObject(L, e.get_object().value_unsafe(), array_mt);
+      return;
+    case dom::element_type::INT64:
+      lua_pushinteger(L, e.get_int64().value_unsafe());
+      return;
+    case dom::element_type::UINT64:
+      // Past int64: kept as a float, which the encoder refuses.
+      lua_pushnumber(L, static_cast<lua_Number>(e.get_uint64().value_unsafe()));
+      return;
+    case dom::element_type::DOUBLE: {
+      const double d = e.get_double().value_unsafe();
+      int64_t i = 0;
+      if (DoubleToInteger(d, &i)) {
+        lua_pushinteger(L, i);
+      } else {
+        lua_pushnumber(L, d);
+      }
+      return;
+    }
+    case dom::element_type::STRING: {
+      std::string_view s = e.get_string().value_unsafe();
+      lua_pushlstring(L, s.data(), s.size());
+      return;
+    }
+    case dom::element_type::BOOL:
+      lua_pushboolean(L, e.get_bool().value_unsafe() ? 1 : 0);
+      return;
+    case dom::element_type::NULL_VALUE:
+      lua_pushlightuserdata(L, nullptr);
+      return;
+  }
+  lua_pushnil(L);
+}
+
+bool LuaWorker::CanonicalArray(dom::array array, size_t depth, std::string* out) {
+  out->push_back('[');
+  bool first = true;
+  for (dom::element item : array) {
+    if (!first) out->push_back(',');
+    first = false;
+    if (!Canonical(item, depth + 1, out)) return false;
+  }
+  out->push_back(']');
+  return true;
+}
+
+bool LuaWorker::CanonicalObject(dom::object object, size_t depth, std::string* out) {
+  const size_t base = dom_entries_.size();
+  for (dom::key_value_pair field : object) dom_entries_.emplace_back(field.key, field.value);
+  std::sort(dom_entries_.begin() + static_cast<ptrdiff_t>(base), dom_entries_.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  out->push_back('{');
+  for (size_t i = base; i < dom_entries_.size(); ++i) {
+    if (i != base) out->push_back(',');
+    const auto entry = dom_entries_[i];
+    AppendEscaped(entry.first, out);
+    out->push_back(':');
+    if (!Canonical(entry.second, depth + 1, out)) return false;
+  }
+  out->push_back('}');
+  dom_entries_.resize(base);
+  return true;
+}
+
+bool LuaWorker::Canonical(dom::element e, size_t depth, std::string* out) {
+  switch (e.type()) {
+    case dom::element_type::ARRAY:
+      return CanonicalArray(e.get_array().value_unsafe(), depth, out);
+    case dom::element_type::OBJECT:
+      return CanonicalObject(e.get_object().value_unsafe(), depth, out);
+    case dom::element_type::INT64:
+      AppendInteger(e.get_int64().value_unsafe(), out);
+      return true;
+    case dom::element_type::UINT64:
+      return false;
+    case dom::element_type::DOUBLE: {
+      int64_t i = 0;
+      if (!DoubleToInteger(e.get_double().value_unsafe(), &i)) return false;
+      AppendInteger(i, out);
+      return true;
+    }
+    case dom::element_type::STRING:
+      AppendEscaped(e.get_string().value_unsafe(), out);
+      return true;
+    case dom::element_type::BOOL:
+      out->append(e.get_bool().value_unsafe() ? "true" : "false");
+      return true;
+    case dom::element_type::NULL_VALUE:
+      out->append("null");
+      return true;
+  }
+  return false;
+}
+
+void LuaWorker::EncodeFail(lua_State* L, const char* reason) {
+  scratch_.assign(encode_what_);
+  for (const PathPart& part : path_) {
+    if (part.key != nullptr) {
+      scratch_.push_back('.');
+      scratch_.append(part.key, part.key_size);
+    } else {
+      scratch_.push_back('[');
+      AppendInteger(part.index, &scratch_);
+      scratch_.push_back(']');
+    }
+  }
+  luaL_error(L, "%s: %s", scratch_.c_str(), reason);
+  std::abort();  // luaL_error does not return
+}
+
+void LuaWorker::EncodeValue(lua_State* L, int idx, size_t depth) {
+  std::string& out = *out_;
+  switch (lua_type(L, idx)) {
+    case LUA_TNIL:
+      out.append("null");
+      return;
+    case LUA_TBOOLEAN:
+      out.append(lua_toboolean(L, idx) ? "true" : "false");
+      return;
+    case LUA_TLIGHTUSERDATA:
+      if (lua_touserdata(L, idx) == nullptr) {
+        out.append("null");
+        return;
+      }
+      EncodeFail(L, "cannot encode a userdata as JSON");
+    case LUA_TNUMBER: {
+      int64_t i = 0;
+      if (lua_isinteger(L, idx)) {
+        i = lua_tointeger(L, idx);
+      } else if (!DoubleToInteger(lua_tonumber(L, idx), &i)) {
+        EncodeFail(L, lua_pushfstring(L,
+                                      "%f is not an integer (atproto data has no floating-point "
+                                      "numbers; use math.floor or //)",
+                                      lua_tonumber(L, idx)));
+      }
+      AppendInteger(i, &out);
+      return;
+    }
+    case LUA_TSTRING: {
+      size_t n = 0;
+      const char* s = lua_tolstring(L, idx, &n);
+      if (!ValidUtf8(s, n)) EncodeFail(L, "string is not valid UTF-8");
+      AppendEscaped(std::string_view(s, n), &out);
+      return;
+    }
+    case LUA_TTABLE:
+      EncodeTable(L, idx, depth);
+      return;
+    default:
+      EncodeFail(L, lua_pushfstring(L, "cannot encode a %s as JSON", luaL_typename(L, idx)));
+  }
+}
+
+void LuaWorker::EncodeTable(lua_State* L, int idx, size_t depth) {
+  if (depth >= kMaxDepth + 1) {
+    EncodeFail(L, "tables nest too deep for JSON (does a table contain itself?)");
+  }
+  idx = lua_absindex(L, idx);
+  luaL_checkstack(L, 4, "JSON nesting");
+  std::string& out = *out_;
+  bool is_array = false;
+  if (lua_getmetatable(L, idx) != 0) {
+    lua_rawgeti(L, LUA_REGISTRYINDEX, array_mt_ref_);
+    is_array = lua_rawequal(L, -1, -2) != 0;
+    lua_pop(L, 2);
+  }
+  lua_Integer count = 0;
+  if (!is_array) {
+    // Classify: string keys only -> object; keys 1..n only -> array; nothing -> {}.
+    size_t strings = 0;
+    lua_Integer integers = 0;
+    lua_Integer max_integer = 0;
+    bool other = false;
+    const size_t base = keys_.size();
+    const int top = lua_gettop(L);
+    lua_pushnil(L);
+    while (lua_next(L, idx) != 0) {
+      if (lua_type(L, -2) == LUA_TSTRING) {
+        // The value stays on the stack, below the key lua_next needs: no lookup when writing.
+        size_t n = 0;
+        const char* k = lua_tolstring(L, -2, &n);
+        lua_insert(L, -2);
+        keys_.push_back({std::string_view(k, n), lua_gettop(L) - 1});
+        ++strings;
+        luaL_checkstack(L, 3, "JSON object");
+        continue;
+      }
+      if (lua_isinteger(L, -2) && lua_tointeger(L, -2) > 0) {
+        ++integers;
+        max_integer = std::max(max_integer, lua_tointeger(L, -2));
+      } else {
+        other = true;
+      }
+      lua_pop(L, 1);
+    }
+    if (other || (strings > 0 && integers > 0) || (integers > 0 && max_integer != integers)) {
+      keys_.resize(base);
+      EncodeFail(L,
+                 "table is neither an array (keys 1..n) nor an object (string keys); use "
+                 "atfill.array for arrays");
+    }
+    if (integers == 0) {
+      std::sort(keys_.begin() + static_cast<ptrdiff_t>(base), keys_.end(),
+                [](const KeyRef& a, const KeyRef& b) { return a.key < b.key; });
+      out.push_back('{');
+      for (size_t i = base; i < keys_.size(); ++i) {
+        const std::string_view key = keys_[i].key;
+        const int slot = keys_[i].slot;
+        if (i != base) out.push_back(',');
+        if (!ValidUtf8(key.data(), key.size())) {
+          EncodeFail(L, "key is not valid UTF-8");
+        }
+        AppendEscaped(key, &out);
+        out.push_back(':');
+        path_.push_back({key.data(), key.size(), 0});
+        if (depth == 0 && capture_created_at_ && key == "createdAt" &&
+            lua_type(L, slot) == LUA_TSTRING) {
+          size_t n = 0;
+          const char* s = lua_tolstring(L, slot, &n);
+          created_at_.assign(s, n);
+        }
+        EncodeValue(L, slot, depth + 1);
+        path_.pop_back();
+      }
+      out.push_back('}');
+      keys_.resize(base);
+      lua_settop(L, top);
+      return;
+    }
+    count = integers;
+  } else {
+    count = static_cast<lua_Integer>(lua_rawlen(L, idx));
+  }
+  out.push_back('[');
+  for (lua_Integer i = 1; i <= count; ++i) {
+    if (i != 1) out.push_back(',');
+    path_.push_back({nullptr, 0, i});
+    lua_rawgeti(L, idx, i);
+    EncodeValue(L, -1, depth + 1);
+    lua_pop(L, 1);
+    path_.pop_back();
+  }
+  out.push_back(']');
+}
+
+// ---- one call ----------------------------------------------------------------------------------
+
+int LuaWorker::RunRecord(lua_State* L) {
+  LuaWorker* self = Self(L);
+  const RecordEvent& event = *self->event_;
+  const int fields = lua_upvalueindex(kUpFields);
+  const int proxy = lua_upvalueindex(kUpProxy);
+  // Forget the fields the previous call made: they are made again from this event when read.
+  for (int k = kUpDid; self->made_fields_ != 0 && k <= kUpRecord; ++k) {
+    if ((self->made_fields_ & (1u << k)) == 0) continue;
+    lua_pushvalue(L, lua_upvalueindex(k));
+    lua_pushnil(L);
+    lua_rawset(L, fields);
+    self->made_fields_ &= ~(1u << k);
+  }
+  self->decoded_ = false;
+
+  lua_rawgeti(L, LUA_REGISTRYINDEX, self->record_refs_[self->script_]);
+  lua_pushvalue(L, proxy);
+  lua_call(L, 1, 1);
+  if (!lua_toboolean(L, -1)) {
+    self->outcome_ = Outcome::kDrop;
+    return 0;
+  }
+  if (!lua_rawequal(L, -1, proxy)) {
+    return luaL_error(L,
+                      "%s: record() must return the event it was given, or nil to drop the "
+                      "record (it returned a %s)",
+                      self->ScriptName(), luaL_typename(L, -1));
+  }
+  self->outcome_ = Outcome::kKeep;
+  if (event.operation == Operation::kDelete) return 0;
+  lua_pushvalue(L, lua_upvalueindex(kUpRecord));
+  if (lua_rawget(L, fields) != LUA_TTABLE) return 0;  // never read nor set: unchanged
+  const int record = lua_gettop(L);
+
+  self->encoded_.clear();
+  self->created_at_.clear();
+  self->out_ = &self->encoded_;
+  self->path_.clear();
+  self->keys_.clear();
+  self->encode_what_ = "event.record";
+  self->capture_created_at_ = true;
+  self->EncodeValue(L, record, 0);
+  if (self->encoded_.empty() || self->encoded_.front() != '{') {
+    return luaL_error(L, "%s: event.record must be a JSON object, not an array",
+                      self->ScriptName());
+  }
+  if (!self->decoded_) {
+    // Set without being read: compare against the original's encoding all the same.
+    dom::element root;
+    const char* error = nullptr;
+    self->canonical_.clear();
+    self->dom_entries_.clear();
+    self->canonical_ok_ =
+        self->Parse(event.body, &root, &error) && self->Canonical(root, 0, &self->canonical_);
+  }
+  if (!self->canonical_ok_ || self->encoded_ != self->canonical_) {
+    self->outcome_ = Outcome::kChanged;
+  }
+  return 0;
+}
+
+int LuaWorker::ClearEvent(lua_State* L) {
+  lua_rawgeti(L, LUA_REGISTRYINDEX, Self(L)->fields_ref_);
+  lua_pushliteral(L, "record");
+  lua_pushnil(L);
+  lua_rawset(L, -3);
+  return 0;
+}
+
+Outcome LuaWorker::Run(size_t script, const RecordEvent& event) {
+  event_ = &event;
+  script_ = script;
+  over_budget_ = false;
+  outcome_ = Outcome::kKeep;
+  lua_settop(L_, 0);
+  // Setting the hook also restarts its count: the budget is per call.
+  lua_sethook(L_, BudgetHook, LUA_MASKCOUNT, budget_);
+  lua_rawgeti(L_, LUA_REGISTRYINDEX, run_ref_);
+  const int rc = lua_pcall(L_, 0, 0, 0);
+  if (rc == LUA_OK) {
+    event_ = nullptr;
+    return outcome_;
+  }
+  error_ = StatusMessage(rc);
+  event_ = nullptr;
+  lua_settop(L_, 0);
+  if (rc == LUA_ERRMEM) {
+    // Let the failed call's data go now (the event may still hold its record), so the next
+    // call starts with the memory it had before.
+    lua_pushcfunction(L_, ClearEvent);
+    if (lua_pcall(L_, 0, 0, 0) != LUA_OK) lua_settop(L_, 0);
+    lua_gc(L_, LUA_GCCOLLECT);
+  }
+  return Outcome::kError;
+}
+
+}  // namespace
+
+// ---- the stage ---------------------------------------------------------------------------------
+
+Status ScriptOptions::Validate() const {
+  for (const auto* map : {&scripts, &sources}) {
+    for (const auto& [collection, value] : *map) {
+      Status st = atproto::ValidateNsid(collection);
+      if (!st.ok()) return st.WithContext("script collection " + QuoteForMessage(collection));
+      if (map == &scripts && value.empty()) {
+        return Status::Invalid("script for " + collection + " has an empty path");
+      }
+    }
+  }
+  for (const auto& [collection, text] : sources) {
+    if (scripts.count(collection) != 0) {
+      return Status::Invalid("collection " + collection + " has both a script file and a source");
+    }
+  }
+  if (instruction_budget == 0 || instruction_budget > static_cast<uint64_t>(INT_MAX)) {
+    return Status::OutOfRange("script instruction_budget must be between 1 and " +
+                              std::to_string(INT_MAX));
+  }
+  if (memory_limit_bytes < kMinMemory) {
+    return Status::OutOfRange("script memory_limit_bytes must be at least " +
+                              std::to_string(kMinMemory));
+  }
+  if (max_attempts < 1) return Status::OutOfRange("script max_attempts must be at least 1");
+  if (retry_backoff.count() < 0 || max_backoff_per_chunk.count() < 0) {
+    return Status::OutOfRange("script retry backoff must not be negative");
+  }
+  return Status::OK();
+}
+
+ScriptStage::ScriptStage(std::shared_ptr<const Program> program) : program_(std::move(program)) {}
+ScriptStage::~ScriptStage() = default;
+
+Result<std::unique_ptr<ScriptStage>> ScriptStage::Create(ScriptOptions options) {
+  ATFILL_RETURN_IF_ERROR(options.Validate());
+  auto program = std::make_shared<Program>();
+  for (const auto& [collection, path] : options.scripts) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) return Status::IoError("cannot read the script for " + collection + ": " + path);
+    std::ostringstream text;
+    text << in.rdbuf();
+    if (in.bad()) return Status::IoError("cannot read the script for " + collection + ": " + path);
+    program->scripts.push_back({collection, path, "@" + path, text.str()});
+  }
+  for (const auto& [collection, text] : options.sources) {
+    const std::string origin = "inline:" + collection;
+    program->scripts.push_back({collection, origin, "@" + origin, text});
+  }
+  for (size_t i = 0; i < program->scripts.size(); ++i) {
+    program->index.emplace(program->scripts[i].collection, i);
+  }
+  program->options = std::move(options);
+  // Compile and load everything once, so a broken script is a config error before the run.
+  LuaWorker probe(program.get());
+  ATFILL_RETURN_IF_ERROR(probe.Init());
+  return std::unique_ptr<ScriptStage>(new ScriptStage(std::move(program)));
+}
+
+std::unique_ptr<pipeline::TransformState> ScriptStage::NewState() const {
+  auto worker = std::make_unique<LuaWorker>(program_.get());
+  // A failure stays in the worker: Process reports it.
+  (void)worker->Init();
+  return worker;
+}
+
+bool ScriptStage::HasScript(std::string_view collection) const {
+  return program_->Find(collection) != Program::kNone;
+}
+
+Status ScriptStage::Process(pipeline::TransformState* state, pipeline::EventChunk* chunk) const {
+  auto* worker = dynamic_cast<LuaWorker*>(state);
+  if (worker == nullptr)
+    return Status::Internal("script stage: Process needs a state from NewState");
+  if (!worker->init_status().ok()) return worker->init_status();
+  const ScriptOptions& opt = program_->options;
+
+  auto& events = chunk->events;
+  int64_t changed = 0;
+  int64_t script_dropped = 0;
+  int64_t errors = 0;
+  int64_t retries = 0;
+  std::chrono::microseconds waited{0};
+  // Events of one collection come in runs: the last lookup is reused.
+  std::string last_collection;
+  size_t last_script = Program::kNone;
+  bool have_last = false;
+
+  size_t keep = 0;
+  for (size_t i = 0; i < events.size(); ++i) {
+    bool kept = true;
+    if (auto* record = std::get_if<pipeline::RecordEvent>(&events[i])) {
+      if (!have_last || record->collection != last_collection) {
+        last_collection = record->collection;
+        last_script = program_->Find(record->collection);
+        have_last = true;
+      }
+      if (last_script != Program::kNone) {
+        Outcome outcome = Outcome::kError;
+        auto wait = opt.retry_backoff;
+        for (int attempt = 1;; ++attempt) {
+          outcome = worker->Run(last_script, *record);
+          if (outcome != Outcome::kError || attempt >= opt.max_attempts) break;
+          ++retries;
+          if (wait.count() > 0 && waited + wait <= opt.max_backoff_per_chunk) {
+            std::this_thread::sleep_for(wait);
+            waited += wait;
+            wait *= 2;
+          }
+        }
+        switch (outcome) {
+          case Outcome::kKeep:
+            break;
+          case Outcome::kChanged:
+            record->body.swap(*worker->encoded());
+            record->created_at = worker->created_at();
+            ++changed;
+            break;
+          case Outcome::kDrop:
+            kept = false;
+            ++script_dropped;
+            break;
+          case Outcome::kError:
+            chunk->errors.push_back({"script_error", record->Uri(), worker->error()});
+            ++errors;
+            kept = opt.fail_open;
+            break;
+        }
+      }
+    }
+    if (kept) {
+      if (keep != i) events[keep] = std::move(events[i]);
+      ++keep;
+    } else {
+      ++chunk->dropped;
+    }
+  }
+  events.resize(keep);
+  const std::pair<const char*, int64_t> counters[] = {{"script_changed", changed},
+                                                      {"script_dropped", script_dropped},
+                                                      {"script_errors", errors},
+                                                      {"script_retries", retries}};
+  for (const auto& [name, value] : counters) {
+    if (value != 0) chunk->counters.emplace_back(name, value);
+  }
+  return Status::OK();
+}
+
+}  // namespace atfill::stages

@@ -1,0 +1,110 @@
+// Lua 5.4 record scripts: one script per collection may rewrite, keep or drop each record event of
+// that collection (creates, updates and deletes, from every source). docs/scripts.md is the
+// user's reference; this header is the contract for the engine.
+//
+// A script is a Lua file that defines a global `function record(event)`. The file runs once per
+// Lua state when the state is made, in its own global environment; `record` then runs once per
+// event. `event` is a read-only table except for `event.record`, reused from call to call, whose
+// fields are made on first read (a script pays only for what it reads):
+//
+//   did, collection, rkey, uri   strings
+//   operation                    "create" | "update" | "delete"
+//   origin                       "live" | "crawl" | "replay"
+//   cid                          the CID the source stated (string); nil for deletes
+//   rev                          the commit's revision (TID); nil when the source gives none
+//   record                       the record as a Lua table decoded from its JSON (decoded on first
+//                                access); nil for deletes. The only field a script may assign.
+//
+// `record` returns the event it was given to keep it (the body is re-encoded when the record was
+// changed, and stays byte-for-byte the received text otherwise), nil or false to drop it (not an
+// error), or raises an error: the event is retried, then written to the chunk's errors (kind
+// "script_error") and dropped, or kept unchanged when `fail_open` is set.
+//
+// Sandbox: base (without dofile, loadfile, load, collectgarbage; print is silent; setmetatable
+// refuses __gc), string (without dump), table, math and utf8; no io, os, package, debug or
+// coroutine, and touching any of them raises an error naming what is refused. Each call has an
+// instruction budget; each Lua state a memory cap. The global table `atfill` holds the helpers:
+// get_record(uri), json_decode(text), json_encode(value), array(table) and null.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "base/status.hpp"
+#include "pipeline/transform.hpp"
+
+namespace atfill::stages {
+
+struct ScriptOptions {
+  // Collection NSID -> path of the Lua file run for that collection's record events. Files are
+  // read once, by ScriptStage::Create.
+  std::map<std::string, std::string> scripts;
+  // Collection NSID -> Lua source text, for scripts that do not live in a file (tests, embedded
+  // defaults). Error messages name them "inline:<collection>". A collection is in one map only.
+  std::map<std::string, std::string> sources;
+  // Lua VM instructions one call of `record` may run (a hook counts them), 1..INT_MAX. Time spent
+  // inside one library call (a string pattern match, string.rep) is not counted.
+  uint64_t instruction_budget = 1'000'000;
+  // Bytes each Lua state may allocate (the state itself, scripts, their data), >= 256 KiB. An
+  // allocation past it fails the call with Lua's "not enough memory"; the state stays usable.
+  size_t memory_limit_bytes = size_t{64} << 20;
+  // Tries per record: the first, then retries after an error (default: up to 3 retries), >= 1.
+  int max_attempts = 4;
+  // Wait before the first retry, doubling for each next one; 0 = retry at once.
+  std::chrono::microseconds retry_backoff{1000};
+  // Most waiting one Process call does in total for retries (it must not block long): once spent,
+  // the remaining retries of that chunk run without waiting.
+  std::chrono::microseconds max_backoff_per_chunk{10000};
+  // After the last attempt fails, the record is logged in the chunk's errors and then dropped
+  // (false, fail closed) or kept as received (true, fail open).
+  bool fail_open = false;
+  // Backend of atfill.get_record(uri): the previously indexed record's JSON for an AT URI, or
+  // nullopt when there is none. Called from several worker threads at once: must be thread-safe.
+  // May be empty: get_record then raises "no record reader is configured". An error it returns
+  // is raised in the script (and so retried).
+  std::function<Result<std::optional<std::string>>(std::string_view uri)> read_record;
+
+  Status Validate() const;
+};
+
+// Unordered: runs on several chunks at once, each worker with its own Lua state (NewState).
+// Process keeps events of collections without a script and account events untouched. Counters
+// (when non-zero): script_changed (bodies rewritten), script_dropped (records the script
+// dropped), script_errors (records whose last attempt failed), script_retries (attempts after
+// a failure).
+class ScriptStage : public pipeline::Transform {
+ public:
+  // Reads the files, checks the options and compiles every script once in a throwaway Lua state:
+  // a script that does not compile, fails while loading or defines no global function `record`
+  // is an Invalid error naming the file and carrying Lua's message.
+  static Result<std::unique_ptr<ScriptStage>> Create(ScriptOptions options);
+  ~ScriptStage() override;
+
+  std::string_view name() const override { return "script"; }
+  // A fresh Lua state with every script loaded. Thread-safe (each call builds its own state).
+  // When the state cannot be built, the returned state holds the error and Process returns it.
+  std::unique_ptr<pipeline::TransformState> NewState() const override;
+  // `state` must come from this stage's NewState and be used by one thread at a time. May sleep
+  // for retry backoff, at most max_backoff_per_chunk per call. Returns an error only for a state
+  // that could not be built.
+  Status Process(pipeline::TransformState* state, pipeline::EventChunk* chunk) const override;
+
+  // Whether `collection` has a script.
+  bool HasScript(std::string_view collection) const;
+
+  // The per-stage data every worker reads (options and script texts); defined in script.cpp.
+  struct Program;
+
+ private:
+  explicit ScriptStage(std::shared_ptr<const Program> program);
+  std::shared_ptr<const Program> program_;
+};
+
+}  // namespace atfill::stages

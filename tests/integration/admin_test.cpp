@@ -1,0 +1,1116 @@
+// The admin HTTP server over loopback against an in-memory AdminBackend: every route's answer,
+// the token rule on every route, request validation, status mapping, the event streams (no stage
+// transition lost, end after a final status, Stop ends an open stream) and /metrics.
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <simdjson.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tools/atfill/admin/admin_server.hpp"
+#include "tools/atfill/admin/metrics.hpp"
+
+namespace atfill::admin {
+namespace {
+
+using state::JobStage;
+using state::JobStatus;
+
+constexpr const char* kToken = "s3cret-token_for.tests";
+
+// --- A fake backend: jobs in memory, every answer under one mutex ---
+
+class FakeBackend : public AdminBackend {
+ public:
+  struct Job {
+    JobDetails details;
+    std::vector<StageChange> changes;
+  };
+
+  // Adds a job with the given status and stage; returns its id.
+  uint64_t Add(JobStatus status, JobStage stage, std::string kind = "backfill") {
+    std::lock_guard<std::mutex> lock(mu_);
+    return AddLocked(status, stage, std::move(kind));
+  }
+
+  // Moves job `id` through `stages` and then to `status`, all in one critical section, so a
+  // reader polling at any interval sees every step at once.
+  void Move(uint64_t id, const std::vector<JobStage>& stages, std::optional<JobStatus> status) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Job& j = jobs_.at(id);
+    for (JobStage s : stages) {
+      j.changes.push_back({j.changes.size(), j.details.job.stage, s, 1'700'000'000'000'000});
+      j.details.job.stage = s;
+    }
+    if (status) j.details.job.status = *status;
+  }
+
+  void SetRecordsWritten(uint64_t id, uint64_t n) {
+    std::lock_guard<std::mutex> lock(mu_);
+    jobs_.at(id).details.job.counters.records_written = n;
+  }
+
+  void SetHosts(uint64_t id, std::vector<state::HostSummary> hosts) {
+    std::lock_guard<std::mutex> lock(mu_);
+    jobs_.at(id).details.hosts = std::move(hosts);
+  }
+
+  void SetDetails(uint64_t id, const std::function<void(JobDetails&)>& edit) {
+    std::lock_guard<std::mutex> lock(mu_);
+    edit(jobs_.at(id).details);
+  }
+
+  void SetLive(LiveStatus live) {
+    std::lock_guard<std::mutex> lock(mu_);
+    live_ = std::move(live);
+  }
+
+  // Makes ListJobs fail with `s` (OK: answer normally).
+  void FailList(Status s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    fail_list_ = std::move(s);
+  }
+
+  int calls() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return calls_;
+  }
+  std::vector<BackfillRequest> started() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return started_;
+  }
+  std::vector<uint64_t> cleared() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return cleared_;
+  }
+
+  // AdminBackend
+  Result<std::vector<JobSummary>> ListJobs() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++calls_;
+    if (!fail_list_.ok()) return fail_list_;
+    std::vector<JobSummary> out;
+    for (auto it = jobs_.rbegin(); it != jobs_.rend(); ++it) {
+      out.push_back({it->second.details.job, it->second.details.queued_units});
+    }
+    return out;
+  }
+
+  Result<JobDetails> GetJob(uint64_t id) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++calls_;
+    auto it = jobs_.find(id);
+    if (it == jobs_.end()) return Status::NotFound("no job " + std::to_string(id));
+    return it->second.details;
+  }
+
+  Result<std::vector<StageChange>> StageChanges(uint64_t id, uint64_t since) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++calls_;
+    auto it = jobs_.find(id);
+    if (it == jobs_.end()) return Status::NotFound("no job " + std::to_string(id));
+    std::vector<StageChange> out;
+    for (const auto& c : it->second.changes) {
+      if (c.index >= since) out.push_back(c);
+    }
+    return out;
+  }
+
+  Result<uint64_t> StartBackfill(const BackfillRequest& request) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++calls_;
+    if (request.source == "replay" && !request.dids.empty()) {
+      return Status::Invalid("a replay cannot backfill given accounts");
+    }
+    started_.push_back(request);
+    return AddLocked(JobStatus::kRunning, JobStage::kPending, "backfill");
+  }
+
+  Result<state::JobRecord> Pause(uint64_t id) override {
+    return Steer(id, {JobStatus::kRunning}, JobStatus::kPausing, "pause");
+  }
+  Result<state::JobRecord> Resume(uint64_t id) override {
+    return Steer(id, {JobStatus::kPaused, JobStatus::kFailed}, JobStatus::kRunning, "resume");
+  }
+  Result<state::JobRecord> Cancel(uint64_t id) override {
+    return Steer(id, {JobStatus::kRunning, JobStatus::kPaused, JobStatus::kFailed},
+                 JobStatus::kCancelling, "cancel");
+  }
+
+  Result<uint64_t> RetryFailed(uint64_t id) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++calls_;
+    auto it = jobs_.find(id);
+    if (it == jobs_.end()) return Status::NotFound("no job " + std::to_string(id));
+    if (!state::IsTerminal(it->second.details.job.status)) {
+      return Status::Unsupported("job " + std::to_string(id) + " has not finished");
+    }
+    return AddLocked(JobStatus::kRunning, JobStage::kRetryingBlocks, "backfill");
+  }
+
+  Status ClearDetails(uint64_t id) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++calls_;
+    auto it = jobs_.find(id);
+    if (it == jobs_.end()) return Status::NotFound("no job " + std::to_string(id));
+    if (!state::IsTerminal(it->second.details.job.status)) {
+      return Status::Unsupported("job " + std::to_string(id) + " has not finished");
+    }
+    it->second.details.hosts.clear();
+    it->second.details.recent.clear();
+    cleared_.push_back(id);
+    return Status::OK();
+  }
+
+  Result<uint64_t> ClearAllDetails() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++calls_;
+    uint64_t n = 0;
+    for (auto& [id, j] : jobs_) {
+      if (!state::IsTerminal(j.details.job.status)) continue;
+      j.details.hosts.clear();
+      j.details.recent.clear();
+      cleared_.push_back(id);
+      ++n;
+    }
+    return n;
+  }
+
+  Result<LiveStatus> Live() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++calls_;
+    return live_;
+  }
+
+ private:
+  uint64_t AddLocked(JobStatus status, JobStage stage, std::string kind) {
+    const uint64_t id = next_id_++;
+    Job j;
+    j.details.job.id = id;
+    j.details.job.kind = std::move(kind);
+    j.details.job.status = status;
+    j.details.job.stage = stage;
+    j.details.job.started_by = "api";
+    j.details.job.created_us = j.details.job.started_us = 1'700'000'000'000'000;
+    j.details.job.params["collections"] = "app.bsky.feed.post";
+    j.details.queued_units = 10 * id;
+    jobs_[id] = std::move(j);
+    return id;
+  }
+
+  Result<state::JobRecord> Steer(uint64_t id, std::vector<JobStatus> from, JobStatus to,
+                                 const char* what) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++calls_;
+    auto it = jobs_.find(id);
+    if (it == jobs_.end()) return Status::NotFound("no job " + std::to_string(id));
+    auto& job = it->second.details.job;
+    bool allowed = false;
+    for (JobStatus s : from) allowed = allowed || job.status == s;
+    if (!allowed) {
+      return Status::Unsupported("cannot " + std::string(what) + " a " +
+                                 std::string(state::JobStatusName(job.status)) + " job");
+    }
+    job.status = to;
+    return job;
+  }
+
+  std::mutex mu_;
+  std::map<uint64_t, Job> jobs_;
+  uint64_t next_id_ = 1;
+  LiveStatus live_;
+  Status fail_list_;
+  int calls_ = 0;
+  std::vector<BackfillRequest> started_;
+  std::vector<uint64_t> cleared_;
+};
+
+// --- Helpers ---
+
+struct Answer {
+  int status = 0;  // 0 = no answer
+  std::string body;
+  httplib::Headers headers;
+  std::string header(const std::string& name) const {
+    auto it = headers.find(name);
+    return it == headers.end() ? "" : it->second;
+  }
+};
+
+// A parsed JSON document that keeps its own buffer.
+struct Json {
+  simdjson::dom::parser parser;
+  simdjson::dom::element root;
+  bool ok = false;
+  explicit Json(const std::string& text) {
+    ok = parser.parse(simdjson::padded_string(text)).get(root) == simdjson::SUCCESS;
+  }
+  simdjson::dom::element operator[](std::string_view key) const { return root[key].value(); }
+  bool Has(std::string_view key) const { return !root[key].error(); }
+  uint64_t Uint(std::string_view key) const { return root[key].get_uint64().value(); }
+  std::string Str(std::string_view key) const {
+    return std::string(root[key].get_string().value());
+  }
+};
+
+class AdminServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override { options_.token = kToken; }
+  void TearDown() override { server_.Stop(); }
+
+  void StartServer() {
+    Status s = server_.Start(options_, &backend_, &metrics_);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    ASSERT_NE(server_.port(), 0);
+  }
+
+  Answer Call(const std::string& method, const std::string& path, const std::string& body = "",
+              std::optional<std::string> authorization = std::string("Bearer ") + kToken) {
+    httplib::Client cli("127.0.0.1", server_.port());
+    cli.set_read_timeout(10, 0);
+    httplib::Request req;
+    req.method = method;
+    req.path = path;
+    if (authorization) req.headers.emplace("Authorization", *authorization);
+    if (!body.empty()) {
+      req.body = body;
+      req.headers.emplace("Content-Type", "application/json");
+    }
+    auto res = cli.send(req);
+    Answer a;
+    if (res) {
+      a.status = res->status;
+      a.body = res->body;
+      a.headers = res->headers;
+    }
+    return a;
+  }
+
+  // The "error" sentence of an error answer, which must be JSON.
+  static std::string ErrorOf(const Answer& a) {
+    Json j(a.body);
+    EXPECT_TRUE(j.ok) << a.body;
+    if (!j.ok) return "";
+    std::string_view e;
+    EXPECT_EQ(j.root["error"].get_string().get(e), simdjson::SUCCESS) << a.body;
+    return std::string(e);
+  }
+
+  AdminServerOptions options_;
+  FakeBackend backend_;
+  Metrics metrics_;
+  AdminServer server_;
+};
+
+// Every protected route, with an existing job (1) in its path.
+struct RouteCase {
+  const char* method;
+  const char* path;
+};
+const RouteCase kProtected[] = {
+    {"GET", "/admin/backfill"},
+    {"POST", "/admin/backfill"},
+    {"DELETE", "/admin/backfill/details"},
+    {"GET", "/admin/backfill/1"},
+    {"POST", "/admin/backfill/1/pause"},
+    {"POST", "/admin/backfill/1/resume"},
+    {"POST", "/admin/backfill/1/cancel"},
+    {"POST", "/admin/backfill/1/retry-failed"},
+    {"DELETE", "/admin/backfill/1/details"},
+    {"GET", "/admin/backfill/1/events"},
+    {"GET", "/admin/jetstream/status"},
+    {"GET", "/metrics"},
+    // Unknown paths under /admin are refused before anything else is said about them.
+    {"GET", "/admin/nope"},
+    {"PUT", "/admin/backfill"},
+};
+
+// --- Options and start ---
+
+TEST(AdminServerOptionsTest, EmptyTokenIsAConfigError) {
+  AdminServerOptions o;
+  Status s = o.Validate();
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), StatusCode::kInvalid);
+  EXPECT_NE(s.message().find("token"), std::string::npos) << s.message();
+  o.token = "has space";
+  EXPECT_FALSE(o.Validate().ok());
+  o.token = "fine";
+  EXPECT_TRUE(o.Validate().ok());
+  o.max_event_streams = o.threads;
+  EXPECT_FALSE(o.Validate().ok());
+}
+
+TEST(AdminServerStartTest, RefusesToStartWithoutToken) {
+  FakeBackend backend;
+  Metrics metrics;
+  AdminServer server;
+  AdminServerOptions o;
+  Status s = server.Start(o, &backend, &metrics);
+  EXPECT_EQ(s.code(), StatusCode::kInvalid) << s.ToString();
+  EXPECT_EQ(server.port(), 0);
+}
+
+TEST(AdminServerStartTest, BindErrorNamesTheAddress) {
+  FakeBackend backend;
+  Metrics metrics;
+  AdminServer first;
+  AdminServerOptions o;
+  o.token = kToken;
+  ASSERT_TRUE(first.Start(o, &backend, &metrics).ok());
+  AdminServer second;
+  o.port = first.port();
+  Status s = second.Start(o, &backend, &metrics);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), StatusCode::kIoError);
+  EXPECT_NE(s.message().find("127.0.0.1:" + std::to_string(first.port())), std::string::npos)
+      << s.message();
+  // Stop on a server that never started is harmless; the first still answers.
+  second.Stop();
+  httplib::Client cli("127.0.0.1", first.port());
+  auto res = cli.Get("/");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200);
+  first.Stop();
+  first.Stop();
+}
+
+// --- The token rule ---
+
+TEST_F(AdminServerTest, EveryApiRouteNeedsTheToken) {
+  StartServer();
+  backend_.Add(JobStatus::kRunning, JobStage::kDiscovering);
+  const int calls_before = backend_.calls();
+  const std::vector<std::optional<std::string>> refused = {
+      std::nullopt,
+      std::string("Bearer wrong"),
+      std::string("Bearer ") + std::string(kToken).substr(0, 5),  // a prefix
+      std::string("Bearer ") + kToken + "x",                      // an extension
+      std::string("Basic ") + kToken,
+      std::string(kToken),
+      std::string("Bearer"),
+  };
+  for (const RouteCase& r : kProtected) {
+    for (const auto& auth : refused) {
+      SCOPED_TRACE(std::string(r.method) + " " + r.path + " with " + auth.value_or("(none)"));
+      Answer a = Call(r.method, r.path, R"({"collections":["app.bsky.feed.post"]})", auth);
+      EXPECT_EQ(a.status, 401);
+      EXPECT_TRUE(a.header("WWW-Authenticate").starts_with("Bearer"))
+          << a.header("WWW-Authenticate");
+      EXPECT_EQ(a.header("Content-Type"), "application/json");
+      EXPECT_NE(ErrorOf(a).find("token"), std::string::npos);
+    }
+  }
+  // Nothing reached the backend.
+  EXPECT_EQ(backend_.calls(), calls_before);
+  EXPECT_TRUE(backend_.started().empty());
+  // The scheme is case-insensitive; the right token passes.
+  EXPECT_EQ(Call("GET", "/admin/backfill", "", std::string("bearer ") + kToken).status, 200);
+  EXPECT_EQ(Call("GET", "/admin/backfill").status, 200);
+}
+
+TEST_F(AdminServerTest, DashboardFilesNeedNoToken) {
+  StartServer();
+  const std::map<std::string, std::string> types = {{"/", "text/html; charset=utf-8"},
+                                                    {"/app.js", "text/javascript; charset=utf-8"},
+                                                    {"/style.css", "text/css; charset=utf-8"}};
+  ASSERT_EQ(DashboardFiles().size(), types.size());
+  for (const EmbeddedFile& f : DashboardFiles()) {
+    SCOPED_TRACE(std::string(f.path));
+    Answer a = Call("GET", std::string(f.path), "", std::nullopt);
+    EXPECT_EQ(a.status, 200);
+    EXPECT_EQ(a.header("Content-Type"), types.at(std::string(f.path)));
+    EXPECT_NE(a.header("Content-Security-Policy").find("default-src 'none'"), std::string::npos);
+    EXPECT_EQ(a.body, f.bytes);
+    EXPECT_GT(a.body.size(), 500u);
+  }
+  // The page carries the hooks the browser tests drive.
+  const std::string page = Call("GET", "/", "", std::nullopt).body;
+  for (const char* id : {"token-input", "start-backfill", "jobs-table", "live-panel"}) {
+    EXPECT_NE(page.find(std::string("data-testid=\"") + id + "\""), std::string::npos) << id;
+  }
+  const std::string js = Call("GET", "/app.js", "", std::nullopt).body;
+  for (const char* id :
+       {"'job-row-'", "'job-status-'", "'job-records-'", "sessionStorage", "getReader"}) {
+    EXPECT_NE(js.find(id), std::string::npos) << id;
+  }
+  // Not a file: 404, still without a token.
+  EXPECT_EQ(Call("GET", "/nope.js", "", std::nullopt).status, 404);
+}
+
+// --- Routes ---
+
+TEST_F(AdminServerTest, StartBackfillAcceptsAValidBody) {
+  StartServer();
+  Answer a =
+      Call("POST", "/admin/backfill",
+           R"({"collections":["app.bsky.feed.post","app.bsky.graph.follow"],)"
+           R"("dids":["did:plc:abcdefghijklmnopqrstuvwx"],"source":"crawl","mode":"getRepo"})");
+  ASSERT_EQ(a.status, 202) << a.body;
+  Json j(a.body);
+  ASSERT_TRUE(j.ok);
+  EXPECT_EQ(j.Uint("id"), 1u);
+  auto started = backend_.started();
+  ASSERT_EQ(started.size(), 1u);
+  EXPECT_EQ(started[0].collections,
+            (std::vector<std::string>{"app.bsky.feed.post", "app.bsky.graph.follow"}));
+  EXPECT_EQ(started[0].dids, (std::vector<std::string>{"did:plc:abcdefghijklmnopqrstuvwx"}));
+  EXPECT_EQ(started[0].source, "crawl");
+  EXPECT_EQ(started[0].mode, "getRepo");
+  // Only collections; the rest stays empty (the config's defaults).
+  a = Call("POST", "/admin/backfill", R"({"collections":["app.bsky.feed.like"]})");
+  ASSERT_EQ(a.status, 202) << a.body;
+  EXPECT_EQ(Json(a.body).Uint("id"), 2u);
+  started = backend_.started();
+  ASSERT_EQ(started.size(), 2u);
+  EXPECT_TRUE(started[1].dids.empty());
+  EXPECT_EQ(started[1].source, "");
+  EXPECT_EQ(started[1].mode, "");
+}
+
+TEST_F(AdminServerTest, MalformedBackfillBodiesAre400WithTheReason) {
+  StartServer();
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"", "not JSON"},
+      {"{", "not JSON"},
+      {"[1,2]", "JSON object"},
+      {"{}", "at least one"},
+      {R"({"collections":[],"dids":[]})", "at least one"},
+      {R"({"collections":"app.bsky.feed.post"})", "'collections' must be an array"},
+      {R"({"collections":[1]})", "'collections[0]' must be a string"},
+      {R"({"collections":["app.bsky.feed.post","not an nsid"]})", "collections[1]"},
+      {R"({"dids":["did:plc:ok123","nope"]})", "dids[1]"},
+      {R"({"collections":["app.bsky.feed.post"],"source":5})", "'source' must be a string"},
+      {R"({"collections":["app.bsky.feed.post"],"source":"s3"})", "'source' is 's3'"},
+      {R"({"collections":["app.bsky.feed.post"],"mode":"all"})", "'mode' is 'all'"},
+      {R"({"collections":["app.bsky.feed.post"],"relay":"x"})", "unknown field 'relay'"},
+      {R"({"collections":["app.bsky.feed.post"],"collections":["a.b.c"]})", "appears twice"},
+      // The backend's own refusal (Invalid) maps to 400 as well.
+      {R"({"dids":["did:plc:ok123"],"source":"replay"})", "cannot backfill given accounts"},
+  };
+  for (const auto& [body, reason] : cases) {
+    SCOPED_TRACE(body);
+    Answer a = Call("POST", "/admin/backfill", body);
+    EXPECT_EQ(a.status, 400);
+    EXPECT_NE(ErrorOf(a).find(reason), std::string::npos) << a.body;
+  }
+  EXPECT_TRUE(backend_.started().empty());
+}
+
+TEST_F(AdminServerTest, ListsJobsNewestFirstWithTheCliFields) {
+  StartServer();
+  backend_.Add(JobStatus::kCompleted, JobStage::kCompleted);
+  backend_.Add(JobStatus::kRunning, JobStage::kResolvingAndFetching);
+  backend_.SetRecordsWritten(2, 1234);
+  Answer a = Call("GET", "/admin/backfill");
+  ASSERT_EQ(a.status, 200) << a.body;
+  EXPECT_EQ(a.header("Content-Type"), "application/json");
+  Json j(a.body);
+  ASSERT_TRUE(j.ok) << a.body;
+  simdjson::dom::array jobs = j["jobs"].get_array().value();
+  ASSERT_EQ(jobs.size(), 2u);
+  simdjson::dom::element first = jobs.at(0).value();
+  EXPECT_EQ(first["id"].get_uint64().value(), 2u);
+  EXPECT_EQ(first["status"].get_string().value(), "running");
+  EXPECT_EQ(first["stage"].get_string().value(), "resolving_and_fetching");
+  EXPECT_EQ(first["counters"]["records_written"].get_uint64().value(), 1234u);
+  EXPECT_EQ(first["queued_units"].get_uint64().value(), 20u);
+  for (const char* key : {"kind", "started_by", "created_at", "started_at", "updated_at",
+                          "finished_at", "heartbeat_at", "progress", "stop_reason", "params"}) {
+    EXPECT_FALSE(first[key].error()) << key;
+  }
+  EXPECT_EQ(jobs.at(1)["id"].get_uint64().value(), 1u);
+  EXPECT_EQ(jobs.at(1)["progress"]["percent"].get_double().value(), 100.0);
+}
+
+TEST_F(AdminServerTest, GetsOneJobWithHostsRecentAndFailedBlocks) {
+  StartServer();
+  const uint64_t id = backend_.Add(JobStatus::kRunning, JobStage::kPending);
+  backend_.Move(id, {JobStage::kDiscovering}, std::nullopt);
+  backend_.SetDetails(id, [](JobDetails& d) {
+    d.hosts = {{"https://a.example", 3, 2, 1, 40}, {"https://b.example", 1, 1, 0, 7}};
+    d.recent = {{9, "did:plc:aaa", "https://a.example", "3k2", 12, "ok", 1'700'000'000'000'000}};
+    d.failed_blocks = 4;
+    d.errors_by_kind = {{"fetch", 2}};
+  });
+  Answer a = Call("GET", "/admin/backfill/" + std::to_string(id));
+  ASSERT_EQ(a.status, 200) << a.body;
+  Json j(a.body);
+  ASSERT_TRUE(j.ok);
+  EXPECT_EQ(j.Uint("id"), id);
+  EXPECT_EQ(j.Str("stage"), "discovering");
+  simdjson::dom::array hosts = j["hosts"].get_array().value();
+  ASSERT_EQ(hosts.size(), 2u);
+  EXPECT_EQ(hosts.at(0)["host"].get_string().value(), "https://a.example");
+  EXPECT_EQ(hosts.at(0)["records"].get_uint64().value(), 40u);
+  EXPECT_EQ(hosts.at(1)["done"].get_uint64().value(), 1u);
+  simdjson::dom::array recent = j["recent"].get_array().value();
+  ASSERT_EQ(recent.size(), 1u);
+  EXPECT_EQ(recent.at(0)["did"].get_string().value(), "did:plc:aaa");
+  EXPECT_EQ(recent.at(0)["fetched_at"].get_string().value(), "2023-11-14T22:13:20Z");
+  EXPECT_EQ(j.Uint("failed_blocks"), 4u);
+  EXPECT_EQ(j["errors_by_kind"]["fetch"].get_uint64().value(), 2u);
+  simdjson::dom::array changes = j["stage_changes"].get_array().value();
+  ASSERT_EQ(changes.size(), 1u);
+  EXPECT_EQ(changes.at(0)["from"].get_string().value(), "pending");
+  EXPECT_EQ(changes.at(0)["to"].get_string().value(), "discovering");
+}
+
+TEST_F(AdminServerTest, UnknownAndNonNumericJobIdsAre404) {
+  StartServer();
+  backend_.Add(JobStatus::kRunning, JobStage::kPending);
+  const std::string long_id(70, '7');
+  for (const std::string& id :
+       std::vector<std::string>{"999", "abc", "0", "-1", "1x", "18446744073709551616", long_id}) {
+    for (const auto& [method, suffix] :
+         std::vector<std::pair<std::string, std::string>>{{"GET", ""},
+                                                          {"POST", "/pause"},
+                                                          {"POST", "/resume"},
+                                                          {"POST", "/cancel"},
+                                                          {"POST", "/retry-failed"},
+                                                          {"DELETE", "/details"},
+                                                          {"GET", "/events"}}) {
+      const std::string path = "/admin/backfill/" + id + suffix;
+      SCOPED_TRACE(method + " " + path);
+      Answer a = Call(method, path);
+      EXPECT_EQ(a.status, 404);
+      EXPECT_FALSE(ErrorOf(a).empty());
+    }
+  }
+  Answer a = Call("GET", "/admin/nope");
+  EXPECT_EQ(a.status, 404);
+  EXPECT_NE(ErrorOf(a).find("no route"), std::string::npos);
+}
+
+TEST_F(AdminServerTest, PauseResumeCancelAnswer202OrMap409) {
+  StartServer();
+  const uint64_t running = backend_.Add(JobStatus::kRunning, JobStage::kDiscovering);
+  const uint64_t done = backend_.Add(JobStatus::kCompleted, JobStage::kCompleted);
+  const uint64_t paused = backend_.Add(JobStatus::kPaused, JobStage::kResolvingAndFetching);
+
+  Answer a = Call("POST", "/admin/backfill/" + std::to_string(running) + "/pause");
+  ASSERT_EQ(a.status, 202) << a.body;
+  EXPECT_EQ(Json(a.body).Str("status"), "pausing");
+  EXPECT_EQ(Json(a.body).Uint("id"), running);
+
+  a = Call("POST", "/admin/backfill/" + std::to_string(paused) + "/resume");
+  ASSERT_EQ(a.status, 202) << a.body;
+  EXPECT_EQ(Json(a.body).Str("status"), "running");
+
+  a = Call("POST", "/admin/backfill/" + std::to_string(paused) + "/cancel");
+  ASSERT_EQ(a.status, 202) << a.body;
+  EXPECT_EQ(Json(a.body).Str("status"), "cancelling");
+
+  for (const char* action : {"pause", "resume", "cancel"}) {
+    SCOPED_TRACE(action);
+    a = Call("POST", "/admin/backfill/" + std::to_string(done) + "/" + action);
+    EXPECT_EQ(a.status, 409);
+    EXPECT_NE(ErrorOf(a).find("completed"), std::string::npos) << a.body;
+  }
+}
+
+TEST_F(AdminServerTest, RetryFailedAndClearDetails) {
+  StartServer();
+  const uint64_t failed = backend_.Add(JobStatus::kFailed, JobStage::kFailed);
+  const uint64_t running = backend_.Add(JobStatus::kRunning, JobStage::kDiscovering);
+  const uint64_t done = backend_.Add(JobStatus::kCompleted, JobStage::kCompleted);
+
+  Answer a = Call("POST", "/admin/backfill/" + std::to_string(failed) + "/retry-failed");
+  ASSERT_EQ(a.status, 202) << a.body;
+  EXPECT_EQ(Json(a.body).Uint("id"), 4u);
+  EXPECT_EQ(Json(a.body).Uint("retry_of"), failed);
+  a = Call("POST", "/admin/backfill/" + std::to_string(running) + "/retry-failed");
+  EXPECT_EQ(a.status, 409) << a.body;
+
+  a = Call("DELETE", "/admin/backfill/" + std::to_string(running) + "/details");
+  EXPECT_EQ(a.status, 409) << a.body;
+  EXPECT_TRUE(backend_.cleared().empty());
+  a = Call("DELETE", "/admin/backfill/" + std::to_string(done) + "/details");
+  ASSERT_EQ(a.status, 200) << a.body;
+  EXPECT_EQ(Json(a.body).Uint("id"), done);
+  EXPECT_EQ(backend_.cleared(), (std::vector<uint64_t>{done}));
+
+  a = Call("DELETE", "/admin/backfill/details");
+  ASSERT_EQ(a.status, 200) << a.body;
+  EXPECT_EQ(Json(a.body).Uint("cleared"), 2u);  // the failed and the completed job
+}
+
+TEST_F(AdminServerTest, LiveStatus) {
+  StartServer();
+  Answer a = Call("GET", "/admin/jetstream/status");
+  ASSERT_EQ(a.status, 200) << a.body;
+  EXPECT_EQ(a.body, R"({"configured":false})");
+  LiveStatus live;
+  live.configured = true;
+  live.status = "streaming";
+  live.host = "wss://jetstream.example";
+  live.protocol = "v2";
+  live.cursor = 123456;
+  live.witnessed_us = 1'700'000'000'000'000;
+  live.lag_s = 1.5;
+  live.events_per_s = 250;
+  live.job_id = 7;
+  backend_.SetLive(live);
+  a = Call("GET", "/admin/jetstream/status");
+  ASSERT_EQ(a.status, 200) << a.body;
+  Json j(a.body);
+  ASSERT_TRUE(j.ok);
+  EXPECT_TRUE(j["configured"].get_bool().value());
+  EXPECT_EQ(j.Str("status"), "streaming");
+  EXPECT_EQ(j.Str("host"), "wss://jetstream.example");
+  EXPECT_EQ(j.Str("protocol"), "v2");
+  EXPECT_EQ(j.Uint("cursor"), 123456u);
+  EXPECT_EQ(j.Str("witnessed_at"), "2023-11-14T22:13:20Z");
+  EXPECT_EQ(j["lag_s"].get_double().value(), 1.5);
+  EXPECT_EQ(j["events_per_s"].get_double().value(), 250.0);
+  EXPECT_EQ(j.Uint("job_id"), 7u);
+  EXPECT_TRUE(j["error"].is_null());
+}
+
+TEST_F(AdminServerTest, WrongMethodIs405WithAllow) {
+  StartServer();
+  backend_.Add(JobStatus::kRunning, JobStage::kPending);
+  struct Case {
+    const char* method;
+    const char* path;
+    const char* allow;
+  };
+  for (const Case& c :
+       {Case{"GET", "/admin/backfill/1/pause", "POST"}, Case{"PUT", "/admin/backfill", "GET, POST"},
+        Case{"PATCH", "/admin/backfill/1", "GET"},
+        Case{"POST", "/admin/backfill/details", "DELETE, GET"}, Case{"DELETE", "/metrics", "GET"},
+        Case{"POST", "/admin/jetstream/status", "GET"},
+        Case{"POST", "/admin/backfill/1/events", "GET"}, Case{"POST", "/", "GET, HEAD"}}) {
+    SCOPED_TRACE(std::string(c.method) + " " + c.path);
+    Answer a = Call(c.method, c.path);
+    EXPECT_EQ(a.status, 405);
+    EXPECT_EQ(a.header("Allow"), c.allow);
+    EXPECT_NE(ErrorOf(a).find("not allowed"), std::string::npos);
+  }
+}
+
+TEST_F(AdminServerTest, BackendErrorsMapToStatusCodes) {
+  StartServer();
+  backend_.FailList(Status::Unavailable("shutting down"));
+  Answer a = Call("GET", "/admin/backfill");
+  EXPECT_EQ(a.status, 503);
+  EXPECT_EQ(ErrorOf(a), "shutting down");
+  backend_.FailList(Status::Corrupt("job 3 does not decode"));
+  a = Call("GET", "/admin/backfill");
+  EXPECT_EQ(a.status, 500);
+  EXPECT_EQ(ErrorOf(a), "job 3 does not decode");
+  backend_.FailList(Status::NotFound("gone"));
+  EXPECT_EQ(Call("GET", "/admin/backfill").status, 404);
+  backend_.FailList(Status::Invalid("bad"));
+  EXPECT_EQ(Call("GET", "/admin/backfill").status, 400);
+  backend_.FailList(Status::Unsupported("not now"));
+  EXPECT_EQ(Call("GET", "/admin/backfill").status, 409);
+}
+
+TEST_F(AdminServerTest, OversizedBodyIs413) {
+  options_.max_body_bytes = 4096;
+  StartServer();
+  Answer a = Call("POST", "/admin/backfill", std::string(8192, ' '));
+  EXPECT_EQ(a.status, 413);
+  EXPECT_TRUE(backend_.started().empty());
+}
+
+// --- Metrics ---
+
+TEST_F(AdminServerTest, MetricsExposition) {
+  StartServer();
+  backend_.Add(JobStatus::kRunning, JobStage::kDiscovering);
+  backend_.Add(JobStatus::kRunning, JobStage::kDiscovering);
+  backend_.Add(JobStatus::kCompleted, JobStage::kCompleted);
+  LiveStatus live;
+  live.configured = true;
+  live.lag_s = 2.25;
+  backend_.SetLive(live);
+
+  Answer a = Call("GET", "/metrics");
+  ASSERT_EQ(a.status, 200);
+  EXPECT_TRUE(a.header("Content-Type").starts_with("text/plain; version=0.0.4"))
+      << a.header("Content-Type");
+  const std::string& text = a.body;
+  for (const auto& [family, type] :
+       std::vector<std::pair<std::string, std::string>>{{"atfill_stage_events_total", "counter"},
+                                                        {"atfill_stage_records_total", "counter"},
+                                                        {"atfill_errors_total", "counter"},
+                                                        {"atfill_http_requests_total", "counter"},
+                                                        {"atfill_sink_batch_seconds", "histogram"},
+                                                        {"atfill_live_lag_seconds", "gauge"},
+                                                        {"atfill_queue_depth", "gauge"},
+                                                        {"atfill_jobs", "gauge"}}) {
+    EXPECT_NE(text.find("# HELP " + family + " "), std::string::npos) << family;
+    EXPECT_NE(text.find("# TYPE " + family + " " + type + "\n"), std::string::npos) << family;
+  }
+  // Every sample line has the exposition format's shape.
+  const std::regex sample(
+      R"(^[a-zA-Z_:][a-zA-Z0-9_:]*(\{[a-zA-Z_][a-zA-Z0-9_]*="[^"]*"(,[a-zA-Z_][a-zA-Z0-9_]*="[^"]*")*\})? \S+( \d+)?$)");
+  size_t start = 0;
+  int samples = 0;
+  while (start < text.size()) {
+    size_t end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    const std::string line = text.substr(start, end - start);
+    start = end + 1;
+    if (line.empty() || line[0] == '#') continue;
+    ++samples;
+    EXPECT_TRUE(std::regex_match(line, sample)) << line;
+  }
+  EXPECT_GT(samples, 10);
+  EXPECT_NE(text.find("atfill_jobs{status=\"running\"} 2\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("atfill_jobs{status=\"completed\"} 1\n"), std::string::npos);
+  EXPECT_NE(text.find("atfill_jobs{status=\"paused\"} 0\n"), std::string::npos);
+  EXPECT_NE(text.find("atfill_queue_depth{job=\"1\"} 10\n"), std::string::npos);
+  EXPECT_NE(text.find("atfill_queue_depth{job=\"2\"} 20\n"), std::string::npos);
+  EXPECT_EQ(text.find("atfill_queue_depth{job=\"3\"}"), std::string::npos);  // finished
+  EXPECT_NE(text.find("atfill_live_lag_seconds 2.25\n"), std::string::npos);
+  EXPECT_NE(text.find("atfill_stage_events_total{stage=\"fetcher\"} 0\n"), std::string::npos);
+  EXPECT_EQ(text.find("atfill_errors_total{kind=\"cid_mismatch\"}"), std::string::npos);
+
+  // Counters the engine side adds show up in the next scrape.
+  metrics_.AddStageEvents("fetcher", 5);
+  metrics_.StageEvents("fetcher").Add(2);
+  metrics_.AddErrors("cid_mismatch");
+  metrics_.CountHttpResponse(200);
+  metrics_.CountHttpResponse(503);
+  metrics_.CountHttpResponse(0);
+  metrics_.ObserveSinkBatch(0.02);
+  state::JobCounters before, after;
+  after.events_read = 100;
+  after.records_written = 90;
+  after.failed_records = 3;
+  metrics_.AddJobCounters(before, after);
+  metrics_.AddJobCounters(after, before);  // shrinking adds nothing
+  backend_.Move(1, {}, JobStatus::kCompleted);
+  backend_.SetLive(LiveStatus{});
+
+  const std::string next = Call("GET", "/metrics").body;
+  EXPECT_NE(next.find("atfill_stage_events_total{stage=\"fetcher\"} 7\n"), std::string::npos)
+      << next;
+  EXPECT_NE(next.find("atfill_stage_events_total{stage=\"source\"} 100\n"), std::string::npos);
+  EXPECT_NE(next.find("atfill_stage_records_total{stage=\"sink\"} 90\n"), std::string::npos);
+  EXPECT_NE(next.find("atfill_errors_total{kind=\"record\"} 3\n"), std::string::npos);
+  EXPECT_NE(next.find("atfill_errors_total{kind=\"cid_mismatch\"} 1\n"), std::string::npos);
+  EXPECT_NE(next.find("atfill_http_requests_total{class=\"2xx\"} 1\n"), std::string::npos);
+  EXPECT_NE(next.find("atfill_http_requests_total{class=\"5xx\"} 1\n"), std::string::npos);
+  EXPECT_NE(next.find("atfill_http_requests_total{class=\"error\"} 1\n"), std::string::npos);
+  EXPECT_NE(next.find("atfill_http_requests_total{class=\"4xx\"} 0\n"), std::string::npos);
+  EXPECT_NE(next.find("atfill_sink_batch_seconds_count 1\n"), std::string::npos);
+  EXPECT_NE(next.find("atfill_sink_batch_seconds_bucket{le=\"0.025\"} 1\n"), std::string::npos);
+  EXPECT_NE(next.find("atfill_sink_batch_seconds_bucket{le=\"0.01\"} 0\n"), std::string::npos);
+  // Job 1 finished: its queue series is gone; the live consumer went away with its lag.
+  EXPECT_EQ(next.find("atfill_queue_depth{job=\"1\"}"), std::string::npos);
+  EXPECT_NE(next.find("atfill_jobs{status=\"running\"} 1\n"), std::string::npos);
+  EXPECT_EQ(next.find("atfill_live_lag_seconds "), std::string::npos);
+}
+
+// --- Event streams ---
+
+struct SseEvent {
+  std::string name;
+  std::string data;
+};
+
+// Reads one event stream on a thread of its own and queues its events; comments are counted.
+class SseReader {
+ public:
+  SseReader(uint16_t port, const std::string& path, std::string token = kToken)
+      : thread_([this, port, path, token] { Run(port, path, token); }) {}
+  ~SseReader() {
+    cancel_ = true;
+    thread_.join();
+  }
+
+  // The next event, or nullopt after `timeout` or when the stream closed with none left.
+  std::optional<SseEvent> Next(std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, timeout, [this] { return !events_.empty() || closed_; });
+    if (events_.empty()) return std::nullopt;
+    SseEvent e = std::move(events_.front());
+    events_.pop_front();
+    return e;
+  }
+
+  // Waits until the stream's connection ended; true when it did within `timeout`.
+  bool WaitClosed(std::chrono::milliseconds timeout) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, timeout, [this] { return closed_; });
+  }
+
+  int status() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return status_;
+  }
+  std::string content_type() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return content_type_;
+  }
+  int comments() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return comments_;
+  }
+  std::string raw() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return raw_;
+  }
+
+ private:
+  void Run(uint16_t port, const std::string& path, const std::string& token) {
+    httplib::Client cli("127.0.0.1", port);
+    cli.set_read_timeout(30, 0);
+    httplib::Headers headers = {{"Authorization", "Bearer " + token}};
+    auto res = cli.Get(
+        path, headers,
+        [this](const httplib::Response& r) {
+          std::lock_guard<std::mutex> lock(mu_);
+          status_ = r.status;
+          content_type_ = r.get_header_value("Content-Type");
+          return !cancel_;
+        },
+        [this](const char* data, size_t n) {
+          std::lock_guard<std::mutex> lock(mu_);
+          raw_.append(data, n);
+          buffer_.append(data, n);
+          for (size_t cut; (cut = buffer_.find("\n\n")) != std::string::npos;) {
+            Parse(buffer_.substr(0, cut));
+            buffer_.erase(0, cut + 2);
+          }
+          cv_.notify_all();
+          return !cancel_;
+        });
+    std::lock_guard<std::mutex> lock(mu_);
+    if (res && status_ == 0) status_ = res->status;
+    if (res && status_ >= 400) raw_ = res->body;
+    closed_ = true;
+    cv_.notify_all();
+  }
+
+  void Parse(const std::string& block) {
+    SseEvent e;
+    size_t start = 0;
+    while (start <= block.size()) {
+      size_t end = block.find('\n', start);
+      if (end == std::string::npos) end = block.size();
+      const std::string line = block.substr(start, end - start);
+      start = end + 1;
+      if (line.starts_with(":")) {
+        ++comments_;
+      } else if (line.starts_with("event: ")) {
+        e.name = line.substr(7);
+      } else if (line.starts_with("data: ")) {
+        e.data += line.substr(6);
+      }
+    }
+    if (!e.name.empty()) events_.push_back(std::move(e));
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<SseEvent> events_;
+  std::string buffer_;
+  std::string raw_;
+  std::string content_type_;
+  int status_ = 0;
+  int comments_ = 0;
+  bool closed_ = false;
+  std::atomic<bool> cancel_{false};
+  std::thread thread_;
+};
+
+class AdminEventsTest : public AdminServerTest {
+ protected:
+  void SetUp() override {
+    AdminServerTest::SetUp();
+    options_.sse_interval_ms = 20;
+  }
+};
+
+TEST_F(AdminEventsTest, EveryStageChangeArrivesInOrderThenStatusAndEnd) {
+  StartServer();
+  const uint64_t id = backend_.Add(JobStatus::kRunning, JobStage::kPending);
+  backend_.Move(id, {JobStage::kDiscovering}, std::nullopt);  // history before the stream
+
+  SseReader reader(server_.port(), "/admin/backfill/" + std::to_string(id) + "/events");
+  auto e = reader.Next();
+  ASSERT_TRUE(e) << reader.raw();
+  EXPECT_EQ(reader.status(), 200);
+  EXPECT_EQ(reader.content_type(), "text/event-stream");
+  ASSERT_EQ(e->name, "snapshot");
+  {
+    Json j(e->data);
+    ASSERT_TRUE(j.ok) << e->data;
+    EXPECT_EQ(j.Uint("id"), id);
+    EXPECT_EQ(j.Str("stage"), "discovering");
+    EXPECT_EQ(j["stage_changes"].get_array().value().size(), 1u);
+    EXPECT_TRUE(j.Has("hosts"));
+  }
+
+  // Counters: one change, one event carrying it.
+  backend_.SetRecordsWritten(id, 777);
+  e = reader.Next();
+  ASSERT_TRUE(e);
+  ASSERT_EQ(e->name, "counters") << e->data;
+  {
+    Json j(e->data);
+    EXPECT_EQ(j.Uint("id"), id);
+    EXPECT_EQ(j["counters"]["records_written"].get_uint64().value(), 777u);
+    EXPECT_TRUE(j.Has("progress"));
+  }
+
+  // Hosts: the per-PDS summary changed.
+  backend_.SetHosts(id, {{"https://pds.example", 5, 4, 1, 99}});
+  e = reader.Next();
+  ASSERT_TRUE(e);
+  ASSERT_EQ(e->name, "hosts") << e->data;
+  {
+    Json j(e->data);
+    simdjson::dom::array hosts = j["hosts"].get_array().value();
+    ASSERT_EQ(hosts.size(), 1u);
+    EXPECT_EQ(hosts.at(0)["records"].get_uint64().value(), 99u);
+  }
+
+  // Four stages and the final status at once: all four transitions, in order, then the status
+  // and the end, then the connection closes.
+  backend_.Move(id,
+                {JobStage::kResolvingAndFetching, JobStage::kRetryingBlocks, JobStage::kReplaying,
+                 JobStage::kCompleted},
+                JobStatus::kCompleted);
+  const std::vector<std::pair<std::string, std::string>> transitions = {
+      {"discovering", "resolving_and_fetching"},
+      {"resolving_and_fetching", "retrying_blocks"},
+      {"retrying_blocks", "replaying"},
+      {"replaying", "completed"}};
+  for (size_t i = 0; i < transitions.size(); ++i) {
+    e = reader.Next();
+    ASSERT_TRUE(e) << "transition " << i;
+    ASSERT_EQ(e->name, "stage") << e->data;
+    Json j(e->data);
+    EXPECT_EQ(j.Uint("id"), id);
+    EXPECT_EQ(j.Uint("index"), i + 1);
+    EXPECT_EQ(j.Str("from"), transitions[i].first);
+    EXPECT_EQ(j.Str("to"), transitions[i].second);
+  }
+  e = reader.Next();
+  ASSERT_TRUE(e);
+  ASSERT_EQ(e->name, "status") << e->data;
+  {
+    Json j(e->data);
+    EXPECT_EQ(j.Str("from"), "running");
+    EXPECT_EQ(j.Str("to"), "completed");
+  }
+  e = reader.Next();
+  ASSERT_TRUE(e);
+  ASSERT_EQ(e->name, "end") << e->data;
+  EXPECT_EQ(Json(e->data).Str("status"), "completed");
+  EXPECT_EQ(Json(e->data).Str("reason"), "final");
+  EXPECT_TRUE(reader.WaitClosed(std::chrono::seconds(5)));
+  EXPECT_FALSE(reader.Next(std::chrono::milliseconds(0)));
+}
+
+TEST_F(AdminEventsTest, AFinishedOrPausedJobSendsSnapshotThenEnd) {
+  StartServer();
+  for (JobStatus status : {JobStatus::kCompleted, JobStatus::kPaused, JobStatus::kCancelled}) {
+    const uint64_t id = backend_.Add(status, JobStage::kCompleted);
+    SseReader reader(server_.port(), "/admin/backfill/" + std::to_string(id) + "/events");
+    auto e = reader.Next();
+    ASSERT_TRUE(e);
+    EXPECT_EQ(e->name, "snapshot");
+    e = reader.Next();
+    ASSERT_TRUE(e);
+    EXPECT_EQ(e->name, "end");
+    EXPECT_EQ(Json(e->data).Str("status"), state::JobStatusName(status));
+    EXPECT_TRUE(reader.WaitClosed(std::chrono::seconds(5)));
+  }
+}
+
+TEST_F(AdminEventsTest, PausingEndsTheStreamOncePaused) {
+  StartServer();
+  const uint64_t id = backend_.Add(JobStatus::kRunning, JobStage::kDiscovering);
+  SseReader reader(server_.port(), "/admin/backfill/" + std::to_string(id) + "/events");
+  ASSERT_EQ(reader.Next()->name, "snapshot");
+  backend_.Move(id, {}, JobStatus::kPausing);
+  auto e = reader.Next();
+  ASSERT_TRUE(e);
+  ASSERT_EQ(e->name, "status");
+  EXPECT_EQ(Json(e->data).Str("to"), "pausing");
+  backend_.Move(id, {}, JobStatus::kPaused);
+  e = reader.Next();
+  ASSERT_TRUE(e);
+  ASSERT_EQ(e->name, "status");
+  EXPECT_EQ(Json(e->data).Str("to"), "paused");
+  e = reader.Next();
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->name, "end");
+  EXPECT_TRUE(reader.WaitClosed(std::chrono::seconds(5)));
+}
+
+TEST_F(AdminEventsTest, KeepAliveCommentsWhenNothingHappens) {
+  options_.keepalive_interval_ms = 40;
+  StartServer();
+  const uint64_t id = backend_.Add(JobStatus::kRunning, JobStage::kDiscovering);
+  SseReader reader(server_.port(), "/admin/backfill/" + std::to_string(id) + "/events");
+  ASSERT_EQ(reader.Next()->name, "snapshot");
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (reader.comments() < 2 && std::chrono::steady_clock::now() < deadline) {
+    reader.Next(std::chrono::milliseconds(50));
+  }
+  EXPECT_GE(reader.comments(), 2);
+  EXPECT_NE(reader.raw().find(": keep-alive\n\n"), std::string::npos);
+}
+
+TEST_F(AdminEventsTest, StopEndsAnOpenStreamPromptly) {
+  options_.sse_interval_ms = 250;
+  StartServer();
+  const uint64_t id = backend_.Add(JobStatus::kRunning, JobStage::kDiscovering);
+  SseReader reader(server_.port(), "/admin/backfill/" + std::to_string(id) + "/events");
+  ASSERT_EQ(reader.Next()->name, "snapshot");
+  const auto t0 = std::chrono::steady_clock::now();
+  server_.Stop();
+  const auto took = std::chrono::steady_clock::now() - t0;
+  EXPECT_LT(took, std::chrono::seconds(2));
+  auto e = reader.Next(std::chrono::seconds(5));
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->name, "end");
+  EXPECT_EQ(Json(e->data).Str("reason"), "shutdown");
+  EXPECT_TRUE(reader.WaitClosed(std::chrono::seconds(2)));
+}
+
+TEST_F(AdminEventsTest, UnknownJobIs404AndStreamsAreBounded) {
+  options_.threads = 4;
+  options_.max_event_streams = 1;
+  StartServer();
+  Answer a = Call("GET", "/admin/backfill/42/events");
+  EXPECT_EQ(a.status, 404);
+  EXPECT_EQ(a.header("Content-Type"), "application/json");
+  const uint64_t id = backend_.Add(JobStatus::kRunning, JobStage::kDiscovering);
+  const std::string path = "/admin/backfill/" + std::to_string(id) + "/events";
+  SseReader first(server_.port(), path);
+  ASSERT_EQ(first.Next()->name, "snapshot");
+  a = Call("GET", path);
+  EXPECT_EQ(a.status, 503);
+  EXPECT_NE(ErrorOf(a).find("too many"), std::string::npos);
+  // The slot frees when the first stream ends.
+  backend_.Move(id, {}, JobStatus::kCompleted);
+  ASSERT_TRUE(first.WaitClosed(std::chrono::seconds(5)));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  int status = 0;
+  while (std::chrono::steady_clock::now() < deadline) {
+    SseReader again(server_.port(), path);
+    if (again.Next() && (status = again.status()) == 200) break;
+  }
+  EXPECT_EQ(status, 200);
+}
+
+}  // namespace
+}  // namespace atfill::admin

@@ -1,0 +1,183 @@
+// Record scripts through the launcher: `atfill ingest` with [scripts.collections] configured, real
+// Lua files, real SQLite files.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "atproto/json.hpp"
+#include "sinks/sqlite_reader.hpp"
+#include "tests/common/process.hpp"
+
+namespace atfill {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+using testing::ProcessResult;
+using testing::RunProcess;
+using testing::TempDir;
+using testing::WriteFile;
+
+constexpr const char* kDid = "did:plc:ewvi7nxzyoun6zhxrhs64oiz";
+
+// The post script of these tests: "drop" is dropped, "boom" raises an error, everything else is
+// shouted; an update notes the text it replaces (read back through atfill.get_record).
+constexpr const char* kPostScript = R"(
+function record(event)
+  if event.operation == "delete" then return event end
+  local text = event.record.text
+  if text == "drop" then return nil end
+  if text == "boom" then error("boom in " .. event.rkey) end
+  event.record.text = string.upper(text)
+  if event.operation == "update" then
+    local before = atfill.get_record(event.uri)
+    event.record.replaced = before and before.text or "nothing"
+  end
+  return event
+end
+)";
+
+struct Workspace {
+  TempDir dir;
+  std::string config;
+  explicit Workspace(const std::string& extra) {
+    config = (dir / "atfill.toml").string();
+    WriteFile(dir / "post.lua", kPostScript);
+    WriteFile(config,
+              "[state]\ndir = \"state\"\n[sink.sqlite]\npath = \"out.db\"\n"
+              "[progress]\ninterval_s = 60\n[scripts.collections]\n"
+              "\"app.bsky.feed.post\" = \"post.lua\"\n" +
+                  extra);
+  }
+  ProcessResult Atfill(std::vector<std::string> args) const {
+    args.insert(args.begin(), ATFILL_BINARY);
+    return RunProcess(args, dir.path());
+  }
+  ProcessResult Ingest(const std::string& name, const std::string& lines) const {
+    WriteFile(dir / name, lines);
+    return Atfill({"ingest", config, (dir / name).string()});
+  }
+  // uri -> record text.
+  std::map<std::string, std::string> Table() const {
+    std::map<std::string, std::string> out;
+    auto rows = sinks::ReadAllRecords((dir / "out.db").string());
+    EXPECT_TRUE(rows.ok()) << rows.status().ToString();
+    if (rows.ok())
+      for (const auto& r : *rows) out[r.uri] = r.record;
+    return out;
+  }
+};
+
+std::string Line(const std::string& collection, const std::string& op, const std::string& rkey,
+                 const std::string& rev, const std::string& record = "") {
+  std::string line = "{\"did\":\"" + std::string(kDid) +
+                     "\",\"time_us\":1780000000000000,\"kind\":\"commit\",\"commit\":{\"rev\":\"" +
+                     rev + "\",\"operation\":\"" + op + "\",\"collection\":\"" + collection +
+                     "\",\"rkey\":\"" + rkey + "\"";
+  if (!record.empty()) {
+    line +=
+        ",\"record\":" + record + ",\"cid\":\"" + atproto::CidOfRecord(record)->ToString() + "\"";
+  }
+  return line + "}}\n";
+}
+
+std::string Post(const std::string& text) {
+  return R"({"$type":"app.bsky.feed.post","text":")" + text +
+         R"(","createdAt":"2026-11-30T09:00:00.000Z"})";
+}
+
+std::string Uri(const std::string& collection, const std::string& rkey) {
+  return "at://" + std::string(kDid) + "/" + collection + "/" + rkey;
+}
+
+const std::string kPost = "app.bsky.feed.post";
+const std::string kLike = "app.bsky.feed.like";
+// A like whose text the script would change if it ran on likes; spacing kept as sent.
+const std::string kLikeBody =
+    R"({"$type":"app.bsky.feed.like",  "subject":{"uri":"at://did:plc:x/app.bsky.feed.post/1","cid":"bafyreie5cvv4h45feadgeuwhbcutmh6t2ceseocckahdoe6uat64zmz454"},"createdAt":"2026-11-30T09:00:00.000Z"})";
+
+std::string Events() {
+  return Line(kPost, "create", "3lbqzb5ddb22a", "3lbqzbaaaaa2a", Post("hello")) +
+         Line(kPost, "create", "3lbqzb5ddb22b", "3lbqzbaaaaa2a", Post("drop")) +
+         Line(kPost, "create", "3lbqzb5ddb22c", "3lbqzbaaaaa2a", Post("boom")) +
+         Line(kLike, "create", "3lbqzb5ddb22d", "3lbqzbaaaaa2a", kLikeBody);
+}
+
+TEST(ScriptRunTest, AScriptRewritesDropsAndDeadLettersTheRecordsOfItsCollectionOnly) {
+  Workspace ws("");
+  auto r = ws.Ingest("events.jsonl", Events());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("4 events read, 2 records written"));
+  const auto table = ws.Table();
+  ASSERT_EQ(table.size(), 2u);
+  // A changed record is encoded anew (keys in byte order, as Lua tables have none).
+  EXPECT_EQ(
+      table.at(Uri(kPost, "3lbqzb5ddb22a")),
+      R"({"$type":"app.bsky.feed.post","createdAt":"2026-11-30T09:00:00.000Z","text":"HELLO"})");
+  EXPECT_EQ(table.at(Uri(kLike, "3lbqzb5ddb22d")), kLikeBody);  // no script: exactly as sent
+  // Fail closed (the default): the record the script failed on is not written, and the job's
+  // error log holds it with the script's message after its retries.
+  auto errors = ws.Atfill({"job", ws.config, "1", "--errors"});
+  ASSERT_EQ(errors.exit_code, 0) << errors.err;
+  EXPECT_THAT(errors.out, HasSubstr("script_error"));
+  EXPECT_THAT(errors.out, HasSubstr(Uri(kPost, "3lbqzb5ddb22c")));
+  EXPECT_THAT(errors.out, HasSubstr("boom in 3lbqzb5ddb22c"));
+  EXPECT_THAT(errors.out, Not(HasSubstr("3lbqzb5ddb22b")));  // a drop is not an error
+  auto job = ws.Atfill({"job", ws.config, "1", "--json"});
+  ASSERT_EQ(job.exit_code, 0) << job.err;
+  EXPECT_THAT(job.out, HasSubstr("\"script_dropped\":1"));
+  EXPECT_THAT(job.out, HasSubstr("\"script_errors\":1"));
+  EXPECT_THAT(job.out, HasSubstr("\"script_retries\":3"));
+
+  // An update reads the record it replaces through atfill.get_record.
+  auto update = ws.Ingest("update.jsonl",
+                          Line(kPost, "update", "3lbqzb5ddb22a", "3lbqzbbbbbb2a", Post("again")));
+  ASSERT_EQ(update.exit_code, 0) << update.err;
+  EXPECT_EQ(
+      ws.Table().at(Uri(kPost, "3lbqzb5ddb22a")),
+      R"({"$type":"app.bsky.feed.post","createdAt":"2026-11-30T09:00:00.000Z","replaced":"HELLO","text":"AGAIN"})");
+}
+
+TEST(ScriptRunTest, FailOpenWritesTheRecordTheScriptFailedOnUnchanged) {
+  Workspace ws("[scripts]\nfail_open = true\nattempts = 2\n");
+  auto r = ws.Ingest("events.jsonl", Events());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto table = ws.Table();
+  ASSERT_EQ(table.size(), 3u);
+  EXPECT_EQ(table.at(Uri(kPost, "3lbqzb5ddb22c")), Post("boom"));
+  auto job = ws.Atfill({"job", ws.config, "1", "--json"});
+  EXPECT_THAT(job.out, HasSubstr("\"script_errors\":1"));
+  EXPECT_THAT(job.out, HasSubstr("\"script_retries\":1"));
+}
+
+TEST(ScriptRunTest, AScriptThatCannotLoadIsAConfigErrorNamingTheFile) {
+  {
+    Workspace ws("");
+    WriteFile(ws.dir / "post.lua", "function record(e) return e");  // no end
+    auto r = ws.Ingest("events.jsonl", Events());
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_THAT(r.err, HasSubstr("post.lua"));
+    EXPECT_THAT(r.err, HasSubstr("'end' expected"));
+  }
+  {
+    Workspace ws("");
+    WriteFile(ws.dir / "post.lua",
+              "local x = io.open('/etc/passwd')\nfunction record(e) return e end");
+    auto r = ws.Ingest("events.jsonl", Events());
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_THAT(r.err, HasSubstr("post.lua"));
+    EXPECT_THAT(r.err, HasSubstr("io"));
+  }
+  {
+    Workspace ws("[scripts]\nmemory_mb = 0\n");
+    auto r = ws.Atfill({"jobs", ws.config});
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_THAT(r.err, HasSubstr("scripts.memory_mb"));
+  }
+}
+
+}  // namespace
+}  // namespace atfill

@@ -1,0 +1,976 @@
+// The PostgreSQL sink: the Sink conformance suite, plus what only PostgreSQL has (the view equal to
+// SQLite's, sharded writers on one database, server restarts and outages, the schema, the reader).
+// Needs a server: see tests/common/pg_server.hpp (tools/test starts one).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <iostream>
+#include <map>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "pipeline/engine.hpp"
+#include "sinks/postgres_reader.hpp"
+#include "sinks/postgres_sink.hpp"
+#include "sinks/sqlite_reader.hpp"
+#include "sinks/sqlite_sink.hpp"
+#include "state/kv_store.hpp"
+#include "tests/common/pg_server.hpp"
+#include "tests/common/process.hpp"
+#include "tests/common/sink_conformance.hpp"
+
+namespace atfill::sinks {
+namespace {
+
+using pipeline::AccountEvent;
+using pipeline::AccountStatus;
+using pipeline::Event;
+using pipeline::RecordEvent;
+using pipeline::WriteStats;
+using testing::MakeAccount;
+using testing::MakeCreate;
+using testing::MakeDelete;
+using testing::MakeUpdate;
+using testing::PgConnection;
+using testing::PgDatabase;
+using testing::PgServer;
+using testing::SinkConformanceTest;
+using Clock = std::chrono::steady_clock;
+
+// ---------------------------------------------------------------------------------------------
+// The conformance suite.
+
+class PgTableReader : public testing::TableReader {
+ public:
+  explicit PgTableReader(std::string conninfo) : conninfo_(std::move(conninfo)) {}
+  Result<std::vector<testing::TableRow>> ReadAll() override {
+    ATFILL_RETURN_IF_ERROR(EnsureOpen());
+    ATFILL_ASSIGN_OR_RETURN(std::vector<RecordRow> rows, reader_->ReadAll());
+    std::vector<testing::TableRow> out;
+    for (RecordRow& r : rows) {
+      out.push_back({std::move(r.uri), std::move(r.cid), std::move(r.rev), std::move(r.record),
+                     std::move(r.created_at)});
+    }
+    return out;
+  }
+  Result<std::optional<int64_t>> IndexedAtUs(std::string_view uri) override {
+    ATFILL_RETURN_IF_ERROR(EnsureOpen());
+    ATFILL_ASSIGN_OR_RETURN(std::optional<RecordRow> row, reader_->Get(uri));
+    if (!row) return std::optional<int64_t>();
+    return std::optional<int64_t>(row->indexed_at_us);
+  }
+
+ private:
+  // The tables exist once the env's first sink opened.
+  Status EnsureOpen() {
+    if (reader_ != nullptr) return Status::OK();
+    ATFILL_ASSIGN_OR_RETURN(reader_, PostgresReader::Open(conninfo_));
+    return Status::OK();
+  }
+  std::string conninfo_;
+  std::unique_ptr<PostgresReader> reader_;
+};
+
+// Another connection holding the record table's strongest lock in an open transaction.
+class PgLock : public testing::WriteBlocker {
+ public:
+  static Result<std::unique_ptr<testing::WriteBlocker>> Take(const std::string& conninfo) {
+    ATFILL_ASSIGN_OR_RETURN(auto conn, PgConnection::Open(conninfo));
+    ATFILL_RETURN_IF_ERROR(
+        conn->Exec("BEGIN; LOCK TABLE public.atfill_record_rows IN ACCESS EXCLUSIVE MODE"));
+    return std::unique_ptr<testing::WriteBlocker>(new PgLock(std::move(conn)));
+  }
+  ~PgLock() override { (void)conn_->Exec("ROLLBACK"); }
+
+ private:
+  explicit PgLock(std::unique_ptr<PgConnection> conn) : conn_(std::move(conn)) {}
+  std::unique_ptr<PgConnection> conn_;
+};
+
+class PgEnv : public testing::SinkTestEnv {
+ public:
+  PgEnv(std::unique_ptr<PgDatabase> db, std::function<int64_t()> now_us)
+      : db_(std::move(db)), reader_(db_->conninfo()) {
+    options_.conninfo = db_->conninfo();
+    options_.now_us = std::move(now_us);
+    options_.lock_timeout_ms = 100;
+    options_.connect_timeout_ms = 2000;
+  }
+  Result<std::unique_ptr<pipeline::Sink>> OpenSink() override { return OpenPostgresSink(options_); }
+  testing::TableReader& reader() override { return reader_; }
+  Result<std::unique_ptr<testing::WriteBlocker>> BlockWrites() override {
+    return PgLock::Take(db_->conninfo());
+  }
+
+ private:
+  std::unique_ptr<PgDatabase> db_;
+  PostgresSinkOptions options_;
+  PgTableReader reader_;
+};
+
+testing::SinkConformanceParam PostgresParam() {
+  return {"Postgres",
+          [](std::function<int64_t()> now_us) -> Result<std::unique_ptr<testing::SinkTestEnv>> {
+            ATFILL_ASSIGN_OR_RETURN(auto db, PgDatabase::CreateOnTestServer());
+            return std::unique_ptr<testing::SinkTestEnv>(
+                std::make_unique<PgEnv>(std::move(db), std::move(now_us)));
+          }};
+}
+
+INSTANTIATE_TEST_SUITE_P(Postgres, SinkConformanceTest, ::testing::Values(PostgresParam()),
+                         testing::SinkConformanceName);
+
+// ---------------------------------------------------------------------------------------------
+// PostgreSQL only.
+
+constexpr const char* kAlice = "did:plc:alice2ixhq5mvvcy4ygqtfp";
+constexpr const char* kBob = "did:plc:bob7x3ohbx4kdyhrlqwv2mtq";
+constexpr const char* kPost = "app.bsky.feed.post";
+constexpr const char* kLike = "app.bsky.feed.like";
+constexpr const char* kRev1 = "3kaaaaaaaaa2a";
+constexpr const char* kRev2 = "3kbbbbbbbbb2a";
+const std::string kBody = R"({"$type":"app.bsky.feed.post","text":"hello"})";
+
+std::string Uri(std::string_view did, std::string_view collection, std::string_view rkey) {
+  return "at://" + std::string(did) + "/" + std::string(collection) + "/" + std::string(rkey);
+}
+
+// Every counter, so that any difference shows.
+std::string StatsText(const WriteStats& s) {
+  return "inserted=" + std::to_string(s.inserted) + " updated=" + std::to_string(s.updated) +
+         " unchanged=" + std::to_string(s.unchanged) + " stale=" + std::to_string(s.stale) +
+         " deleted=" + std::to_string(s.deleted) +
+         " purged_accounts=" + std::to_string(s.purged_accounts) +
+         " purged_records=" + std::to_string(s.purged_records) +
+         " resyncs=" + std::to_string(s.resyncs) +
+         " resynced_records=" + std::to_string(s.resynced_records);
+}
+
+class PostgresSinkTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto db = PgDatabase::CreateOnTestServer();
+    ASSERT_TRUE(db.ok()) << db.status().ToString();
+    db_ = std::move(*db);
+    options_.conninfo = db_->conninfo();
+    options_.now_us = [this] { return now_us_.load(); };
+    options_.lock_timeout_ms = 1000;
+  }
+  std::unique_ptr<pipeline::Sink> MustOpen() {
+    auto sink = OpenPostgresSink(options_);
+    EXPECT_TRUE(sink.ok()) << sink.status().ToString();
+    return sink.ok() ? std::move(sink).value() : nullptr;
+  }
+  std::unique_ptr<PgConnection> MustConnect() {
+    auto conn = PgConnection::Open(db_->conninfo());
+    EXPECT_TRUE(conn.ok()) << conn.status().ToString();
+    return conn.ok() ? std::move(conn).value() : nullptr;
+  }
+  std::vector<std::string> Column(const std::string& sql) {
+    auto conn = MustConnect();
+    if (conn == nullptr) return {};
+    auto col = conn->Column(sql);
+    EXPECT_TRUE(col.ok()) << col.status().ToString();
+    return col.ok() ? *col : std::vector<std::string>{};
+  }
+  std::vector<RecordRow> MustReadAll() {
+    auto reader = PostgresReader::Open(db_->conninfo());
+    EXPECT_TRUE(reader.ok()) << reader.status().ToString();
+    if (!reader.ok()) return {};
+    auto rows = (*reader)->ReadAll();
+    EXPECT_TRUE(rows.ok()) << rows.status().ToString();
+    return rows.ok() ? *rows : std::vector<RecordRow>{};
+  }
+
+  std::unique_ptr<PgDatabase> db_;
+  std::atomic<int64_t> now_us_{1'796'029'200'123'456};  // 2026-11-30T09:00:00.123456Z
+  PostgresSinkOptions options_;
+};
+
+TEST_F(PostgresSinkTest, CreatesTheSchemaAndTheDocumentedView) {
+  auto sink = MustOpen();
+  ASSERT_NE(sink, nullptr);
+  EXPECT_EQ(Column("SELECT version FROM atfill_schema_version"),
+            std::vector<std::string>{std::to_string(kPostgresSchemaVersion)});
+  EXPECT_EQ(Column("SELECT table_name FROM information_schema.tables WHERE table_schema = "
+                   "'public' ORDER BY table_name"),
+            (std::vector<std::string>{"atfill_collections", "atfill_dids", "atfill_record_rows",
+                                      "atfill_records", "atfill_schema_version"}));
+  EXPECT_EQ(Column("SELECT column_name FROM information_schema.columns WHERE table_name = "
+                   "'atfill_records' ORDER BY ordinal_position"),
+            (std::vector<std::string>{"uri", "did", "collection", "rkey", "record", "cid", "rev",
+                                      "indexed_at", "created_at"}));
+  ASSERT_TRUE(
+      sink->Write(std::vector<Event>{
+                      MakeCreate(kAlice, kPost, "3kp1", kBody, kRev1, "2024-05-06T07:08:09.010Z"),
+                      MakeCreate(kAlice, kPost, "3kp2", kBody),
+                  })
+          .ok());
+  const std::string where = " FROM atfill_records WHERE rkey = '3kp1'";
+  EXPECT_EQ(Column("SELECT uri" + where), std::vector<std::string>{Uri(kAlice, kPost, "3kp1")});
+  EXPECT_EQ(Column("SELECT did || ' ' || collection || ' ' || rkey" + where),
+            std::vector<std::string>{std::string(kAlice) + " " + kPost + " 3kp1"});
+  EXPECT_EQ(Column("SELECT record" + where), std::vector<std::string>{kBody});
+  EXPECT_EQ(Column("SELECT cid" + where), std::vector<std::string>{testing::CidOf(kBody)});
+  EXPECT_EQ(Column("SELECT rev" + where), std::vector<std::string>{kRev1});
+  EXPECT_EQ(Column("SELECT indexed_at" + where),
+            std::vector<std::string>{"2026-11-30T09:00:00.123456Z"});
+  EXPECT_EQ(Column("SELECT created_at" + where),
+            std::vector<std::string>{"2024-05-06T07:08:09.010Z"});
+  // The record is text (exact bytes); raw SQL casts it to query it.
+  EXPECT_EQ(Column("SELECT pg_typeof(record)::text" + where), std::vector<std::string>{"text"});
+  EXPECT_EQ(Column("SELECT record::jsonb ->> 'text'" + where), std::vector<std::string>{"hello"});
+  // No rev and no createdAt are NULL, not empty strings.
+  EXPECT_EQ(Column("SELECT (rev IS NULL)::text || ' ' || (created_at IS NULL)::text FROM "
+                   "atfill_records WHERE rkey = '3kp2'"),
+            std::vector<std::string>{"true true"});
+}
+
+TEST_F(PostgresSinkTest, IndexedAtTextSortsAndRoundTrips) {
+  auto sink = MustOpen();
+  ASSERT_NE(sink, nullptr);
+  const std::vector<int64_t> times = {
+      0, 1, 999'999, 1'000'000, 951'782'400'000'001, 1'796'029'200'123'456, 4'102'444'799'999'999};
+  const std::vector<std::string> texts = {
+      "1970-01-01T00:00:00.000000Z", "1970-01-01T00:00:00.000001Z", "1970-01-01T00:00:00.999999Z",
+      "1970-01-01T00:00:01.000000Z", "2000-02-29T00:00:00.000001Z", "2026-11-30T09:00:00.123456Z",
+      "2099-12-31T23:59:59.999999Z"};
+  for (size_t i = 0; i < times.size(); ++i) {
+    now_us_ = times[i];
+    ASSERT_TRUE(
+        sink->Write(std::vector<Event>{MakeCreate(kAlice, kPost, "t" + std::to_string(i), kBody)})
+            .ok());
+  }
+  std::vector<RecordRow> rows = MustReadAll();
+  ASSERT_EQ(rows.size(), times.size());
+  for (size_t i = 0; i < times.size(); ++i) {
+    EXPECT_EQ(rows[i].rkey, "t" + std::to_string(i));
+    EXPECT_EQ(rows[i].indexed_at, texts[i]);
+    EXPECT_EQ(rows[i].indexed_at_us, times[i]);
+  }
+}
+
+// Mixed batches (creates, updates, deletes, purges, resyncs, bounded ones, one URI several times
+// in a batch, redeliveries) over a small key space, written into an SQLite sink and a PostgreSQL
+// sink: every batch's WriteStats and, after every batch, both views column for column are equal.
+TEST_F(PostgresSinkTest, ViewAndStatsEqualSqlitesForTheSameInput) {
+  testing::TempDir dir;
+  SqliteSinkOptions sqlite_options;
+  sqlite_options.path = (dir.path() / "atfill.db").string();
+  sqlite_options.now_us = [this] { return now_us_.load(); };
+  auto sqlite = OpenSqliteSink(sqlite_options);
+  ASSERT_TRUE(sqlite.ok()) << sqlite.status().ToString();
+  auto postgres = MustOpen();
+  ASSERT_NE(postgres, nullptr);
+  auto pg_reader = PostgresReader::Open(db_->conninfo());
+  ASSERT_TRUE(pg_reader.ok()) << pg_reader.status().ToString();
+
+  const std::vector<std::string> dids = {kAlice, kBob, "did:web:carol.example"};
+  const std::vector<std::string> collections = {kPost, kLike, "app.bsky.graph.follow"};
+  const std::vector<std::string> revs = {
+      "", "3kaaaaaaaaa2a", "3kbbbbbbbbb2a", "3kccccccccc2a", "3kddddddddd2a", "3keeeeeeeee2a"};
+  const std::vector<std::string> bodies = {
+      R"({"text":"plain"})",
+      "{\"text\":\"tab\\there\",\t\"n\":1}",
+      "{\"text\":\"new\nline and \\\\ backslash and \\r\r\"}",
+      "{\"text\":\"h\xc3\xa9llo \xf0\x9f\xa6\x8b \\u00e9 \\\"q\\\"\"}",
+      R"({"text":")" + std::string(3000, 'z') + R"("})",
+  };
+  const std::vector<std::string> created = {"", "2024-01-01T00:00:00.000Z", "not a date\t\\"};
+  std::mt19937 rng(20261130);
+  auto pick = [&](const auto& v) -> const auto& { return v[rng() % v.size()]; };
+  auto random_event = [&]() -> Event {
+    const int roll = static_cast<int>(rng() % 100);
+    const std::string& did = pick(dids);
+    const std::string rkey = "r" + std::to_string(rng() % 4);
+    if (roll < 40)
+      return MakeCreate(did, pick(collections), rkey, pick(bodies), pick(revs), pick(created));
+    if (roll < 60) return MakeUpdate(did, pick(collections), rkey, pick(bodies), pick(revs));
+    if (roll < 82) return MakeDelete(did, pick(collections), rkey, pick(revs));
+    AccountEvent a;
+    a.did = did;
+    if (roll < 88) {
+      a.status = rng() % 2 == 0 ? AccountStatus::kTakendown : AccountStatus::kDeleted;
+    } else if (roll < 91) {
+      a.status = AccountStatus::kDeactivated;
+    } else {
+      a.resync = true;
+      if (rng() % 2 == 0) a.resync_collections = {pick(collections)};
+      if (rng() % 4 == 0) a.resync_collections = {"app.bsky.feed.*"};
+    }
+    if (rng() % 3 == 0) a.purge_before_rev = pick(revs);
+    return a;
+  };
+
+  std::vector<Event> previous;
+  size_t largest = 0;
+  WriteStats total;
+  for (int b = 0; b < 120; ++b) {
+    SCOPED_TRACE("batch " + std::to_string(b));
+    std::vector<Event> batch;
+    if (b % 10 == 9) {
+      batch = previous;  // a redelivery
+    } else {
+      // Some batches past SQLite's grouping threshold (64 events), most shorter.
+      const int n = b % 7 == 3 ? 150 : 1 + static_cast<int>(rng() % 30);
+      for (int i = 0; i < n; ++i) batch.push_back(random_event());
+    }
+    now_us_ += 1'000'003;
+    auto want = (*sqlite)->Write(batch);
+    ASSERT_TRUE(want.ok()) << want.status().ToString();
+    auto got = postgres->Write(batch);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_EQ(StatsText(*got), StatsText(*want));
+    auto sqlite_rows = ReadAllRecords(sqlite_options.path);
+    ASSERT_TRUE(sqlite_rows.ok()) << sqlite_rows.status().ToString();
+    auto pg_rows = (*pg_reader)->ReadAll();
+    ASSERT_TRUE(pg_rows.ok()) << pg_rows.status().ToString();
+    ASSERT_EQ(*pg_rows, *sqlite_rows);
+    previous = std::move(batch);
+    largest = std::max(largest, pg_rows->size());
+    total += *got;
+  }
+  // The comparisons were not between empty tables, and every rule came into play.
+  EXPECT_GE(largest, 10u);
+  EXPECT_GT(total.inserted, 0u);
+  EXPECT_GT(total.updated, 0u);
+  EXPECT_GT(total.unchanged, 0u);
+  EXPECT_GT(total.stale, 0u);
+  EXPECT_GT(total.deleted, 0u);
+  EXPECT_GT(total.purged_records, 0u);
+  EXPECT_GT(total.resynced_records, 0u);
+}
+
+// Sharded processes start together on a fresh database: exactly one creates the schema.
+TEST_F(PostgresSinkTest, SinksOpeningAFreshDatabaseAtOnceAllOpen) {
+  auto admin = testing::TestServerConninfo();
+  ASSERT_TRUE(admin.ok()) << admin.status().ToString();
+  for (int round = 0; round < 5; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    auto fresh = PgDatabase::Create(*admin);
+    ASSERT_TRUE(fresh.ok()) << fresh.status().ToString();
+    PostgresSinkOptions options = options_;
+    options.conninfo = (*fresh)->conninfo();
+    Status results[3];
+    std::vector<std::thread> threads;
+    for (int i = 0; i < 3; ++i) {
+      threads.emplace_back([&, i] { results[i] = OpenPostgresSink(options).status(); });
+    }
+    for (auto& t : threads) t.join();
+    for (const Status& st : results) EXPECT_TRUE(st.ok()) << st.ToString();
+    auto conn = PgConnection::Open((*fresh)->conninfo());
+    ASSERT_TRUE(conn.ok());
+    auto version = (*conn)->Column("SELECT version FROM atfill_schema_version");
+    ASSERT_TRUE(version.ok());
+    EXPECT_EQ(*version, std::vector<std::string>{std::to_string(kPostgresSchemaVersion)});
+  }
+}
+
+// Several sinks on one database from several threads (as sharded processes do): each writes its
+// own DIDs, all interning the same collections (some new mid-run) at once.
+TEST_F(PostgresSinkTest, ShardedSinksWriteTheirOwnDidsAtOnce) {
+  constexpr int kShards = 3;
+  constexpr int kBatches = 12;
+  constexpr int kPerBatch = 300;
+  std::vector<std::unique_ptr<pipeline::Sink>> sinks;
+  for (int i = 0; i < kShards; ++i) sinks.push_back(MustOpen());
+  for (const auto& s : sinks) ASSERT_NE(s, nullptr);
+  std::vector<std::string> failures(kShards);
+  std::vector<std::thread> threads;
+  for (int shard = 0; shard < kShards; ++shard) {
+    threads.emplace_back([&, shard] {
+      for (int b = 0; b < kBatches; ++b) {
+        std::vector<Event> batch;
+        for (int i = 0; i < kPerBatch; ++i) {
+          const std::string did =
+              "did:plc:shard" + std::to_string(shard) + "u" + std::to_string(i % 40);
+          const std::string collection = "com.example.c" + std::to_string((b + i) % (2 + b));
+          batch.push_back(MakeCreate(did, collection, "k" + std::to_string(b * kPerBatch + i),
+                                     R"({"n":)" + std::to_string(i) + "}", kRev1));
+        }
+        auto stats = sinks[static_cast<size_t>(shard)]->Write(batch);
+        if (!stats.ok()) {
+          failures[static_cast<size_t>(shard)] = stats.status().ToString();
+          return;
+        }
+        if (stats->inserted != kPerBatch) {
+          failures[static_cast<size_t>(shard)] =
+              "batch " + std::to_string(b) + ": " + StatsText(*stats);
+          return;
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const std::string& f : failures) EXPECT_EQ(f, "");
+  std::vector<RecordRow> rows = MustReadAll();
+  ASSERT_EQ(rows.size(), static_cast<size_t>(kShards * kBatches * kPerBatch));
+  std::map<std::string, int> per_shard;
+  for (const RecordRow& r : rows) {
+    ++per_shard[r.did.substr(0, std::string("did:plc:shard0").size())];
+    const int k = std::stoi(r.rkey.substr(1));
+    EXPECT_EQ(r.collection, "com.example.c" + std::to_string((k / kPerBatch + k % kPerBatch) %
+                                                             (2 + k / kPerBatch)))
+        << r.uri;
+  }
+  for (int shard = 0; shard < kShards; ++shard) {
+    EXPECT_EQ(per_shard["did:plc:shard" + std::to_string(shard)], kBatches * kPerBatch);
+  }
+  // Each name interned once.
+  EXPECT_EQ(Column("SELECT count(*) FROM atfill_collections"),
+            std::vector<std::string>{std::to_string(kBatches + 1)});
+  EXPECT_EQ(Column("SELECT count(*) FROM atfill_dids"),
+            std::vector<std::string>{std::to_string(kShards * 40)});
+}
+
+// Two writers of the same records at once (a backfill beside the live consumer): conflicts are
+// retried, never half-applied, and the newest version of every record wins.
+TEST_F(PostgresSinkTest, ConcurrentWritersOfTheSameRecordsConverge) {
+  auto first = MustOpen();
+  auto second = MustOpen();
+  ASSERT_NE(first, nullptr);
+  ASSERT_NE(second, nullptr);
+  const std::vector<std::string> revs = {"3kaaaaaaaaa2a", "3kbbbbbbbbb2a", "3kccccccccc2a",
+                                         "3kddddddddd2a"};
+  auto body = [](int version, int k) {
+    return R"({"v":)" + std::to_string(version) + R"(,"k":)" + std::to_string(k) + "}";
+  };
+  std::atomic<int> unavailable{0};
+  auto writer = [&](pipeline::Sink* sink, std::vector<int> versions, std::string* failure) {
+    for (int round = 0; round < 30; ++round) {
+      for (int version : versions) {
+        std::vector<Event> batch;
+        for (int k = 0; k < 200; ++k) {
+          batch.push_back(MakeCreate(kAlice, kPost, "k" + std::to_string(k), body(version, k),
+                                     revs[static_cast<size_t>(version)]));
+        }
+        for (;;) {
+          auto stats = sink->Write(batch);
+          if (stats.ok()) break;
+          if (stats.status().code() != StatusCode::kUnavailable) {
+            *failure = stats.status().ToString();
+            return;
+          }
+          ++unavailable;
+        }
+      }
+    }
+  };
+  std::string f1, f2;
+  std::thread a(writer, first.get(), std::vector<int>{0, 2}, &f1);
+  std::thread b(writer, second.get(), std::vector<int>{1, 3}, &f2);
+  a.join();
+  b.join();
+  EXPECT_EQ(f1, "");
+  EXPECT_EQ(f2, "");
+  std::vector<RecordRow> rows = MustReadAll();
+  ASSERT_EQ(rows.size(), 200u);
+  for (const RecordRow& r : rows) {
+    const int k = std::stoi(r.rkey.substr(1));
+    EXPECT_EQ(r.record, body(3, k)) << r.uri;
+    EXPECT_EQ(r.rev, revs[3]) << r.uri;
+  }
+  std::cout << "[ info ] Unavailable results retried by the writers: " << unavailable.load()
+            << "\n";
+}
+
+TEST_F(PostgresSinkTest, TextPostgresCannotStoreIsInvalid) {
+  auto sink = MustOpen();
+  ASSERT_NE(sink, nullptr);
+  ASSERT_TRUE(sink->Write(std::vector<Event>{MakeCreate(kAlice, kPost, "keep", kBody)}).ok());
+  struct Case {
+    const char* what;
+    Event bad;
+    const char* field;
+  };
+  std::vector<Case> cases = {
+      {"NUL in the body", MakeCreate(kBob, kPost, "r", std::string("{\"a\":\"x") + '\0' + "y\"}"),
+       "record body"},
+      {"invalid UTF-8 in the body", MakeCreate(kBob, kPost, "r", "{\"a\":\"\xff\"}"),
+       "record body"},
+      {"a lone surrogate", MakeCreate(kBob, kPost, "r", "{\"a\":\"\xed\xa0\x80\"}"), "record body"},
+      {"invalid UTF-8 in the rkey", MakeDelete(kBob, kPost, "r\xc0"), "rkey"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    auto stats = sink->Write(std::vector<Event>{MakeCreate(kBob, kLike, "fine", kBody), c.bad});
+    ASSERT_FALSE(stats.ok());
+    EXPECT_EQ(stats.status().code(), StatusCode::kInvalid) << stats.status().ToString();
+    EXPECT_NE(stats.status().message().find("event 1"), std::string::npos)
+        << stats.status().ToString();
+    EXPECT_NE(stats.status().message().find(std::string(kBob) + "/" + kPost + "/r"),
+              std::string::npos)
+        << stats.status().ToString();
+    EXPECT_NE(stats.status().message().find(c.field), std::string::npos)
+        << stats.status().ToString();
+  }
+  std::vector<RecordRow> rows = MustReadAll();
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0].rkey, "keep");
+}
+
+TEST_F(PostgresSinkTest, RefusesANewerSchemaVersion) {
+  ASSERT_NE(MustOpen(), nullptr);
+  auto conn = MustConnect();
+  ASSERT_NE(conn, nullptr);
+  ASSERT_TRUE(conn->Exec("UPDATE atfill_schema_version SET version = 99").ok());
+  auto sink = OpenPostgresSink(options_);
+  ASSERT_FALSE(sink.ok());
+  EXPECT_EQ(sink.status().code(), StatusCode::kUnsupported) << sink.status().ToString();
+  EXPECT_NE(sink.status().message().find("99"), std::string::npos) << sink.status().ToString();
+  EXPECT_NE(sink.status().message().find("newer"), std::string::npos) << sink.status().ToString();
+  auto reader = PostgresReader::Open(db_->conninfo());
+  ASSERT_FALSE(reader.ok());
+  EXPECT_EQ(reader.status().code(), StatusCode::kUnsupported) << reader.status().ToString();
+  EXPECT_EQ(Column("SELECT version FROM atfill_schema_version"), std::vector<std::string>{"99"});
+}
+
+TEST_F(PostgresSinkTest, RefusesABrokenVersionTable) {
+  ASSERT_NE(MustOpen(), nullptr);
+  auto conn = MustConnect();
+  ASSERT_NE(conn, nullptr);
+  ASSERT_TRUE(conn->Exec("INSERT INTO atfill_schema_version VALUES (1)").ok());
+  auto sink = OpenPostgresSink(options_);
+  ASSERT_FALSE(sink.ok());
+  EXPECT_EQ(sink.status().code(), StatusCode::kCorrupt) << sink.status().ToString();
+  EXPECT_NE(sink.status().message().find("2 rows"), std::string::npos) << sink.status().ToString();
+}
+
+TEST_F(PostgresSinkTest, TablesGoInTheConfiguredSchema) {
+  options_.schema = "atfill \"data\"";  // quoting is needed and done
+  auto sink = MustOpen();
+  ASSERT_NE(sink, nullptr);
+  ASSERT_TRUE(sink->Write(std::vector<Event>{MakeCreate(kAlice, kPost, "a", kBody, kRev1)}).ok());
+  EXPECT_EQ(Column("SELECT table_name FROM information_schema.tables WHERE table_schema = "
+                   "'atfill \"data\"' ORDER BY table_name"),
+            (std::vector<std::string>{"atfill_collections", "atfill_dids", "atfill_record_rows",
+                                      "atfill_records", "atfill_schema_version"}));
+  EXPECT_EQ(Column("SELECT count(*) FROM information_schema.tables WHERE table_schema = "
+                   "'public'"),
+            std::vector<std::string>{"0"});
+  PostgresReaderOptions reader_options;
+  reader_options.conninfo = db_->conninfo();
+  reader_options.schema = options_.schema;
+  auto reader = PostgresReader::Open(reader_options);
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  auto record = (*reader)->ReadRecord(Uri(kAlice, kPost, "a"));
+  ASSERT_TRUE(record.ok()) << record.status().ToString();
+  EXPECT_EQ(*record, std::optional<std::string>(kBody));
+  // The default schema holds no atfill tables.
+  auto in_public = PostgresReader::Open(db_->conninfo());
+  ASSERT_FALSE(in_public.ok());
+  EXPECT_EQ(in_public.status().code(), StatusCode::kNotFound) << in_public.status().ToString();
+}
+
+TEST_F(PostgresSinkTest, OptionsAreValidated) {
+  struct Case {
+    const char* field;
+    std::function<void(PostgresSinkOptions*)> mutate;
+  };
+  std::vector<Case> cases = {
+      {"conninfo", [](PostgresSinkOptions* o) { o->conninfo = "host=x port"; }},
+      {"conninfo", [](PostgresSinkOptions* o) { o->conninfo = "nosuchkey=1"; }},
+      {"schema", [](PostgresSinkOptions* o) { o->schema.clear(); }},
+      {"schema", [](PostgresSinkOptions* o) { o->schema = std::string(64, 's'); }},
+      {"connect_timeout_ms", [](PostgresSinkOptions* o) { o->connect_timeout_ms = 0; }},
+      {"lock_timeout_ms", [](PostgresSinkOptions* o) { o->lock_timeout_ms = 0; }},
+      {"lock_timeout_ms", [](PostgresSinkOptions* o) { o->lock_timeout_ms = 1LL << 40; }},
+      {"conflict_retries", [](PostgresSinkOptions* o) { o->conflict_retries = -1; }},
+      {"intern_cache_entries", [](PostgresSinkOptions* o) { o->intern_cache_entries = 0; }},
+  };
+  EXPECT_TRUE(options_.Validate().ok());
+  for (const Case& c : cases) {
+    PostgresSinkOptions o = options_;
+    c.mutate(&o);
+    Status st = o.Validate();
+    EXPECT_EQ(st.code(), StatusCode::kInvalid) << c.field;
+    EXPECT_NE(st.message().find(c.field), std::string::npos) << st.ToString();
+    EXPECT_FALSE(OpenPostgresSink(o).ok()) << c.field;
+  }
+  // Nothing was created.
+  EXPECT_EQ(Column("SELECT count(*) FROM information_schema.tables WHERE table_schema = "
+                   "'public'"),
+            std::vector<std::string>{"0"});
+}
+
+TEST_F(PostgresSinkTest, ReaderLooksUpByUri) {
+  auto sink = MustOpen();
+  ASSERT_NE(sink, nullptr);
+  ASSERT_TRUE(sink->Write(std::vector<Event>{MakeCreate(kAlice, kPost, "a", kBody, kRev1, "c"),
+                                             MakeCreate(kAlice, kPost, "b", kBody)})
+                  .ok());
+  auto reader = PostgresReader::Open(db_->conninfo());
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  const std::string uri = Uri(kAlice, kPost, "a");
+  auto found = (*reader)->Get(uri);
+  ASSERT_TRUE(found.ok()) << found.status().ToString();
+  ASSERT_TRUE(found->has_value());
+  RecordRow want{uri,     kAlice,
+                 kPost,   "a",
+                 kBody,   testing::CidOf(kBody),
+                 kRev1,   "2026-11-30T09:00:00.123456Z",
+                 now_us_, "c"};
+  EXPECT_EQ(**found, want);
+  auto by_key = (*reader)->Get(kAlice, kPost, "a");
+  ASSERT_TRUE(by_key.ok());
+  EXPECT_EQ(*by_key, *found);
+  auto record = (*reader)->ReadRecord(uri);
+  ASSERT_TRUE(record.ok());
+  EXPECT_EQ(*record, std::optional<std::string>(kBody));
+  auto missing = (*reader)->ReadRecord(Uri(kAlice, kPost, "zzz"));
+  ASSERT_TRUE(missing.ok());
+  EXPECT_FALSE(missing->has_value());
+  auto count = (*reader)->Count();
+  ASSERT_TRUE(count.ok());
+  EXPECT_EQ(*count, 2u);
+  auto holds = (*reader)->HoldsRecords(kAlice, kPost);
+  ASSERT_TRUE(holds.ok());
+  EXPECT_TRUE(*holds);
+  auto holds_not = (*reader)->HoldsRecords(kAlice, kLike);
+  ASSERT_TRUE(holds_not.ok());
+  EXPECT_FALSE(*holds_not);
+
+  for (const char* bad : {"", "http://x/y/z", "at://did:plc:x", "at://did:plc:x/coll",
+                          "at://did:plc:x/coll/rkey/extra", "at:///coll/rkey", "at://d/coll/"}) {
+    auto r = (*reader)->ReadRecord(bad);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalid) << bad;
+    EXPECT_NE(r.status().message().find("AT URI"), std::string::npos) << r.status().ToString();
+  }
+
+  // The session is read-only.
+  auto write = (*reader)->Query("DELETE FROM atfill_record_rows");
+  EXPECT_FALSE(write.ok());
+  auto query = (*reader)->Query("SELECT rkey, rev FROM atfill_records ORDER BY rkey");
+  ASSERT_TRUE(query.ok()) << query.status().ToString();
+  EXPECT_EQ(*query,
+            (std::vector<std::vector<std::string>>{{"rkey", "rev"}, {"a", kRev1}, {"b", ""}}));
+
+  // A reader open during later writes sees each committed batch.
+  ASSERT_TRUE(sink->Write(std::vector<Event>{MakeDelete(kAlice, kPost, "a")}).ok());
+  auto after = (*reader)->Get(uri);
+  ASSERT_TRUE(after.ok());
+  EXPECT_FALSE(after->has_value());
+
+  // The shared helpers read the same, and tables not created yet hold nothing.
+  PostgresReaderOptions shared;
+  shared.conninfo = db_->conninfo();
+  auto read_record = PostgresRecordReader(shared);
+  auto b = read_record(Uri(kAlice, kPost, "b"));
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  EXPECT_EQ(*b, std::optional<std::string>(kBody));
+  shared.schema = "nothing_here";
+  auto empty_holds = PostgresHoldsRecords(shared)(kAlice, kPost);
+  ASSERT_TRUE(empty_holds.ok()) << empty_holds.status().ToString();
+  EXPECT_FALSE(*empty_holds);
+}
+
+TEST_F(PostgresSinkTest, ReaderLookupsUseTheKeyIndex) {
+  ASSERT_NE(MustOpen(), nullptr);
+  auto conn = MustConnect();
+  ASSERT_NE(conn, nullptr);
+  // Big enough that a scan would cost more than the index.
+  ASSERT_TRUE(conn->Exec("INSERT INTO atfill_dids(did) SELECT 'did:plc:' || i FROM "
+                         "generate_series(1, 20000) i; INSERT INTO atfill_collections(nsid) "
+                         "VALUES ('a.b.c'); INSERT INTO atfill_record_rows SELECT i, 1, 'k', "
+                         "'cid', NULL, 0, NULL, '{}' FROM generate_series(1, 20000) i; ANALYZE")
+                  .ok());
+  auto plan = conn->Column(
+      "EXPLAIN SELECT * FROM atfill_records WHERE did = 'did:plc:7' AND collection = 'a.b.c' AND "
+      "rkey = 'k'");
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  ASSERT_FALSE(plan->empty());
+  for (const std::string& step : *plan) EXPECT_EQ(step.find("Seq Scan"), std::string::npos) << step;
+}
+
+TEST_F(PostgresSinkTest, SinksShareInternedIds) {
+  auto first = MustOpen();
+  auto second = MustOpen();
+  ASSERT_NE(first, nullptr);
+  ASSERT_NE(second, nullptr);
+  ASSERT_TRUE(first->Write(std::vector<Event>{MakeCreate(kAlice, kPost, "a", kBody, kRev1)}).ok());
+  auto stats = second->Write(std::vector<Event>{MakeUpdate(kAlice, kPost, "a", "{\"v\":2}", kRev2),
+                                                MakeCreate(kAlice, kLike, "l", kBody)});
+  ASSERT_TRUE(stats.ok()) << stats.status().ToString();
+  EXPECT_EQ(StatsText(*stats), StatsText([] {
+              WriteStats s;
+              s.updated = 1;
+              s.inserted = 1;
+              return s;
+            }()));
+  ASSERT_TRUE(first->Write(std::vector<Event>{MakeAccount(kAlice, AccountStatus::kDeleted)}).ok());
+  EXPECT_TRUE(MustReadAll().empty());
+  EXPECT_EQ(Column("SELECT count(*) FROM atfill_dids"), std::vector<std::string>{"1"});
+  EXPECT_EQ(Column("SELECT count(*) FROM atfill_collections"), std::vector<std::string>{"2"});
+}
+
+TEST_F(PostgresSinkTest, SmallInternCacheStaysCorrect) {
+  options_.intern_cache_entries = 2;
+  auto sink = MustOpen();
+  ASSERT_NE(sink, nullptr);
+  std::vector<Event> batch;
+  for (int i = 0; i < 60; ++i) {
+    batch.push_back(MakeCreate("did:plc:d" + std::to_string(i % 10),
+                               "com.example.c" + std::to_string(i % 3), "r" + std::to_string(i),
+                               kBody, kRev1));
+  }
+  auto first = sink->Write(batch);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  EXPECT_EQ(first->inserted, 60u);
+  auto second = sink->Write(batch);
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  EXPECT_EQ(second->unchanged, 60u);
+  std::vector<RecordRow> rows = MustReadAll();
+  ASSERT_EQ(rows.size(), 60u);
+  for (const RecordRow& row : rows) {
+    const int i = std::stoi(row.rkey.substr(1));
+    EXPECT_EQ(row.did, "did:plc:d" + std::to_string(i % 10));
+    EXPECT_EQ(row.collection, "com.example.c" + std::to_string(i % 3));
+  }
+  EXPECT_EQ(Column("SELECT count(*) FROM atfill_dids"), std::vector<std::string>{"10"});
+  EXPECT_EQ(Column("SELECT count(*) FROM atfill_collections"), std::vector<std::string>{"3"});
+}
+
+// ---------------------------------------------------------------------------------------------
+// Outages, each on a server of the test's own (stopping the shared one would disturb the tests
+// running beside it).
+
+class PostgresOutageTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    // The shared server's variable is what says PostgreSQL tests are meant to run here.
+    auto admin = testing::TestServerConninfo();
+    ASSERT_TRUE(admin.ok()) << admin.status().ToString();
+    auto server = PgServer::StartPrivate();
+    ASSERT_TRUE(server.ok()) << server.status().ToString();
+    server_ = std::move(*server);
+    options_.conninfo = server_->admin_conninfo();
+    options_.connect_timeout_ms = 1000;
+    options_.now_us = [] { return int64_t{1'796'029'200'000'000}; };
+  }
+
+  // Batch b: 100 creates of its own URIs, an update of one of the previous batch's, and a delete of
+  // another one; `want` follows along.
+  std::vector<Event> Batch(int b, std::map<std::string, std::string>* want) {
+    std::vector<Event> batch;
+    for (int i = 0; i < 100; ++i) {
+      const std::string rkey = "b" + std::to_string(b) + "i" + std::to_string(i);
+      const std::string body =
+          R"({"b":)" + std::to_string(b) + R"(,"i":)" + std::to_string(i) + "}";
+      batch.push_back(MakeCreate("did:plc:u" + std::to_string(i % 7), kPost, rkey, body));
+      (*want)[Uri("did:plc:u" + std::to_string(i % 7), kPost, rkey)] = body;
+    }
+    if (b > 0) {
+      const std::string prev = "b" + std::to_string(b - 1) + "i";
+      batch.push_back(MakeUpdate("did:plc:u1", kPost, prev + "1", R"({"updated":true})"));
+      (*want)[Uri("did:plc:u1", kPost, prev + "1")] = R"({"updated":true})";
+      batch.push_back(MakeDelete("did:plc:u2", kPost, prev + "2"));
+      want->erase(Uri("did:plc:u2", kPost, prev + "2"));
+    }
+    return batch;
+  }
+
+  // Writes until it succeeds (Unavailable is retried for up to 60 s); the attempts made.
+  int WriteThrough(pipeline::Sink* sink, const std::vector<Event>& batch) {
+    const auto give_up = Clock::now() + std::chrono::seconds(60);
+    for (int attempts = 1;; ++attempts) {
+      auto stats = sink->Write(batch);
+      if (stats.ok()) return attempts;
+      EXPECT_EQ(stats.status().code(), StatusCode::kUnavailable) << stats.status().ToString();
+      if (stats.status().code() != StatusCode::kUnavailable || Clock::now() > give_up) return -1;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
+
+  void ExpectTable(const std::map<std::string, std::string>& want) {
+    auto reader = PostgresReader::Open(server_->admin_conninfo());
+    ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+    auto rows = (*reader)->ReadAll();
+    ASSERT_TRUE(rows.ok()) << rows.status().ToString();
+    std::map<std::string, std::string> got;
+    for (const RecordRow& r : *rows) got[r.uri] = r.record;
+    EXPECT_EQ(got.size(), want.size());
+    EXPECT_TRUE(got == want);
+  }
+
+  std::unique_ptr<PgServer> server_;
+  PostgresSinkOptions options_;
+};
+
+TEST_F(PostgresOutageTest, RestartsBetweenAndDuringBatchesLoseNothing) {
+  auto sink = OpenPostgresSink(options_);
+  ASSERT_TRUE(sink.ok()) << sink.status().ToString();
+  auto reader = PostgresReader::Open(server_->admin_conninfo());
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  std::map<std::string, std::string> want;
+  int b = 0;
+  for (; b < 5; ++b) ASSERT_EQ(WriteThrough(sink->get(), Batch(b, &want)), 1);
+
+  // Between batches: the dead connection is replaced within the next Write.
+  ASSERT_TRUE(server_->Restart().ok());
+  auto after_restart = (*sink)->Write(Batch(b++, &want));
+  EXPECT_TRUE(after_restart.ok()) << after_restart.status().ToString();
+  if (!after_restart.ok()) {
+    ASSERT_GT(WriteThrough(sink->get(), Batch(b - 1, &want)), 0);
+  }
+  // The reader, too, reconnects.
+  auto count = (*reader)->Count();
+  ASSERT_TRUE(count.ok()) << count.status().ToString();
+  EXPECT_EQ(*count, want.size());
+
+  // During batches: restarts from another thread while batches keep coming.
+  std::atomic<bool> restarted{false};
+  std::atomic<int> restarts{0};
+  std::thread restarter([&] {
+    for (int i = 0; i < 3; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(150));
+      if (server_->Restart().ok()) ++restarts;
+    }
+    restarted = true;
+  });
+  int retried = 0;
+  const auto give_up = Clock::now() + std::chrono::seconds(120);
+  for (; !restarted || b < 60; ++b) {
+    const int attempts = WriteThrough(sink->get(), Batch(b, &want));
+    if (attempts <= 0 || Clock::now() > give_up) {
+      restarter.join();
+      FAIL() << "batch " << b << " was not written";
+    }
+    retried += attempts - 1;
+  }
+  restarter.join();
+  EXPECT_EQ(restarts.load(), 3);
+  std::cout << "[ info ] " << b << " batches, " << retried
+            << " attempts failed Unavailable across 3 restarts\n";
+  ExpectTable(want);
+}
+
+TEST_F(PostgresOutageTest, AStoppedServerIsUnavailableFastThenWritesResume) {
+  auto sink = OpenPostgresSink(options_);
+  ASSERT_TRUE(sink.ok()) << sink.status().ToString();
+  std::map<std::string, std::string> want;
+  ASSERT_EQ(WriteThrough(sink->get(), Batch(0, &want)), 1);
+  ASSERT_TRUE(server_->Stop().ok());
+  // A few seconds of outage: every Write fails Unavailable within the connect timeout.
+  std::map<std::string, std::string> lost_if_applied = want;
+  const std::vector<Event> batch = Batch(1, &want);
+  const auto outage_end = Clock::now() + std::chrono::seconds(3);
+  int failures = 0;
+  while (Clock::now() < outage_end) {
+    const auto start = Clock::now();
+    auto stats = (*sink)->Write(batch);
+    const auto took =
+        std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
+    ASSERT_FALSE(stats.ok());
+    EXPECT_EQ(stats.status().code(), StatusCode::kUnavailable) << stats.status().ToString();
+    EXPECT_NE(stats.status().message().find("nothing of the batch was written"), std::string::npos)
+        << stats.status().ToString();
+    EXPECT_LT(took, options_.connect_timeout_ms + 1000);
+    ++failures;
+  }
+  EXPECT_GE(failures, 2);
+  ASSERT_TRUE(server_->Start().ok());
+  auto stats = (*sink)->Write(batch);
+  ASSERT_TRUE(stats.ok()) << stats.status().ToString();
+  EXPECT_EQ(stats->inserted, 100u);
+  EXPECT_EQ(stats->updated, 1u);
+  EXPECT_EQ(stats->deleted, 1u);
+  ExpectTable(want);
+}
+
+TEST_F(PostgresOutageTest, ANeverReachableServerIsUnavailableAtOpen) {
+  ASSERT_TRUE(server_->Stop().ok());
+  options_.connect_timeout_ms = 300;
+  const auto start = Clock::now();
+  auto sink = OpenPostgresSink(options_);
+  const auto took =
+      std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
+  ASSERT_FALSE(sink.ok());
+  EXPECT_EQ(sink.status().code(), StatusCode::kUnavailable) << sink.status().ToString();
+  EXPECT_NE(sink.status().message().find("127.0.0.1"), std::string::npos)
+      << sink.status().ToString();
+  EXPECT_LT(took, 2000);
+}
+
+// The engine's own retries carry a batch across an outage: ingest pauses while the server is down
+// and resumes when it returns, with nothing lost or applied twice.
+TEST_F(PostgresOutageTest, TheEngineRidesOutAnOutage) {
+  constexpr uint64_t kChunks = 60;
+  constexpr int kPerChunk = 50;
+  class Source : public pipeline::Source {
+   public:
+    Status Seek(const std::string&) override { return Status::OK(); }
+    Result<bool> Read(pipeline::EventChunk* chunk) override {
+      if (next_ >= kChunks) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));  // input arriving over time
+      for (int i = 0; i < kPerChunk; ++i) {
+        const uint64_t n = next_ * kPerChunk + static_cast<uint64_t>(i);
+        Event e = MakeCreate("did:plc:e" + std::to_string(n % 11), kPost, "r" + std::to_string(n),
+                             R"({"n":)" + std::to_string(n) + "}", kRev1);
+        std::get<RecordEvent>(e).position = n;
+        chunk->events.push_back(std::move(e));
+      }
+      chunk->units_read = kPerChunk;
+      chunk->resume_cursor = std::to_string(++next_);
+      return true;
+    }
+    std::string Describe() const override { return "test source"; }
+
+   private:
+    uint64_t next_ = 0;
+  };
+  class Committer : public pipeline::Committer {
+   public:
+    Status PrepareCommit(const pipeline::BatchReport& report, state::WriteBatch*) override {
+      max_attempts = std::max(max_attempts.load(), report.attempts);
+      return Status::OK();
+    }
+    void OnCommitted(const pipeline::BatchReport&) override { ++committed; }
+    bool StopRequested() const override { return false; }
+    std::atomic<uint32_t> max_attempts{0};
+    std::atomic<int> committed{0};
+  };
+
+  auto sink = OpenPostgresSink(options_);
+  ASSERT_TRUE(sink.ok()) << sink.status().ToString();
+  Source source;
+  Committer committer;
+  auto kv = state::NewMemoryKvStore();
+  pipeline::EngineOptions engine_options;
+  engine_options.batch.max_events = 200;
+  engine_options.batch.max_delay_ms = 50;
+  engine_options.workers = 2;
+  engine_options.sink_retry.initial_delay_ms = 50;
+  engine_options.sink_retry.max_delay_ms = 400;
+  pipeline::Engine engine(engine_options, &source, {}, sink->get(), kv.get(), &committer);
+  std::atomic<bool> outage_done{false};
+  Status outage;
+  std::thread outage_thread([&] {
+    while (committer.committed < 2) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    outage = server_->Stop();
+    std::this_thread::sleep_for(std::chrono::seconds(2));
+    if (outage.ok()) outage = server_->Start();
+    outage_done = true;
+  });
+  auto summary = engine.Run("");
+  outage_thread.join();
+  ASSERT_TRUE(outage.ok()) << outage.ToString();
+  ASSERT_TRUE(summary.ok()) << summary.status().ToString();
+  EXPECT_TRUE(outage_done);
+  EXPECT_EQ(summary->events, kChunks * kPerChunk);
+  // A commit whose acknowledgement the outage swallowed is retried and then counts as unchanged.
+  EXPECT_EQ(summary->stats.inserted + summary->stats.unchanged, kChunks * kPerChunk);
+  EXPECT_GT(committer.max_attempts.load(), 1u);  // a batch did wait out the outage
+  auto reader = PostgresReader::Open(server_->admin_conninfo());
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  auto count = (*reader)->Count();
+  ASSERT_TRUE(count.ok());
+  EXPECT_EQ(*count, kChunks * kPerChunk);
+}
+
+}  // namespace
+}  // namespace atfill::sinks

@@ -1,0 +1,123 @@
+// What the admin HTTP API (docs/admin.md) asks of the process that owns the jobs. AdminServer
+// turns HTTP requests into these calls and their answers into JSON; the process running
+// `atfill run` implements it over its job store, crawl log, error log and live consumer.
+//
+// Threading: every method may be called from several server threads at once, and while the
+// engine runs; implementations synchronise themselves. No method may block for long (a request
+// waits for it): starting, pausing, resuming or cancelling a job only asks for it and returns.
+//
+// Errors: a method's Status code becomes the HTTP status (AdminServer maps it):
+//   kNotFound -> 404, kInvalid -> 400, kUnsupported -> 409 ("the job's state does not allow
+//   that"), kUnavailable -> 503, anything else -> 500. The message is sent to the client as
+//   {"error": message}, so it should be a sentence for people.
+//
+// "Finished" below means state::IsTerminal(status): completed, failed or cancelled.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "base/status.hpp"
+#include "state/crawl_log.hpp"
+#include "state/job_store.hpp"
+
+namespace atfill::admin {
+
+// One stage transition of a job. `index` numbers a job's transitions from 0 in the order they
+// happened, without gaps, so a reader that has seen transitions [0, k) asks for "since k" and
+// misses none however fast the job moves.
+struct StageChange {
+  uint64_t index = 0;
+  state::JobStage from = state::JobStage::kPending;
+  state::JobStage to = state::JobStage::kPending;
+  int64_t at_us = 0;  // unix µs
+};
+
+// A job as listed.
+struct JobSummary {
+  state::JobRecord job;
+  uint64_t queued_units = 0;  // units waiting in the job's work queue (state::WorkQueue::Count)
+};
+
+// A job with what it keeps for people (atfill job --hosts --recent).
+struct JobDetails {
+  state::JobRecord job;
+  uint64_t queued_units = 0;
+  std::vector<state::HostSummary> hosts;           // per PDS, sorted by host
+  std::vector<state::RecentRepo> recent;           // the most recently fetched repos, newest first
+  uint64_t failed_blocks = 0;                      // archive blocks still failed (replays), else 0
+  std::map<std::string, uint64_t> errors_by_kind;  // the job's error log, counted by kind
+};
+
+// POST /admin/backfill. AdminServer has checked the syntax: every collection is an NSID, every
+// DID a DID, source and mode are empty or one of the listed values, and collections or dids is
+// non-empty.
+struct BackfillRequest {
+  std::vector<std::string> collections;  // NSIDs; empty = the config's [crawl] collections
+  std::vector<std::string> dids;         // non-empty = an account backfill of these DIDs
+  std::string source;                    // "crawl" | "auto" | "replay"; empty = the config's
+  std::string mode;                      // "listRecords" | "getRepo"; empty = the config's
+};
+
+// The live (Jetstream) consumer, GET /admin/jetstream/status.
+struct LiveStatus {
+  bool configured = false;   // false: this process runs no live consumer; the rest is unset
+  std::string status;        // e.g. "connecting", "streaming", "reconnecting", "stopped", "failed"
+  std::string host;          // the Jetstream URL it reads
+  std::string protocol;      // "v1" or "v2"
+  uint64_t cursor = 0;       // the applied watermark: the v2 seq, or the v1 time_us
+  int64_t witnessed_us = 0;  // event time (unix µs) of the newest applied event; 0 = none yet
+  double lag_s = -1;         // how far behind the network it is, seconds; -1 = unknown
+  double events_per_s = 0;   // events read per second, recently
+  double records_per_s = 0;  // records written per second, recently
+  uint64_t job_id = 0;       // the live job's id; 0 = none
+  std::string error;         // the last error, for people; empty = none
+};
+
+class AdminBackend {
+ public:
+  virtual ~AdminBackend() = default;
+
+  // Every job, newest (highest id) first.
+  virtual Result<std::vector<JobSummary>> ListJobs() = 0;
+
+  // NotFound when there is no job `id`.
+  virtual Result<JobDetails> GetJob(uint64_t id) = 0;
+
+  // The transitions of job `id` with index >= since, ascending by index. Keeping the
+  // transitions seen since this process started is enough (after a restart numbering may start
+  // again at 0). NotFound when there is no job `id`; a job with no recorded transition answers
+  // an empty list. An implementation records a transition before it publishes the job status
+  // that follows it, so a reader that sees a final status then asks for transitions gets all.
+  virtual Result<std::vector<StageChange>> StageChanges(uint64_t id, uint64_t since) = 0;
+
+  // Creates a backfill job and starts it asynchronously; returns its id at once. Invalid when
+  // the config cannot serve it (e.g. a replay without an archive); Unavailable while the process
+  // is shutting down.
+  virtual Result<uint64_t> StartBackfill(const BackfillRequest& request) = 0;
+
+  // Ask job `id` to pause, resume or cancel; return the job as it is right after asking (e.g.
+  // "pausing"). NotFound; Unsupported when its status does not allow it (pausing a completed
+  // job, resuming a running one). Idempotent where the CLI is (pausing a paused job answers it).
+  virtual Result<state::JobRecord> Pause(uint64_t id) = 0;
+  virtual Result<state::JobRecord> Resume(uint64_t id) = 0;
+  virtual Result<state::JobRecord> Cancel(uint64_t id) = 0;
+
+  // Starts a new job that retries what finished job `id` could not do (failed units or archive
+  // blocks); returns the new job's id. NotFound; Unsupported when `id` is not finished or has
+  // nothing failed.
+  virtual Result<uint64_t> RetryFailed(uint64_t id) = 0;
+
+  // Deletes the per-repo details (hosts, recent repos) and the leftover queue of finished job
+  // `id`; the job record stays. NotFound; Unsupported when the job is not finished.
+  virtual Status ClearDetails(uint64_t id) = 0;
+  // ClearDetails for every finished job; returns how many jobs were cleared.
+  virtual Result<uint64_t> ClearAllDetails() = 0;
+
+  // The live consumer's state; {configured = false} when there is none.
+  virtual Result<LiveStatus> Live() = 0;
+};
+
+}  // namespace atfill::admin

@@ -1,0 +1,1031 @@
+#include "tools/atfill/admin/admin_server.hpp"
+
+#include <httplib.h>
+#include <simdjson.h>
+
+#include <atomic>
+#include <cctype>
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <ctime>
+#include <initializer_list>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "atproto/syntax.hpp"
+#include "base/json_writer.hpp"
+#include "base/sha256.hpp"
+#include "pipeline/engine.hpp"
+#include "pipeline/job.hpp"
+
+namespace atfill::admin {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using httplib::Request;
+using httplib::Response;
+
+constexpr const char* kJsonType = "application/json";
+constexpr const char* kMetricsType = "text/plain; version=0.0.4; charset=utf-8";
+// The dashboard loads nothing but its own files and talks only to its own origin.
+constexpr const char* kPagePolicy =
+    "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
+    "img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
+
+// --- JSON ---
+
+// As `atfill job --json` writes times: ISO-8601 UTC to the second, "-" when unset.
+std::string FormatTime(int64_t unix_us) {
+  if (unix_us <= 0) return "-";
+  const std::time_t t = static_cast<std::time_t>(unix_us / 1'000'000);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+void WriteCounters(JsonWriter& w, const state::JobCounters& c) {
+  w.BeginObject();
+  w.Key("total_repos").Uint(c.total_repos).Key("resolved_repos").Uint(c.resolved_repos);
+  w.Key("processed_repos").Uint(c.processed_repos).Key("total_records").Uint(c.total_records);
+  w.Key("records_written").Uint(c.records_written).Key("failed_records").Uint(c.failed_records);
+  w.Key("bytes").Uint(c.bytes).Key("events_read").Uint(c.events_read);
+  for (const auto& [k, v] : c.extra) w.Key(k).Uint(v);
+  w.EndObject();
+}
+
+void WriteProgress(JsonWriter& w, const state::JobRecord& job, int64_t now_us) {
+  const auto p = pipeline::DeriveProgress(job, now_us);
+  w.BeginObject();
+  if (p.percent >= 0) {
+    w.Key("percent").Double(p.percent);
+  } else {
+    w.Key("percent").Null();
+  }
+  w.Key("records_per_s").Double(p.records_per_s).Key("events_per_s").Double(p.events_per_s);
+  if (p.eta_s >= 0) {
+    w.Key("eta_s").Int(p.eta_s);
+  } else {
+    w.Key("eta_s").Null();
+  }
+  w.EndObject();
+}
+
+void WriteStopReason(JsonWriter& w, const state::StopReason& reason) {
+  if (reason.empty()) {
+    w.Null();
+    return;
+  }
+  w.BeginObject().Key("code").String(reason.code);
+  w.Key("sentence").String(reason.sentence).EndObject();
+}
+
+// The members of `atfill job --json`'s "job" object, into an object the caller opened, with the
+// same names so the API and the CLI agree.
+void WriteJobFields(JsonWriter& w, const state::JobRecord& job, int64_t now_us) {
+  w.Key("id").Uint(job.id).Key("kind").String(job.kind);
+  w.Key("status").String(state::JobStatusName(job.status));
+  w.Key("stage").String(state::JobStageName(job.stage));
+  w.Key("started_by").String(job.started_by);
+  w.Key("created_at").String(FormatTime(job.created_us));
+  w.Key("started_at").String(FormatTime(job.started_us));
+  w.Key("updated_at").String(FormatTime(job.updated_us));
+  w.Key("finished_at").String(FormatTime(job.finished_us));
+  w.Key("heartbeat_at").String(FormatTime(job.heartbeat_us));
+  w.Key("counters");
+  WriteCounters(w, job.counters);
+  w.Key("progress");
+  WriteProgress(w, job, now_us);
+  w.Key("stop_reason");
+  WriteStopReason(w, job.stop_reason);
+  w.Key("params").BeginObject();
+  for (const auto& [k, v] : job.params) w.Key(k).String(v);
+  w.EndObject();
+}
+
+void WriteHosts(JsonWriter& w, const std::vector<state::HostSummary>& hosts) {
+  w.BeginArray();
+  for (const auto& h : hosts) {
+    w.BeginObject().Key("host").String(h.host).Key("units").Uint(h.units);
+    w.Key("done").Uint(h.done).Key("errors").Uint(h.errors).Key("records").Uint(h.records);
+    w.EndObject();
+  }
+  w.EndArray();
+}
+
+void WriteRecent(JsonWriter& w, const std::vector<state::RecentRepo>& recent) {
+  w.BeginArray();
+  for (const auto& r : recent) {
+    w.BeginObject().Key("seq").Uint(r.seq).Key("did").String(r.did).Key("host").String(r.host);
+    w.Key("rev").String(r.rev).Key("records").Uint(r.records).Key("outcome").String(r.outcome);
+    w.Key("fetched_at").String(FormatTime(r.fetched_at_us)).EndObject();
+  }
+  w.EndArray();
+}
+
+void WriteErrorsByKind(JsonWriter& w, const std::map<std::string, uint64_t>& counts) {
+  w.BeginObject();
+  for (const auto& [k, v] : counts) w.Key(k).Uint(v);
+  w.EndObject();
+}
+
+void WriteStageChange(JsonWriter& w, uint64_t job_id, const StageChange& c) {
+  w.BeginObject();
+  if (job_id != 0) w.Key("id").Uint(job_id);
+  w.Key("index").Uint(c.index);
+  w.Key("from").String(state::JobStageName(c.from)).Key("to").String(state::JobStageName(c.to));
+  w.Key("at").String(FormatTime(c.at_us)).EndObject();
+}
+
+std::string ErrorJson(std::string_view message) {
+  JsonWriter w;
+  w.BeginObject().Key("error").String(message).EndObject();
+  return w.Take();
+}
+
+std::string LiveJson(const LiveStatus& live) {
+  JsonWriter w;
+  w.BeginObject().Key("configured").Bool(live.configured);
+  if (live.configured) {
+    w.Key("status").String(live.status).Key("host").String(live.host);
+    w.Key("protocol").String(live.protocol).Key("cursor").Uint(live.cursor);
+    w.Key("witnessed_at").String(FormatTime(live.witnessed_us));
+    w.Key("witnessed_us").Int(live.witnessed_us);
+    w.Key("lag_s");
+    if (live.lag_s >= 0) {
+      w.Double(live.lag_s);
+    } else {
+      w.Null();
+    }
+    w.Key("events_per_s").Double(live.events_per_s);
+    w.Key("records_per_s").Double(live.records_per_s);
+    w.Key("job_id");
+    if (live.job_id != 0) {
+      w.Uint(live.job_id);
+    } else {
+      w.Null();
+    }
+    w.Key("error");
+    if (!live.error.empty()) {
+      w.String(live.error);
+    } else {
+      w.Null();
+    }
+  }
+  w.EndObject();
+  return w.Take();
+}
+
+// --- HTTP answers ---
+
+int HttpStatusFor(const Status& s) {
+  switch (s.code()) {
+    case StatusCode::kNotFound:
+      return 404;
+    case StatusCode::kInvalid:
+      return 400;
+    case StatusCode::kUnsupported:
+      return 409;
+    case StatusCode::kUnavailable:
+      return 503;
+    default:
+      return 500;
+  }
+}
+
+void SendJson(Response& res, int status, std::string body) {
+  res.status = status;
+  res.set_header("Cache-Control", "no-store");
+  res.set_header("X-Content-Type-Options", "nosniff");
+  res.set_content(std::move(body), kJsonType);
+}
+
+void SendError(Response& res, int status, std::string_view message) {
+  SendJson(res, status, ErrorJson(message));
+}
+
+void SendStatus(Response& res, const Status& s) {
+  SendError(res, HttpStatusFor(s), s.message().empty() ? s.ToString() : s.message());
+}
+
+void SendUnauthorized(Response& res) {
+  res.set_header("WWW-Authenticate", "Bearer realm=\"atfill admin\"");
+  SendError(res, 401, "missing or wrong bearer token (Authorization: Bearer <token>)");
+}
+
+// --- Routes ---
+
+enum class RouteId : uint8_t {
+  kList,
+  kStart,
+  kClearAll,
+  kGet,
+  kPause,
+  kResume,
+  kCancel,
+  kRetryFailed,
+  kClearOne,
+  kEvents,
+  kLive,
+  kMetrics,
+};
+
+struct Route {
+  std::string_view method;
+  std::string_view pattern;  // "{id}" stands for one path segment, the job id
+  RouteId id;
+};
+
+// A literal route comes before a "{id}" one that also matches its path.
+constexpr Route kRoutes[] = {
+    {"GET", "/admin/backfill", RouteId::kList},
+    {"POST", "/admin/backfill", RouteId::kStart},
+    {"DELETE", "/admin/backfill/details", RouteId::kClearAll},
+    {"GET", "/admin/backfill/{id}", RouteId::kGet},
+    {"POST", "/admin/backfill/{id}/pause", RouteId::kPause},
+    {"POST", "/admin/backfill/{id}/resume", RouteId::kResume},
+    {"POST", "/admin/backfill/{id}/cancel", RouteId::kCancel},
+    {"POST", "/admin/backfill/{id}/retry-failed", RouteId::kRetryFailed},
+    {"DELETE", "/admin/backfill/{id}/details", RouteId::kClearOne},
+    {"GET", "/admin/backfill/{id}/events", RouteId::kEvents},
+    {"GET", "/admin/jetstream/status", RouteId::kLive},
+    {"GET", "/metrics", RouteId::kMetrics},
+};
+
+// The regular expression httplib matches a route's path with. The id segment is bounded so the
+// match cannot recurse deeply; a longer one falls through to the fallback, which answers 404.
+std::string RouteRegex(std::string_view pattern) {
+  std::string out;
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    if (pattern.substr(i).starts_with("{id}")) {
+      out += "([^/]{1,64})";
+      i += 3;
+    } else if (pattern[i] == '.' || pattern[i] == '-') {
+      out += '\\';
+      out += pattern[i];
+    } else {
+      out += pattern[i];
+    }
+  }
+  return out;
+}
+
+// Segment by segment, without regular expressions (the fallback's view of the table).
+bool MatchPath(std::string_view pattern, std::string_view path) {
+  for (;;) {
+    const size_t p = pattern.find('/', 1);
+    const size_t q = path.find('/', 1);
+    const std::string_view pseg = pattern.substr(0, p);
+    const std::string_view qseg = path.substr(0, q);
+    if (pseg == "/{id}") {
+      if (qseg.size() < 2) return false;
+    } else if (pseg != qseg) {
+      return false;
+    }
+    if (p == std::string_view::npos || q == std::string_view::npos) {
+      return p == std::string_view::npos && q == std::string_view::npos;
+    }
+    pattern.remove_prefix(p);
+    path.remove_prefix(q);
+  }
+}
+
+bool IsProtected(std::string_view path) {
+  return path == "/admin" || path.starts_with("/admin/") || path == "/metrics" ||
+         path.starts_with("/metrics/");
+}
+
+// A job id: 1 to 2^64-1 in decimal digits.
+bool ParseJobId(std::string_view text, uint64_t* id) {
+  if (text.empty() || text.size() > 20) return false;
+  uint64_t v = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9') return false;
+    const uint64_t digit = static_cast<uint64_t>(c - '0');
+    if (v > (UINT64_MAX - digit) / 10) return false;
+    v = v * 10 + digit;
+  }
+  *id = v;
+  return v != 0;
+}
+
+Status ParseStringArray(simdjson::dom::element value, std::string_view field,
+                        Status (*validate)(std::string_view), std::vector<std::string>* out) {
+  simdjson::dom::array array;
+  if (value.get_array().get(array) != simdjson::SUCCESS) {
+    return Status::Invalid("'" + std::string(field) + "' must be an array of strings");
+  }
+  size_t i = 0;
+  for (simdjson::dom::element item : array) {
+    std::string_view s;
+    const std::string where = std::string(field) + "[" + std::to_string(i) + "]";
+    if (item.get_string().get(s) != simdjson::SUCCESS) {
+      return Status::Invalid("'" + where + "' must be a string");
+    }
+    if (Status st = validate(s); !st.ok()) return Status::Invalid(where + ": " + st.message());
+    out->emplace_back(s);
+    ++i;
+  }
+  return Status::OK();
+}
+
+Status ParseChoice(simdjson::dom::element value, std::string_view field,
+                   std::initializer_list<std::string_view> choices, std::string* out) {
+  std::string_view s;
+  std::string names;
+  for (std::string_view c : choices) names += (names.empty() ? "" : ", ") + std::string(c);
+  if (value.get_string().get(s) != simdjson::SUCCESS) {
+    return Status::Invalid("'" + std::string(field) + "' must be a string: one of " + names);
+  }
+  for (std::string_view c : choices) {
+    if (s == c) {
+      *out = std::string(s);
+      return Status::OK();
+    }
+  }
+  return Status::Invalid("'" + std::string(field) + "' is '" + std::string(s) + "', not one of " +
+                         names);
+}
+
+// The body of POST /admin/backfill; every problem is Invalid with a sentence for the client.
+Result<BackfillRequest> ParseBackfillRequest(std::string_view body) {
+  simdjson::dom::parser parser;
+  const simdjson::padded_string padded(body);
+  simdjson::dom::element root;
+  if (auto err = parser.parse(padded).get(root); err != simdjson::SUCCESS) {
+    return Status::Invalid(std::string("the body is not JSON: ") + simdjson::error_message(err));
+  }
+  simdjson::dom::object object;
+  if (root.get_object().get(object) != simdjson::SUCCESS) {
+    return Status::Invalid("the body must be a JSON object");
+  }
+  BackfillRequest request;
+  std::set<std::string_view> seen;
+  for (simdjson::dom::key_value_pair field : object) {
+    const std::string_view key = field.key;
+    if (!seen.insert(key).second) {
+      return Status::Invalid("field '" + std::string(key) + "' appears twice");
+    }
+    Status s;
+    if (key == "collections") {
+      s = ParseStringArray(field.value, key, atproto::ValidateNsid, &request.collections);
+    } else if (key == "dids") {
+      s = ParseStringArray(field.value, key, atproto::ValidateDid, &request.dids);
+    } else if (key == "source") {
+      s = ParseChoice(field.value, key, {"crawl", "auto", "replay"}, &request.source);
+    } else if (key == "mode") {
+      s = ParseChoice(field.value, key, {"listRecords", "getRepo"}, &request.mode);
+    } else {
+      s = Status::Invalid("unknown field '" + std::string(key) +
+                          "' (known: collections, dids, source, mode)");
+    }
+    ATFILL_RETURN_IF_ERROR(s);
+  }
+  if (request.collections.empty() && request.dids.empty()) {
+    return Status::Invalid("give at least one of 'collections' or 'dids'");
+  }
+  return request;
+}
+
+// --- Event streams ---
+
+// Statuses after which a stream ends: nothing moves the job until someone acts.
+bool EndsStream(state::JobStatus s) {
+  return state::IsTerminal(s) || s == state::JobStatus::kPaused;
+}
+
+std::string SseEvent(std::string_view name, std::string_view json) {
+  // JsonWriter writes one line (control characters in strings are escaped), as SSE needs.
+  std::string out;
+  out.reserve(name.size() + json.size() + 16);
+  out.append("event: ").append(name).append("\ndata: ").append(json).append("\n\n");
+  return out;
+}
+
+struct EventStream {
+  uint64_t id = 0;
+  std::string pending;    // written by the first pump (the snapshot, maybe the end)
+  bool finished = false;  // the end event is written or pending
+  uint64_t next_stage = 0;
+  state::JobRecord last;  // what the client has been told
+  uint64_t queued_units = 0;
+  uint64_t failed_blocks = 0;
+  std::map<std::string, uint64_t> errors_by_kind;
+  std::vector<state::HostSummary> hosts;
+  std::vector<state::RecentRepo> recent;
+  Clock::time_point last_poll;
+  Clock::time_point last_write;
+
+  void Remember(const JobDetails& d) {
+    last = d.job;
+    queued_units = d.queued_units;
+    failed_blocks = d.failed_blocks;
+    errors_by_kind = d.errors_by_kind;
+    hosts = d.hosts;
+    recent = d.recent;
+  }
+};
+
+std::string EndEvent(uint64_t id, state::JobStatus status, std::string_view reason) {
+  JsonWriter w;
+  w.BeginObject().Key("id").Uint(id).Key("status").String(state::JobStatusName(status));
+  w.Key("reason").String(reason).EndObject();
+  return SseEvent("end", w.str());
+}
+
+std::string CountersJson(const JobDetails& d, int64_t now_us) {
+  JsonWriter w;
+  w.BeginObject().Key("id").Uint(d.job.id).Key("counters");
+  WriteCounters(w, d.job.counters);
+  w.Key("progress");
+  WriteProgress(w, d.job, now_us);
+  w.Key("queued_units").Uint(d.queued_units).Key("failed_blocks").Uint(d.failed_blocks);
+  w.Key("errors_by_kind");
+  WriteErrorsByKind(w, d.errors_by_kind);
+  w.Key("updated_at").String(FormatTime(d.job.updated_us));
+  w.Key("heartbeat_at").String(FormatTime(d.job.heartbeat_us));
+  w.EndObject();
+  return w.Take();
+}
+
+std::string HostsJson(const JobDetails& d) {
+  JsonWriter w;
+  w.BeginObject().Key("id").Uint(d.job.id).Key("hosts");
+  WriteHosts(w, d.hosts);
+  w.Key("recent");
+  WriteRecent(w, d.recent);
+  w.EndObject();
+  return w.Take();
+}
+
+std::string StatusJson(const state::JobRecord& before, const state::JobRecord& now) {
+  JsonWriter w;
+  w.BeginObject().Key("id").Uint(now.id);
+  w.Key("from").String(state::JobStatusName(before.status));
+  w.Key("to").String(state::JobStatusName(now.status));
+  w.Key("stage").String(state::JobStageName(now.stage));
+  w.Key("stop_reason");
+  WriteStopReason(w, now.stop_reason);
+  w.Key("finished_at").String(FormatTime(now.finished_us));
+  w.EndObject();
+  return w.Take();
+}
+
+// Equal time-independent digests of two tokens, compared without an early exit, so the answer
+// time tells nothing about how much of a guess was right (nor its length).
+bool SameDigest(const Sha256Digest& a, const Sha256Digest& b) {
+  volatile uint8_t diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff = static_cast<uint8_t>(diff | (a[i] ^ b[i]));
+  return diff == 0;
+}
+
+std::string_view Trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+
+}  // namespace
+
+// --- Public JSON ---
+
+std::string JobJson(const state::JobRecord& job, int64_t now_us) {
+  JsonWriter w;
+  w.BeginObject();
+  WriteJobFields(w, job, now_us);
+  w.EndObject();
+  return w.Take();
+}
+
+std::string JobSummaryJson(const JobSummary& job, int64_t now_us) {
+  JsonWriter w;
+  w.BeginObject();
+  WriteJobFields(w, job.job, now_us);
+  w.Key("queued_units").Uint(job.queued_units);
+  w.EndObject();
+  return w.Take();
+}
+
+std::string JobDetailsJson(const JobDetails& d, const std::vector<StageChange>& changes,
+                           int64_t now_us) {
+  JsonWriter w;
+  w.BeginObject();
+  WriteJobFields(w, d.job, now_us);
+  w.Key("queued_units").Uint(d.queued_units);
+  w.Key("hosts");
+  WriteHosts(w, d.hosts);
+  w.Key("recent");
+  WriteRecent(w, d.recent);
+  w.Key("failed_blocks").Uint(d.failed_blocks);
+  w.Key("errors_by_kind");
+  WriteErrorsByKind(w, d.errors_by_kind);
+  w.Key("stage_changes").BeginArray();
+  for (const auto& c : changes) WriteStageChange(w, 0, c);
+  w.EndArray();
+  w.EndObject();
+  return w.Take();
+}
+
+// --- Options ---
+
+Status AdminServerOptions::Validate() const {
+  if (address.empty()) return Status::Invalid("admin address is empty");
+  if (token.empty()) {
+    return Status::Invalid("admin token is empty: the admin API does not run without one");
+  }
+  for (char c : token) {
+    if (c <= ' ' || c > '~') {
+      return Status::Invalid("admin token must be printable ASCII without spaces");
+    }
+  }
+  if (sse_interval_ms < 10 || sse_interval_ms > 60000) {
+    return Status::Invalid("admin sse_interval_ms must be 10..60000, not " +
+                           std::to_string(sse_interval_ms));
+  }
+  if (keepalive_interval_ms < sse_interval_ms) {
+    return Status::Invalid("admin keepalive_interval_ms must be at least sse_interval_ms");
+  }
+  if (threads < 2 || threads > 1024) return Status::Invalid("admin threads must be 2..1024");
+  if (max_event_streams < 1 || max_event_streams >= threads) {
+    return Status::Invalid("admin max_event_streams must be 1..threads-1");
+  }
+  if (max_body_bytes < 1024) return Status::Invalid("admin max_body_bytes must be at least 1024");
+  if (idle_timeout_s < 1 || io_timeout_s < 1) {
+    return Status::Invalid("admin idle_timeout_s and io_timeout_s must be at least 1");
+  }
+  return Status::OK();
+}
+
+// --- The server ---
+
+struct AdminServer::Impl {
+  AdminServerOptions options;
+  AdminBackend* backend = nullptr;
+  Metrics* metrics = nullptr;
+  Sha256Digest token_digest{};
+  httplib::Server server;
+  std::thread thread;
+  std::atomic<bool> listen_returned{false};
+  uint16_t port = 0;
+  bool started = false;
+
+  std::mutex stop_mu;  // serialises Start and Stop
+  bool stopped = false;
+
+  // Event streams wait on cv between polls; Stop wakes them.
+  std::mutex mu;
+  std::condition_variable cv;
+  bool stopping = false;
+  int open_streams = 0;
+
+  bool Authorized(const Request& req) const;
+  void Handle(const Route& route, const Request& req, Response& res);
+  httplib::Server::HandlerResponse OnError(const Request& req, Response& res);
+  void ServeFile(const EmbeddedFile& file, Response& res) const;
+
+  void List(Response& res);
+  void StartBackfill(const Request& req, Response& res);
+  void Get(uint64_t id, Response& res);
+  void Steer(RouteId route, uint64_t id, Response& res);
+  void RetryFailed(uint64_t id, Response& res);
+  void ClearOne(uint64_t id, Response& res);
+  void ClearAll(Response& res);
+  void Events(uint64_t id, Response& res);
+  void Live(Response& res);
+  void ServeMetrics(Response& res);
+
+  bool Pump(EventStream& stream, httplib::DataSink& sink);
+  std::string Poll(EventStream& stream);
+};
+
+bool AdminServer::Impl::Authorized(const Request& req) const {
+  if (!req.has_header("Authorization")) return false;
+  const std::string value = req.get_header_value("Authorization");
+  std::string_view v = value;
+  // The scheme is case-insensitive (RFC 7235).
+  constexpr std::string_view kScheme = "bearer ";
+  if (v.size() <= kScheme.size()) return false;
+  for (size_t i = 0; i < kScheme.size(); ++i) {
+    if (std::tolower(static_cast<unsigned char>(v[i])) != kScheme[i]) return false;
+  }
+  const std::string_view given = Trim(v.substr(kScheme.size()));
+  return SameDigest(Sha256(AsBytes(given)), token_digest);
+}
+
+void AdminServer::Impl::ServeFile(const EmbeddedFile& file, Response& res) const {
+  res.status = 200;
+  res.set_header("Cache-Control", "no-cache");
+  res.set_header("X-Content-Type-Options", "nosniff");
+  res.set_header("Content-Security-Policy", kPagePolicy);
+  res.set_header("Referrer-Policy", "no-referrer");
+  res.set_header("X-Frame-Options", "DENY");
+  res.set_content(file.bytes.data(), file.bytes.size(),
+                  std::string(file.content_type) + "; charset=utf-8");
+}
+
+void AdminServer::Impl::Handle(const Route& route, const Request& req, Response& res) {
+  if (!Authorized(req)) return SendUnauthorized(res);
+  uint64_t id = 0;
+  if (route.pattern.find("{id}") != std::string_view::npos) {
+    const std::string text = req.matches.size() > 1 ? req.matches[1].str() : std::string();
+    if (!ParseJobId(text, &id)) return SendError(res, 404, "no job '" + text + "'");
+  }
+  switch (route.id) {
+    case RouteId::kList:
+      return List(res);
+    case RouteId::kStart:
+      return StartBackfill(req, res);
+    case RouteId::kClearAll:
+      return ClearAll(res);
+    case RouteId::kGet:
+      return Get(id, res);
+    case RouteId::kPause:
+    case RouteId::kResume:
+    case RouteId::kCancel:
+      return Steer(route.id, id, res);
+    case RouteId::kRetryFailed:
+      return RetryFailed(id, res);
+    case RouteId::kClearOne:
+      return ClearOne(id, res);
+    case RouteId::kEvents:
+      return Events(id, res);
+    case RouteId::kLive:
+      return Live(res);
+    case RouteId::kMetrics:
+      return ServeMetrics(res);
+  }
+  SendError(res, 500, "unhandled route");
+}
+
+// Every answer of status >= 400 passes here. Those a route made carry a body and are kept; an
+// empty one is httplib's: 404 for no matching handler (then: 401 first on protected paths, 405
+// when another method has the path, else 404), or a protocol error (400, 413, 414...).
+httplib::Server::HandlerResponse AdminServer::Impl::OnError(const Request& req, Response& res) {
+  if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+  if (res.status != 404) {
+    const char* what = res.status == 413   ? "the request body is too large"
+                       : res.status == 414 ? "the request URI is too long"
+                       : res.status == 400 ? "malformed request"
+                                           : "the request failed";
+    SendError(res, res.status, what);
+    return httplib::Server::HandlerResponse::Handled;
+  }
+  const std::string& path = req.path;
+  if (IsProtected(path) && !Authorized(req)) {
+    SendUnauthorized(res);
+    return httplib::Server::HandlerResponse::Handled;
+  }
+  const std::string_view method = req.method == "HEAD" ? "GET" : std::string_view(req.method);
+  std::string allow;
+  bool same_method = false;
+  for (const Route& r : kRoutes) {
+    if (!MatchPath(r.pattern, path)) continue;
+    if (r.method == method) same_method = true;
+    if (allow.find(r.method) == std::string::npos) {
+      allow += (allow.empty() ? "" : ", ") + std::string(r.method);
+    }
+  }
+  for (const EmbeddedFile& f : DashboardFiles()) {
+    if (f.path == path) allow = "GET, HEAD";
+  }
+  if (same_method) {
+    // Only an id too long for the route's pattern gets here.
+    SendError(res, 404, "no such job");
+  } else if (!allow.empty()) {
+    res.set_header("Allow", allow);
+    SendError(res, 405,
+              "method " + req.method + " is not allowed on " + path + " (allowed: " + allow + ")");
+  } else {
+    SendError(res, 404, "no route " + path);
+  }
+  return httplib::Server::HandlerResponse::Handled;
+}
+
+void AdminServer::Impl::List(Response& res) {
+  auto jobs = backend->ListJobs();
+  if (!jobs.ok()) return SendStatus(res, jobs.status());
+  const int64_t now = pipeline::NowMicros();
+  JsonWriter w;
+  w.BeginObject().Key("jobs").BeginArray();
+  for (const auto& j : *jobs) w.Raw(JobSummaryJson(j, now));
+  w.EndArray().EndObject();
+  SendJson(res, 200, w.Take());
+}
+
+void AdminServer::Impl::StartBackfill(const Request& req, Response& res) {
+  auto request = ParseBackfillRequest(req.body);
+  if (!request.ok()) return SendError(res, 400, request.status().message());
+  auto id = backend->StartBackfill(*request);
+  if (!id.ok()) return SendStatus(res, id.status());
+  JsonWriter w;
+  w.BeginObject().Key("id").Uint(*id).EndObject();
+  SendJson(res, 202, w.Take());
+}
+
+void AdminServer::Impl::Get(uint64_t id, Response& res) {
+  auto changes = backend->StageChanges(id, 0);
+  if (!changes.ok()) return SendStatus(res, changes.status());
+  auto details = backend->GetJob(id);
+  if (!details.ok()) return SendStatus(res, details.status());
+  SendJson(res, 200, JobDetailsJson(*details, *changes, pipeline::NowMicros()));
+}
+
+void AdminServer::Impl::Steer(RouteId route, uint64_t id, Response& res) {
+  Result<state::JobRecord> job = route == RouteId::kPause    ? backend->Pause(id)
+                                 : route == RouteId::kResume ? backend->Resume(id)
+                                                             : backend->Cancel(id);
+  if (!job.ok()) return SendStatus(res, job.status());
+  SendJson(res, 202, JobJson(*job, pipeline::NowMicros()));
+}
+
+void AdminServer::Impl::RetryFailed(uint64_t id, Response& res) {
+  auto retry = backend->RetryFailed(id);
+  if (!retry.ok()) return SendStatus(res, retry.status());
+  JsonWriter w;
+  w.BeginObject().Key("id").Uint(*retry).Key("retry_of").Uint(id).EndObject();
+  SendJson(res, 202, w.Take());
+}
+
+void AdminServer::Impl::ClearOne(uint64_t id, Response& res) {
+  if (Status s = backend->ClearDetails(id); !s.ok()) return SendStatus(res, s);
+  JsonWriter w;
+  w.BeginObject().Key("id").Uint(id).Key("cleared").Bool(true).EndObject();
+  SendJson(res, 200, w.Take());
+}
+
+void AdminServer::Impl::ClearAll(Response& res) {
+  auto cleared = backend->ClearAllDetails();
+  if (!cleared.ok()) return SendStatus(res, cleared.status());
+  JsonWriter w;
+  w.BeginObject().Key("cleared").Uint(*cleared).EndObject();
+  SendJson(res, 200, w.Take());
+}
+
+void AdminServer::Impl::Live(Response& res) {
+  auto live = backend->Live();
+  if (!live.ok()) return SendStatus(res, live.status());
+  SendJson(res, 200, LiveJson(*live));
+}
+
+void AdminServer::Impl::ServeMetrics(Response& res) {
+  // A backend that cannot answer leaves the gauges as they were: the scrape still serves the
+  // counters the engine keeps.
+  auto jobs = backend->ListJobs();
+  auto live = backend->Live();
+  if (jobs.ok()) metrics->Refresh(*jobs, live.ok() ? *live : LiveStatus{});
+  res.status = 200;
+  res.set_header("Cache-Control", "no-store");
+  res.set_content(metrics->Serialize(), kMetricsType);
+}
+
+void AdminServer::Impl::Events(uint64_t id, Response& res) {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (stopping) return SendError(res, 503, "the admin server is stopping");
+    if (open_streams >= options.max_event_streams) {
+      return SendError(res, 503,
+                       "too many open event streams (" + std::to_string(options.max_event_streams) +
+                           "); try again later");
+    }
+    ++open_streams;
+  }
+  const auto release = [this](bool) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      --open_streams;
+    }
+    cv.notify_all();  // Stop waits for the last stream
+  };
+  // The transitions first, then the job: a transition that happens in between is sent as a
+  // stage event even though the snapshot shows its result; none is lost.
+  auto changes = backend->StageChanges(id, 0);
+  if (!changes.ok()) {
+    release(false);
+    return SendStatus(res, changes.status());
+  }
+  auto details = backend->GetJob(id);
+  if (!details.ok()) {
+    release(false);
+    return SendStatus(res, details.status());
+  }
+  auto stream = std::make_shared<EventStream>();
+  stream->id = id;
+  stream->next_stage = changes->empty() ? 0 : changes->back().index + 1;
+  stream->pending = SseEvent("snapshot", JobDetailsJson(*details, *changes, pipeline::NowMicros()));
+  stream->Remember(*details);
+  if (EndsStream(details->job.status)) {
+    stream->pending += EndEvent(id, details->job.status, "final");
+    stream->finished = true;
+  }
+  stream->last_poll = stream->last_write = Clock::now();
+  res.status = 200;
+  res.set_header("Cache-Control", "no-store");
+  res.set_header("X-Accel-Buffering", "no");
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [this, stream](size_t, httplib::DataSink& sink) { return Pump(*stream, sink); }, release);
+}
+
+// httplib calls this again and again on the connection's worker thread until it calls
+// sink.done() or returns false (the connection then closes).
+bool AdminServer::Impl::Pump(EventStream& s, httplib::DataSink& sink) {
+  if (!s.pending.empty()) {
+    const std::string out = std::move(s.pending);
+    s.pending.clear();
+    if (!sink.write(out.data(), out.size())) return false;
+    s.last_write = Clock::now();
+    if (s.finished) sink.done();
+    return true;
+  }
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait_until(lock, s.last_poll + std::chrono::milliseconds(options.sse_interval_ms),
+                  [this] { return stopping; });
+    if (stopping) {
+      lock.unlock();
+      const std::string out = EndEvent(s.id, s.last.status, "shutdown");
+      sink.write(out.data(), out.size());
+      sink.done();
+      return true;
+    }
+  }
+  if (sink.is_writable && !sink.is_writable()) return false;
+  s.last_poll = Clock::now();
+  std::string out = Poll(s);
+  const auto now = Clock::now();
+  if (out.empty() &&
+      now - s.last_write >= std::chrono::milliseconds(options.keepalive_interval_ms)) {
+    out = ": keep-alive\n\n";
+  }
+  if (!out.empty()) {
+    if (!sink.write(out.data(), out.size())) return false;
+    s.last_write = now;
+  }
+  if (s.finished) sink.done();
+  return true;
+}
+
+// One poll of a stream's job: the events for what changed since the last, in the order stage
+// transitions, counters, hosts, status, then end when the status ends the stream.
+std::string AdminServer::Impl::Poll(EventStream& s) {
+  std::string out;
+  const auto fail = [&](const Status& st) {
+    out += SseEvent("error", ErrorJson(st.message().empty() ? st.ToString() : st.message()));
+    out += EndEvent(s.id, s.last.status, "error");
+    s.finished = true;
+    return out;
+  };
+  // The job first, then its transitions: a backend records a transition before the status that
+  // follows it, so when this job shows a final status every transition is in the list.
+  auto details = backend->GetJob(s.id);
+  if (!details.ok()) return fail(details.status());
+  auto changes = backend->StageChanges(s.id, s.next_stage);
+  if (!changes.ok()) return fail(changes.status());
+  for (const StageChange& c : *changes) {
+    if (c.index < s.next_stage) continue;
+    JsonWriter w;
+    WriteStageChange(w, s.id, c);
+    out += SseEvent("stage", w.str());
+    s.next_stage = c.index + 1;
+  }
+  const JobDetails& d = *details;
+  if (d.job.counters != s.last.counters || d.queued_units != s.queued_units ||
+      d.failed_blocks != s.failed_blocks || d.errors_by_kind != s.errors_by_kind) {
+    out += SseEvent("counters", CountersJson(d, pipeline::NowMicros()));
+  }
+  if (d.hosts != s.hosts || d.recent != s.recent) out += SseEvent("hosts", HostsJson(d));
+  if (d.job.status != s.last.status) out += SseEvent("status", StatusJson(s.last, d.job));
+  s.Remember(d);
+  if (EndsStream(d.job.status)) {
+    out += EndEvent(s.id, d.job.status, "final");
+    s.finished = true;
+  }
+  return out;
+}
+
+AdminServer::AdminServer() : impl_(std::make_unique<Impl>()) {}
+
+AdminServer::~AdminServer() { Stop(); }
+
+uint16_t AdminServer::port() const { return impl_->port; }
+
+Status AdminServer::Start(const AdminServerOptions& options, AdminBackend* backend,
+                          Metrics* metrics) {
+  std::lock_guard<std::mutex> stop_lock(impl_->stop_mu);
+  Impl& m = *impl_;
+  if (m.started) return Status::Invalid("the admin server was started already");
+  if (backend == nullptr || metrics == nullptr) {
+    return Status::Invalid("the admin server needs a backend and metrics");
+  }
+  ATFILL_RETURN_IF_ERROR(options.Validate());
+  m.options = options;
+  m.backend = backend;
+  m.metrics = metrics;
+  m.token_digest = Sha256(AsBytes(options.token));
+
+  httplib::Server& svr = m.server;
+  const size_t threads = static_cast<size_t>(options.threads);
+  svr.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  svr.set_keep_alive_timeout(options.idle_timeout_s);
+  svr.set_read_timeout(options.io_timeout_s, 0);
+  svr.set_write_timeout(options.io_timeout_s, 0);
+  svr.set_payload_max_length(options.max_body_bytes);
+  // httplib's default sets SO_REUSEPORT, which lets a second process bind the same port and take
+  // a share of the connections; SO_REUSEADDR alone only allows rebinding past TIME_WAIT.
+  svr.set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
+  svr.set_error_handler(httplib::Server::HandlerWithResponse(
+      [&m](const Request& req, Response& res) { return m.OnError(req, res); }));
+  svr.set_exception_handler([](const Request&, Response& res, std::exception_ptr ep) {
+    std::string what = "internal error";
+    try {
+      if (ep) std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      what += std::string(": ") + e.what();
+    } catch (...) {
+    }
+    SendError(res, 500, what);
+  });
+  for (const Route& r : kRoutes) {
+    auto handler = [&m, &r](const Request& req, Response& res) { m.Handle(r, req, res); };
+    const std::string re = RouteRegex(r.pattern);
+    if (r.method == "GET") {
+      svr.Get(re, handler);
+    } else if (r.method == "POST") {
+      svr.Post(re, handler);
+    } else {
+      svr.Delete(re, handler);
+    }
+  }
+  for (const EmbeddedFile& f : DashboardFiles()) {
+    svr.Get(RouteRegex(f.path), [&m, &f](const Request&, Response& res) { m.ServeFile(f, res); });
+  }
+
+  errno = 0;
+  bool bound = false;
+  if (options.port == 0) {
+    const int port = svr.bind_to_any_port(options.address);
+    bound = port > 0;
+    if (bound) m.port = static_cast<uint16_t>(port);
+  } else {
+    bound = svr.bind_to_port(options.address, options.port);
+    if (bound) m.port = options.port;
+  }
+  if (!bound) {
+    const int err = errno;
+    return Status::IoError("admin server: cannot listen on " + options.address + ":" +
+                           std::to_string(options.port) +
+                           (err != 0 ? std::string(": ") + std::strerror(err)
+                                     : std::string(" (address not local, in use, or refused)")));
+  }
+  m.started = true;
+  m.thread = std::thread([&m] {
+    m.server.listen_after_bind();
+    m.listen_returned = true;
+  });
+  // httplib's stop() only acts once the accept loop runs, so wait for it (a few ms).
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  while (!m.server.is_running() && !m.listen_returned && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (!m.server.is_running()) {
+    m.server.stop();
+    if (m.thread.joinable()) m.thread.join();
+    m.stopped = true;
+    return Status::IoError("admin server: the accept loop on " + options.address + ":" +
+                           std::to_string(m.port) + " did not start");
+  }
+  return Status::OK();
+}
+
+void AdminServer::Stop() {
+  Impl& m = *impl_;
+  std::lock_guard<std::mutex> stop_lock(m.stop_mu);
+  if (!m.started || m.stopped) return;
+  m.stopped = true;
+  // First the event streams: each writes `end` and finishes its answer. Only then the listening
+  // socket: httplib stops calling a stream's provider once the socket is closed, so a stream
+  // still open at that moment would be cut without its `end`. A stream blocked on a stalled
+  // client ends by the write timeout.
+  {
+    std::unique_lock<std::mutex> lock(m.mu);
+    m.stopping = true;
+    m.cv.notify_all();
+    m.cv.wait_for(lock,
+                  std::chrono::seconds(m.options.io_timeout_s) +
+                      std::chrono::milliseconds(m.options.sse_interval_ms),
+                  [&m] { return m.open_streams == 0; });
+  }
+  m.server.stop();
+  if (m.thread.joinable()) m.thread.join();
+}
+
+}  // namespace atfill::admin

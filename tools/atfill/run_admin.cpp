@@ -1,0 +1,365 @@
+#include "tools/atfill/run_admin.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+
+#include "net/http_client.hpp"
+#include "pipeline/job.hpp"
+#include "state/crawl_log.hpp"
+#include "state/cursors.hpp"
+#include "state/failed_blocks.hpp"
+#include "state/work_queue.hpp"
+#include "tools/atfill/admin/admin_server.hpp"
+#include "tools/atfill/admin/metrics.hpp"
+#include "tools/atfill/cli.hpp"
+#include "tools/atfill/job_run.hpp"
+#include "tools/atfill/job_view.hpp"
+#include "tools/atfill/job_watch.hpp"
+#include "tools/atfill/verb_backfill.hpp"
+
+namespace atfill::cli {
+
+namespace {
+
+constexpr const char* kDetailsCleared = "details_cleared";
+
+std::string Name(state::JobStatus status) { return std::string(state::JobStatusName(status)); }
+
+}  // namespace
+
+RunAdmin::RunAdmin(const AppConfig& config, OpenedState& st, std::function<bool()> live_running)
+    : config_(config), st_(st), live_running_(std::move(live_running)) {}
+
+RunAdmin::~RunAdmin() { Shutdown(); }
+
+void RunAdmin::Spawn(state::JobRecord job) {
+  std::lock_guard lock(mu_);
+  if (stopping_) return;
+  ++running_;
+  threads_.emplace_back([this, job = std::move(job)] {
+    const bool hold = live_running_ && live_running_();
+    RunBackfillJob("api", config_, st_, job, hold);
+    --running_;
+  });
+}
+
+void RunAdmin::Shutdown() {
+  std::vector<std::thread> threads;
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+    threads.swap(threads_);
+  }
+  retention_cv_.notify_all();
+  // The jobs see the stop signal (Ctrl-C, SIGTERM) at their next checkpoint and pause; a job
+  // still running when Shutdown is called without one is asked to pause here.
+  {
+    auto jobs = st_.jobs->List();
+    if (jobs.ok()) {
+      for (const auto& j : *jobs) JobWatch::Get().RequestStop(j.id, pipeline::StopKind::kPause);
+    }
+  }
+  for (auto& t : threads) t.join();
+  if (retention_.joinable()) retention_.join();
+}
+
+Result<uint64_t> RunAdmin::ApplyRetention(int64_t days, int64_t now_us) {
+  if (days <= 0) return uint64_t{0};
+  const int64_t before = now_us - days * 86'400'000'000;
+  ATFILL_ASSIGN_OR_RETURN(auto jobs, st_.jobs->List());
+  uint64_t cleared = 0;
+  for (auto& j : jobs) {
+    if (j.kind != "backfill" || !state::IsTerminal(j.status)) continue;
+    if (j.finished_us == 0 || j.finished_us >= before || j.params.count(kDetailsCleared)) continue;
+    ATFILL_RETURN_IF_ERROR(Clear(j));
+    ++cleared;
+  }
+  return cleared;
+}
+
+void RunAdmin::StartRetention() {
+  if (config_.backfill_retention_days <= 0) return;
+  retention_ = std::thread([this] {
+    std::unique_lock lock(mu_);
+    while (!stopping_) {
+      lock.unlock();
+      auto cleared = ApplyRetention(config_.backfill_retention_days, pipeline::NowMicros());
+      if (!cleared.ok()) {
+        std::fprintf(stderr, "atfill run: retention: %s\n", cleared.status().message().c_str());
+      } else if (*cleared > 0) {
+        std::fprintf(stderr,
+                     "atfill run: retention: cleared the details of %" PRIu64
+                     " backfill job(s) finished more than %" PRId64 " days ago\n",
+                     *cleared, config_.backfill_retention_days);
+      }
+      lock.lock();
+      retention_cv_.wait_for(lock, std::chrono::hours(24), [this] { return stopping_; });
+    }
+  });
+}
+
+Result<std::vector<admin::JobSummary>> RunAdmin::ListJobs() {
+  ATFILL_ASSIGN_OR_RETURN(auto jobs, st_.jobs->List());
+  std::sort(jobs.begin(), jobs.end(), [](const auto& a, const auto& b) { return a.id > b.id; });
+  state::WorkQueue queue(*st_.kv);
+  std::vector<admin::JobSummary> out;
+  for (auto& j : jobs) {
+    admin::JobSummary s;
+    ATFILL_ASSIGN_OR_RETURN(s.queued_units, queue.Count(j.id));
+    s.job = std::move(j);
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+Result<admin::JobDetails> RunAdmin::GetJob(uint64_t id) {
+  admin::JobDetails d;
+  ATFILL_ASSIGN_OR_RETURN(d.job, st_.jobs->Get(id));
+  ATFILL_ASSIGN_OR_RETURN(d.queued_units, state::WorkQueue(*st_.kv).Count(id));
+  state::CrawlLog log(*st_.kv);
+  ATFILL_ASSIGN_OR_RETURN(d.hosts, log.Hosts(id));
+  ATFILL_ASSIGN_OR_RETURN(d.recent, log.Recent(id));
+  ATFILL_ASSIGN_OR_RETURN(d.failed_blocks, state::FailedBlocks(*st_.kv).Count(id));
+  ATFILL_ASSIGN_OR_RETURN(d.errors_by_kind, st_.errors->CountsByKind(id));
+  return d;
+}
+
+Result<std::vector<admin::StageChange>> RunAdmin::StageChanges(uint64_t id, uint64_t since) {
+  ATFILL_RETURN_IF_ERROR(st_.jobs->Get(id).status());
+  return JobWatch::Get().StageChanges(id, since);
+}
+
+Result<uint64_t> RunAdmin::StartBackfill(const admin::BackfillRequest& request) {
+  {
+    std::lock_guard lock(mu_);
+    if (stopping_) return Status::Unavailable("atfill is shutting down; no job starts now");
+  }
+  BackfillTargets targets;
+  targets.collections = request.collections;
+  targets.dids = request.dids;
+  targets.source = request.source;
+  targets.mode = request.mode;
+  ATFILL_ASSIGN_OR_RETURN(state::JobRecord job, CreateBackfill(config_, st_, targets, "api"));
+  if (JobWatch::Get().Running(job.id)) return job.id;  // those targets' job already runs here
+  const uint64_t id = job.id;
+  Spawn(std::move(job));
+  return id;
+}
+
+Result<state::JobRecord> RunAdmin::Steer(uint64_t id, bool cancel) {
+  std::lock_guard lock(mu_);
+  ATFILL_ASSIGN_OR_RETURN(auto job, st_.jobs->Get(id));
+  const char* verb = cancel ? "cancel" : "pause";
+  if (job.status == state::JobStatus::kCompleted || job.status == state::JobStatus::kCancelled ||
+      (!cancel && job.status == state::JobStatus::kFailed)) {
+    return Status::Unsupported("job " + std::to_string(id) + " is " + Name(job.status) +
+                               "; there is nothing to " + verb);
+  }
+  if (JobWatch::Get().RequestStop(
+          id, cancel ? pipeline::StopKind::kCancel : pipeline::StopKind::kPause)) {
+    // The job shows pausing/cancelling from its next commit; answer it as asked.
+    job.status = cancel ? state::JobStatus::kCancelling : state::JobStatus::kPausing;
+    return job;
+  }
+  if (!cancel && job.status == state::JobStatus::kPaused) return job;  // already paused
+  if (job.status == state::JobStatus::kRunning || job.status == state::JobStatus::kPausing ||
+      job.status == state::JobStatus::kCancelling) {
+    // Not run by this process: the process that holds it (none can; this one holds the state)
+    // died; `atfill run` resumes it at its next start. Cancelling it is final either way.
+    if (!cancel) {
+      return Status::Unsupported("job " + std::to_string(id) +
+                                 " is not running in this process; resume it first");
+    }
+  }
+  const int64_t now = pipeline::NowMicros();
+  job.updated_us = now;
+  if (cancel) {
+    job.status = state::JobStatus::kCancelled;
+    job.stage = state::JobStage::kCancelled;
+    job.finished_us = now;
+    job.stop_reason = {"cancelled", "cancelled on request (admin API)"};
+  } else {
+    job.status = state::JobStatus::kPaused;
+    job.stop_reason = {"paused", "paused on request (admin API)"};
+  }
+  JobWatch::Get().Changed(job, nullptr);
+  state::WriteBatch batch;
+  ATFILL_RETURN_IF_ERROR(st_.jobs->Put(&batch, job));
+  ATFILL_RETURN_IF_ERROR(st_.kv->Write(batch));
+  return job;
+}
+
+Result<state::JobRecord> RunAdmin::Pause(uint64_t id) { return Steer(id, false); }
+Result<state::JobRecord> RunAdmin::Cancel(uint64_t id) { return Steer(id, true); }
+
+Result<state::JobRecord> RunAdmin::Resume(uint64_t id) {
+  ATFILL_ASSIGN_OR_RETURN(auto job, st_.jobs->Get(id));
+  if (JobWatch::Get().Running(id)) {
+    return Status::Unsupported("job " + std::to_string(id) + " is already running");
+  }
+  if (job.status == state::JobStatus::kCompleted || job.status == state::JobStatus::kCancelled) {
+    return Status::Unsupported("job " + std::to_string(id) + " is " + Name(job.status) +
+                               "; there is nothing to resume");
+  }
+  if (job.kind != "backfill") {
+    return Status::Unsupported("job " + std::to_string(id) + " is a " + job.kind +
+                               " job; the admin API resumes backfill jobs (atfill resume "
+                               "resumes the others)");
+  }
+  {
+    std::lock_guard lock(mu_);
+    if (stopping_) return Status::Unavailable("atfill is shutting down; no job starts now");
+  }
+  Spawn(job);
+  job.status = state::JobStatus::kRunning;
+  return job;
+}
+
+Result<uint64_t> RunAdmin::RetryFailed(uint64_t id) {
+  ATFILL_ASSIGN_OR_RETURN(auto original, st_.jobs->Get(id));
+  if (!state::IsTerminal(original.status) && original.status != state::JobStatus::kPaused) {
+    return Status::Unsupported("job " + std::to_string(id) + " is " + Name(original.status) +
+                               "; retry its failed blocks once it has stopped");
+  }
+  bool resumed = false;
+  auto job = CreateRetryJob(st_, id, "api", &resumed);
+  if (!job.ok()) {
+    // Nothing failed: the request cannot be served in this state of the job.
+    if (job.status().code() == StatusCode::kNotFound) {
+      return Status::Unsupported(job.status().message());
+    }
+    return job.status();
+  }
+  if (!JobWatch::Get().Running(job->id)) Spawn(*job);
+  return job->id;
+}
+
+Status RunAdmin::Clear(state::JobRecord job) {
+  ATFILL_RETURN_IF_ERROR(state::WorkQueue(*st_.kv).Clear(job.id));
+  ATFILL_RETURN_IF_ERROR(state::CrawlLog(*st_.kv).ClearRecent(job.id).status());
+  job.params[kDetailsCleared] = FormatTime(pipeline::NowMicros());
+  state::WriteBatch batch;
+  ATFILL_RETURN_IF_ERROR(st_.jobs->Put(&batch, job));
+  return st_.kv->Write(batch);
+}
+
+Status RunAdmin::ClearDetails(uint64_t id) {
+  ATFILL_ASSIGN_OR_RETURN(auto job, st_.jobs->Get(id));
+  if (!state::IsTerminal(job.status)) {
+    return Status::Unsupported("job " + std::to_string(id) + " is " + Name(job.status) +
+                               "; only a finished job's details can be cleared");
+  }
+  return Clear(std::move(job));
+}
+
+Result<uint64_t> RunAdmin::ClearAllDetails() {
+  ATFILL_ASSIGN_OR_RETURN(auto jobs, st_.jobs->List());
+  uint64_t n = 0;
+  for (auto& j : jobs) {
+    if (!state::IsTerminal(j.status)) continue;
+    ATFILL_RETURN_IF_ERROR(Clear(std::move(j)));
+    ++n;
+  }
+  return n;
+}
+
+Result<admin::LiveStatus> RunAdmin::Live() {
+  admin::LiveStatus s;
+  if (config_.live.hosts.empty()) return s;
+  s.configured = true;
+  s.host = config_.live.hosts.front();
+  ATFILL_ASSIGN_OR_RETURN(auto jobs, st_.jobs->List());
+  const state::JobRecord* live = nullptr;
+  for (const auto& j : jobs) {
+    if (j.kind == "live" && (live == nullptr || j.id > live->id)) live = &j;
+  }
+  if (live == nullptr) {
+    s.status = "not started";
+    return s;
+  }
+  s.job_id = live->id;
+  const bool running = JobWatch::Get().Running(live->id);
+  s.status = running ? "streaming" : Name(live->status);
+  if (auto p = live->params.find("protocol"); p != live->params.end()) s.protocol = p->second;
+  if (!live->stop_reason.empty() && !running) s.error = live->stop_reason.sentence;
+  state::Cursors cursors(*st_.kv);
+  ATFILL_ASSIGN_OR_RETURN(auto cursor, cursors.Get(kLiveCursor));
+  if (cursor) {
+    s.cursor = std::strtoull(cursor->c_str(), nullptr, 10);
+    const size_t colon = cursor->find(':');
+    if (colon != std::string::npos)
+      s.witnessed_us = std::strtoll(cursor->c_str() + colon + 1, nullptr, 10);
+  }
+  const int64_t now = pipeline::NowMicros();
+  if (s.witnessed_us > 0) s.lag_s = static_cast<double>(now - s.witnessed_us) / 1e6;
+  const auto p = pipeline::DeriveProgress(*live, now);
+  s.events_per_s = p.events_per_s;
+  s.records_per_s = p.records_per_s;
+  return s;
+}
+
+int ServeRun(const AppConfig& config, const std::vector<state::JobRecord>& backfills,
+             bool with_backfill) {
+  CatchStopSignals();
+  auto st = OpenStateForWrite(config);
+  if (!st.ok()) {
+    std::fprintf(stderr, "atfill run: %s\n", st.status().message().c_str());
+    return kExitIo;
+  }
+  admin::Metrics metrics;
+  JobWatch::Get().SetMetrics(&metrics);
+  static admin::Metrics* g_metrics = nullptr;
+  g_metrics = &metrics;
+  net::SetResponseObserver([](int status) { g_metrics->CountHttpResponse(status); });
+  std::atomic<bool> live_running{false};
+  int rc = kExitOk;
+  {
+    RunAdmin backend(config, *st, [&live_running] { return live_running.load(); });
+    admin::AdminServer server;
+    if (Status s = server.Start(config.admin, &backend, &metrics); !s.ok()) {
+      std::fprintf(stderr, "atfill run: admin API: %s\n", s.message().c_str());
+      net::SetResponseObserver(nullptr);
+      JobWatch::Get().SetMetrics(nullptr);
+      return kExitUsage;
+    }
+    std::fprintf(stderr,
+                 "atfill run: admin API and dashboard on http://%s:%u/ (bearer token required; "
+                 "Ctrl-C stops)\n",
+                 config.admin.address.c_str(), static_cast<unsigned>(server.port()));
+    backend.StartRetention();
+    for (const auto& j : backfills) {
+      std::fprintf(stderr, "atfill run: resuming backfill job %" PRIu64 " (%s)\n", j.id,
+                   std::string(state::JobStatusName(j.status)).c_str());
+      backend.Spawn(j);
+    }
+    if (with_backfill) {
+      auto job = CreateBackfill(config, *st, {}, "cli");
+      if (!job.ok()) {
+        std::fprintf(stderr, "atfill run: --backfill: %s\n", job.status().message().c_str());
+        rc = kExitUsage;
+      } else if (!JobWatch::Get().Running(job->id)) {
+        backend.Spawn(*job);
+      }
+    }
+    if (!config.live.hosts.empty() && rc == kExitOk) {
+      live_running = true;
+      rc = RunLive(config, *st, [&backend] { return backend.BackfillRunning(); });
+      live_running = false;
+      if (rc == kExitStopped && !StopSignalled()) rc = kExitOk;  // the stream went quiet
+    }
+    while (!StopSignalled()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    std::fprintf(stderr, "atfill run: stopping: pausing running jobs\n");
+    server.Stop();
+    backend.Shutdown();
+  }
+  net::SetResponseObserver(nullptr);
+  JobWatch::Get().SetMetrics(nullptr);
+  RestoreSignals();
+  return rc;
+}
+
+}  // namespace atfill::cli

@@ -1,0 +1,73 @@
+// The admin API's backend inside `atfill run` (docs/admin.md): jobs started, steered and shown
+// over HTTP run on threads of this process, on its open state; plus the daily retention task.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "tools/atfill/admin/admin_backend.hpp"
+#include "tools/atfill/app_config.hpp"
+#include "tools/atfill/state_access.hpp"
+
+namespace atfill::cli {
+
+class RunAdmin : public admin::AdminBackend {
+ public:
+  // `config` and `st` must outlive it. `live_running` tells whether this process's live
+  // consumer runs now (backfills started then hold its events of their repos).
+  RunAdmin(const AppConfig& config, OpenedState& st, std::function<bool()> live_running);
+  // Shutdown().
+  ~RunAdmin() override;
+
+  // Starts backfill `job` on a thread of its own (the API's jobs and `atfill run`'s resumed ones).
+  void Spawn(state::JobRecord job);
+  // Whether a backfill started by Spawn still runs.
+  bool BackfillRunning() const { return running_.load() > 0; }
+  // Refuses new jobs, asks the running ones to pause and waits for them.
+  void Shutdown();
+
+  // Clears the details of backfill jobs finished more than `days` ago (not yet cleared);
+  // returns how many. Run at start and daily by the retention thread.
+  Result<uint64_t> ApplyRetention(int64_t days, int64_t now_us);
+  // Starts the daily retention task (nothing when [jobs] backfill_retention_days is 0).
+  void StartRetention();
+
+  Result<std::vector<admin::JobSummary>> ListJobs() override;
+  Result<admin::JobDetails> GetJob(uint64_t id) override;
+  Result<std::vector<admin::StageChange>> StageChanges(uint64_t id, uint64_t since) override;
+  Result<uint64_t> StartBackfill(const admin::BackfillRequest& request) override;
+  Result<state::JobRecord> Pause(uint64_t id) override;
+  Result<state::JobRecord> Resume(uint64_t id) override;
+  Result<state::JobRecord> Cancel(uint64_t id) override;
+  Result<uint64_t> RetryFailed(uint64_t id) override;
+  Status ClearDetails(uint64_t id) override;
+  Result<uint64_t> ClearAllDetails() override;
+  Result<admin::LiveStatus> Live() override;
+
+ private:
+  Result<state::JobRecord> Steer(uint64_t id, bool cancel);
+  Status Clear(state::JobRecord job);
+
+  const AppConfig& config_;
+  OpenedState& st_;
+  std::function<bool()> live_running_;
+  std::mutex mu_;  // guards threads_, stopping_, and job steering (status changes) here
+  std::vector<std::thread> threads_;
+  bool stopping_ = false;
+  std::atomic<int> running_{0};
+  std::thread retention_;
+  std::condition_variable retention_cv_;
+};
+
+// `atfill run` with [admin]: serves the admin API and dashboard, starts `backfills` (and, with
+// `with_backfill`, [crawl]'s targets) on threads of their own, runs the live consumer when
+// [live] is set, and keeps serving until Ctrl-C or SIGTERM; then pauses what runs and exits.
+int ServeRun(const AppConfig& config, const std::vector<state::JobRecord>& backfills,
+             bool with_backfill);
+
+}  // namespace atfill::cli
