@@ -23,6 +23,8 @@ class Child {
   Child(const std::vector<std::string>& argv, const std::filesystem::path& dir);
   ~Child();
   pid_t pid() const { return pid_; }
+  // Where its stderr goes (readable while it runs).
+  const std::filesystem::path& err_path() const { return err_path_; }
   // Sends `sig`; true when the child was still there to receive it.
   bool Kill(int sig);
   // Waits at most `timeout`; on timeout kills it with SIGKILL and says so in err.

@@ -231,7 +231,7 @@ Result<AppConfig> LoadAppConfig(const std::string& path) {
   ATFILL_RETURN_IF_ERROR(
       file.ReadDouble("progress.interval_s", &c.progress_interval_s, 0.1, 86'400));
   ATFILL_RETURN_IF_ERROR(
-      file.ReadInt("jobs.backfill_retention_days", &c.backfill_retention_days, 0, 36'500));
+      file.ReadDouble("jobs.backfill_retention_days", &c.backfill_retention_days, 0, 36'500));
   c.admin_enabled = file.Has("admin.port");
   ATFILL_RETURN_IF_ERROR(file.ReadString("admin.address", &c.admin.address));
   ATFILL_RETURN_IF_ERROR(file.ReadUint("admin.port", &c.admin.port, 0, 65535));

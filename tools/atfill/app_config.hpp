@@ -86,8 +86,9 @@ struct AppConfig {
   bool admin_enabled = false;
   admin::AdminServerOptions admin;
   // [jobs] backfill_retention_days: the per-repo details and leftover queue of backfill jobs
-  // finished longer ago are deleted by a daily task of `atfill run`; 0 keeps them forever.
-  int64_t backfill_retention_days = 28;
+  // finished longer ago are deleted by a daily task of `atfill run` (at its start, then every
+  // 24 h); 0 keeps them forever. Fractions of a day are allowed.
+  double backfill_retention_days = 28;
 };
 
 // Where a replay reads: the archive directory (absolute) or URL; empty when none is configured.

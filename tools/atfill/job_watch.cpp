@@ -43,28 +43,48 @@ std::vector<admin::StageChange> JobWatch::StageChanges(uint64_t id, uint64_t sin
           it->second.changes.end()};
 }
 
+void JobWatch::Starting(uint64_t id) {
+  std::lock_guard lock(mu_);
+  Entry& e = jobs_[id];
+  e.starting = true;
+  e.pending_stop = pipeline::StopKind::kNone;
+}
+
 void JobWatch::Attach(uint64_t id, pipeline::JobRunner* runner) {
   std::lock_guard lock(mu_);
-  jobs_[id].runner = runner;
+  Entry& e = jobs_[id];
+  e.runner = runner;
+  e.starting = false;
+  if (e.pending_stop != pipeline::StopKind::kNone) runner->RequestStop(e.pending_stop);
+  e.pending_stop = pipeline::StopKind::kNone;
 }
 
 void JobWatch::Detach(uint64_t id) {
   std::lock_guard lock(mu_);
-  jobs_[id].runner = nullptr;
+  Entry& e = jobs_[id];
+  e.runner = nullptr;
+  e.starting = false;
 }
 
 bool JobWatch::RequestStop(uint64_t id, pipeline::StopKind kind) {
   std::lock_guard lock(mu_);
   auto it = jobs_.find(id);
-  if (it == jobs_.end() || it->second.runner == nullptr) return false;
-  it->second.runner->RequestStop(kind);
+  if (it == jobs_.end()) return false;
+  Entry& e = it->second;
+  if (e.runner != nullptr) {
+    e.runner->RequestStop(kind);
+    return true;
+  }
+  if (!e.starting) return false;
+  // A cancel outranks a pause asked for earlier.
+  if (e.pending_stop != pipeline::StopKind::kCancel) e.pending_stop = kind;
   return true;
 }
 
 bool JobWatch::Running(uint64_t id) {
   std::lock_guard lock(mu_);
   auto it = jobs_.find(id);
-  return it != jobs_.end() && it->second.runner != nullptr;
+  return it != jobs_.end() && (it->second.runner != nullptr || it->second.starting);
 }
 
 }  // namespace atfill::cli

@@ -28,6 +28,9 @@ class JobWatch {
   // The job's transitions with index >= since.
   std::vector<admin::StageChange> StageChanges(uint64_t id, uint64_t since);
 
+  // A job this process is about to run (its thread starts): counts as running from now on, and a
+  // stop asked for before its runner exists is handed to the runner when it attaches.
+  void Starting(uint64_t id);
   // The runner of a job while it runs in this process.
   void Attach(uint64_t id, pipeline::JobRunner* runner);
   void Detach(uint64_t id);
@@ -42,6 +45,8 @@ class JobWatch {
     state::JobCounters counters;
     std::vector<admin::StageChange> changes;
     pipeline::JobRunner* runner = nullptr;
+    bool starting = false;
+    pipeline::StopKind pending_stop = pipeline::StopKind::kNone;
   };
   std::mutex mu_;
   std::map<uint64_t, Entry> jobs_;

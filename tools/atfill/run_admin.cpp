@@ -40,9 +40,12 @@ void RunAdmin::Spawn(state::JobRecord job) {
   std::lock_guard lock(mu_);
   if (stopping_) return;
   ++running_;
+  JobWatch::Get().Starting(job.id);
   threads_.emplace_back([this, job = std::move(job)] {
     const bool hold = live_running_ && live_running_();
+    const uint64_t id = job.id;
     RunBackfillJob("api", config_, st_, job, hold);
+    JobWatch::Get().Detach(id);  // also when the job could not start
     --running_;
   });
 }
@@ -67,9 +70,9 @@ void RunAdmin::Shutdown() {
   if (retention_.joinable()) retention_.join();
 }
 
-Result<uint64_t> RunAdmin::ApplyRetention(int64_t days, int64_t now_us) {
+Result<uint64_t> RunAdmin::ApplyRetention(double days, int64_t now_us) {
   if (days <= 0) return uint64_t{0};
-  const int64_t before = now_us - days * 86'400'000'000;
+  const int64_t before = now_us - static_cast<int64_t>(days * 86'400'000'000.0);
   ATFILL_ASSIGN_OR_RETURN(auto jobs, st_.jobs->List());
   uint64_t cleared = 0;
   for (auto& j : jobs) {
@@ -93,7 +96,7 @@ void RunAdmin::StartRetention() {
       } else if (*cleared > 0) {
         std::fprintf(stderr,
                      "atfill run: retention: cleared the details of %" PRIu64
-                     " backfill job(s) finished more than %" PRId64 " days ago\n",
+                     " backfill job(s) finished more than %g days ago\n",
                      *cleared, config_.backfill_retention_days);
       }
       lock.lock();

@@ -33,7 +33,7 @@ class RunAdmin : public admin::AdminBackend {
 
   // Clears the details of backfill jobs finished more than `days` ago (not yet cleared);
   // returns how many. Run at start and daily by the retention thread.
-  Result<uint64_t> ApplyRetention(int64_t days, int64_t now_us);
+  Result<uint64_t> ApplyRetention(double days, int64_t now_us);
   // Starts the daily retention task (nothing when [jobs] backfill_retention_days is 0).
   void StartRetention();
 

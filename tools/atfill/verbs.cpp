@@ -86,7 +86,11 @@ std::span<const Verb> Verbs() {
        "repo they crawl are held until the repo is written, then applied (those at or below the\n"
        "fetched commit's rev dropped).\n"
        "--backfill: also backfill [crawl]'s targets (the unfinished job that crawls them, or a\n"
-       "new one), beside the live consumer when [live] hosts is set.\n",
+       "new one), beside the live consumer when [live] hosts is set.\n"
+       "With [admin] port set, also serves the admin API, /metrics and the dashboard there\n"
+       "(docs/admin.md); backfills then run on threads of their own, and atfill run keeps\n"
+       "serving until Ctrl-C or SIGTERM, which pause the running jobs.\n"
+       "--shard i/n (every verb): own only shard i of n of the DID space (README).\n",
        RunRun},
       {"status", "show the live consumer: host, protocol, cursor, lag, rate",
        "usage: atfill status CONFIG\n\nWorks while atfill run holds the state (read-only view).\n",

@@ -1,0 +1,90 @@
+// Drives atfill's admin dashboard in headless Chromium the way a person would: gives the token,
+// starts a backfill from the form, watches the job's row until it reaches "completed", then
+// reads what the page shows and saves a screenshot. Prints one JSON object on stdout.
+//
+//   node dashboard.mjs URL TOKEN COLLECTION SCREENSHOT
+//
+// Run by tests/integration/dashboard_test.cpp, which starts atfill against simnet and checks the
+// numbers printed here against the API and the database.
+import { chromium } from 'playwright-core';
+
+const [url, token, collection, screenshot] = process.argv.slice(2);
+if (!screenshot) {
+  console.error('usage: node dashboard.mjs URL TOKEN COLLECTION SCREENSHOT');
+  process.exit(2);
+}
+
+const browser = await chromium.launch({
+  executablePath: process.env.ATFILL_CHROMIUM || '/usr/bin/chromium',
+  // No sandbox (tests run as root); no background traffic (the machine has no internet).
+  args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
+         '--disable-background-networking', '--disable-component-update', '--disable-sync'],
+  timeout: 60_000,
+});
+const out = {};
+try {
+  const page = await browser.newPage({ viewport: { width: 1400, height: 1000 } });
+  const consoleErrors = [];
+  page.on('console', (m) => { if (m.type() === 'error') consoleErrors.push(m.text()); });
+  page.on('pageerror', (e) => consoleErrors.push(String(e)));
+  await page.goto(url, { waitUntil: 'load' });
+
+  // A wrong token first: the page says so and asks again.
+  await page.getByTestId('token-input').fill(token + '-wrong');
+  await page.getByTestId('token-submit').click();
+  await page.getByTestId('auth-message').waitFor({ state: 'visible', timeout: 10_000 });
+  out.wrong_token_message = (await page.getByTestId('auth-message').innerText()).trim();
+  out.errors_for_wrong_token = consoleErrors.splice(0);  // the refused calls (401) are logged
+  await page.getByTestId('token-input').fill(token);
+  await page.getByTestId('token-submit').click();
+  await page.getByTestId('jobs-table').waitFor({ state: 'visible', timeout: 10_000 });
+  out.token_panel_visible = await page.getByTestId('token-panel').isVisible();
+
+  // Start a backfill from the form.
+  await page.getByTestId('backfill-collections').fill(collection);
+  await page.getByTestId('backfill-submit').click();
+  const message = page.getByTestId('backfill-message');
+  await page.waitForFunction(
+    () => /job \d+/.test(document.querySelector('[data-testid="backfill-message"]')?.textContent || ''),
+    null, { timeout: 20_000 });
+  const started = (await message.innerText()).trim();
+  out.backfill_message = started;
+  const id = Number(started.match(/job (\d+)/)[1]);
+  out.id = id;
+
+  // Its row shows up and is followed live until it completes.
+  const status = page.getByTestId(`job-status-${id}`);
+  await status.waitFor({ state: 'visible', timeout: 20_000 });
+  const seen = new Set();
+  const deadline = Date.now() + 120_000;
+  for (;;) {
+    const s = (await status.innerText()).trim();
+    seen.add(s);
+    if (s === 'completed' || s === 'failed' || s === 'cancelled') break;
+    if (Date.now() > deadline) throw new Error(`job ${id} still ${s} after 120 s`);
+    await page.waitForTimeout(100);
+  }
+  out.statuses_seen = [...seen];
+  out.status = (await status.innerText()).trim();
+  out.records = (await page.getByTestId(`job-records-${id}`).innerText()).trim();
+  out.progress = (await page.getByTestId(`job-progress-${id}`).innerText()).trim();
+
+  // The job's details: open them and wait for the per-PDS table and the stage log.
+  await page.getByTestId(`job-row-${id}`).click();
+  await page.getByTestId('job-detail').waitFor({ state: 'visible', timeout: 10_000 });
+  await page.waitForFunction(
+    (jid) => document.querySelector('[data-testid="job-detail"]')?.getAttribute('data-job-id') === String(jid)
+      && document.querySelectorAll('[data-testid^="host-row-"]').length > 0,
+    id, { timeout: 20_000 });
+  out.detail_status = (await page.getByTestId('detail-status').innerText()).trim();
+  out.detail_records = (await page.getByTestId('detail-records').innerText()).trim();
+  out.hosts = await page.locator('[data-testid^="host-row-"]').count();
+  out.recent = await page.locator('[data-testid^="recent-row-"]').count();
+  out.stages = await page.locator('[data-testid^="stage-change-"]').allInnerTexts();
+  out.pause_enabled = await page.getByTestId(`job-pause-${id}`).isEnabled();
+  await page.screenshot({ path: screenshot, fullPage: true });
+  out.console_errors = consoleErrors;
+} finally {
+  await browser.close();
+}
+console.log(JSON.stringify(out));

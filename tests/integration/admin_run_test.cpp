@@ -1,0 +1,438 @@
+// The admin API and dashboard of a real `atfill run` (with [admin]) against simnet over loopback:
+// backfills started, followed (server-sent events), steered and cleared over HTTP; metrics; and
+// the dashboard driven in headless Chromium (Debian's chromium, through playwright-core).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "sinks/sqlite_reader.hpp"
+#include "tests/common/process.hpp"
+#include "tools/simnet/simnet.hpp"
+
+namespace atfill {
+namespace {
+
+using testing::Child;
+using ::testing::HasSubstr;
+using testing::TempDir;
+
+constexpr const char* kToken = "s3cret-admin-token";
+constexpr const char* kPost = "app.bsky.feed.post";
+
+std::string Slurp(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+simnet::SimnetOptions Network(int64_t latency_ms) {
+  simnet::SimnetOptions o;
+  o.seed = 31;
+  o.accounts = 120;
+  o.pds_hosts = 4;
+  o.collections = {kPost, "app.bsky.feed.like"};
+  o.max_records = 20;
+  o.deactivated_share = 0;
+  o.takendown_share = 0;
+  o.latency_ms = latency_ms;
+  o.threads = 2;
+  return o;
+}
+
+// `atfill run` with [admin] on a free port, its state and table in a folder of its own.
+class Server {
+ public:
+  explicit Server(const simnet::Simnet& net, const std::string& extra = "") {
+    config_ = (dir_ / "atfill.toml").string();
+    testing::WriteFile(config_,
+                       "[state]\ndir = \"state\"\n[sink.sqlite]\npath = \"db.sqlite\"\n"
+                       "[progress]\ninterval_s = 60\n[admin]\nport = 0\ntoken = \"" +
+                           std::string(kToken) + "\"\nsse_interval_ms = 50\n[crawl]\nrelay = \"" +
+                           net.relay_url() +
+                           "\"\ncollections = [\"app.bsky.feed.post\"]\n"
+                           "allow_loopback_endpoints = true\nlist_repos_limit = 20\n"
+                           "[resolver]\nplc = \"" +
+                           net.plc_url() + "\"\n" + extra);
+    // A backfill run before the server starts, for tests of what the server finds.
+    if (extra.find("[jobs]") != std::string::npos) {
+      auto before = testing::RunProcess({ATFILL_BINARY, "backfill", config_}, dir_.path());
+      EXPECT_EQ(before.exit_code, 0) << before.err;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    }
+    child_ = std::make_unique<Child>(std::vector<std::string>{ATFILL_BINARY, "run", config_},
+                                     dir_.path());
+    // The port it listens on, from its first lines.
+    const std::regex listening(R"(dashboard on http://127\.0\.0\.1:(\d+)/)");
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (std::chrono::steady_clock::now() < deadline && child_->Running()) {
+      std::smatch m;
+      const std::string err = Slurp(child_->err_path());
+      if (std::regex_search(err, m, listening)) {
+        port_ = std::stoi(m[1]);
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+  ~Server() { Stop(); }
+
+  int port() const { return port_; }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_) + "/"; }
+  const std::filesystem::path& dir() const { return dir_.path(); }
+  std::string log() const { return Slurp(child_->err_path()); }
+
+  httplib::Client Client(bool with_token = true) const {
+    httplib::Client c("127.0.0.1", port_);
+    c.set_read_timeout(30, 0);
+    if (with_token) c.set_bearer_token_auth(kToken);
+    return c;
+  }
+
+  // SIGTERM: running jobs pause, the server stops, the process exits 0.
+  testing::ProcessResult Stop() {
+    if (stopped_) return {};
+    stopped_ = true;
+    child_->Kill(SIGTERM);
+    return child_->Wait(std::chrono::seconds(60));
+  }
+
+ private:
+  TempDir dir_;
+  std::string config_;
+  std::unique_ptr<Child> child_;
+  int port_ = 0;
+  bool stopped_ = false;
+};
+
+// One server-sent event.
+struct Sse {
+  std::string event;
+  std::string data;
+};
+
+// Reads the job's event stream to its `end` (or `limit` events).
+std::vector<Sse> ReadEvents(const Server& server, uint64_t id, size_t limit = 100000) {
+  std::vector<Sse> events;
+  std::string buffer;
+  auto c = server.Client();
+  c.set_read_timeout(120, 0);
+  auto r =
+      c.Get("/admin/backfill/" + std::to_string(id) + "/events", [&](const char* data, size_t n) {
+        buffer.append(data, n);
+        size_t end;
+        while ((end = buffer.find("\n\n")) != std::string::npos) {
+          Sse e;
+          std::istringstream block(buffer.substr(0, end));
+          buffer.erase(0, end + 2);
+          for (std::string line; std::getline(block, line);) {
+            if (line.rfind("event: ", 0) == 0) e.event = line.substr(7);
+            if (line.rfind("data: ", 0) == 0) e.data += line.substr(6);
+          }
+          if (!e.event.empty()) events.push_back(std::move(e));
+          if (events.size() >= limit || (!events.empty() && events.back().event == "end"))
+            return false;
+        }
+        return true;
+      });
+  return events;
+}
+
+uint64_t NumberAfter(const std::string& json, const std::string& key) {
+  const auto at = json.find("\"" + key + "\":");
+  if (at == std::string::npos) return UINT64_MAX;
+  return std::strtoull(json.c_str() + at + key.size() + 3, nullptr, 10);
+}
+
+std::string StringAfter(const std::string& json, const std::string& key) {
+  const auto at = json.find("\"" + key + "\":\"");
+  if (at == std::string::npos) return "";
+  const auto start = at + key.size() + 4;
+  return json.substr(start, json.find('"', start) - start);
+}
+
+uint64_t Rows(const std::filesystem::path& db) {
+  auto rows = sinks::ReadAllRecords(db.string());
+  EXPECT_TRUE(rows.ok()) << rows.status().ToString();
+  return rows.ok() ? rows->size() : 0;
+}
+
+// Waits until GET /admin/backfill/{id} shows `status`; returns the job's JSON.
+std::string WaitForStatus(const Server& server, uint64_t id, const std::string& status) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
+  std::string body;
+  while (std::chrono::steady_clock::now() < deadline) {
+    auto r = server.Client().Get("/admin/backfill/" + std::to_string(id));
+    if (r && r->status == 200) {
+      body = r->body;
+      if (StringAfter(body, "status") == status) return body;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ADD_FAILURE() << "job " << id << " never reached " << status << ": " << body;
+  return body;
+}
+
+TEST(AdminRunTest, ABackfillStartedOverTheApiStreamsEveryStageAndLands) {
+  auto net = simnet::Simnet::Start(Network(5));
+  ASSERT_TRUE(net.ok()) << net.status().ToString();
+  Server server(**net);
+  ASSERT_NE(server.port(), 0) << server.log();
+
+  // The token rule on the real server.
+  auto anonymous = server.Client(false).Get("/admin/backfill");
+  ASSERT_TRUE(anonymous);
+  EXPECT_EQ(anonymous->status, 401);
+  auto page = server.Client(false).Get("/");
+  ASSERT_TRUE(page);
+  EXPECT_EQ(page->status, 200);
+  EXPECT_THAT(page->body, HasSubstr("token-input"));
+
+  auto bad = server.Client().Post("/admin/backfill", R"({"collections":["not an nsid"]})",
+                                  "application/json");
+  ASSERT_TRUE(bad);
+  EXPECT_EQ(bad->status, 400) << bad->body;
+
+  auto started = server.Client().Post(
+      "/admin/backfill", R"({"collections":["app.bsky.feed.post"]})", "application/json");
+  ASSERT_TRUE(started);
+  ASSERT_EQ(started->status, 202) << started->body;
+  const uint64_t id = NumberAfter(started->body, "id");
+  ASSERT_NE(id, UINT64_MAX) << started->body;
+
+  const std::vector<Sse> events = ReadEvents(server, id);
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.front().event, "snapshot");
+  EXPECT_EQ(events.back().event, "end");
+  EXPECT_THAT(events.back().data, HasSubstr("\"status\":\"completed\""));
+  // Every stage change arrives once, in order, with no index missing: from pending through the
+  // crawl's stages to completed.
+  std::vector<std::string> stages;
+  uint64_t next = 0;
+  const std::regex change(R"re("index":(\d+),"from":"[a-z_]+","to":"([a-z_]+)")re");
+  for (const Sse& e : events) {
+    if (e.event != "snapshot" && e.event != "stage") continue;
+    // The snapshot holds the changes made before the connection; each stage event one more.
+    for (auto it = std::sregex_iterator(e.data.begin(), e.data.end(), change);
+         it != std::sregex_iterator(); ++it) {
+      EXPECT_EQ(std::stoull((*it)[1]), next) << e.data;
+      next = std::stoull((*it)[1]) + 1;
+      stages.push_back((*it)[2]);
+    }
+  }
+  ASSERT_FALSE(stages.empty());
+  EXPECT_EQ(stages.back(), "completed") << ::testing::PrintToString(stages);
+  bool counters = false;
+  for (const Sse& e : events) counters = counters || e.event == "counters";
+  EXPECT_TRUE(counters);
+
+  // What the API says equals the table.
+  auto job = server.Client().Get("/admin/backfill/" + std::to_string(id));
+  ASSERT_TRUE(job);
+  ASSERT_EQ(job->status, 200);
+  const uint64_t written = NumberAfter(job->body, "records_written");
+  EXPECT_GT(written, 100u);
+  EXPECT_EQ(written, Rows(server.dir() / "db.sqlite"));
+  EXPECT_THAT(job->body, HasSubstr("\"started_by\":\"api\""));
+  EXPECT_THAT(job->body, HasSubstr("\"hosts\":[{"));
+
+  // Metrics count what the job did.
+  auto metrics = server.Client().Get("/metrics");
+  ASSERT_TRUE(metrics);
+  ASSERT_EQ(metrics->status, 200);
+  EXPECT_THAT(metrics->body,
+              HasSubstr("atfill_stage_records_total{stage=\"sink\"} " + std::to_string(written)));
+  EXPECT_THAT(metrics->body, HasSubstr("atfill_jobs{status=\"completed\"} 1"));
+  EXPECT_THAT(metrics->body, HasSubstr("atfill_http_requests_total{class=\"2xx\"}"));
+  EXPECT_THAT(metrics->body, HasSubstr("atfill_sink_batch_seconds_count"));
+
+  // No live consumer is configured.
+  auto live = server.Client().Get("/admin/jetstream/status");
+  ASSERT_TRUE(live);
+  EXPECT_EQ(live->status, 200);
+  EXPECT_THAT(live->body, HasSubstr("\"configured\":false"));
+
+  // Unknown jobs, and what a completed job does not allow.
+  EXPECT_EQ(server.Client().Get("/admin/backfill/999")->status, 404);
+  EXPECT_EQ(
+      server.Client().Post("/admin/backfill/" + std::to_string(id) + "/pause", "", "")->status,
+      409);
+  EXPECT_EQ(server.Client()
+                .Post("/admin/backfill/" + std::to_string(id) + "/retry-failed", "", "")
+                ->status,
+            409);
+
+  // Clearing the details of the finished job removes its recent repos, not the job.
+  auto cleared = server.Client().Delete("/admin/backfill/" + std::to_string(id) + "/details");
+  ASSERT_TRUE(cleared);
+  EXPECT_EQ(cleared->status, 200) << cleared->body;
+  auto after = server.Client().Get("/admin/backfill/" + std::to_string(id));
+  ASSERT_TRUE(after);
+  EXPECT_THAT(after->body, HasSubstr("\"recent\":[]"));
+  EXPECT_THAT(after->body, HasSubstr("\"details_cleared\""));
+  EXPECT_EQ(NumberAfter(after->body, "records_written"), written);
+
+  auto stopped = server.Stop();
+  EXPECT_EQ(stopped.exit_code, 0) << stopped.err;
+}
+
+TEST(AdminRunTest, PauseResumeAndCancelSteerRunningJobs) {
+  // Slow hosts, so the jobs are still running when they are steered.
+  auto net = simnet::Simnet::Start(Network(150));
+  ASSERT_TRUE(net.ok()) << net.status().ToString();
+  Server server(**net);
+  ASSERT_NE(server.port(), 0) << server.log();
+  auto started = server.Client().Post(
+      "/admin/backfill", R"({"collections":["app.bsky.feed.post"]})", "application/json");
+  ASSERT_TRUE(started);
+  ASSERT_EQ(started->status, 202) << started->body;
+  const std::string id = std::to_string(NumberAfter(started->body, "id"));
+
+  auto pause = server.Client().Post("/admin/backfill/" + id + "/pause", "", "");
+  ASSERT_TRUE(pause);
+  EXPECT_EQ(pause->status, 202) << pause->body;
+  EXPECT_THAT(pause->body, HasSubstr("\"status\":\"pausing\""));
+  const std::string paused = WaitForStatus(server, std::stoull(id), "paused");
+  const uint64_t at_pause = NumberAfter(paused, "records_written");
+  EXPECT_EQ(server.Client().Post("/admin/backfill/" + id + "/pause", "", "")->status, 202);
+
+  auto resume = server.Client().Post("/admin/backfill/" + id + "/resume", "", "");
+  ASSERT_TRUE(resume);
+  EXPECT_EQ(resume->status, 202) << resume->body;
+  EXPECT_EQ(server.Client().Post("/admin/backfill/" + id + "/resume", "", "")->status, 409);
+  const std::string done = WaitForStatus(server, std::stoull(id), "completed");
+  EXPECT_GE(NumberAfter(done, "records_written"), at_pause);
+  EXPECT_EQ(NumberAfter(done, "records_written"), Rows(server.dir() / "db.sqlite"));
+
+  // A second job (other targets) cancelled while it runs.
+  auto second = server.Client().Post("/admin/backfill", R"({"collections":["app.bsky.feed.like"]})",
+                                     "application/json");
+  ASSERT_TRUE(second);
+  ASSERT_EQ(second->status, 202) << second->body;
+  const std::string id2 = std::to_string(NumberAfter(second->body, "id"));
+  EXPECT_NE(id2, id);
+  auto cancel = server.Client().Post("/admin/backfill/" + id2 + "/cancel", "", "");
+  ASSERT_TRUE(cancel);
+  EXPECT_EQ(cancel->status, 202) << cancel->body;
+  WaitForStatus(server, std::stoull(id2), "cancelled");
+  EXPECT_EQ(server.Client().Post("/admin/backfill/" + id2 + "/resume", "", "")->status, 409);
+
+  auto list = server.Client().Get("/admin/backfill");
+  ASSERT_TRUE(list);
+  EXPECT_EQ(list->status, 200);
+  // Newest first.
+  EXPECT_LT(list->body.find("\"id\":" + id2), list->body.find("\"id\":" + id));
+  auto clear_all = server.Client().Delete("/admin/backfill/details");
+  ASSERT_TRUE(clear_all);
+  EXPECT_EQ(clear_all->status, 200);
+  EXPECT_THAT(clear_all->body, HasSubstr("\"cleared\":2"));
+  EXPECT_EQ(server.Stop().exit_code, 0);
+}
+
+// The retention task clears the details of backfills finished longer ago than
+// backfill_retention_days when `atfill run` starts (then daily); the job and its counts stay.
+TEST(AdminRunTest, RetentionClearsTheDetailsOfOldFinishedJobs) {
+  auto net = simnet::Simnet::Start(Network(0));
+  ASSERT_TRUE(net.ok()) << net.status().ToString();
+  // 0.00001 days is under a second: the job finished before the server started is old enough.
+  Server server(**net, "[jobs]\nbackfill_retention_days = 0.00001\n");
+  ASSERT_NE(server.port(), 0) << server.log();
+  std::string job;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (std::chrono::steady_clock::now() < deadline) {
+    auto r = server.Client().Get("/admin/backfill/1");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    job = r->body;
+    if (job.find("details_cleared") != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_THAT(job, HasSubstr("\"details_cleared\""));
+  EXPECT_THAT(job, HasSubstr("\"recent\":[]"));
+  EXPECT_THAT(job, HasSubstr("\"status\":\"completed\""));
+  EXPECT_EQ(NumberAfter(job, "records_written"), Rows(server.dir() / "db.sqlite"));
+  EXPECT_THAT(server.log(), HasSubstr("retention: cleared the details of 1 backfill job(s)"));
+  EXPECT_EQ(server.Stop().exit_code, 0);
+}
+
+// A person's path through the dashboard in headless Chromium: token, start a backfill, watch it
+// complete; the page's numbers equal the API's and the table's. Saves a screenshot.
+TEST(DashboardTest, ABackfillStartedFromThePageIsFollowedToCompletion) {
+  // playwright-core from the npm registry, installed once into the build folder.
+  const std::filesystem::path e2e = ATFILL_E2E_HOME;
+  if (!std::filesystem::exists(e2e / "node_modules" / "playwright-core" / "package.json")) {
+    std::filesystem::create_directories(e2e);
+    std::filesystem::copy_file(ATFILL_E2E_SOURCE "/package.json", e2e / "package.json",
+                               std::filesystem::copy_options::overwrite_existing);
+    std::filesystem::copy_file(ATFILL_E2E_SOURCE "/package-lock.json", e2e / "package-lock.json",
+                               std::filesystem::copy_options::overwrite_existing);
+    auto install = testing::RunProcess(
+        {"/bin/sh", "-c", "cd '" + e2e.string() + "' && npm ci --no-audit --no-fund"}, e2e,
+        std::chrono::seconds(300));
+    ASSERT_EQ(install.exit_code, 0) << install.out << install.err;
+  }
+  // The script beside its node_modules (an ES module resolves imports from its own folder).
+  std::filesystem::copy_file(ATFILL_E2E_SOURCE "/dashboard.mjs", e2e / "dashboard.mjs",
+                             std::filesystem::copy_options::overwrite_existing);
+  ASSERT_TRUE(std::filesystem::exists("/usr/bin/chromium"))
+      << "the dashboard test needs Debian's chromium package (tools/setup installs it)";
+
+  auto net = simnet::Simnet::Start(Network(40));
+  ASSERT_TRUE(net.ok()) << net.status().ToString();
+  Server server(**net);
+  ASSERT_NE(server.port(), 0) << server.log();
+  const std::filesystem::path shot = std::filesystem::path(ATFILL_TEST_ARTIFACTS) / "dashboard.png";
+  std::filesystem::create_directories(shot.parent_path());
+  std::filesystem::remove(shot);
+  auto drive =
+      testing::RunProcess({"/bin/sh", "-c",
+                           "exec node '" + (e2e / "dashboard.mjs").string() + "' '" + server.url() +
+                               "' '" + kToken + "' " + kPost + " '" + shot.string() + "'"},
+                          server.dir(), std::chrono::seconds(240));
+  ASSERT_EQ(drive.exit_code, 0) << drive.out << drive.err << server.log();
+  const std::string& page = drive.out;
+  EXPECT_THAT(page, HasSubstr("The server refused the token"));
+  EXPECT_EQ(StringAfter(page, "status"), "completed") << page;
+  EXPECT_EQ(StringAfter(page, "detail_status"), "completed") << page;
+  EXPECT_THAT(page, HasSubstr("\"console_errors\":[]"));
+  EXPECT_THAT(page, HasSubstr("\"token_panel_visible\":false"));  // once the token is taken
+  EXPECT_THAT(page, HasSubstr("\"pause_enabled\":false"));
+  const uint64_t id = NumberAfter(page, "id");
+
+  // The page's numbers are the API's and the table's.
+  auto job = server.Client().Get("/admin/backfill/" + std::to_string(id));
+  ASSERT_TRUE(job);
+  ASSERT_EQ(job->status, 200);
+  const uint64_t written = NumberAfter(job->body, "records_written");
+  EXPECT_GT(written, 100u);
+  EXPECT_EQ(written, Rows(server.dir() / "db.sqlite"));
+  auto digits = [](std::string s) {
+    s.erase(std::remove(s.begin(), s.end(), ','), s.end());
+    return std::strtoull(s.c_str(), nullptr, 10);
+  };
+  EXPECT_EQ(digits(StringAfter(page, "records")), written) << page;
+  EXPECT_EQ(digits(StringAfter(page, "detail_records")), written) << page;
+  EXPECT_EQ(NumberAfter(page, "hosts"), 4u) << page;
+  EXPECT_GT(NumberAfter(page, "recent"), 0u) << page;
+  EXPECT_THAT(page, HasSubstr("completed")) << page;
+  // The screenshot is a real PNG of the page.
+  const std::string png = Slurp(shot);
+  ASSERT_GT(png.size(), 10'000u);
+  EXPECT_EQ(png.substr(1, 3), "PNG");
+  EXPECT_EQ(server.Stop().exit_code, 0);
+}
+
+}  // namespace
+}  // namespace atfill
