@@ -1,4 +1,6 @@
 #include "atproto/json.hpp"
+
+#include "base/json_writer.hpp"
 #include "base/strings.hpp"
 
 #include <simdjson.h>
@@ -657,46 +659,7 @@ Result<Cid> CidOf(std::string_view json, TopLevel top) {
   return Cid::Compute(Cid::Codec::kDagCbor, cbor);
 }
 
-void AppendString(std::string_view s, std::string* out) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  out->push_back('"');
-  size_t start = 0;
-  for (size_t i = 0; i < s.size(); ++i) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    if (c >= 0x20 && c != '"' && c != '\\') continue;
-    out->append(s.data() + start, i - start);
-    start = i + 1;
-    switch (c) {
-      case '"':
-        out->append("\\\"");
-        break;
-      case '\\':
-        out->append("\\\\");
-        break;
-      case '\n':
-        out->append("\\n");
-        break;
-      case '\r':
-        out->append("\\r");
-        break;
-      case '\t':
-        out->append("\\t");
-        break;
-      case '\b':
-        out->append("\\b");
-        break;
-      case '\f':
-        out->append("\\f");
-        break;
-      default: {
-        const char esc[] = {'\\', 'u', '0', '0', kHex[c >> 4], kHex[c & 15]};
-        out->append(esc, sizeof(esc));
-      }
-    }
-  }
-  out->append(s.data() + start, s.size() - start);
-  out->push_back('"');
-}
+void AppendString(std::string_view s, std::string* out) { AppendJsonString(s, out); }
 
 void AppendJson(const Value& value, std::string* out) {
   switch (value.kind()) {

@@ -20,6 +20,7 @@
 #include <lua.hpp>
 
 #include "atproto/syntax.hpp"
+#include "base/json_writer.hpp"
 #include "base/strings.hpp"
 
 // Lua reports errors with longjmp (the Debian library is built as C), which skips C++
@@ -126,65 +127,8 @@ bool DoubleToInteger(double d, int64_t* out) {
   return true;
 }
 
-// A JSON string literal as base/json_writer.hpp's AppendJsonString (kMinimal) writes it, but the
-// runs that need no escape are copied in one go: records are mostly such runs, and this is the
-// encoder's hottest loop.
-void AppendEscaped(std::string_view s, std::string* out) {
-  out->push_back('"');
-  size_t run = 0;
-  size_t i = 0;
-  const size_t n = s.size();
-  for (; i < n; ++i) {
-    // Eight bytes at a time while none is a control character, '"' or '\\'.
-    while (i + 8 <= n) {
-      uint64_t x = 0;
-      std::memcpy(&x, s.data() + i, 8);
-      constexpr uint64_t kOnes = 0x0101010101010101ULL;
-      constexpr uint64_t kHigh = 0x8080808080808080ULL;
-      const uint64_t quote = x ^ (kOnes * '"');
-      const uint64_t backslash = x ^ (kOnes * '\\');
-      const uint64_t hits = ((x - kOnes * 0x20) & ~x) | ((quote - kOnes) & ~quote) |
-                            ((backslash - kOnes) & ~backslash);
-      if ((hits & kHigh) != 0) break;
-      i += 8;
-    }
-    if (i >= n) break;
-    const auto c = static_cast<unsigned char>(s[i]);
-    if (c >= 0x20 && c != '"' && c != '\\') continue;
-    out->append(s.data() + run, i - run);
-    run = i + 1;
-    switch (c) {
-      case '"':
-        out->append("\\\"");
-        break;
-      case '\\':
-        out->append("\\\\");
-        break;
-      case '\n':
-        out->append("\\n");
-        break;
-      case '\r':
-        out->append("\\r");
-        break;
-      case '\t':
-        out->append("\\t");
-        break;
-      case '\b':
-        out->append("\\b");
-        break;
-      case '\f':
-        out->append("\\f");
-        break;
-      default: {
-        static constexpr char kHex[] = "0123456789abcdef";
-        const char escape[] = {'\\', 'u', '0', '0', kHex[c >> 4], kHex[c & 15]};
-        out->append(escape, sizeof(escape));
-      }
-    }
-  }
-  out->append(s.data() + run, n - run);
-  out->push_back('"');
-}
+// A JSON string literal (base/json_writer.hpp, kMinimal: copies unescaped runs in one go).
+void AppendEscaped(std::string_view s, std::string* out) { AppendJsonString(s, out); }
 
 bool ValidUtf8(const char* s, size_t n) {
   // Most strings are ASCII: checked here without simdjson's dispatch.

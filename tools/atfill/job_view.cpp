@@ -7,6 +7,7 @@
 #include "base/json_writer.hpp"
 #include "pipeline/engine.hpp"
 #include "pipeline/job.hpp"
+#include "tools/atfill/admin/admin_server.hpp"
 
 namespace atfill::cli {
 
@@ -97,51 +98,8 @@ std::string ProgressLine(const state::JobRecord& job, int64_t now_us) {
 }
 
 std::string JobJson(const state::JobRecord& job, int64_t now_us) {
-  const auto p = pipeline::DeriveProgress(job, now_us);
-  JsonWriter w;
-  w.BeginObject();
-  w.Key("id").Uint(job.id).Key("kind").String(job.kind);
-  w.Key("status").String(state::JobStatusName(job.status));
-  w.Key("stage").String(state::JobStageName(job.stage));
-  w.Key("started_by").String(job.started_by);
-  w.Key("created_at").String(FormatTime(job.created_us));
-  w.Key("started_at").String(FormatTime(job.started_us));
-  w.Key("updated_at").String(FormatTime(job.updated_us));
-  w.Key("finished_at").String(FormatTime(job.finished_us));
-  w.Key("heartbeat_at").String(FormatTime(job.heartbeat_us));
-  w.Key("counters").BeginObject();
-  const auto& c = job.counters;
-  w.Key("total_repos").Uint(c.total_repos).Key("resolved_repos").Uint(c.resolved_repos);
-  w.Key("processed_repos").Uint(c.processed_repos).Key("total_records").Uint(c.total_records);
-  w.Key("records_written").Uint(c.records_written).Key("failed_records").Uint(c.failed_records);
-  w.Key("bytes").Uint(c.bytes).Key("events_read").Uint(c.events_read);
-  for (const auto& [k, v] : c.extra) w.Key(k).Uint(v);
-  w.EndObject();
-  w.Key("progress").BeginObject();
-  if (p.percent >= 0) {
-    w.Key("percent").Double(p.percent);
-  } else {
-    w.Key("percent").Null();
-  }
-  w.Key("records_per_s").Double(p.records_per_s).Key("events_per_s").Double(p.events_per_s);
-  if (p.eta_s >= 0) {
-    w.Key("eta_s").Int(p.eta_s);
-  } else {
-    w.Key("eta_s").Null();
-  }
-  w.EndObject();
-  w.Key("stop_reason");
-  if (job.stop_reason.empty()) {
-    w.Null();
-  } else {
-    w.BeginObject().Key("code").String(job.stop_reason.code);
-    w.Key("sentence").String(job.stop_reason.sentence).EndObject();
-  }
-  w.Key("params").BeginObject();
-  for (const auto& [k, v] : job.params) w.Key(k).String(v);
-  w.EndObject();
-  w.EndObject();
-  return w.Take();
+  // One rendering for the CLI and the admin API, so the two agree field for field.
+  return admin::JobJson(job, now_us);
 }
 
 ProgressReporter::ProgressReporter(SnapshotFn snapshot, double interval_s, bool terminal)
