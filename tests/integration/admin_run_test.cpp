@@ -341,6 +341,39 @@ TEST(AdminRunTest, PauseResumeAndCancelSteerRunningJobs) {
   EXPECT_EQ(server.Stop().exit_code, 0);
 }
 
+// With [live] set, the same process runs the live consumer; the API shows its state.
+TEST(AdminRunTest, TheLiveConsumersStateIsServed) {
+  simnet::SimnetOptions so = Network(0);
+  so.jetstream.events = 2000;
+  auto net = simnet::Simnet::Start(so);
+  ASSERT_TRUE(net.ok()) << net.status().ToString();
+  Server server(**net, "[live]\nhosts = [\"" + (*net)->jetstream_url() +
+                           "\"]\nallow_private_endpoints = true\nidle_exit_ms = 1000\n"
+                           "start_seq = 1\ncheck_deleted_accounts = false\n");
+  ASSERT_NE(server.port(), 0) << server.log();
+  std::string live;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (std::chrono::steady_clock::now() < deadline) {
+    auto r = server.Client().Get("/admin/jetstream/status");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    live = r->body;
+    if (NumberAfter(live, "cursor") == 2000) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_THAT(live, HasSubstr("\"configured\":true"));
+  EXPECT_EQ(NumberAfter(live, "cursor"), 2000u) << live;
+  EXPECT_EQ(StringAfter(live, "host"), (*net)->jetstream_url());
+  EXPECT_FALSE(StringAfter(live, "protocol").empty()) << live;  // as configured ("auto")
+  EXPECT_GT(NumberAfter(live, "job_id"), 0u);
+  // The stream went quiet (idle_exit_ms): the consumer paused, the server keeps serving.
+  auto jobs = server.Client().Get("/admin/backfill");
+  ASSERT_TRUE(jobs);
+  EXPECT_EQ(jobs->status, 200);
+  EXPECT_THAT(jobs->body, HasSubstr("\"kind\":\"live\""));
+  EXPECT_EQ(server.Stop().exit_code, 0);
+}
+
 // The retention task clears the details of backfills finished longer ago than
 // backfill_retention_days when `atfill run` starts (then daily); the job and its counts stay.
 TEST(AdminRunTest, RetentionClearsTheDetailsOfOldFinishedJobs) {

@@ -352,7 +352,9 @@ int ServeRun(const AppConfig& config, const std::vector<state::JobRecord>& backf
       live_running = true;
       rc = RunLive(config, *st, [&backend] { return backend.BackfillRunning(); });
       live_running = false;
-      if (rc == kExitStopped && !StopSignalled()) rc = kExitOk;  // the stream went quiet
+      // Paused: the stream went quiet, or Ctrl-C/SIGTERM, this server's normal end (the next
+      // atfill run resumes from the saved cursor).
+      if (rc == kExitStopped) rc = kExitOk;
     }
     while (!StopSignalled()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
     std::fprintf(stderr, "atfill run: stopping: pausing running jobs\n");
