@@ -55,7 +55,10 @@ simnet::SimnetOptions Network(int64_t latency_ms) {
 // `atfill run` with [admin] on a free port, its state and table in a folder of its own.
 class Server {
  public:
-  explicit Server(const simnet::Simnet& net, const std::string& extra = "") {
+  // `extra`: more config sections. `backfill_first`: run `atfill backfill` to its end before the
+  // server starts (for tests of what the server finds).
+  explicit Server(const simnet::Simnet& net, const std::string& extra = "",
+                  bool backfill_first = false) {
     config_ = (dir_ / "atfill.toml").string();
     testing::WriteFile(config_,
                        "[state]\ndir = \"state\"\n[sink.sqlite]\npath = \"db.sqlite\"\n"
@@ -66,8 +69,7 @@ class Server {
                            "allow_loopback_endpoints = true\nlist_repos_limit = 20\n"
                            "[resolver]\nplc = \"" +
                            net.plc_url() + "\"\n" + extra);
-    // A backfill run before the server starts, for tests of what the server finds.
-    if (extra.find("[jobs]") != std::string::npos) {
+    if (backfill_first) {
       auto before = testing::RunProcess({ATFILL_BINARY, "backfill", config_}, dir_.path());
       EXPECT_EQ(before.exit_code, 0) << before.err;
       std::this_thread::sleep_for(std::chrono::milliseconds(1500));
@@ -380,7 +382,7 @@ TEST(AdminRunTest, RetentionClearsTheDetailsOfOldFinishedJobs) {
   auto net = simnet::Simnet::Start(Network(0));
   ASSERT_TRUE(net.ok()) << net.status().ToString();
   // 0.00001 days is under a second: the job finished before the server started is old enough.
-  Server server(**net, "[jobs]\nbackfill_retention_days = 0.00001\n");
+  Server server(**net, "[jobs]\nbackfill_retention_days = 0.00001\n", /*backfill_first=*/true);
   ASSERT_NE(server.port(), 0) << server.log();
   std::string job;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);

@@ -342,6 +342,7 @@ int ServeRun(const AppConfig& config, const std::vector<state::JobRecord>& backf
     if (with_backfill) {
       auto job = CreateBackfill(config, *st, {}, "cli");
       if (!job.ok()) {
+        // A usage error: stop at once rather than serve without the backfill asked for.
         std::fprintf(stderr, "atfill run: --backfill: %s\n", job.status().message().c_str());
         rc = kExitUsage;
       } else if (!JobWatch::Get().Running(job->id)) {
@@ -356,7 +357,9 @@ int ServeRun(const AppConfig& config, const std::vector<state::JobRecord>& backf
       // atfill run resumes from the saved cursor).
       if (rc == kExitStopped) rc = kExitOk;
     }
-    while (!StopSignalled()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    while (rc != kExitUsage && !StopSignalled()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
     std::fprintf(stderr, "atfill run: stopping: pausing running jobs\n");
     server.Stop();
     backend.Shutdown();
