@@ -97,8 +97,11 @@ TEST(PostgresRunTest, IngestIntoPostgresGivesTheTableIngestIntoSqliteGives) {
   TempDir lite, pg;
   auto a = RunProcess({ATFILL_BINARY, "ingest", Config(lite.path(), ""), events}, lite.path());
   ASSERT_EQ(a.exit_code, 0) << a.err;
-  auto b = RunProcess({ATFILL_BINARY, "ingest", Config(pg.path(), (*db)->conninfo()), events},
-                      pg.path());
+  // A password in the connection string (the test server trusts loopback and ignores it) must
+  // not reach the job's parameters.
+  auto b = RunProcess(
+      {ATFILL_BINARY, "ingest", Config(pg.path(), (*db)->conninfo() + " password=hunter2"), events},
+      pg.path());
   ASSERT_EQ(b.exit_code, 0) << b.err;
   const auto want = SqliteContent(lite / "db.sqlite");
   ASSERT_GT(want.size(), 10'000u);
@@ -107,6 +110,8 @@ TEST(PostgresRunTest, IngestIntoPostgresGivesTheTableIngestIntoSqliteGives) {
   auto job =
       RunProcess({ATFILL_BINARY, "job", (pg / "atfill.toml").string(), "1", "--json"}, pg.path());
   EXPECT_THAT(job.out, HasSubstr("\"sink\":\"postgres:"));
+  EXPECT_THAT(job.out, HasSubstr("password=***"));
+  EXPECT_THAT(job.out, Not(HasSubstr("hunter2")));
 }
 
 TEST(PostgresRunTest, AServerStoppedAndRestartedMidRunLosesNothing) {
