@@ -154,6 +154,28 @@ WriteStats Stats(uint64_t inserted, uint64_t updated, uint64_t unchanged, uint64
   return s;
 }
 
+// indexed_at is written as ISO-8601 UTC with microseconds, which sorts as time, and reads back as
+// the instant written, from the epoch to the end of the century.
+TEST_P(SinkConformanceTest, IndexedAtTextSortsAndRoundTrips) {
+  const std::vector<int64_t> times = {
+      0, 1, 999'999, 1'000'000, 951'782'400'000'001, 1'796'029'200'123'456, 4'102'444'799'999'999};
+  const std::vector<std::string> texts = {
+      "1970-01-01T00:00:00.000000Z", "1970-01-01T00:00:00.000001Z", "1970-01-01T00:00:00.999999Z",
+      "1970-01-01T00:00:01.000000Z", "2000-02-29T00:00:00.000001Z", "2026-11-30T09:00:00.123456Z",
+      "2099-12-31T23:59:59.999999Z"};
+  for (size_t i = 0; i < times.size(); ++i) {
+    now_us_ = times[i];
+    MustWrite({MakeCreate(kAlice, kPost, "t" + std::to_string(i), kBodyA)});
+  }
+  for (size_t i = 0; i < times.size(); ++i) {
+    const std::string uri = Uri(kAlice, kPost, "t" + std::to_string(i));
+    EXPECT_EQ(MustIndexedAt(uri), times[i]);
+    auto text = env_->reader().IndexedAtText(uri);
+    ASSERT_TRUE(text.ok()) << text.status().ToString();
+    EXPECT_EQ(*text, texts[i]);
+  }
+}
+
 TEST_P(SinkConformanceTest, EmptyBatchWritesNothing) {
   ExpectStats(MustWrite({}), Stats(0, 0, 0, 0, 0));
   EXPECT_TRUE(MustReadAll().empty());

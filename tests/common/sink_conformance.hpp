@@ -41,6 +41,8 @@ class TableReader {
   virtual Result<std::vector<TableRow>> ReadAll() = 0;
   // The row's indexed_at in unix microseconds, nullopt when there is no such row.
   virtual Result<std::optional<int64_t>> IndexedAtUs(std::string_view uri) = 0;
+  // The same as the view's text ("YYYY-MM-DDTHH:MM:SS.ffffffZ").
+  virtual Result<std::optional<std::string>> IndexedAtText(std::string_view uri) = 0;
 };
 
 // Keeps the backend refusing writes transiently (Unavailable) while it lives.

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <regex>
 #include <sstream>
@@ -171,20 +172,28 @@ uint64_t Rows(const std::filesystem::path& db) {
   return rows.ok() ? rows->size() : 0;
 }
 
-// Waits until GET /admin/backfill/{id} shows `status`; returns the job's JSON.
-std::string WaitForStatus(const Server& server, uint64_t id, const std::string& status) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
+// GETs `path` every 50 ms until `done` holds for the answer (or `seconds` pass: a test failure);
+// returns the last answer's body.
+std::string Poll(const Server& server, const std::string& path,
+                 const std::function<bool(const std::string&)>& done, int seconds = 90) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
   std::string body;
   while (std::chrono::steady_clock::now() < deadline) {
-    auto r = server.Client().Get("/admin/backfill/" + std::to_string(id));
+    auto r = server.Client().Get(path);
     if (r && r->status == 200) {
       body = r->body;
-      if (StringAfter(body, "status") == status) return body;
+      if (done(body)) return body;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  ADD_FAILURE() << "job " << id << " never reached " << status << ": " << body;
+  ADD_FAILURE() << "GET " << path << " never showed what was awaited: " << body;
   return body;
+}
+
+// Waits until GET /admin/backfill/{id} shows `status`; returns the job's JSON.
+std::string WaitForStatus(const Server& server, uint64_t id, const std::string& status) {
+  return Poll(server, "/admin/backfill/" + std::to_string(id),
+              [&](const std::string& job) { return StringAfter(job, "status") == status; });
 }
 
 TEST(AdminRunTest, ABackfillStartedOverTheApiStreamsEveryStageAndLands) {
@@ -353,16 +362,9 @@ TEST(AdminRunTest, TheLiveConsumersStateIsServed) {
                            "\"]\nallow_private_endpoints = true\nidle_exit_ms = 1000\n"
                            "start_seq = 1\ncheck_deleted_accounts = false\n");
   ASSERT_NE(server.port(), 0) << server.log();
-  std::string live;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (std::chrono::steady_clock::now() < deadline) {
-    auto r = server.Client().Get("/admin/jetstream/status");
-    ASSERT_TRUE(r);
-    ASSERT_EQ(r->status, 200) << r->body;
-    live = r->body;
-    if (NumberAfter(live, "cursor") == 2000) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
+  const std::string live = Poll(server, "/admin/jetstream/status", [](const std::string& body) {
+    return NumberAfter(body, "cursor") == 2000;
+  });
   EXPECT_THAT(live, HasSubstr("\"configured\":true"));
   EXPECT_EQ(NumberAfter(live, "cursor"), 2000u) << live;
   EXPECT_EQ(StringAfter(live, "host"), (*net)->jetstream_url());
@@ -384,16 +386,9 @@ TEST(AdminRunTest, RetentionClearsTheDetailsOfOldFinishedJobs) {
   // 0.00001 days is under a second: the job finished before the server started is old enough.
   Server server(**net, "[jobs]\nbackfill_retention_days = 0.00001\n", /*backfill_first=*/true);
   ASSERT_NE(server.port(), 0) << server.log();
-  std::string job;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (std::chrono::steady_clock::now() < deadline) {
-    auto r = server.Client().Get("/admin/backfill/1");
-    ASSERT_TRUE(r);
-    ASSERT_EQ(r->status, 200) << r->body;
-    job = r->body;
-    if (job.find("details_cleared") != std::string::npos) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
+  const std::string job = Poll(server, "/admin/backfill/1", [](const std::string& body) {
+    return body.find("details_cleared") != std::string::npos;
+  });
   EXPECT_THAT(job, HasSubstr("\"details_cleared\""));
   EXPECT_THAT(job, HasSubstr("\"recent\":[]"));
   EXPECT_THAT(job, HasSubstr("\"status\":\"completed\""));
