@@ -11,7 +11,11 @@
 //   ATFILL_REPLAY_BENCH_BATCH=events,chunks,ms    (the engine's batch limits; default
 //                                                 sources::kReplayBatch, as atfill replays)
 //   ATFILL_REPLAY_BENCH_SQLITE=cache_mb,wal_mb,page_kb  (the SQLite sink's options)
+//   ATFILL_REPLAY_BENCH_PG=CONNINFO               (Replay/0 into the PostgreSQL sink instead, a
+//   fresh
+//                                                 schema of the run on that server)
 #include <benchmark/benchmark.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -21,6 +25,7 @@
 #include "bench/bench_util.hpp"
 #include "pipeline/run.hpp"
 #include "sinks/dry_run_sink.hpp"
+#include "sinks/postgres_sink.hpp"
 #include "sinks/sqlite_sink.hpp"
 #include "sources/archive.hpp"
 #include "sources/archive_writer.hpp"
@@ -103,7 +108,17 @@ void BM_Replay(benchmark::State& state) {
     auto kv = state::OpenRocksDb(st);
     if (!archive.ok() || !kv.ok()) return state.SkipWithError("open failed");
     std::unique_ptr<pipeline::Sink> sink;
-    if (to_sqlite) {
+    const char* pg = std::getenv("ATFILL_REPLAY_BENCH_PG");
+    if (to_sqlite && pg != nullptr && *pg != '\0') {
+      // The PostgreSQL sink instead, into a schema of this run on the server named.
+      sinks::PostgresSinkOptions out;
+      out.conninfo = pg;
+      out.schema = "atfill_replay_bench_" + std::to_string(::getpid());
+      auto s = sinks::OpenPostgresSink(out);
+      if (!s.ok()) return state.SkipWithError(s.status().ToString().c_str());
+      sink = std::move(*s);
+      state.SetLabel("postgres schema " + out.schema);
+    } else if (to_sqlite) {
       sinks::SqliteSinkOptions out;
       out.path = (dir / "out.db").string();
       if (const char* e = std::getenv("ATFILL_REPLAY_BENCH_SQLITE")) {
