@@ -33,15 +33,7 @@ std::string FormatDuration(int64_t s) {
   return buf;
 }
 
-std::string FormatTime(int64_t unix_us) {
-  if (unix_us <= 0) return "-";
-  const std::time_t t = static_cast<std::time_t>(unix_us / 1'000'000);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
+std::string FormatTime(int64_t unix_us) { return admin::FormatTime(unix_us); }
 
 namespace {
 

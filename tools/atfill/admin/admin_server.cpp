@@ -24,6 +24,17 @@
 #include "pipeline/job.hpp"
 
 namespace atfill::admin {
+
+std::string FormatTime(int64_t unix_us) {
+  if (unix_us <= 0) return "-";
+  const std::time_t t = static_cast<std::time_t>(unix_us / 1'000'000);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -38,17 +49,6 @@ constexpr const char* kPagePolicy =
     "img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
 
 // --- JSON ---
-
-// As `atfill job --json` writes times: ISO-8601 UTC to the second, "-" when unset.
-std::string FormatTime(int64_t unix_us) {
-  if (unix_us <= 0) return "-";
-  const std::time_t t = static_cast<std::time_t>(unix_us / 1'000'000);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
 
 void WriteCounters(JsonWriter& w, const state::JobCounters& c) {
   w.BeginObject();

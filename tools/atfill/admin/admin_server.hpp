@@ -65,6 +65,10 @@ class AdminServer {
   std::unique_ptr<Impl> impl_;
 };
 
+// A time as the API and `atfill job --json` write it: ISO-8601 UTC to the second
+// ("2026-11-30T09:00:00Z"), "-" when unset (<= 0).
+std::string FormatTime(int64_t unix_us);
+
 // The JSON the API answers for a job: the fields of `atfill job --json`'s "job" object (id, kind,
 // status, stage, started_by, *_at times, counters, progress, stop_reason, params).
 std::string JobJson(const state::JobRecord& job, int64_t now_us);
