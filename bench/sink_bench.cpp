@@ -294,21 +294,26 @@ void BM_RawInsert(benchmark::State& state) {
   }
 }
 
-void BM_SqliteSink(benchmark::State& state) {
+// Times writing the events once into the fresh sink `open` makes for each iteration (every event a
+// new row); returns the records/s over all iterations (0 when none ran).
+double TimeFirstWrite(benchmark::State& state,
+                      const std::function<Result<std::unique_ptr<pipeline::Sink>>()>& open) {
   const Order order = static_cast<Order>(state.range(0));
-  const int64_t page_size = BenchOptions("", state.range(1)).page_size_bytes;
   const Generator& gen = GeneratorFor(order);
   double total_seconds = 0;
   uint64_t body_bytes = 0;
   for (auto _ : state) {
-    TempDir dir;
-    auto sink = OpenSqliteSink(BenchOptions(dir.File("sink.db"), page_size));
-    if (!sink.ok()) return state.SkipWithError(sink.status().ToString().c_str());
+    auto sink = open();
+    if (!sink.ok()) {
+      state.SkipWithError(sink.status().ToString().c_str());
+      return 0;
+    }
     ::sync();
     pipeline::WriteStats total;
     double seconds = WriteAll(state, **sink, gen, &body_bytes, &total);
     if (total.inserted != kRecords) {
-      return state.SkipWithError("the sink did not insert every record");
+      state.SkipWithError("the sink did not insert every record");
+      return 0;
     }
     state.SetIterationTime(seconds);
     total_seconds += seconds;
@@ -316,14 +321,20 @@ void BM_SqliteSink(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations() * kRecords);
   state.SetBytesProcessed(static_cast<int64_t>(body_bytes));
   state.SetLabel(OrderName(order));
-  if (total_seconds > 0 && page_size == SqliteSinkOptions().page_size_bytes) {
-    SqliteSinkRates()[order] = static_cast<double>(state.iterations()) * kRecords / total_seconds;
-  }
+  return total_seconds > 0 ? static_cast<double>(state.iterations()) * kRecords / total_seconds : 0;
+}
+
+void BM_SqliteSink(benchmark::State& state) {
+  const Order order = static_cast<Order>(state.range(0));
+  const int64_t page_size = BenchOptions("", state.range(1)).page_size_bytes;
+  std::unique_ptr<TempDir> dir;
+  const double rate = TimeFirstWrite(state, [&]() -> Result<std::unique_ptr<pipeline::Sink>> {
+    dir = std::make_unique<TempDir>();
+    return OpenSqliteSink(BenchOptions(dir->File("sink.db"), page_size));
+  });
+  if (rate > 0 && page_size == SqliteSinkOptions().page_size_bytes) SqliteSinkRates()[order] = rate;
   auto raw = RawRates().find({order, page_size});
-  if (raw != RawRates().end() && total_seconds > 0) {
-    state.counters["vs_raw"] =
-        static_cast<double>(state.iterations()) * kRecords / total_seconds / raw->second;
-  }
+  if (raw != RawRates().end() && rate > 0) state.counters["vs_raw"] = rate / raw->second;
 }
 
 // Writes the events into the sink `open` makes for each iteration, then times writing them all
@@ -420,31 +431,16 @@ PostgresSinkOptions PgBenchOptions(const std::string& conninfo) {
 
 void BM_PostgresSink(benchmark::State& state) {
   const Order order = static_cast<Order>(state.range(0));
-  const Generator& gen = GeneratorFor(order);
-  double total_seconds = 0;
-  uint64_t body_bytes = 0;
-  for (auto _ : state) {
-    PgBenchDatabase db;
-    if (db.conninfo().empty()) return state.SkipWithError(db.error().c_str());
-    auto sink = OpenPostgresSink(PgBenchOptions(db.conninfo()));
-    if (!sink.ok()) return state.SkipWithError(sink.status().ToString().c_str());
-    ::sync();
-    pipeline::WriteStats total;
-    double seconds = WriteAll(state, **sink, gen, &body_bytes, &total);
-    if (total.inserted != kRecords) {
-      return state.SkipWithError("the sink did not insert every record");
-    }
-    state.SetIterationTime(seconds);
-    total_seconds += seconds;
-  }
-  state.SetItemsProcessed(state.iterations() * kRecords);
-  state.SetBytesProcessed(static_cast<int64_t>(body_bytes));
-  state.SetLabel(OrderName(order));
+  std::unique_ptr<PgBenchDatabase> db;
+  const double rate = TimeFirstWrite(state, [&]() -> Result<std::unique_ptr<pipeline::Sink>> {
+    db.reset();  // the previous iteration's sink is closed: drop its database first
+    db = std::make_unique<PgBenchDatabase>();
+    if (db->conninfo().empty()) return Status::Unavailable(db->error());
+    return OpenPostgresSink(PgBenchOptions(db->conninfo()));
+  });
   auto sqlite = SqliteSinkRates().find(order);
-  if (sqlite != SqliteSinkRates().end() && total_seconds > 0) {
-    state.counters["vs_sqlite"] =
-        static_cast<double>(state.iterations()) * kRecords / total_seconds / sqlite->second;
-  }
+  if (sqlite != SqliteSinkRates().end() && rate > 0)
+    state.counters["vs_sqlite"] = rate / sqlite->second;
 }
 
 void BM_PostgresSinkReplay(benchmark::State& state) {
