@@ -11,6 +11,7 @@
 
 #include "sinks/event_checks.hpp"
 #include "sinks/intern_cache.hpp"
+#include "sinks/sqlite_checkpointer.hpp"
 #include "sinks/sqlite_schema.hpp"
 #include "sinks/sqlite_util.hpp"
 
@@ -105,6 +106,9 @@ class SqliteSink final : public pipeline::Sink {
   static constexpr size_t kGroupMinEvents = 64;
   std::vector<uint32_t> order_;
   std::vector<int64_t> group_keys_;
+  // Null when the writer checkpoints itself (background_checkpoint off). Declared last: it goes
+  // first, while the writer's connection is still open.
+  std::unique_ptr<sqlite::Checkpointer> checkpointer_;
 };
 
 Result<std::unique_ptr<pipeline::Sink>> SqliteSink::Open(const SqliteSinkOptions& options) {
@@ -153,10 +157,19 @@ Result<std::unique_ptr<pipeline::Sink>> SqliteSink::Open(const SqliteSinkOptions
   if (actual_page_size <= 0) {
     return Status::Corrupt("the database reports page size " + std::to_string(actual_page_size));
   }
-  std::string checkpoint = "PRAGMA wal_autocheckpoint = " +
-                           std::to_string(std::clamp<int64_t>(
-                               options.wal_autocheckpoint_bytes / actual_page_size, 1, INT_MAX));
-  ATFILL_RETURN_IF_ERROR(sqlite::Exec(raw, checkpoint.c_str()));
+  const int64_t checkpoint_frames =
+      std::clamp<int64_t>(options.wal_autocheckpoint_bytes / actual_page_size, 1, INT_MAX);
+  std::unique_ptr<sqlite::Checkpointer> checkpointer;
+  if (options.background_checkpoint) {
+    ATFILL_ASSIGN_OR_RETURN(
+        checkpointer,
+        sqlite::Checkpointer::Start(
+            raw, options.path, options.synchronous == SqliteSynchronous::kFull ? "FULL" : "NORMAL",
+            checkpoint_frames));
+  } else {
+    std::string checkpoint = "PRAGMA wal_autocheckpoint = " + std::to_string(checkpoint_frames);
+    ATFILL_RETURN_IF_ERROR(sqlite::Exec(raw, checkpoint.c_str()));
+  }
 
   if (options.max_database_bytes > 0) {
     uint64_t pages = options.max_database_bytes / static_cast<uint64_t>(actual_page_size);
@@ -166,6 +179,7 @@ Result<std::unique_ptr<pipeline::Sink>> SqliteSink::Open(const SqliteSinkOptions
   }
 
   std::unique_ptr<SqliteSink> sink(new SqliteSink(options, std::move(db)));
+  sink->checkpointer_ = std::move(checkpointer);
   ATFILL_RETURN_IF_ERROR(sink->Prepare());
   return std::unique_ptr<pipeline::Sink>(std::move(sink));
 }
@@ -238,6 +252,10 @@ Result<WriteStats> SqliteSink::Write(std::span<const Event> batch) {
 }
 
 Status SqliteSink::WriteOnce(std::span<const Event> batch, int64_t now, WriteStats* stats) {
+  if (checkpointer_ != nullptr) {
+    Status st = checkpointer_->BeforeTransaction();
+    if (!st.ok()) return st.WithContext("SQLite database " + options_.path);
+  }
   ATFILL_RETURN_IF_ERROR(Run(begin_.get(), "BEGIN IMMEDIATE"));
   // The batch is applied grouped by account (each account's events keep their order): the rows'
   // index is keyed by account first, so a batch of interleaved accounts then walks the index

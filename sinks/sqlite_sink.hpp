@@ -57,6 +57,12 @@ struct SqliteSinkOptions {
   // values checkpoint less often at the cost of a larger -wal file (this much plus one batch):
   // measured, 128 MiB instead of 40 MiB cuts the CPU per record by 10-20% when DIDs interleave.
   int64_t wal_autocheckpoint_bytes = 128 << 20;
+  // Checkpoint on a thread of the sink's own (a second connection) instead of inside the
+  // writer's COMMIT: the copying of WAL pages into the database then runs beside the writes
+  // instead of between them. Measured: 1M creates ~1.4x the records per second. The WAL stays
+  // within wal_autocheckpoint_bytes plus a batch: at that size the writer waits for the
+  // checkpoint to catch up before its next transaction (see sqlite_checkpointer.hpp).
+  bool background_checkpoint = true;
   // DIDs and collections whose interned ids are remembered in memory; when the cache is full it
   // starts again empty, so memory stays bounded however many DIDs a job sees.
   size_t intern_cache_entries = 1 << 20;

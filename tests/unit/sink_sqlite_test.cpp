@@ -4,6 +4,7 @@
 #include <sqlite3.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -122,11 +123,12 @@ class SqliteLock : public testing::WriteBlocker {
 
 class SqliteEnv : public testing::SinkTestEnv {
  public:
-  explicit SqliteEnv(std::function<int64_t()> now_us)
+  SqliteEnv(std::function<int64_t()> now_us, bool background_checkpoint)
       : path_((dir_.path() / "atfill.db").string()), reader_(path_) {
     options_.path = path_;
     options_.now_us = std::move(now_us);
     options_.busy_timeout_ms = 100;
+    options_.background_checkpoint = background_checkpoint;
   }
   Result<std::unique_ptr<pipeline::Sink>> OpenSink() override { return OpenSqliteSink(options_); }
   testing::TableReader& reader() override { return reader_; }
@@ -143,15 +145,18 @@ class SqliteEnv : public testing::SinkTestEnv {
   SqliteTableReader reader_;
 };
 
-testing::SinkConformanceParam SqliteParam() {
-  return {"Sqlite",
-          [](std::function<int64_t()> now_us) -> Result<std::unique_ptr<testing::SinkTestEnv>> {
+// The writer checkpoints on a thread of the sink's own (the default), or inside its COMMIT.
+testing::SinkConformanceParam SqliteParam(bool background_checkpoint) {
+  return {background_checkpoint ? "Sqlite" : "SqliteInlineCheckpoint",
+          [background_checkpoint](
+              std::function<int64_t()> now_us) -> Result<std::unique_ptr<testing::SinkTestEnv>> {
             return std::unique_ptr<testing::SinkTestEnv>(
-                std::make_unique<SqliteEnv>(std::move(now_us)));
+                std::make_unique<SqliteEnv>(std::move(now_us), background_checkpoint));
           }};
 }
 
-INSTANTIATE_TEST_SUITE_P(Sqlite, SinkConformanceTest, ::testing::Values(SqliteParam()),
+INSTANTIATE_TEST_SUITE_P(Sqlite, SinkConformanceTest,
+                         ::testing::Values(SqliteParam(true), SqliteParam(false)),
                          testing::SinkConformanceName);
 
 constexpr const char* kAlice = "did:plc:alice2ixhq5mvvcy4ygqtfp";
@@ -585,6 +590,82 @@ TEST_F(SqliteSinkTest, ReaderRefusesWhatIsNotAnAtfillDatabase) {
       << empty.status().ToString();
   auto all = ReadAllRecords(Path());
   EXPECT_FALSE(all.ok());
+}
+
+// A batch of `n` creates of ~1 KB for one account, rkeys `prefix`0..n-1.
+std::vector<Event> KilobyteBatch(const std::string& prefix, int n) {
+  std::vector<Event> batch;
+  for (int i = 0; i < n; ++i) {
+    batch.push_back(MakeCreate(kAlice, kPost, prefix + std::to_string(i),
+                               R"({"text":")" + std::string(1000, 'x') + "\"}"));
+  }
+  return batch;
+}
+
+uint64_t FileSize(const std::string& path) {
+  std::error_code ec;
+  const uint64_t size = std::filesystem::file_size(path, ec);
+  return ec ? 0 : size;
+}
+
+// However the checkpoints run, the WAL stays within its cap plus about a batch, and the records
+// reach the database file while the sink is open.
+TEST_F(SqliteSinkTest, CheckpointsKeepTheWalWithinItsCap) {
+  for (bool background : {true, false}) {
+    SCOPED_TRACE(background ? "background" : "inline");
+    std::filesystem::remove(Path());
+    std::filesystem::remove(Path() + "-wal");
+    std::filesystem::remove(Path() + "-shm");
+    options_.background_checkpoint = background;
+    options_.wal_autocheckpoint_bytes = 256 << 10;
+    auto sink = MustOpen();
+    ASSERT_NE(sink, nullptr);
+    uint64_t largest_wal = 0;
+    for (int b = 0; b < 40; ++b) {
+      auto stats = sink->Write(KilobyteBatch("b" + std::to_string(b) + "-", 100));
+      ASSERT_TRUE(stats.ok()) << stats.status().ToString();
+      ASSERT_EQ(stats->inserted, 100u);
+      largest_wal = std::max(largest_wal, FileSize(Path() + "-wal"));
+    }
+    // 256 KiB of cap, a ~100 KB batch with its index and table pages, and the page the WAL
+    // header rounds to; without checkpoints it would hold all 4 MB.
+    EXPECT_LE(largest_wal, uint64_t{1} << 20);
+    EXPECT_GE(FileSize(Path()), uint64_t{3} << 20);
+    sink.reset();
+    EXPECT_EQ(MustReadAll().size(), 4000u);
+  }
+}
+
+// A reader holding an old snapshot keeps the WAL from being copied and started again; the writer
+// goes on all the same (the WAL grows), and once the reader is done the WAL is reused again.
+TEST_F(SqliteSinkTest, ReaderHoldingTheWalDoesNotStopTheWriter) {
+  options_.wal_autocheckpoint_bytes = 256 << 10;
+  auto sink = MustOpen();
+  ASSERT_NE(sink, nullptr);
+  ASSERT_TRUE(sink->Write(KilobyteBatch("first", 10)).ok());
+  RawDb reader(Path());
+  ASSERT_EQ(reader.Exec("BEGIN"), SQLITE_OK);
+  ASSERT_EQ(reader.Column("SELECT count(*) FROM atfill_record_rows"),
+            std::vector<std::string>{"10"});
+  for (int b = 0; b < 30; ++b) {
+    auto stats = sink->Write(KilobyteBatch("held" + std::to_string(b) + "-", 100));
+    ASSERT_TRUE(stats.ok()) << stats.status().ToString();
+  }
+  // The reader still sees its snapshot, so nothing after it could be copied.
+  EXPECT_EQ(reader.Column("SELECT count(*) FROM atfill_record_rows"),
+            std::vector<std::string>{"10"});
+  const uint64_t held_wal = FileSize(Path() + "-wal");
+  EXPECT_GE(held_wal, uint64_t{3} << 20);
+  ASSERT_EQ(reader.Exec("COMMIT"), SQLITE_OK);
+  for (int b = 0; b < 30; ++b) {
+    auto stats = sink->Write(KilobyteBatch("free" + std::to_string(b) + "-", 100));
+    ASSERT_TRUE(stats.ok()) << stats.status().ToString();
+  }
+  // 3 MB more went through a WAL that started again inside the file it already had (a batch or
+  // two may still be appended before the first complete checkpoint lets it start again).
+  EXPECT_LE(FileSize(Path() + "-wal"), held_wal + (512 << 10));
+  EXPECT_EQ(reader.Column("SELECT count(*) FROM atfill_record_rows"),
+            std::vector<std::string>{"6010"});
 }
 
 TEST_F(SqliteSinkTest, TwoSinksOnOneFileSerialise) {

@@ -62,8 +62,10 @@ Result<AppConfig> LoadAppConfig(const std::string& path) {
   ATFILL_RETURN_IF_ERROR(file.ReadInt("sink.sqlite.cache_mb", &cache_mb, 1, 65536));
   c.sqlite.cache_bytes = cache_mb << 20;
   int64_t wal_mb = c.sqlite.wal_autocheckpoint_bytes >> 20;
-  ATFILL_RETURN_IF_ERROR(file.ReadInt("sink.sqlite.wal_autocheckpoint_mb", &wal_mb, 0, 65536));
+  ATFILL_RETURN_IF_ERROR(file.ReadInt("sink.sqlite.wal_autocheckpoint_mb", &wal_mb, 1, 65536));
   c.sqlite.wal_autocheckpoint_bytes = wal_mb << 20;
+  ATFILL_RETURN_IF_ERROR(
+      file.ReadBool("sink.sqlite.background_checkpoint", &c.sqlite.background_checkpoint));
 
   auto& e = c.engine;
   ATFILL_RETURN_IF_ERROR(ReadBatch(file, "engine", &e.batch));
