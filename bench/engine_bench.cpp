@@ -6,6 +6,8 @@
 //
 // ATFILL_ENGINE_BENCH_BATCH="events,chunks,ms" replaces the engine's default batch limits
 // (5,000 events, 16 chunks, 200 ms), as [engine] batch_records/batch_chunks/batch_ms would.
+// ATFILL_BENCH_SQLITE_CHECKPOINT=inline makes the sink checkpoint inside its COMMIT (as SQLite
+// does by default, and as the raw loop does) instead of on its checkpoint thread.
 //
 //   build/bench/engine_bench                      (Release build)
 #include <benchmark/benchmark.h>
@@ -19,6 +21,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <string_view>
 #include <unordered_map>
 
 #include "bench/bench_util.hpp"
@@ -83,6 +86,9 @@ void BM_EndToEnd(benchmark::State& state) {
     auto source = sources::EventFileSource::Open(in);
     sinks::SqliteSinkOptions out;
     out.path = (dir / "out.db").string();
+    if (const char* c = std::getenv("ATFILL_BENCH_SQLITE_CHECKPOINT")) {
+      out.background_checkpoint = std::string_view(c) != "inline";
+    }
     auto sink = sinks::OpenSqliteSink(out);
     state::RocksDbOptions st;
     st.path = (dir / "state").string();

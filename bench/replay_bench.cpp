@@ -11,6 +11,8 @@
 //   ATFILL_REPLAY_BENCH_BATCH=events,chunks,ms    (the engine's batch limits; default
 //                                                 sources::kReplayBatch, as atfill replays)
 //   ATFILL_REPLAY_BENCH_SQLITE=cache_mb,wal_mb,page_kb  (the SQLite sink's options)
+//   ATFILL_BENCH_SQLITE_CHECKPOINT=inline         (the writer checkpoints inside its COMMIT,
+//                                                 as before background_checkpoint)
 //   ATFILL_REPLAY_BENCH_PG=CONNINFO               (Replay/0 into the PostgreSQL sink instead, a
 //   fresh
 //                                                 schema of the run on that server)
@@ -21,6 +23,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <string_view>
 
 #include "bench/bench_util.hpp"
 #include "pipeline/run.hpp"
@@ -127,6 +130,9 @@ void BM_Replay(benchmark::State& state) {
           out.wal_autocheckpoint_bytes = wal_mb << 20;
           out.page_size_bytes = page_kb << 10;
         }
+      }
+      if (const char* c = std::getenv("ATFILL_BENCH_SQLITE_CHECKPOINT")) {
+        out.background_checkpoint = std::string_view(c) != "inline";
       }
       auto s = sinks::OpenSqliteSink(out);
       if (!s.ok()) return state.SkipWithError("sink");
