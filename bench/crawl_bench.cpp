@@ -1,28 +1,40 @@
 // The crawl against simnet on loopback, in-process.
 //
 // BM_Crawl: 10,000 accounts on 500 PDS hosts, every answer 50 ms late, two collections, the
-// default record counts (0..40 per account, log-uniform), 1% did:web accounts. The crawl runs
-// with the default CrawlOptions, as `atfill backfill` would: listReposByCollection discovery,
-// CID verify and the ingest guard, into a SQLite sink or the dry-run sink (to tell the sink's
-// cost apart), in listRecords or getRepo mode. Simnet is generated and its repo cache warmed
-// outside the timed part (see CrawlNetwork); the time is the job's run, from the first listing
-// request to the last commit, with a fresh state directory (so a cold resolver cache).
+// default record counts (0..40 per account, log-uniform), 1% did:web accounts. Simnet is generated
+// and its repo cache warmed outside the timed part (see CrawlNetwork); the time is the job's run,
+// from the first listing request to the last commit, in a fresh state directory. The crawl runs
+// listReposByCollection discovery, CID verify and the ingest guard, into a SQLite sink or the
+// dry-run sink (to tell the sink's cost apart), in listRecords or getRepo mode, in one of three
+// setups (the third argument):
+//   setup 0  the default CrawlOptions, as `atfill backfill` would run, with a cold resolver cache;
+//            all four mode x sink pairs;
+//   setup 1  the same with a warm resolver cache: every DID is resolved once into the job's state
+//            store before the job (untimed, as another crawl of the same state would leave it), so
+//            the PLC is never asked and only the fetch client binds. fetch_ratio is its figure;
+//   setup 2  a cold cache with the PLC's slots (resolver_http.max_per_host) raised to balance the
+//            fetch client's: getRepo fetches once per DID, so 192; listRecords ~1.8 times, so 107
+//            (plc_slots). Both clients can then be busy at once; ratio_to_bound is its figure.
 //
 // The bound. A client with N requests in flight against answers that take L seconds makes at most
 // N / L requests per second. The crawl has two clients:
 //   fetch     listings and listRecords/getRepo: max_hosts 64 x max_per_host 3 = 192 in flight,
 //             192 / 0.05 s = 3,840 req/s;
-//   resolver  DID documents: PLC is one host, so its max_per_host (32) in flight, 32 / 0.05 s =
-//             640 req/s (each did:web DID has a host of its own and is not held by it).
+//   resolver  DID documents: PLC is one host, so its max_per_host (32 by default, plc_slots) in
+//             flight, 32 / 0.05 s = 640 req/s (each did:web DID has a host of its own and is not
+//             held by it).
 // The issue's "requests in flight / latency" is read as both clients together, since every unit
 // costs a resolution as well as its fetches and both clients' slots are what the crawl has in
-// flight: bound_req_per_s = (192 + 32) / 0.05 s = 4,480, ratio_to_bound = (fetch + resolver
-// requests) / s over it. fetch_ratio is the fetch client alone (fetch requests / s over 3,840).
-// Both are reachable only when the two clients' demands match their slots, which they do not
-// here: each DID needs one PLC request and one (getRepo) or ~1.8 (listRecords) fetches, so the
-// PLC's 32 slots bind long before the fetch client's 192. stage_bound_s = max(fetch requests /
-// 3,840, PLC requests / 640) is the least time the limits allow for this crawl; stage_ratio =
-// stage_bound_s / elapsed is how close the crawl comes to it.
+// flight: bound_req_per_s = (192 + plc_slots) / 0.05 s (4,480 by default), ratio_to_bound =
+// (fetch + resolver requests) / s over it. fetch_ratio is the fetch client alone (fetch requests
+// / s over 3,840). Both are reachable only when the two clients' demands match their slots, which
+// by default they do not: each DID needs one PLC request and one (getRepo) or ~1.8 (listRecords)
+// fetches, so the PLC's 32 slots bind long before the fetch client's 192 (setup 2 balances them;
+// with a warm cache, setup 1, resolution costs no request and ratio_to_bound says nothing).
+// stage_bound_s = max(fetch requests / 3,840, PLC requests / (plc_slots / 0.05 s)) is the least
+// time the limits allow for this crawl; stage_ratio = stage_bound_s / elapsed is how close the
+// crawl comes to it. plc_req counts the PLC's requests (simnet's), resolutions the crawl's
+// Resolve calls (one per DID and run of it, cache hits included).
 //
 // Diagnostics: avg_*_in_flight (transfers running, sampled every 50 ms), *_latency_ms (Little's
 // law: in flight / rate, to see whether answers took the configured 50 ms or the CPU stretched
@@ -33,6 +45,7 @@
 // comment above it.
 //
 //   cmake --build build-bench-crawl --target crawl_bench -j2 && build-bench-crawl/bench/crawl_bench
+//   build-bench-crawl/bench/crawl_bench --benchmark_filter='BM_Crawl/.*/setup:1'  (one setup)
 #include <benchmark/benchmark.h>
 #include <malloc.h>
 #include <sys/resource.h>
@@ -59,9 +72,11 @@
 #include "sources/crawl.hpp"
 #include "stages/cid_verify.hpp"
 #include "stages/ingest_guard.hpp"
+#include "stages/resolver.hpp"
 #include "state/error_log.hpp"
 #include "state/job_store.hpp"
 #include "state/kv_store.hpp"
+#include "state/resolver_cache.hpp"
 #include "state/tombstones.hpp"
 #include "tools/simnet/simnet.hpp"
 
@@ -104,10 +119,11 @@ struct CrawlRun {
 // Runs one crawl job in a fresh state directory `dir`, as `atfill backfill` does (CID verify, the
 // ingest guard, then the sink). Every 50 ms a watcher samples VmRSS and calls `stop_when` with the
 // source; when it returns true the job is asked to pause, and the run ends at the next
-// checkpoint.
+// checkpoint. `prepare` (when set) runs on the fresh state store before the job, untimed.
 CrawlRun RunCrawl(const fs::path& dir, const CrawlOptions& options, bool dry_run,
                   const pipeline::JobOptions& job_options,
-                  const std::function<bool(const CrawlSource&)>& stop_when) {
+                  const std::function<bool(const CrawlSource&)>& stop_when,
+                  const std::function<Status(state::KvStore&)>& prepare = nullptr) {
   CrawlRun out;
   fs::remove_all(dir);
   fs::create_directories(dir);
@@ -115,6 +131,12 @@ CrawlRun RunCrawl(const fs::path& dir, const CrawlOptions& options, bool dry_run
   if (!kv.ok()) {
     out.error = kv.status().ToString();
     return out;
+  }
+  if (prepare) {
+    if (Status st = prepare(**kv); !st.ok()) {
+      out.error = st.ToString();
+      return out;
+    }
   }
   Result<std::unique_ptr<pipeline::Sink>> sink = Status::Internal("unset");
   if (dry_run) {
@@ -254,22 +276,86 @@ simnet::Simnet* CrawlNetwork() {
   return net.get();
 }
 
-// Arguments: fetch mode (0 listRecords, 1 getRepo), sink (0 SQLite, 1 dry-run).
+// Resolves every account of `net` once into the resolver cache of `kv` (what a crawl of the same
+// network before, or another job of the same state, leaves behind), many at once.
+Status WarmResolverCache(const simnet::Simnet& net, state::KvStore& kv) {
+  net::HttpClientOptions http;
+  http.allow_private_addresses = true;
+  http.max_hosts = static_cast<int>(kHosts) + 64;
+  http.max_per_host = 1000;
+  http.max_in_flight = 1000;
+  ATFILL_ASSIGN_OR_RETURN(auto client, net::HttpClient::Start(http));
+  state::ResolverCache cache(kv);
+  stages::ResolverOptions options;
+  options.plc_url = net.plc_url();
+  options.allow_loopback_endpoints = true;
+  stages::DidResolver resolver(client.get(), &cache, options);
+  std::mutex mu;
+  std::condition_variable cv;
+  size_t left = net.network().accounts().size(), failed = 0;
+  std::string first_error;
+  for (const auto& account : net.network().accounts()) {
+    resolver.Resolve(account.did, [&](stages::ResolveOutcome outcome) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!outcome.ok() && failed++ == 0) first_error = outcome.message;
+      if (--left == 0) cv.notify_one();
+    });
+  }
+  std::unique_lock<std::mutex> lock(mu);
+  cv.wait(lock, [&] { return left == 0; });
+  if (failed != 0) {
+    return Status::Internal("warming the resolver cache: " + std::to_string(failed) +
+                            " DIDs did not resolve, first: " + first_error);
+  }
+  return Status::OK();
+}
+
+// The setups of BM_Crawl (its third argument).
+enum Setup : int64_t {
+  kDefault = 0,    // the default CrawlOptions, a cold resolver cache
+  kWarmCache = 1,  // every DID in the resolver cache before the job: only the fetch client binds
+  kBalanced = 2,   // a cold cache, the PLC's slots raised to match the fetch client's demand
+};
+
+// PLC slots whose requests/s at saturation match the fetch client's: fetch slots x PLC requests
+// per fetch request. getRepo fetches once per DID (192); listRecords ~1.8 times (a unit per
+// collection the DID has records in, a page of up to 100 records each): 192 / 1.8 = ~107.
+int BalancedPlcSlots(FetchMode mode, int fetch_slots) {
+  return mode == FetchMode::kGetRepo ? fetch_slots : (fetch_slots * 10 + 9) / 18;
+}
+
+// Arguments: fetch mode (0 listRecords, 1 getRepo), sink (0 SQLite, 1 dry-run), setup (above).
 void BM_Crawl(benchmark::State& state) {
   const FetchMode mode = state.range(0) == 0 ? FetchMode::kListRecords : FetchMode::kGetRepo;
   const bool dry_run = state.range(1) != 0;
+  const auto setup = static_cast<Setup>(state.range(2));
   simnet::Simnet* net = CrawlNetwork();
   if (net == nullptr) return state.SkipWithError("simnet did not start or warm up");
-  const CrawlOptions options = CrawlOf(*net, mode);
+  CrawlOptions options = CrawlOf(*net, mode);
+  const int fetch_slots =
+      std::min(options.http.max_in_flight, options.http.max_hosts * options.http.max_per_host);
+  if (setup == kBalanced) {
+    options.resolver_http.max_per_host = BalancedPlcSlots(mode, fetch_slots);
+    options.resolver_http.max_in_flight =
+        std::max(options.resolver_http.max_in_flight, 2 * options.resolver_http.max_per_host);
+  }
   CrawlRun run;
   uint64_t plc_requests = 0, repos_built = 0;
   int64_t before_kb = 0;
   for (auto _ : state) {
-    const uint64_t plc_before = net->host_requests(1);
+    uint64_t plc_before = net->host_requests(1);
     const uint64_t built_before = net->stats().repos_built;
     ResetPeakRss();
     before_kb = StatusKb("VmRSS");
-    run = RunCrawl(WorkDir() / "crawl", options, dry_run, {}, nullptr);
+    std::function<Status(state::KvStore&)> prepare;
+    if (setup == kWarmCache) {
+      prepare = [&](state::KvStore& kv) {
+        Status st = WarmResolverCache(*net, kv);
+        plc_before = net->host_requests(1);
+        return st;
+      };
+    }
+    run = RunCrawl(WorkDir() / "crawl", options, dry_run, {}, nullptr, prepare);
     state.SetIterationTime(run.seconds);
     plc_requests = net->host_requests(1) - plc_before;
     repos_built = net->stats().repos_built - built_before;
@@ -281,8 +367,7 @@ void BM_Crawl(benchmark::State& state) {
     }
   }
   const double latency_s = static_cast<double>(kLatencyMs) / 1000.0;
-  const double fetch_in_flight =
-      std::min(options.http.max_in_flight, options.http.max_hosts * options.http.max_per_host);
+  const double fetch_in_flight = fetch_slots;
   const double resolver_in_flight = options.resolver_http.max_per_host;
   const double fetch_bound = fetch_in_flight / latency_s;
   const double resolver_bound = resolver_in_flight / latency_s;
@@ -299,6 +384,9 @@ void BM_Crawl(benchmark::State& state) {
   state.counters["records_per_s"] = records / s;
   state.counters["fetch_req"] = fetches;
   state.counters["resolve_req"] = resolutions;
+  state.counters["plc_req"] = static_cast<double>(plc_requests);
+  state.counters["plc_slots"] = resolver_in_flight;
+  state.counters["resolutions"] = static_cast<double>(run.stats.resolutions);
   state.counters["requests_per_s"] = (fetches + resolutions) / s;
   state.counters["fetch_req_per_s"] = fetches / s;
   state.counters["resolve_req_per_s"] = resolutions / s;
@@ -319,7 +407,11 @@ void BM_Crawl(benchmark::State& state) {
   // crawl reuses the heap of the runs before it, so peak - before says little after the first.
   state.counters["peak_rss_mb"] = static_cast<double>(StatusKb("VmHWM")) / 1024.0;
   state.counters["rss_before_mb"] = static_cast<double>(before_kb) / 1024.0;
-  state.SetLabel(std::string(sources::FetchModeName(mode)) + (dry_run ? ", dry-run" : ", sqlite"));
+  state.SetLabel(std::string(sources::FetchModeName(mode)) + (dry_run ? ", dry-run" : ", sqlite") +
+                 (setup == kWarmCache ? ", warm resolver cache"
+                  : setup == kBalanced
+                      ? ", PLC slots " + std::to_string(static_cast<int>(resolver_in_flight))
+                      : ""));
 }
 
 // Peak RSS while discovering repos. The issue asks for 1,000,000; simnet cannot generate that
@@ -437,11 +529,15 @@ BENCHMARK(BM_Discovery)
 
 // Discovery first: its peak RSS is then not the crawl runs' (whose network stays loaded).
 BENCHMARK(BM_Crawl)
-    ->ArgNames({"getRepo", "dry_run"})
-    ->Args({0, 0})
-    ->Args({0, 1})
-    ->Args({1, 0})
-    ->Args({1, 1})
+    ->ArgNames({"getRepo", "dry_run", "setup"})
+    ->Args({0, 0, kDefault})
+    ->Args({0, 1, kDefault})
+    ->Args({1, 0, kDefault})
+    ->Args({1, 1, kDefault})
+    ->Args({0, 0, kWarmCache})
+    ->Args({1, 0, kWarmCache})
+    ->Args({0, 0, kBalanced})
+    ->Args({1, 0, kBalanced})
     ->Iterations(1)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);

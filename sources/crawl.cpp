@@ -11,12 +11,14 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
 
 #include "atproto/syntax.hpp"
 #include "base/strings.hpp"
+#include "net/endpoint.hpp"
 #include "net/xrpc_error.hpp"
 #include "pipeline/engine.hpp"
 #include "pipeline/job.hpp"
@@ -123,6 +125,10 @@ constexpr std::string_view kCursorNext = "next:";
 constexpr size_t kCheckpointResolutions = 100;
 constexpr size_t kCheckpointFetches = 10;
 constexpr size_t kMaxRawPerChunk = size_t{16} << 20;
+// max_active_units = 0: this many units resolving, ready or fetching per fetch slot, at most
+// kMaxDefaultLookahead.
+constexpr uint64_t kLookaheadPerSlot = 16;
+constexpr uint64_t kMaxDefaultLookahead = 1'000'000;
 
 // One response handed from Read to Decode inside chunk->raw:
 //   u8 kind, u32 meta length, u32 body length, meta, body
@@ -245,7 +251,8 @@ struct CrawlSource::Impl {
   // What the I/O callbacks hand back to Read.
   struct Completion {
     enum Kind : uint8_t { kListing, kResolved, kFetched } kind = kListing;
-    uint64_t unit = 0;  // queue position (kResolved, kFetched) or listing index (kListing)
+    uint64_t unit = 0;  // queue position (kFetched) or listing index (kListing)
+    std::string did;    // kResolved: the DID resolved (for every unit of it)
     std::optional<Result<net::HttpResponse>> response;
     stages::ResolveOutcome outcome;
   };
@@ -274,8 +281,14 @@ struct CrawlSource::Impl {
     int64_t not_before_ms = 0;
     std::string last_error;
   };
+  // Where a unit in memory is: waiting for its DID to be resolved, its DID resolving, resolved
+  // and waiting in its host's ready queue, being fetched (holding one of its host's slots), or
+  // waiting out a retry delay. Resolving, ready and fetching units are the `active` ones.
+  enum class Stage : uint8_t { kWaiting, kResolving, kReady, kFetching, kDelayed };
   struct Unit {
     uint64_t position = 0;
+    Stage stage = Stage::kWaiting;
+    std::string host;  // the HostKey of `pds` (the fetch client's per-host key), once resolved
     std::string id;
     std::string did;
     std::string collection;  // listRecords mode; empty for getRepo
@@ -304,11 +317,40 @@ struct CrawlSource::Impl {
   size_t listing_index = 0;
   std::unordered_map<uint64_t, Unit> units;  // in memory: waiting, delayed or active
   std::unordered_set<std::string> ids;       // ids of `units`
-  std::deque<uint64_t> waiting;
   std::multimap<int64_t, uint64_t> delayed;  // steady ms -> position
   std::deque<Completion> backlog;            // drained but not yet handled
-  size_t active = 0;
+  size_t active = 0;                         // units resolving, ready or fetching
   uint32_t max_active = 0;
+
+  // Resolution, once per DID for all of its units in memory. A DID waits in `waiting_plc` or
+  // `waiting_web` (did:web DIDs go to hosts of their own on the resolver client, every other DID
+  // to the PLC directory or fails before any request) until a resolution slot is free; units that
+  // arrive while it waits or resolves join it.
+  struct DidUnits {
+    std::vector<uint64_t> units;
+    bool resolving = false;
+  };
+  std::unordered_map<std::string, DidUnits> by_did;  // DIDs waiting or resolving
+  std::deque<std::string> waiting_plc, waiting_web;  // DIDs to resolve, in arrival order
+  size_t resolving_plc = 0, resolving_web = 0;
+  size_t max_resolving_plc = 0, max_resolving_web = 0;
+
+  // Fetching, host by host. Resolved units wait in their host's ready queue; at most
+  // http.max_hosts hosts are open at once, each with at most http.max_per_host units fetching,
+  // and at most http.max_in_flight in all (a slot less of each while a listing runs or may start),
+  // so the fetch client never queues a fetch. A host that has nothing ready and nothing in flight
+  // closes, and the closed host with the most ready units opens.
+  struct HostSlots {
+    std::deque<uint64_t> ready;  // positions
+    int fetching = 0;
+    bool open = false;
+  };
+  std::unordered_map<std::string, HostSlots> hosts;  // hosts with ready or fetching units
+  // Closed hosts with ready units, by ready count, most first.
+  std::set<std::pair<size_t, std::string>, std::greater<>> closed_ready;
+  std::vector<std::string> open_hosts;
+  size_t fetching = 0;     // units holding a host slot
+  std::string relay_host;  // HostKey of relay_url (listings share the fetch client)
   uint64_t resume_upto = 0;
   uint64_t resume_scan = 0;
   uint64_t resume_left = 0;
@@ -401,8 +443,9 @@ struct CrawlSource::Impl {
       u.did = std::string(did);
       u.collection = colls[i];
       ids.insert(id);
-      waiting.push_back(u.position);
-      units.emplace(u.position, std::move(u));
+      const uint64_t position = u.position;
+      units.emplace(position, std::move(u));
+      PushWaiting(units.at(position));
       ++*queued;
     }
     return Status::OK();
@@ -549,8 +592,9 @@ struct CrawlSource::Impl {
         u.did = w.id.substr(0, space);
         if (space != std::string::npos) u.collection = w.id.substr(space + 1);
         ids.insert(u.id);
-        waiting.push_back(u.position);
-        units.emplace(u.position, std::move(u));
+        const uint64_t position = u.position;
+        units.emplace(position, std::move(u));
+        PushWaiting(units.at(position));
       }
       if (past_end) {
         resume_left = 0;
@@ -560,27 +604,170 @@ struct CrawlSource::Impl {
     return Status::OK();
   }
 
-  void StartUnits() {
-    const int64_t now = SteadyMs();
-    while (!delayed.empty() && delayed.begin()->first <= now) {
-      waiting.push_back(delayed.begin()->second);
-      delayed.erase(delayed.begin());
-    }
-    while (active < max_active && !waiting.empty()) {
-      const uint64_t pos = waiting.front();
-      waiting.pop_front();
-      auto it = units.find(pos);
-      if (it == units.end()) continue;
+  // ---- the scheduler ----
+
+  static bool IsDidWeb(std::string_view did) { return did.rfind("did:web:", 0) == 0; }
+
+  // A unit to resolve: it joins its DID, waiting or resolving; a DID not seen yet waits in
+  // arrival order.
+  void PushWaiting(Unit& u) {
+    auto [it, inserted] = by_did.try_emplace(u.did);
+    it->second.units.push_back(u.position);
+    if (it->second.resolving) {
+      u.stage = Stage::kResolving;
       ++active;
+      return;
+    }
+    u.stage = Stage::kWaiting;
+    if (inserted) (IsDidWeb(u.did) ? waiting_web : waiting_plc).push_back(u.did);
+  }
+
+  // Starts the resolution of waiting DIDs while slots are free and the lookahead (max_active) has
+  // room: up to max_resolving_plc PLC and max_resolving_web did:web resolutions at once.
+  void StartResolutions(std::deque<std::string>& waiting, size_t& resolving, size_t limit) {
+    while (resolving < limit && active < max_active && !waiting.empty()) {
+      std::string did = std::move(waiting.front());
+      waiting.pop_front();
+      auto it = by_did.find(did);
+      if (it == by_did.end()) continue;
+      it->second.resolving = true;
+      for (uint64_t pos : it->second.units) {
+        units.at(pos).stage = Stage::kResolving;
+        ++active;
+      }
+      ++resolving;
       ++stats.resolutions;
-      resolver->Resolve(it->second.did, [ch = channel, pos](stages::ResolveOutcome outcome) {
+      // A cache hit (or a DID refused before any request) completes inline, into the channel.
+      resolver->Resolve(did, [ch = channel, did](stages::ResolveOutcome outcome) {
         Completion c;
         c.kind = Completion::kResolved;
-        c.unit = pos;
+        c.did = did;
         c.outcome = std::move(outcome);
         Deliver(*ch, std::move(c));
       });
     }
+  }
+
+  // Whether a listing request is running or may start soon: it shares the fetch client, so the
+  // scheduler leaves it one slot of the relay's host and of the client's totals.
+  bool ListingSlotNeeded() const {
+    if (options.discovery == Discovery::kDidList) return false;
+    for (const auto& l : listings) {
+      if (l.in_flight) return true;
+    }
+    return Discovering() && units.size() + resume_left < options.discovery_window;
+  }
+
+  void CloseHost(const std::string& key) {
+    auto it = hosts.find(key);
+    if (it == hosts.end()) return;
+    it->second.open = false;
+    if (it->second.ready.empty()) {
+      hosts.erase(it);
+    } else {
+      closed_ready.emplace(it->second.ready.size(), key);
+    }
+  }
+
+  // A resolved unit waits in its host's ready queue.
+  void MakeReady(Unit& u) {
+    u.stage = Stage::kReady;
+    HostSlots& h = hosts[u.host];
+    if (!h.open && !h.ready.empty()) closed_ready.erase({h.ready.size(), u.host});
+    h.ready.push_back(u.position);
+    if (!h.open) closed_ready.emplace(h.ready.size(), u.host);
+  }
+
+  // The unit no longer holds a host slot (it finished, failed or waits for a retry).
+  void ReleaseSlot(Unit& u) {
+    if (u.stage != Stage::kFetching) return;
+    auto it = hosts.find(u.host);
+    if (it != hosts.end()) --it->second.fetching;
+    --fetching;
+    u.stage = Stage::kDelayed;
+  }
+
+  // Submits the ready units of the open hosts as their slots allow, closes the hosts left with
+  // nothing, and opens the closed hosts with the most ready units while host slots are free.
+  void Dispatch() {
+    const bool listing = ListingSlotNeeded();
+    const auto max_total =
+        static_cast<size_t>(std::max(1, options.http.max_in_flight - (listing ? 1 : 0)));
+    auto host_limit = [&](const std::string& key) {
+      return options.http.max_per_host - (listing && key == relay_host ? 1 : 0);
+    };
+    auto fill = [&](const std::string& key, HostSlots& h) {
+      const int limit = host_limit(key);
+      while (!h.ready.empty() && h.fetching < limit && fetching < max_total) {
+        const uint64_t pos = h.ready.front();
+        h.ready.pop_front();
+        auto it = units.find(pos);
+        if (it == units.end() || it->second.stage != Stage::kReady) continue;
+        it->second.stage = Stage::kFetching;
+        ++h.fetching;
+        ++fetching;
+        SubmitFetch(it->second);
+      }
+    };
+    for (size_t i = 0; i < open_hosts.size();) {
+      auto it = hosts.find(open_hosts[i]);
+      if (it != hosts.end()) {
+        fill(it->first, it->second);
+        if (!it->second.ready.empty() || it->second.fetching > 0) {
+          ++i;
+          continue;
+        }
+      }
+      CloseHost(open_hosts[i]);
+      open_hosts[i] = std::move(open_hosts.back());
+      open_hosts.pop_back();
+    }
+    // The relay's host takes a host slot of its own unless it is open as a PDS already.
+    bool relay_open = false;
+    if (listing) {
+      auto it = hosts.find(relay_host);
+      relay_open = it != hosts.end() && it->second.open;
+    }
+    const auto max_hosts =
+        static_cast<size_t>(std::max(1, options.http.max_hosts - (listing && !relay_open ? 1 : 0)));
+    std::vector<std::pair<size_t, std::string>> skipped;
+    while (open_hosts.size() < max_hosts && fetching < max_total && !closed_ready.empty()) {
+      auto top = closed_ready.begin();
+      std::pair<size_t, std::string> entry = *top;
+      closed_ready.erase(top);
+      if (host_limit(entry.second) <= 0) {  // the relay's host with one slot, held by the listing
+        skipped.push_back(std::move(entry));
+        continue;
+      }
+      HostSlots& h = hosts[entry.second];
+      h.open = true;
+      open_hosts.push_back(entry.second);
+      fill(entry.second, h);
+    }
+    for (auto& entry : skipped) closed_ready.insert(std::move(entry));
+  }
+
+  // Retry-delayed units whose time has come: a resolved one (its DID stays resolved) is ready
+  // again for its host, one whose resolution failed resolves again. Then resolutions start and
+  // fetches are dispatched.
+  void StartUnits() {
+    const int64_t now = SteadyMs();
+    while (!delayed.empty() && delayed.begin()->first <= now) {
+      const uint64_t pos = delayed.begin()->second;
+      delayed.erase(delayed.begin());
+      auto it = units.find(pos);
+      if (it == units.end()) continue;
+      Unit& u = it->second;
+      if (!u.host.empty()) {
+        ++active;
+        MakeReady(u);
+      } else {
+        PushWaiting(u);
+      }
+    }
+    StartResolutions(waiting_plc, resolving_plc, max_resolving_plc);
+    StartResolutions(waiting_web, resolving_web, max_resolving_web);
+    Dispatch();
   }
 
   void SubmitFetch(Unit& u) {
@@ -636,6 +823,7 @@ struct CrawlSource::Impl {
       recent.fetched_at_us = pipeline::NowMicros();
       log.PutRecent(&chunk->state_writes, job, recent, options.recent_repos);
     }
+    ReleaseSlot(u);
     --active;
     finishing.emplace_back(chunks_returned, u.id);
     units.erase(u.position);
@@ -652,7 +840,9 @@ struct CrawlSource::Impl {
   // A failure that may pass: try the unit again later, or leave it queued for the next run.
   void RetryOrDefer(Unit& u, EventChunk* chunk, const std::string& kind,
                     const std::string& message) {
+    ReleaseSlot(u);
     --active;
+    u.stage = Stage::kDelayed;
     if (++u.attempts < options.unit_attempts) {
       ++stats.retries;
       delayed.emplace(SteadyMs() + options.retry_delay_ms, u.position);
@@ -668,23 +858,40 @@ struct CrawlSource::Impl {
     units.erase(u.position);  // its id stays in `ids`: not queued twice in this run
   }
 
+  // The outcome of one DID's resolution applies to every unit of it: a failure that may pass
+  // retries (or defers) each, a final one finishes each; a success makes each ready.
   void HandleResolved(Completion& c, EventChunk* chunk) {
-    auto it = units.find(c.unit);
-    if (it == units.end()) return;
-    Unit& u = it->second;
+    --(IsDidWeb(c.did) ? resolving_web : resolving_plc);
+    auto entry = by_did.find(c.did);
+    if (entry == by_did.end()) return;
+    const std::vector<uint64_t> group = std::move(entry->second.units);
+    by_did.erase(entry);
     stages::ResolveOutcome& o = c.outcome;
-    if (!o.ok()) {
-      if (o.retryable) {
-        RetryOrDefer(u, chunk, o.error_kind, o.message);
-      } else {
-        FinishUnit(u, chunk, o.error_kind, o.message, false);
-      }
-      return;
+    std::string host;
+    if (o.ok()) {
+      std::string pds = o.doc->pds_endpoint;
+      while (!pds.empty() && pds.back() == '/') pds.pop_back();
+      Result<std::string> key = net::HostKey(pds);
+      host = key.ok() ? *key : pds;
+      o.doc->pds_endpoint = std::move(pds);
     }
-    u.pds = o.doc->pds_endpoint;
-    while (!u.pds.empty() && u.pds.back() == '/') u.pds.pop_back();
-    u.signing_key = o.doc->signing_key;
-    SubmitFetch(u);
+    for (uint64_t pos : group) {
+      auto it = units.find(pos);
+      if (it == units.end()) continue;
+      Unit& u = it->second;
+      if (!o.ok()) {
+        if (o.retryable) {
+          RetryOrDefer(u, chunk, o.error_kind, o.message);
+        } else {
+          FinishUnit(u, chunk, o.error_kind, o.message, false);
+        }
+        continue;
+      }
+      u.pds = o.doc->pds_endpoint;
+      u.signing_key = o.doc->signing_key;
+      u.host = host;
+      MakeReady(u);
+    }
   }
 
   void HandleFetched(Completion& c, EventChunk* chunk) {
@@ -696,6 +903,7 @@ struct CrawlSource::Impl {
       const Status& s = r.status();
       switch (s.code()) {
         case StatusCode::kCancelled:
+          ReleaseSlot(u);
           --active;
           return;
         case StatusCode::kInvalid:
@@ -783,9 +991,26 @@ Result<std::unique_ptr<CrawlSource>> CrawlSource::Create(CrawlOptions options, u
   ATFILL_ASSIGN_OR_RETURN(impl->resolver_http, net::HttpClient::Start(o.resolver_http));
   impl->resolver =
       std::make_unique<stages::DidResolver>(impl->resolver_http.get(), &impl->cache, o.resolver);
+  // The lookahead: by default kLookaheadPerSlot units per fetch slot, so the ready units pile up
+  // on hosts (a host opens with several ready) rather than one or two on each of many hosts.
+  const uint64_t fetch_slots = std::min<uint64_t>(
+      static_cast<uint64_t>(o.http.max_in_flight),
+      static_cast<uint64_t>(o.http.max_hosts) * static_cast<uint64_t>(o.http.max_per_host));
   impl->max_active = o.max_active_units != 0
                          ? o.max_active_units
-                         : static_cast<uint32_t>(4 * o.http.max_hosts * o.http.max_per_host);
+                         : static_cast<uint32_t>(std::min<uint64_t>(kLookaheadPerSlot * fetch_slots,
+                                                                    kMaxDefaultLookahead));
+  // Twice the PLC's per-host limit: while one resolution's answer waits for Read, another is
+  // queued in the resolver's client to take its slot. did:web DIDs each have a host of their own.
+  const int rmax = o.resolver_http.max_in_flight;
+  impl->max_resolving_plc =
+      static_cast<size_t>(std::max(1, std::min(2 * o.resolver_http.max_per_host, rmax)));
+  impl->max_resolving_web =
+      static_cast<size_t>(std::max(1, std::min(o.resolver_http.max_hosts - 1, rmax / 2)));
+  if (o.discovery != Discovery::kDidList) {
+    Result<std::string> relay = net::HostKey(o.relay_url);
+    impl->relay_host = relay.ok() ? *relay : o.relay_url;
+  }
   return std::unique_ptr<CrawlSource>(new CrawlSource(std::move(impl)));
 }
 

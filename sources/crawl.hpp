@@ -1,8 +1,27 @@
 // The crawl: the default backfill. Discovers repos (a relay's listReposByCollection, a host's
 // listRepos, or a given list of DIDs), queues one work unit per (DID, collection) or per DID,
 // resolves each DID to its PDS and fetches its records (listRecords pages or one getRepo CAR),
-// and hands the records to the engine. Resolution and fetching are pipelined with discovery: a
-// unit is resolved as soon as it is queued and fetched as soon as it resolves, many at once.
+// and hands the records to the engine. Resolution and fetching are pipelined with discovery.
+//
+// Scheduling (the fetch client serves at most http.max_hosts hosts at once, http.max_per_host
+// requests each, so units picked in queue order from hundreds of hosts would leave most of its
+// slots idle):
+// - Resolution runs ahead of fetching, once per DID for all of the DID's units in memory (a DID
+//   with two collections costs one resolution), up to 2 x resolver_http.max_per_host DIDs of the
+//   PLC and resolver_http.max_hosts - 1 did:web DIDs at once (capped by resolver_http's
+//   max_in_flight). A failure applies to every unit of the DID: retried (or deferred) when it may
+//   pass, finished with its error kind when final.
+// - Resolved units wait in a ready queue per PDS host (its net::HostKey). At most http.max_hosts
+//   hosts are open at once, each with at most http.max_per_host units fetching, and at most
+//   http.max_in_flight units fetch in all; while a listing runs or may start (it shares the fetch
+//   client) one slot of the relay's host and one of the totals are left to it. So the client
+//   never queues a fetch. A unit keeps its host slot while it pages through listRecords. A host
+//   with nothing ready and nothing in flight closes; the closed host with the most ready units
+//   opens in its place.
+// - A unit retried after a fetch failure goes back to its host's ready queue (its DID stays
+//   resolved); one retried after a resolution failure resolves again.
+// - max_active_units bounds the units resolving, ready or fetching at once (the lookahead); the
+//   rest of the queued units (up to discovery_window) wait unresolved.
 //
 // State and the delivery guarantee:
 // - A listing page's units are pushed to the job's work queue in the same state write as the
@@ -66,7 +85,12 @@ struct CrawlOptions {
   uint32_t list_records_limit = 100;
   // Discovery pauses while this many units are queued and unfinished; resumes as units finish.
   uint64_t discovery_window = 50'000;
-  // Units resolving or fetching at once; 0 = 4 x hosts x per-host requests of `http`.
+  // Units resolving, resolved and waiting for a host slot, or fetching, at once: the scheduler's
+  // lookahead (see the top of the file). A resolution starts only while fewer are active. The
+  // more there are, the more ready units each host gathers before it opens, so the more of its
+  // max_per_host slots it fills; memory is no concern (queued units are in memory anyway, up to
+  // discovery_window). 0 = 16 x the fetch slots of `http` (min(max_in_flight, max_hosts x
+  // max_per_host)): 3,072 with the defaults.
   uint32_t max_active_units = 0;
   // Times a unit is tried in one run when it fails for a reason that may pass (transport
   // failures, 5xx, a host down). A unit out of tries stays queued: the job then pauses with
