@@ -4,10 +4,13 @@
 // applied, Committed), as the engine would.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <random>
 #include <set>
+#include <string>
+#include <vector>
 
 #include "atproto/json.hpp"
 #include "sources/archive.hpp"
@@ -24,11 +27,25 @@ using pipeline::AccountEvent;
 using pipeline::Event;
 using pipeline::RecordEvent;
 
+// The scratch folders of this process, removed when it exits.
+std::vector<fs::path>& ScratchFolders() {
+  static std::vector<fs::path> folders;
+  static const bool registered = [] {
+    return std::atexit([] {
+             std::error_code ec;
+             for (const fs::path& p : ScratchFolders()) fs::remove_all(p, ec);
+           }) == 0;
+  }();
+  (void)registered;
+  return folders;
+}
+
 fs::path Scratch(const std::string& name) {
   fs::path p =
       fs::temp_directory_path() / ("atfill-replay-test-" + std::to_string(::getpid()) + "-" + name);
   fs::remove_all(p);
   fs::create_directories(p);
+  ScratchFolders().push_back(p);
   return p;
 }
 
