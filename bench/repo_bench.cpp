@@ -1,11 +1,14 @@
 // Reading repositories (com.atproto.sync.getRepo CARs): every block hash-checked, the MST walked,
 // each record handed out (and, in the JSON variant, converted to atproto JSON as a crawl does).
+// And the commit's signing key: parsed from its did:key form and used to verify a signature, per
+// curve (a getRepo crawl does both once per repo).
 #include <benchmark/benchmark.h>
 
 #include <map>
 #include <string>
 
 #include "atproto/car.hpp"
+#include "atproto/crypto.hpp"
 #include "atproto/repo.hpp"
 #include "atproto/tid.hpp"
 
@@ -72,7 +75,37 @@ void BM_RepoWalk(benchmark::State& state) {
   state.SetLabel(json ? "records as JSON" : "records");
 }
 
+// Arguments: curve (0 secp256k1, 1 P-256), what (0 parse the did:key, 1 verify, 2 sign).
+void BM_CommitKey(benchmark::State& state) {
+  const KeyType type = state.range(0) == 0 ? KeyType::kSecp256k1 : KeyType::kP256;
+  auto key = PrivateKey::Generate(type);
+  if (!key.ok()) return state.SkipWithError(key.status().ToString().c_str());
+  const Bytes message(200, 0x5a);  // about an unsigned commit's size
+  auto signature = key->Sign(message);
+  if (!signature.ok()) return state.SkipWithError(signature.status().ToString().c_str());
+  const std::string did_key = key->public_key().ToDidKey();
+  const PublicKey public_key = key->public_key();
+  for (auto _ : state) {
+    if (state.range(1) == 0) {
+      auto parsed = PublicKey::FromDidKey(did_key);
+      if (!parsed.ok()) return state.SkipWithError("parse");
+      benchmark::DoNotOptimize(parsed);
+    } else if (state.range(1) == 1) {
+      if (!public_key.Verify(message, *signature).ok()) return state.SkipWithError("verify");
+    } else {
+      auto sig = key->Sign(message);
+      if (!sig.ok()) return state.SkipWithError("sign");
+      benchmark::DoNotOptimize(sig);
+    }
+  }
+  state.SetLabel(std::string(type == KeyType::kSecp256k1 ? "secp256k1" : "P-256") +
+                 (state.range(1) == 0   ? ", parse did:key"
+                  : state.range(1) == 1 ? ", verify"
+                                        : ", sign"));
+}
+
 BENCHMARK(BM_CarBlocks)->Arg(10000);
+BENCHMARK(BM_CommitKey)->ArgsProduct({{0, 1}, {0, 1, 2}})->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_RepoWalk)->Args({10000, 0})->Args({10000, 1})->Args({1000, 1});
 
 }  // namespace
