@@ -255,7 +255,8 @@ TEST(CrawlSchedulerTest, OpenHostsKeepTheirPerHostSlotsFullAndTheClientQueuesNot
   for (size_t i : first) pds.servers[i]->SetHold(false);
   for (size_t i : second) EXPECT_TRUE(pds.servers[i]->WaitForHeld(3, kWait)) << "host " << i;
   settle(second);
-  for (size_t i : first) EXPECT_EQ(pds.servers[i]->requests(), 8) << "host " << i;
+  // (A first host may have closed while some of its units were still resolving; those come back
+  // later, so its 8 requests are checked at the end.)
   for (size_t i : second) EXPECT_EQ(pds.servers[i]->held(), 3) << "host " << i;
   http = s->http_stats();
   EXPECT_EQ(http.queued, 0);
