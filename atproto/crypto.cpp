@@ -3,7 +3,7 @@
 // OpenSSL 3 does not deprecate, so no deprecation suppression is needed.
 //
 // secp256k1 keys are parsed, derived, signed with and verified with libsecp256k1 instead
-// (private keys 457 -> ~25 us to build, signing 427 -> ~30 us): OpenSSL has no
+// (private keys 457 -> 33 us to build, signing 427 -> 47 us): OpenSSL has no
 // optimised code for that curve (measured here: 504 us a verification and 51 us to parse a
 // compressed key, against 73 us and 43 us for P-256), and nearly every atproto repo is signed with
 // it, so a getRepo crawl spent most of its CPU there. libsecp256k1's verification accepts only

@@ -68,16 +68,6 @@ Status Checkpointer::BeforeTransaction() {
   return Status::OK();
 }
 
-uint64_t Checkpointer::rounds() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return rounds_;
-}
-
-uint64_t Checkpointer::complete_rounds() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return complete_rounds_;
-}
-
 void Checkpointer::Loop() {
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
@@ -102,8 +92,6 @@ void Checkpointer::Loop() {
     lock.lock();
     covered_ = target;
     copied_ = copied;
-    ++rounds_;
-    if (st.ok() && rc == SQLITE_OK && copied == log_frames) ++complete_rounds_;
     last_round_ = std::move(st);
     done_.notify_all();
   }

@@ -47,10 +47,6 @@ class Checkpointer {
   // engine's retry of the batch waits for another round.
   Status BeforeTransaction();
 
-  // Checkpoint rounds finished, and those that copied every frame (for tests and benches).
-  uint64_t rounds() const;
-  uint64_t complete_rounds() const;
-
  private:
   Checkpointer(sqlite3* writer, Db db, int64_t cap_frames);
   static int OnCommit(void* self, sqlite3* db, const char* name, int frames);
@@ -74,8 +70,6 @@ class Checkpointer {
   int64_t copied_ = 0;            // frames the last round left copied (the WAL's start onwards)
   uint64_t covered_ = 0;          // commits the last finished round began after
   bool waiting_ = false;          // the writer waits for a round
-  uint64_t rounds_ = 0;
-  uint64_t complete_rounds_ = 0;
   Status last_round_;
   bool stop_ = false;
   std::thread thread_;
