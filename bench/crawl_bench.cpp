@@ -18,7 +18,8 @@
 //
 // The bound. A client with N requests in flight against answers that take L seconds makes at most
 // N / L requests per second. The crawl has two clients:
-//   fetch     listings and listRecords/getRepo: max_hosts 64 x max_per_host 3 = 192 in flight,
+//   fetch     listings and listRecords/getRepo: max_in_flight 192 (96 hosts x max_per_host 3
+//             allowed, so hosts finishing their last requests leave their slots to others),
 //             192 / 0.05 s = 3,840 req/s;
 //   resolver  DID documents: PLC is one host, so its max_per_host (32 by default, plc_slots) in
 //             flight, 32 / 0.05 s = 640 req/s (each did:web DID has a host of its own and is not
