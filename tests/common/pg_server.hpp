@@ -3,7 +3,7 @@
 // what the sink API does not offer.
 //
 //   ATFILL_TEST_PG        admin connection string of the shared server, e.g.
-//                         "host=127.0.0.1 port=55432 user=postgres dbname=postgres"
+//                         "host=127.0.0.1 port=15432 user=postgres dbname=postgres"
 //   ATFILL_TEST_PGSERVER  "<tools/pgserver> <DIR> <PORT>" of that server
 // Without ATFILL_TEST_PG the PostgreSQL tests fail (they are not skipped): run tools/test, or start
 // a server with `tools/pgserver start DIR PORT` and export both variables.
