@@ -16,14 +16,27 @@
 //   ATFILL_REPLAY_BENCH_PG=CONNINFO               (Replay/0 into the PostgreSQL sink instead, a
 //   fresh
 //                                                 schema of the run on that server)
+//
+// BM_SqliteBound: what SQLite itself takes on this machine, without any decode: the same number of
+// rows of the same shape (10,000 accounts interleaved at random, ~400 B records, TID rkeys in
+// stream order) inserted by a bare loop into the sink's schema, 32 rows per INSERT, each
+// transaction's rows grouped by account (as the sink applies a batch), in the most favourable
+// arrangements there are: /0 100,000 rows per transaction (a replay batch), /1 1,000,000, /2 all
+// rows in one transaction with a 2 GiB page cache, /3 the table without its unique index during
+// the load (100,000 per transaction) and the index built afterwards (PRAGMA threads = 2).
 #include <benchmark/benchmark.h>
+#include <sqlite3.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <random>
 #include <string_view>
+#include <vector>
 
 #include "bench/bench_util.hpp"
 #include "pipeline/run.hpp"
@@ -174,6 +187,123 @@ void BM_Replay(benchmark::State& state) {
 }
 
 BENCHMARK(BM_Replay)->Arg(0)->Arg(1)->Iterations(1)->UseManualTime()->Unit(benchmark::kSecond);
+
+bool Exec(sqlite3* db, const char* sql) {
+  char* error = nullptr;
+  if (sqlite3_exec(db, sql, nullptr, nullptr, &error) == SQLITE_OK) return true;
+  std::fprintf(stderr, "replay_bench: %s: %s\n", sql, error != nullptr ? error : "?");
+  sqlite3_free(error);
+  return false;
+}
+
+void BM_SqliteBound(benchmark::State& state) {
+  const int variant = static_cast<int>(state.range(0));
+  const uint64_t n = Events();
+  const uint64_t per_txn = variant == 1 ? 1'000'000 : variant == 2 ? n : 100'000;
+  constexpr int kRows = 32;
+  const std::string body = [] {
+    std::string b =
+        R"({"$type":"app.bsky.feed.post","createdAt":"2026-11-30T09:00:00.000Z","text":")";
+    b.append(400 - b.size() - 2, 'x');
+    return b + "\"}";
+  }();
+  const std::string cid = "bafyreib2rxk3rybk3aobmv5cjuql3bm2twh4jo5uxgf5alqwqkvq4kqvlu";
+  uint64_t written = 0;  // the rows past a transaction's last whole INSERT are left out
+  for (auto _ : state) {
+    const fs::path dir = WorkDir() / "bound";
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    const std::string path = (dir / "out.db").string();
+    if (variant != 3) {
+      // The sink's own schema, with its unique index.
+      sinks::SqliteSinkOptions out;
+      out.path = path;
+      if (!sinks::OpenSqliteSink(out).ok()) return state.SkipWithError("sink");
+    }
+    sqlite3* db = nullptr;
+    if (sqlite3_open(path.c_str(), &db) != SQLITE_OK) return state.SkipWithError("open");
+    std::string pragmas =
+        "PRAGMA page_size = 16384; PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; "
+        "PRAGMA wal_autocheckpoint = 8192; PRAGMA cache_size = ";
+    pragmas += variant == 2 ? "-2097152" : "-65536";
+    bool ok = Exec(db, pragmas.c_str());
+    if (ok && variant == 3) {
+      ok = Exec(db,
+                "CREATE TABLE atfill_record_rows(id INTEGER PRIMARY KEY, did_id INTEGER NOT NULL, "
+                "collection_id INTEGER NOT NULL, rkey TEXT NOT NULL, cid TEXT NOT NULL, rev TEXT, "
+                "indexed_at INTEGER NOT NULL, created_at TEXT, record TEXT NOT NULL)");
+    }
+    std::string sql =
+        "INSERT INTO atfill_record_rows(did_id, collection_id, rkey, cid, rev, indexed_at, "
+        "created_at, record) VALUES ";
+    for (int k = 0; k < kRows; ++k) sql += k == 0 ? "(?,?,?,?,?,?,?,?)" : ",(?,?,?,?,?,?,?,?)";
+    if (variant != 3) sql += " ON CONFLICT (did_id, collection_id, rkey) DO NOTHING";
+    sqlite3_stmt* insert = nullptr;
+    if (ok && sqlite3_prepare_v2(db, sql.c_str(), -1, &insert, nullptr) != SQLITE_OK) ok = false;
+    std::mt19937_64 rng(7);
+    struct Row {
+      uint32_t did;
+      uint64_t seq;
+    };
+    std::vector<Row> rows;
+    std::vector<std::array<char, 16>> rkeys(kRows);
+    written = 0;
+    const auto start = std::chrono::steady_clock::now();
+    for (uint64_t first = 0; ok && first < n; first += per_txn) {
+      rows.clear();
+      for (uint64_t i = first; i < std::min(n, first + per_txn); ++i) {
+        rows.push_back({static_cast<uint32_t>(rng() % 10'000) + 1, i});
+      }
+      std::stable_sort(rows.begin(), rows.end(),
+                       [](const Row& a, const Row& b) { return a.did < b.did; });
+      ok = Exec(db, "BEGIN IMMEDIATE");
+      for (size_t at = 0; ok && at + kRows <= rows.size(); at += kRows) {
+        for (int k = 0; k < kRows; ++k) {
+          const Row& r = rows[at + static_cast<size_t>(k)];
+          std::snprintf(rkeys[static_cast<size_t>(k)].data(), 16, "3m%011llu",
+                        static_cast<unsigned long long>(r.seq));
+          const char* rkey = rkeys[static_cast<size_t>(k)].data();
+          const int b = k * 8;
+          sqlite3_bind_int64(insert, b + 1, r.did);
+          sqlite3_bind_int64(insert, b + 2, 1);
+          sqlite3_bind_text(insert, b + 3, rkey, 13, SQLITE_STATIC);
+          sqlite3_bind_text(insert, b + 4, cid.data(), static_cast<int>(cid.size()), SQLITE_STATIC);
+          sqlite3_bind_text(insert, b + 5, rkey, 13, SQLITE_STATIC);
+          sqlite3_bind_int64(insert, b + 6, static_cast<int64_t>(r.seq));
+          sqlite3_bind_text(insert, b + 7, "2026-11-30T09:00:00.000Z", 24, SQLITE_STATIC);
+          sqlite3_bind_text(insert, b + 8, body.data(), static_cast<int>(body.size()),
+                            SQLITE_STATIC);
+        }
+        ok = sqlite3_step(insert) == SQLITE_DONE;
+        sqlite3_reset(insert);
+        written += kRows;
+      }
+      if (ok) ok = Exec(db, "COMMIT");
+    }
+    if (ok && variant == 3) {
+      ok = Exec(db,
+                "PRAGMA threads = 2; CREATE UNIQUE INDEX atfill_record_key ON "
+                "atfill_record_rows(did_id, collection_id, rkey)");
+    }
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    sqlite3_finalize(insert);
+    sqlite3_close(db);
+    if (!ok) return state.SkipWithError("an insert failed");
+    state.SetIterationTime(seconds);
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(written));
+  state.SetLabel(variant == 0   ? "100,000 rows per transaction"
+                 : variant == 1 ? "1,000,000 rows per transaction"
+                 : variant == 2 ? "one transaction, 2 GiB cache"
+                                : "no unique index during the load, built afterwards");
+}
+
+BENCHMARK(BM_SqliteBound)
+    ->DenseRange(0, 3)
+    ->Iterations(1)
+    ->UseManualTime()
+    ->Unit(benchmark::kSecond);
 
 }  // namespace
 }  // namespace atfill
