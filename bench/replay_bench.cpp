@@ -3,7 +3,8 @@
 // .jss segments (4,096 rows a block, 256 MiB segments) by ArchiveWriter, then replayed through CID
 // verification and the ingest guard into SQLite, the job's state in RocksDB. records/s and the
 // archive's MB/s (compressed bytes read). In the same run, the same replay into the dry-run sink:
-// the source, decode and verify bound without the database.
+// the source, decode and verify bound without the database. "CPU" is the whole process's CPU
+// time (every thread), so CPU / Time is the cores a run kept busy.
 //
 //   build/bench/replay_bench                      (Release build)
 //   ATFILL_REPLAY_BENCH_EVENTS=N                  (another size; default 5,000,000)
@@ -186,7 +187,8 @@ void BM_Replay(benchmark::State& state) {
                                                   : "into SQLite");
 }
 
-BENCHMARK(BM_Replay)->Arg(0)->Arg(1)->Iterations(1)->UseManualTime()->Unit(benchmark::kSecond);
+BENCHMARK(BM_Replay)->Arg(0)->Arg(1)->Iterations(1)->UseManualTime()->MeasureProcessCPUTime()->Unit(
+    benchmark::kSecond);
 
 bool Exec(sqlite3* db, const char* sql) {
   char* error = nullptr;
@@ -303,6 +305,7 @@ BENCHMARK(BM_SqliteBound)
     ->DenseRange(0, 3)
     ->Iterations(1)
     ->UseManualTime()
+    ->MeasureProcessCPUTime()
     ->Unit(benchmark::kSecond);
 
 }  // namespace
