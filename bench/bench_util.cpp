@@ -79,4 +79,13 @@ std::map<int, ThreadCpu> ThreadTicks() {
   return out;
 }
 
+std::string RecordInsertSql(size_t rows) {
+  std::string sql =
+      "INSERT INTO atfill_record_rows(did_id, collection_id, rkey, cid, rev, indexed_at, "
+      "created_at, record) VALUES ";
+  for (size_t k = 0; k < rows; ++k)
+    sql += k == 0 ? "(?, ?, ?, ?, ?, ?, ?, ?)" : ", (?, ?, ?, ?, ?, ?, ?, ?)";
+  return sql;
+}
+
 }  // namespace atfill::bench

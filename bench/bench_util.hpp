@@ -2,6 +2,7 @@
 // CPU as /proc and getrusage report them (Linux).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <map>
@@ -22,6 +23,11 @@ bool ResetPeakRss();
 
 // The process's user + system CPU time so far (threads that ended included), seconds.
 double ProcessCpuSeconds();
+
+// "INSERT INTO atfill_record_rows(did_id, collection_id, rkey, cid, rev, indexed_at, created_at,
+// record) VALUES (?, ...)" with `rows` rows of those 8 parameters, as the benchmarks' bare loops
+// write the sink's table.
+std::string RecordInsertSql(size_t rows);
 
 // Per live thread id: its name (/proc/self/task/*/comm) and the CPU clock ticks it used so far.
 struct ThreadCpu {

@@ -201,13 +201,9 @@ void BM_RawBound(benchmark::State& state) {
     sqlite3_finalize(s);
     sqlite3_exec(db, "COMMIT", nullptr, nullptr, nullptr);
     // One row per INSERT (the raw bound), or `per_insert` rows per INSERT as the sink now does.
-    std::string sql =
-        "INSERT INTO atfill_record_rows(did_id, collection_id, rkey, cid, rev, indexed_at, "
-        "created_at, record) VALUES (?, ?, ?, ?, ?, ?, ?, ?)";
-    sqlite3_prepare_v2(db, sql.c_str(), -1, &s, nullptr);
-    for (size_t k = 1; k < per_insert; ++k) sql += ", (?, ?, ?, ?, ?, ?, ?, ?)";
+    sqlite3_prepare_v2(db, bench::RecordInsertSql(1).c_str(), -1, &s, nullptr);
     sqlite3_stmt* multi = nullptr;
-    sqlite3_prepare_v2(db, sql.c_str(), -1, &multi, nullptr);
+    sqlite3_prepare_v2(db, bench::RecordInsertSql(per_insert).c_str(), -1, &multi, nullptr);
     auto bind = [](sqlite3_stmt* st, int b, const Row& r) {
       sqlite3_bind_int(st, b + 1, r.did_id);
       sqlite3_bind_int(st, b + 2, r.collection_id);

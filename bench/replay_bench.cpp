@@ -235,10 +235,7 @@ void BM_SqliteBound(benchmark::State& state) {
                 "collection_id INTEGER NOT NULL, rkey TEXT NOT NULL, cid TEXT NOT NULL, rev TEXT, "
                 "indexed_at INTEGER NOT NULL, created_at TEXT, record TEXT NOT NULL)");
     }
-    std::string sql =
-        "INSERT INTO atfill_record_rows(did_id, collection_id, rkey, cid, rev, indexed_at, "
-        "created_at, record) VALUES ";
-    for (int k = 0; k < kRows; ++k) sql += k == 0 ? "(?,?,?,?,?,?,?,?)" : ",(?,?,?,?,?,?,?,?)";
+    std::string sql = bench::RecordInsertSql(kRows);
     if (variant != 3) sql += " ON CONFLICT (did_id, collection_id, rkey) DO NOTHING";
     sqlite3_stmt* insert = nullptr;
     if (ok && sqlite3_prepare_v2(db, sql.c_str(), -1, &insert, nullptr) != SQLITE_OK) ok = false;

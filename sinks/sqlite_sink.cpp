@@ -51,6 +51,24 @@ bool WaitToRetryBusy(Clock::time_point deadline, std::chrono::milliseconds* back
   return true;
 }
 
+// The parameters of one row of the record INSERTs, in column order: did_id, collection_id, rkey,
+// cid, rev, indexed_at, created_at, record.
+constexpr int kRowParams = 8;
+
+// Binds a row's parameters from `first` + 1 on; the code of the body's bind (the only one that can
+// fail: SQLITE_TOOBIG). Texts are bound without a copy and must outlive the step.
+int BindRow(sqlite3_stmt* s, int first, const RecordEvent& e, int64_t did_id, int64_t collection_id,
+            std::string_view cid, int64_t now) {
+  sqlite3_bind_int64(s, first + 1, did_id);
+  sqlite3_bind_int64(s, first + 2, collection_id);
+  BindText(s, first + 3, e.rkey);
+  BindText(s, first + 4, cid);
+  BindTextOrNull(s, first + 5, e.rev);
+  sqlite3_bind_int64(s, first + 6, now);
+  BindTextOrNull(s, first + 7, e.created_at);
+  return BindText(s, first + 8, e.body);
+}
+
 // The statements of one interned table.
 struct InternTable {
   Stmt find;    // SELECT id WHERE key = ?1
@@ -118,8 +136,8 @@ class SqliteSink final : public pipeline::Sink {
   std::vector<uint32_t> order_;
   std::vector<int64_t> group_keys_;
   // Consecutive creates/updates are inserted kGroupRows at a time by one statement: the
-  // statement's setup, cursors and VDBE dispatch are then paid once per group. Measured
-  // (bench/engine_bench BM_RawBound/1/32 vs /1/1, 1M rows): ~17% less CPU, ~14% more rows/s.
+  // statement's setup, cursors and VDBE dispatch are then paid once per group. Measured on
+  // `atfill ingest` of 1M creates: ~13% less user CPU, ~7% less CPU in all and ~7% less wall time.
   static constexpr size_t kGroupRows = 32;
   std::vector<uint32_t> pending_;  // the group being gathered (indexes into the batch)
   std::array<std::string, kGroupRows> group_cids_;  // bound as SQLITE_STATIC until the step
@@ -222,10 +240,10 @@ Status SqliteSink::Prepare() {
         "INSERT INTO atfill_record_rows(did_id, collection_id, rkey, cid, rev, indexed_at, "
         "created_at, record) VALUES ";
     for (size_t k = 0; k < kGroupRows; ++k) {
-      const int b = static_cast<int>(k) * 8;
+      const int b = static_cast<int>(k) * kRowParams;
       if (k > 0) sql += ", ";
       sql += "(?" + std::to_string(b + 1);
-      for (int c = 2; c <= 8; ++c) sql += ", ?" + std::to_string(b + c);
+      for (int c = 2; c <= kRowParams; ++c) sql += ", ?" + std::to_string(b + c);
       sql += ")";
     }
     sql += " ON CONFLICT (did_id, collection_id, rkey) DO NOTHING";
@@ -329,7 +347,7 @@ Status SqliteSink::WriteOnce(std::span<const Event> batch, int64_t now, WriteSta
   };
   for (const uint32_t i : order_) {
     if (const auto* r = std::get_if<RecordEvent>(&batch[i])) {
-      ATFILL_RETURN_IF_ERROR(CheckRecordEvent(*r, i));
+      if (!grouped) ATFILL_RETURN_IF_ERROR(CheckRecordEvent(*r, i));  // else the grouping pass did
       if (grouped && r->operation != Operation::kDelete) {
         pending_.push_back(i);
         if (pending_.size() == kGroupRows) {
@@ -347,7 +365,7 @@ Status SqliteSink::WriteOnce(std::span<const Event> batch, int64_t now, WriteSta
     } else {
       ATFILL_RETURN_IF_ERROR(apply_pending());
       const auto& a = std::get<AccountEvent>(batch[i]);
-      ATFILL_RETURN_IF_ERROR(CheckAccountEvent(a, i));
+      if (!grouped) ATFILL_RETURN_IF_ERROR(CheckAccountEvent(a, i));
       Status st = ApplyAccount(a, stats);
       if (!st.ok()) {
         return st.WithContext("event " + std::to_string(i) + " (account " + a.did + ")");
@@ -371,14 +389,7 @@ Status SqliteSink::ApplyWrite(const RecordEvent& e, int64_t did_id, int64_t now,
   {
     sqlite3_stmt* s = insert_row_.get();
     ResetOnExit reset(s);
-    sqlite3_bind_int64(s, 1, did_id);
-    sqlite3_bind_int64(s, 2, collection_id);
-    BindText(s, 3, e.rkey);
-    BindText(s, 4, cid);
-    BindTextOrNull(s, 5, e.rev);
-    sqlite3_bind_int64(s, 6, now);
-    BindTextOrNull(s, 7, e.created_at);
-    int rc = BindText(s, 8, e.body);
+    int rc = BindRow(s, 0, e, did_id, collection_id, cid, now);
     if (rc != SQLITE_OK) return Failed(rc, "binding the record body");
     ATFILL_RETURN_IF_ERROR(Run(s, "inserting the record"));
     if (sqlite3_changes(db_.get()) > 0) {
@@ -399,15 +410,8 @@ Status SqliteSink::ApplyWriteGroup(std::span<const Event> batch, std::span<const
     const auto& e = std::get<RecordEvent>(batch[group[k]]);
     ATFILL_ASSIGN_OR_RETURN(collection_ids[k], Intern(collections_, e.collection));
     group_cids_[k] = e.cid.ToString();
-    const int b = static_cast<int>(k) * 8;
-    sqlite3_bind_int64(s, b + 1, group_keys_[group[k]]);
-    sqlite3_bind_int64(s, b + 2, collection_ids[k]);
-    BindText(s, b + 3, e.rkey);
-    BindText(s, b + 4, group_cids_[k]);
-    BindTextOrNull(s, b + 5, e.rev);
-    sqlite3_bind_int64(s, b + 6, now);
-    BindTextOrNull(s, b + 7, e.created_at);
-    int rc = BindText(s, b + 8, e.body);
+    int rc = BindRow(s, static_cast<int>(k) * kRowParams, e, group_keys_[group[k]],
+                     collection_ids[k], group_cids_[k], now);
     if (rc != SQLITE_OK) {
       return Failed(rc, "binding the record body")
           .WithContext("event " + std::to_string(group[k]) + " (" + e.Uri() + ")");
