@@ -1,9 +1,12 @@
 #include "atproto/cbor.hpp"
+#include "base/encoding.hpp"
+#include "base/json_writer.hpp"
 #include "base/strings.hpp"
 
 #include <simdjson.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -56,16 +59,23 @@ bool IsValidUtf8(const char* p, size_t n) {
   return simdjson::validate_utf8(p, n);
 }
 
-class Decoder {
+// The reading and every check of strict DAG-CBOR, shared by the decoder (which builds a Value)
+// and the JSON transcoder (which writes atproto JSON straight from the bytes): both accept and
+// refuse exactly the same inputs, with the same errors.
+class Reader {
  public:
-  Decoder(ByteView data, const CborLimits& limits) : data_(data), limits_(limits) {}
+  Reader(ByteView data, const CborLimits& limits) : data_(data), limits_(limits) {}
 
-  Status DecodeAll(Value* out) {
+ protected:
+  Status CheckSize() {
     if (data_.size() > limits_.max_bytes) {
       return Status::OutOfRange("DAG-CBOR input of " + std::to_string(data_.size()) +
                                 " bytes exceeds the limit of " + std::to_string(limits_.max_bytes));
     }
-    if (!Decode(out, 0)) return std::move(error_);
+    return Status::OK();
+  }
+
+  Status CheckEnd() {
     if (pos_ != data_.size()) {
       Fail(pos_, StatusCode::kInvalid,
            std::to_string(data_.size() - pos_) + " trailing bytes after the data item");
@@ -74,13 +84,14 @@ class Decoder {
     return Status::OK();
   }
 
- private:
   bool Fail(size_t at, StatusCode code, std::string_view what) {
     error_ = Status(code, "at byte " + std::to_string(at) + ": " + std::string(what));
     return false;
   }
 
-  // Reads the head of a major type other than 7 (see DecodeSimple); the argument must be
+  bool AtSimple() const { return pos_ < data_.size() && (data_[pos_] >> 5) == kSimple; }
+
+  // Reads the head of a major type other than 7 (see ReadSimple); the argument must be
   // minimal, and indefinite lengths and reserved values fail.
   bool ReadHead(uint8_t* major, uint64_t* arg) {
     const size_t start = pos_;
@@ -142,80 +153,52 @@ class Decoder {
     return true;
   }
 
-  bool Decode(Value* out, size_t depth) {
-    const size_t start = pos_;
-    uint8_t major = 0;
-    uint64_t arg = 0;
-    if (pos_ < data_.size() && (data_[pos_] >> 5) == kSimple) return DecodeSimple(out);
-    if (!ReadHead(&major, &arg)) return false;
-    switch (major) {
-      case kUnsigned:
-        if (arg > kInt64Max) {
-          return Fail(start, StatusCode::kOutOfRange,
-                      "integer " + std::to_string(arg) + " is outside the signed 64-bit range");
-        }
-        *out = Value::Int(static_cast<int64_t>(arg));
-        return true;
-      case kNegative:
-        if (arg > kInt64Max) {
-          return Fail(start, StatusCode::kOutOfRange,
-                      "integer -" +
-                          (arg == UINT64_MAX ? std::string("18446744073709551616")
-                                             : std::to_string(arg + 1)) +
-                          " is outside the signed 64-bit range");
-        }
-        *out = Value::Int(-1 - static_cast<int64_t>(arg));
-        return true;
-      case kByteString: {
-        if (!CheckLength(start, arg, 1, "byte string length")) return false;
-        const uint8_t* p = data_.data() + pos_;
-        pos_ += arg;
-        *out = Value::BytesValue(Bytes(p, p + arg));
-        return true;
+  // An integer of major type 0 or 1, which must fit int64.
+  bool ToInt(size_t start, uint8_t major, uint64_t arg, int64_t* out) {
+    if (major == kUnsigned) {
+      if (arg > kInt64Max) {
+        return Fail(start, StatusCode::kOutOfRange,
+                    "integer " + std::to_string(arg) + " is outside the signed 64-bit range");
       }
-      case kTextString: {
-        std::string_view text;
-        if (!ReadText(start, arg, &text)) return false;
-        *out = Value::String(std::string(text));
-        return true;
-      }
-      case kArray: {
-        if (depth + 1 > limits_.max_depth) {
-          return Fail(start, StatusCode::kOutOfRange,
-                      "nesting exceeds the depth limit of " + std::to_string(limits_.max_depth));
-        }
-        if (!CheckLength(start, arg, 1, "array length")) return false;
-        Value::Array items(arg);
-        for (Value& item : items) {
-          if (!Decode(&item, depth + 1)) return false;
-        }
-        *out = Value::MakeArray(std::move(items));
-        return true;
-      }
-      case kMap:
-        return DecodeMap(start, arg, out, depth);
-      case kTag:
-        return DecodeLink(start, arg, out);
-      default:
-        return Fail(start, StatusCode::kInternal, "unreachable major type");
+      *out = static_cast<int64_t>(arg);
+      return true;
     }
+    if (arg > kInt64Max) {
+      return Fail(
+          start, StatusCode::kOutOfRange,
+          "integer -" +
+              (arg == UINT64_MAX ? std::string("18446744073709551616") : std::to_string(arg + 1)) +
+              " is outside the signed 64-bit range");
+    }
+    *out = -1 - static_cast<int64_t>(arg);
+    return true;
   }
 
-  bool DecodeSimple(Value* out) {
+  bool ReadBytes(size_t start, uint64_t length, ByteView* out) {
+    if (!CheckLength(start, length, 1, "byte string length")) return false;
+    *out = data_.subspan(pos_, length);
+    pos_ += length;
+    return true;
+  }
+
+  bool CheckNesting(size_t start, size_t depth) {
+    if (depth + 1 > limits_.max_depth) {
+      return Fail(start, StatusCode::kOutOfRange,
+                  "nesting exceeds the depth limit of " + std::to_string(limits_.max_depth));
+    }
+    return true;
+  }
+
+  // false, true or null (0, 1, 2) at pos_, whose major type is 7; anything else fails.
+  bool ReadSimple(int* which) {
     const size_t start = pos_;
     const uint8_t info = data_[pos_] & 0x1f;
     switch (info) {
       case 20:
-        ++pos_;
-        *out = Value::Bool(false);
-        return true;
       case 21:
-        ++pos_;
-        *out = Value::Bool(true);
-        return true;
       case 22:
         ++pos_;
-        *out = Value::Null();
+        *which = info - 20;
         return true;
       case 23:
         return Fail(start, StatusCode::kInvalid, "undefined is not allowed in DAG-CBOR");
@@ -237,45 +220,38 @@ class Decoder {
     }
   }
 
-  bool DecodeMap(size_t start, uint64_t count, Value* out, size_t depth) {
-    if (depth + 1 > limits_.max_depth) {
-      return Fail(start, StatusCode::kOutOfRange,
-                  "nesting exceeds the depth limit of " + std::to_string(limits_.max_depth));
-    }
+  // The head of a map of `count` entries (already read at `start`).
+  bool CheckMap(size_t start, uint64_t count, size_t depth) {
+    if (!CheckNesting(start, depth)) return false;
     // Each entry needs at least a one-byte key and a one-byte value.
-    if (!CheckLength(start, count, 2, "map length")) return false;
-    Value::Map map;
-    map.reserve(count);
-    std::string_view previous;
-    for (uint64_t i = 0; i < count; ++i) {
-      const size_t key_at = pos_;
-      uint8_t major = 0;
-      uint64_t length = 0;
-      if (pos_ < data_.size() && (data_[pos_] >> 5) != kTextString) {
-        return Fail(
-            key_at, StatusCode::kInvalid,
-            std::string("map key must be a text string, not ") + MajorName(data_[pos_] >> 5));
-      }
-      if (!ReadHead(&major, &length)) return false;
-      std::string_view key;
-      if (!ReadText(key_at, length, &key)) return false;
-      if (i > 0 && !CborKeyLess(previous, key)) {
-        if (previous == key) {
-          return Fail(key_at, StatusCode::kInvalid, "duplicate map key " + QuoteForMessage(key));
-        }
-        return Fail(key_at, StatusCode::kInvalid,
-                    "map keys out of order: " + QuoteForMessage(key) + " after " +
-                        QuoteForMessage(previous));
-      }
-      previous = key;
-      map.emplace_back(std::string(key), Value());
-      if (!Decode(&map.back().second, depth + 1)) return false;
+    return CheckLength(start, count, 2, "map length");
+  }
+
+  // Entry i's key, which must be a text string after *previous in canonical order.
+  bool ReadKey(uint64_t i, std::string_view* previous, std::string_view* key) {
+    const size_t key_at = pos_;
+    uint8_t major = 0;
+    uint64_t length = 0;
+    if (pos_ < data_.size() && (data_[pos_] >> 5) != kTextString) {
+      return Fail(key_at, StatusCode::kInvalid,
+                  std::string("map key must be a text string, not ") + MajorName(data_[pos_] >> 5));
     }
-    *out = Value::MakeMap(std::move(map));
+    if (!ReadHead(&major, &length)) return false;
+    if (!ReadText(key_at, length, key)) return false;
+    if (i > 0 && !CborKeyLess(*previous, *key)) {
+      if (*previous == *key) {
+        return Fail(key_at, StatusCode::kInvalid, "duplicate map key " + QuoteForMessage(*key));
+      }
+      return Fail(key_at, StatusCode::kInvalid,
+                  "map keys out of order: " + QuoteForMessage(*key) + " after " +
+                      QuoteForMessage(*previous));
+    }
+    *previous = *key;
     return true;
   }
 
-  bool DecodeLink(size_t start, uint64_t tag, Value* out) {
+  // The CID a tag (already read at `start`) links to: only tag 42 over a 0x00-prefixed CID.
+  bool ReadLink(size_t start, uint64_t tag, Cid* out) {
     if (tag != kCidTag) {
       return Fail(start, StatusCode::kInvalid,
                   "tag " + std::to_string(tag) + " is not allowed (only tag 42, a CID link)");
@@ -300,7 +276,7 @@ class Decoder {
       return Fail(bytes_at, st.code(), "CID link: " + st.message());
     }
     pos_ += length;
-    *out = Value::Link(*cid);
+    *out = *cid;
     return true;
   }
 
@@ -308,6 +284,196 @@ class Decoder {
   const CborLimits& limits_;
   size_t pos_ = 0;
   Status error_;
+};
+
+class Decoder : public Reader {
+ public:
+  using Reader::Reader;
+
+  Status DecodeAll(Value* out) {
+    ATFILL_RETURN_IF_ERROR(CheckSize());
+    if (!Decode(out, 0)) return std::move(error_);
+    return CheckEnd();
+  }
+
+ private:
+  bool Decode(Value* out, size_t depth) {
+    const size_t start = pos_;
+    if (AtSimple()) {
+      int which = 0;
+      if (!ReadSimple(&which)) return false;
+      *out = which == 2 ? Value::Null() : Value::Bool(which == 1);
+      return true;
+    }
+    uint8_t major = 0;
+    uint64_t arg = 0;
+    if (!ReadHead(&major, &arg)) return false;
+    switch (major) {
+      case kUnsigned:
+      case kNegative: {
+        int64_t i = 0;
+        if (!ToInt(start, major, arg, &i)) return false;
+        *out = Value::Int(i);
+        return true;
+      }
+      case kByteString: {
+        ByteView bytes;
+        if (!ReadBytes(start, arg, &bytes)) return false;
+        *out = Value::BytesValue(Bytes(bytes.begin(), bytes.end()));
+        return true;
+      }
+      case kTextString: {
+        std::string_view text;
+        if (!ReadText(start, arg, &text)) return false;
+        *out = Value::String(std::string(text));
+        return true;
+      }
+      case kArray: {
+        if (!CheckNesting(start, depth)) return false;
+        if (!CheckLength(start, arg, 1, "array length")) return false;
+        Value::Array items(arg);
+        for (Value& item : items) {
+          if (!Decode(&item, depth + 1)) return false;
+        }
+        *out = Value::MakeArray(std::move(items));
+        return true;
+      }
+      case kMap: {
+        if (!CheckMap(start, arg, depth)) return false;
+        Value::Map map;
+        map.reserve(arg);
+        std::string_view previous;
+        for (uint64_t i = 0; i < arg; ++i) {
+          std::string_view key;
+          if (!ReadKey(i, &previous, &key)) return false;
+          map.emplace_back(std::string(key), Value());
+          if (!Decode(&map.back().second, depth + 1)) return false;
+        }
+        *out = Value::MakeMap(std::move(map));
+        return true;
+      }
+      case kTag: {
+        Cid cid;
+        if (!ReadLink(start, arg, &cid)) return false;
+        *out = Value::Link(cid);
+        return true;
+      }
+      default:
+        return Fail(start, StatusCode::kInternal, "unreachable major type");
+    }
+  }
+};
+
+// Writes atproto JSON as it reads: exactly what AppendJson(DecodeCbor(data)) would write, with no
+// Value in between (no allocation per node).
+class JsonTranscoder : public Reader {
+ public:
+  JsonTranscoder(ByteView data, const CborLimits& limits, std::string* out, CborTopField* field)
+      : Reader(data, limits), out_(out), field_(field) {}
+
+  Status TranscodeAll() {
+    ATFILL_RETURN_IF_ERROR(CheckSize());
+    if (field_ != nullptr) field_->found = false;
+    if (!Emit(0)) return std::move(error_);
+    return CheckEnd();
+  }
+
+ private:
+  bool Emit(size_t depth) {
+    const size_t start = pos_;
+    if (AtSimple()) {
+      int which = 0;
+      if (!ReadSimple(&which)) return false;
+      static constexpr std::string_view kNames[] = {"false", "true", "null"};
+      out_->append(kNames[which]);
+      return true;
+    }
+    uint8_t major = 0;
+    uint64_t arg = 0;
+    if (!ReadHead(&major, &arg)) return false;
+    switch (major) {
+      case kUnsigned:
+      case kNegative: {
+        int64_t i = 0;
+        if (!ToInt(start, major, arg, &i)) return false;
+        char buf[24];
+        const auto result = std::to_chars(buf, buf + sizeof(buf), i);
+        out_->append(buf, result.ptr);
+        return true;
+      }
+      case kByteString: {
+        ByteView bytes;
+        if (!ReadBytes(start, arg, &bytes)) return false;
+        out_->append("{\"$bytes\":\"");
+        out_->append(Base64Encode(bytes, Base64Alphabet::kStandard, /*pad=*/false));
+        out_->append("\"}");
+        return true;
+      }
+      case kTextString: {
+        std::string_view text;
+        if (!ReadText(start, arg, &text)) return false;
+        AppendJsonString(text, out_);
+        return true;
+      }
+      case kArray: {
+        if (!CheckNesting(start, depth)) return false;
+        if (!CheckLength(start, arg, 1, "array length")) return false;
+        out_->push_back('[');
+        for (uint64_t i = 0; i < arg; ++i) {
+          if (i > 0) out_->push_back(',');
+          if (!Emit(depth + 1)) return false;
+        }
+        out_->push_back(']');
+        return true;
+      }
+      case kMap: {
+        if (!CheckMap(start, arg, depth)) return false;
+        out_->push_back('{');
+        std::string_view previous;
+        for (uint64_t i = 0; i < arg; ++i) {
+          std::string_view key;
+          if (!ReadKey(i, &previous, &key)) return false;
+          if (i > 0) out_->push_back(',');
+          AppendJsonString(key, out_);
+          out_->push_back(':');
+          const size_t value_at = pos_;
+          if (!Emit(depth + 1)) return false;
+          if (depth == 0 && field_ != nullptr && key == field_->key) Capture(value_at);
+        }
+        out_->push_back('}');
+        return true;
+      }
+      case kTag: {
+        Cid cid;
+        if (!ReadLink(start, arg, &cid)) return false;
+        out_->append("{\"$link\":\"");
+        out_->append(cid.ToString());
+        out_->append("\"}");
+        return true;
+      }
+      default:
+        return Fail(start, StatusCode::kInternal, "unreachable major type");
+    }
+  }
+
+  // The top-level field's value, when it is a text string (already checked by Emit).
+  void Capture(size_t value_at) {
+    if ((data_[value_at] >> 5) != kTextString) return;
+    size_t at = value_at;
+    const uint8_t info = data_[at++] & 0x1f;
+    uint64_t length = info;
+    if (info >= 24) {
+      const size_t width = size_t{1} << (info - 24);
+      length = 0;
+      for (size_t i = 0; i < width; ++i) length = (length << 8) | data_[at + i];
+      at += width;
+    }
+    field_->value.assign(reinterpret_cast<const char*>(data_.data() + at), length);
+    field_->found = true;
+  }
+
+  std::string* out_;
+  CborTopField* field_;
 };
 
 void AppendHead(uint8_t major, uint64_t v, Bytes* out) {
@@ -414,6 +580,14 @@ Result<Value> DecodeCbor(ByteView data, const CborLimits& limits) {
   Decoder decoder(data, limits);
   ATFILL_RETURN_IF_ERROR(decoder.DecodeAll(&value));
   return value;
+}
+
+Status CborToJson(ByteView data, std::string* out, CborTopField* field, const CborLimits& limits) {
+  if (out->capacity() - out->size() < data.size() + data.size() / 4 + 64) {
+    out->reserve(out->size() + data.size() + data.size() / 4 + 64);
+  }
+  JsonTranscoder transcoder(data, limits, out, field);
+  return transcoder.TranscodeAll();
 }
 
 void EncodeCbor(const Value& value, Bytes* out) { Encode(value, out); }

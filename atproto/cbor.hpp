@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
+#include <string_view>
 
 #include "atproto/value.hpp"
 #include "base/bytes.hpp"
@@ -25,6 +27,20 @@ struct CborLimits {
 // for a limit or an integer outside int64, Unsupported for a CID atproto does not use. Only the
 // CBOR rules are checked here: atproto JSON conventions ($type, blob shape) are json.hpp's.
 Result<Value> DecodeCbor(ByteView data, const CborLimits& limits = {});
+
+// A field of the top-level map that CborToJson also hands back (records' "createdAt").
+struct CborTopField {
+  std::string_view key;
+  std::string value;   // the field's text, when found
+  bool found = false;  // the top level is a map with `key` holding a text string
+};
+
+// Appends to *out the atproto JSON of the one data item spanning `data` (CID links as
+// {"$link": ...}, bytes as {"$bytes": ...}): exactly ValueToJson(DecodeCbor(data)), accepting and
+// refusing the same inputs with the same errors, without building the Value. On error, *out may
+// hold a partial document. `field`, when given, captures that top-level text field.
+Status CborToJson(ByteView data, std::string* out, CborTopField* field = nullptr,
+                  const CborLimits& limits = {});
 
 // Appends the encoding of `value` to *out (maps are written in canonical order whatever their
 // stored order). A map must not hold the same key twice: that has no DAG-CBOR encoding, and the

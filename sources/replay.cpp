@@ -114,18 +114,16 @@ bool RecordOfRow(const jss::Row& row, RecordEvent* r, EventError* error) {
       break;
   }
   r->cid = atproto::Cid::Compute(atproto::Cid::Codec::kDagCbor, row.payload);
-  auto value = atproto::DecodeCbor(row.payload);
-  if (!value.ok() || value->kind() != atproto::Value::Kind::kMap) {
+  atproto::CborTopField created{.key = "createdAt", .value = {}, .found = false};
+  Status st;
+  if (row.payload.empty() || (static_cast<uint8_t>(row.payload[0]) >> 5) != 5 ||
+      !(st = atproto::CborToJson(row.payload, &r->body, &created)).ok()) {
     *error = {"bad_record", r->Uri(),
               "seq " + std::to_string(row.seq) + ": the record is not a DAG-CBOR map" +
-                  (value.ok() ? std::string() : ": " + value.status().message())};
+                  (st.ok() ? std::string() : ": " + st.message())};
     return false;
   }
-  atproto::ValueToJson(*value, &r->body);
-  if (const atproto::Value* created = value->Find("createdAt");
-      created != nullptr && created->kind() == atproto::Value::Kind::kString) {
-    r->created_at = created->as_string();
-  }
+  if (created.found) r->created_at = std::move(created.value);
   return true;
 }
 

@@ -661,25 +661,21 @@ Result<RepoRecords> ReadRepoRecords(std::string_view did, std::string_view signi
                                         " bytes, more than the limit of " +
                                         std::to_string(limits.max_record_bytes));
     }
-    auto value = atproto::DecodeCbor(record.cbor);
-    if (!value.ok()) {
-      return bad("bad_record", "record block " + record.cid.ToString() +
-                                   " is not DAG-CBOR: " + value.status().message());
+    RecordEvent r;
+    atproto::CborTopField created{.key = "createdAt", .value = {}, .found = false};
+    if (Status st = atproto::CborToJson(record.cbor, &r.body, &created); !st.ok()) {
+      return bad("bad_record",
+                 "record block " + record.cid.ToString() + " is not DAG-CBOR: " + st.message());
     }
-    if (value->kind() != atproto::Value::Kind::kMap) {
+    if (record.cbor.empty() || (record.cbor[0] >> 5) != 5) {
       return bad("bad_record", "record block " + record.cid.ToString() + " is not a map");
     }
-    RecordEvent r;
-    atproto::ValueToJson(*value, &r.body);
     if (r.body.size() > limits.max_record_bytes) {
       return bad("oversize_record", "record is " + std::to_string(r.body.size()) +
                                         " bytes of JSON, more than the limit of " +
                                         std::to_string(limits.max_record_bytes));
     }
-    if (const atproto::Value* created = value->Find("createdAt");
-        created != nullptr && created->kind() == atproto::Value::Kind::kString) {
-      r.created_at = created->as_string();
-    }
+    if (created.found) r.created_at = std::move(created.value);
     r.did.assign(did);
     r.collection.assign(record.collection);
     r.rkey.assign(record.rkey);

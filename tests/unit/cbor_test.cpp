@@ -4,6 +4,7 @@
 
 #include "atproto/cbor.hpp"
 #include "atproto/cid.hpp"
+#include "atproto/json.hpp"
 #include "atproto/value.hpp"
 #include "base/encoding.hpp"
 
@@ -27,7 +28,8 @@ const std::string& CidHex() {
   return hex;
 }
 
-// Decoding must fail with `code` and a message holding `fragment`.
+// Decoding must fail with `code` and a message holding `fragment`; transcoding to JSON must fail
+// with the very same status.
 void ExpectReject(std::string_view hex, StatusCode code, std::string_view fragment,
                   const CborLimits& limits = {}) {
   auto v = DecodeCbor(Hex(hex), limits);
@@ -35,12 +37,21 @@ void ExpectReject(std::string_view hex, StatusCode code, std::string_view fragme
   EXPECT_EQ(v.status().code(), code) << hex << ": " << v.status().ToString();
   EXPECT_NE(v.status().message().find(fragment), std::string::npos)
       << hex << ": " << v.status().message();
+  std::string json;
+  const Status transcoded = CborToJson(Hex(hex), &json, nullptr, limits);
+  EXPECT_EQ(transcoded.ToString(), v.status().ToString()) << hex;
 }
 
+// Decodes `hex`, which must be valid; CborToJson must write exactly the decoded value's JSON.
 Value Decoded(std::string_view hex) {
   auto v = DecodeCbor(Hex(hex));
   EXPECT_TRUE(v.ok()) << hex << ": " << v.status().ToString();
-  return v.ok() ? *v : Value();
+  if (!v.ok()) return Value();
+  std::string json = "prefix:";
+  const Status transcoded = CborToJson(Hex(hex), &json);
+  EXPECT_TRUE(transcoded.ok()) << hex << ": " << transcoded.ToString();
+  EXPECT_EQ(json, "prefix:" + ValueToJson(*v)) << hex;
+  return *v;
 }
 
 TEST(CborDecodeTest, AcceptsCanonicalData) {
@@ -212,6 +223,40 @@ TEST(CborDecodeTest, SizeAndItemLimits) {
   limits = {};
   limits.max_bytes = 3;
   ExpectReject("83 01 02 03", StatusCode::kOutOfRange, "exceeds the limit of 3", limits);
+}
+
+TEST(CborToJsonTest, WritesAtprotoJsonAndCapturesATopLevelField) {
+  const Bytes cbor = Hex("a4 61 61 81 43 010203 62 6964 d82a 5825 00" + CidHex() +
+                         " 64 74657874 62 0a22 69 637265617465644174 64 32303234");
+  std::string json;
+  CborTopField field{.key = "createdAt", .value = {}, .found = false};
+  ASSERT_TRUE(CborToJson(cbor, &json, &field).ok());
+  EXPECT_EQ(json,
+            "{\"a\":[{\"$bytes\":\"AQID\"}],\"id\":{\"$link\":"
+            "\"bafyreidfayvfuwqa7qlnopdjiqrxzs6blmoeu4rujcjtnci5beludirz2a\"},"
+            "\"text\":\"\\n\\\"\",\"createdAt\":\"2024\"}");
+  EXPECT_TRUE(field.found);
+  EXPECT_EQ(field.value, "2024");
+  EXPECT_EQ(Decoded(HexEncode(cbor)).Find("createdAt")->as_string(), "2024");
+
+  // Only a text string at the top level is captured: not a nested one, not an integer.
+  field = CborTopField{.key = "createdAt", .value = {}, .found = false};
+  json.clear();
+  ASSERT_TRUE(CborToJson(Hex("a1 61 61 a1 69 637265617465644174 61 78"), &json, &field).ok());
+  EXPECT_FALSE(field.found);
+  json.clear();
+  ASSERT_TRUE(CborToJson(Hex("a1 69 637265617465644174 07"), &json, &field).ok());
+  EXPECT_FALSE(field.found);
+  EXPECT_EQ(json, "{\"createdAt\":7}");
+  // A long string (two-byte head) comes back whole.
+  const std::string long_text(300, 'x');
+  json.clear();
+  ASSERT_TRUE(CborToJson(Hex("a1 69 637265617465644174 79012c" +
+                             HexEncode(Bytes(long_text.begin(), long_text.end()))),
+                         &json, &field)
+                  .ok());
+  EXPECT_TRUE(field.found);
+  EXPECT_EQ(field.value, long_text);
 }
 
 TEST(CborEncodeTest, MapsAreWrittenInCanonicalOrder) {

@@ -97,6 +97,10 @@ TEST(JsonFixtureTest, DataModelFixtures) {
     const std::string json_again = ValueToJson(*decoded);
     EXPECT_EQ(Parse(json_again), *decoded) << json_again;
     EXPECT_EQ(CidOfJson(json_again)->ToString(), want_cid);
+    // The same JSON straight from the bytes.
+    std::string transcoded;
+    ASSERT_TRUE(CborToJson(*fixture_cbor, &transcoded).ok());
+    EXPECT_EQ(transcoded, json_again);
 
     // No fixture has a top-level $type, so none is a record.
     EXPECT_FALSE(CidOfRecord(c.json).ok());
