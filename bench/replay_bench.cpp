@@ -11,7 +11,8 @@
 //   ATFILL_REPLAY_BENCH_ARCHIVE=DIR               (generate the archive there once, reuse it)
 //   ATFILL_REPLAY_BENCH_BATCH=events,chunks,ms    (the engine's batch limits; default
 //                                                 sources::kReplayBatch, as atfill replays)
-//   ATFILL_REPLAY_BENCH_SQLITE=cache_mb,wal_mb,page_kb  (the SQLite sink's options)
+//   ATFILL_REPLAY_BENCH_SQLITE=cache_mb,wal_mb,page_kb  (the SQLite sink's options; default
+//                                                 64,512,16: the WAL as atfill replays)
 //   ATFILL_BENCH_SQLITE_CHECKPOINT=inline         (the writer checkpoints inside its COMMIT,
 //                                                 as before background_checkpoint)
 //   ATFILL_REPLAY_BENCH_PG=CONNINFO               (Replay/0 into the PostgreSQL sink instead, a
@@ -137,6 +138,7 @@ void BM_Replay(benchmark::State& state) {
     } else if (to_sqlite) {
       sinks::SqliteSinkOptions out;
       out.path = (dir / "out.db").string();
+      out.wal_autocheckpoint_bytes = sources::kReplaySqliteWalBytes;  // as atfill replays
       if (const char* e = std::getenv("ATFILL_REPLAY_BENCH_SQLITE")) {
         long long cache_mb = 0, wal_mb = 0, page_kb = 0;
         if (std::sscanf(e, "%lld,%lld,%lld", &cache_mb, &wal_mb, &page_kb) == 3) {

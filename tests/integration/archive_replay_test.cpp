@@ -226,6 +226,12 @@ TEST(ArchiveReplayTest, AccountBackfillsAreRefusedAsReplaysAndAutoCrawlsWithoutA
                          dir.path());
   EXPECT_EQ(zero.exit_code, 2) << Describe(zero);
   EXPECT_THAT(zero.err, HasSubstr("b.toml:3: archive.batch_records = 0 is out of range"));
+  WriteFile(dir / "w.toml", "[archive]\ndir = \"none\"\nsqlite_wal_mb = 0\n");
+  auto wal = RunProcess({kAtfill, "backfill", (dir / "w.toml").string(), "--source", "replay",
+                         "--collection", "app.bsky.feed.post"},
+                        dir.path());
+  EXPECT_EQ(wal.exit_code, 2) << Describe(wal);
+  EXPECT_THAT(wal.err, HasSubstr("w.toml:3: archive.sqlite_wal_mb = 0 is out of range"));
 }
 
 }  // namespace

@@ -153,6 +153,9 @@ Result<AppConfig> LoadAppConfig(const std::string& path) {
   ATFILL_RETURN_IF_ERROR(file.ReadInt("archive.max_block_mb", &block_mb, 1, 4096));
   c.replay.max_block_bytes = static_cast<uint64_t>(block_mb) << 20;
   ATFILL_RETURN_IF_ERROR(ReadBatch(file, "archive", &c.replay_batch));
+  int64_t replay_wal_mb = c.replay_sqlite_wal_bytes >> 20;
+  ATFILL_RETURN_IF_ERROR(file.ReadInt("archive.sqlite_wal_mb", &replay_wal_mb, 1, 65536));
+  c.replay_sqlite_wal_bytes = replay_wal_mb << 20;
   ATFILL_RETURN_IF_ERROR(
       file.ReadUint("archive.max_failed_in_a_row", &c.replay.max_failed_in_a_row, 1, 1'000'000));
   ATFILL_RETURN_IF_ERROR(file.ReadStringList("crawl.dids", &k.dids));

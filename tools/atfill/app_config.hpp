@@ -62,6 +62,8 @@ struct AppConfig {
   sources::ReplayOptions replay;           // [archive] replay_marker_tail_hours, max_block_mb, ...
   // [archive] batch_records, batch_ms, batch_chunks: a replay's batches (sources::kReplayBatch).
   pipeline::BatcherOptions replay_batch = sources::kReplayBatch;
+  // [archive] sqlite_wal_mb: the SQLite sink's wal_autocheckpoint during a replay job.
+  int64_t replay_sqlite_wal_bytes = sources::kReplaySqliteWalBytes;
   // [live] check_deleted_accounts, account_check_timeout_ms: ask the PDS before purging a
   // deleted account (stages/account_check.hpp).
   bool check_deleted_accounts = true;

@@ -131,7 +131,10 @@ int RunReplayJob(const char* verb, const AppConfig& config, OpenedState& st, sta
   options.all_markers = param("gap") == "1";
   if (!param("retry_of").empty())
     options.retry_of = std::strtoull(param("retry_of").c_str(), nullptr, 10);
-  auto sink = OpenConfiguredSink(config);
+  // A replay checkpoints the SQLite WAL less often than other jobs ([archive] sqlite_wal_mb).
+  AppConfig sink_config = config;
+  sink_config.sqlite.wal_autocheckpoint_bytes = config.replay_sqlite_wal_bytes;
+  auto sink = OpenConfiguredSink(sink_config);
   if (!sink.ok()) return Fail(verb, sink.status().message(), kExitIo);
   sources::ReplaySource source(archive->get(), options, job.id, st.kv.get());
   stages::CidVerify verify;
