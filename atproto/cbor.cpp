@@ -280,6 +280,55 @@ class Reader {
     return true;
   }
 
+  // One data item, every check made: a scalar's value, or an array's or map's length (its items
+  // are the caller's to read, keys with ReadKey).
+  struct Item {
+    Value::Kind kind = Value::Kind::kNull;
+    bool boolean = false;
+    int64_t integer = 0;
+    ByteView bytes;
+    std::string_view text;
+    Cid link;
+    uint64_t count = 0;
+  };
+  bool ReadItem(size_t depth, Item* item) {
+    const size_t start = pos_;
+    if (AtSimple()) {
+      int which = 0;
+      if (!ReadSimple(&which)) return false;
+      item->kind = which == 2 ? Value::Kind::kNull : Value::Kind::kBool;
+      item->boolean = which == 1;
+      return true;
+    }
+    uint8_t major = 0;
+    uint64_t arg = 0;
+    if (!ReadHead(&major, &arg)) return false;
+    item->count = arg;
+    switch (major) {
+      case kUnsigned:
+      case kNegative:
+        item->kind = Value::Kind::kInt;
+        return ToInt(start, major, arg, &item->integer);
+      case kByteString:
+        item->kind = Value::Kind::kBytes;
+        return ReadBytes(start, arg, &item->bytes);
+      case kTextString:
+        item->kind = Value::Kind::kString;
+        return ReadText(start, arg, &item->text);
+      case kArray:
+        item->kind = Value::Kind::kArray;
+        return CheckNesting(start, depth) && CheckLength(start, arg, 1, "array length");
+      case kMap:
+        item->kind = Value::Kind::kMap;
+        return CheckMap(start, arg, depth);
+      case kTag:
+        item->kind = Value::Kind::kLink;
+        return ReadLink(start, arg, &item->link);
+      default:
+        return Fail(start, StatusCode::kInternal, "unreachable major type");
+    }
+  }
+
   ByteView data_;
   const CborLimits& limits_;
   size_t pos_ = 0;
@@ -298,52 +347,40 @@ class Decoder : public Reader {
 
  private:
   bool Decode(Value* out, size_t depth) {
-    const size_t start = pos_;
-    if (AtSimple()) {
-      int which = 0;
-      if (!ReadSimple(&which)) return false;
-      *out = which == 2 ? Value::Null() : Value::Bool(which == 1);
-      return true;
-    }
-    uint8_t major = 0;
-    uint64_t arg = 0;
-    if (!ReadHead(&major, &arg)) return false;
-    switch (major) {
-      case kUnsigned:
-      case kNegative: {
-        int64_t i = 0;
-        if (!ToInt(start, major, arg, &i)) return false;
-        *out = Value::Int(i);
+    Item item;
+    if (!ReadItem(depth, &item)) return false;
+    switch (item.kind) {
+      case Value::Kind::kNull:
+        *out = Value::Null();
         return true;
-      }
-      case kByteString: {
-        ByteView bytes;
-        if (!ReadBytes(start, arg, &bytes)) return false;
-        *out = Value::BytesValue(Bytes(bytes.begin(), bytes.end()));
+      case Value::Kind::kBool:
+        *out = Value::Bool(item.boolean);
         return true;
-      }
-      case kTextString: {
-        std::string_view text;
-        if (!ReadText(start, arg, &text)) return false;
-        *out = Value::String(std::string(text));
+      case Value::Kind::kInt:
+        *out = Value::Int(item.integer);
         return true;
-      }
-      case kArray: {
-        if (!CheckNesting(start, depth)) return false;
-        if (!CheckLength(start, arg, 1, "array length")) return false;
-        Value::Array items(arg);
-        for (Value& item : items) {
-          if (!Decode(&item, depth + 1)) return false;
+      case Value::Kind::kBytes:
+        *out = Value::BytesValue(Bytes(item.bytes.begin(), item.bytes.end()));
+        return true;
+      case Value::Kind::kString:
+        *out = Value::String(std::string(item.text));
+        return true;
+      case Value::Kind::kLink:
+        *out = Value::Link(item.link);
+        return true;
+      case Value::Kind::kArray: {
+        Value::Array items(item.count);
+        for (Value& v : items) {
+          if (!Decode(&v, depth + 1)) return false;
         }
         *out = Value::MakeArray(std::move(items));
         return true;
       }
-      case kMap: {
-        if (!CheckMap(start, arg, depth)) return false;
+      case Value::Kind::kMap: {
         Value::Map map;
-        map.reserve(arg);
+        map.reserve(item.count);
         std::string_view previous;
-        for (uint64_t i = 0; i < arg; ++i) {
+        for (uint64_t i = 0; i < item.count; ++i) {
           std::string_view key;
           if (!ReadKey(i, &previous, &key)) return false;
           map.emplace_back(std::string(key), Value());
@@ -352,15 +389,8 @@ class Decoder : public Reader {
         *out = Value::MakeMap(std::move(map));
         return true;
       }
-      case kTag: {
-        Cid cid;
-        if (!ReadLink(start, arg, &cid)) return false;
-        *out = Value::Link(cid);
-        return true;
-      }
-      default:
-        return Fail(start, StatusCode::kInternal, "unreachable major type");
     }
+    return Fail(pos_, StatusCode::kInternal, "unreachable value kind");
   }
 };
 
@@ -380,57 +410,46 @@ class JsonTranscoder : public Reader {
 
  private:
   bool Emit(size_t depth) {
-    const size_t start = pos_;
-    if (AtSimple()) {
-      int which = 0;
-      if (!ReadSimple(&which)) return false;
-      static constexpr std::string_view kNames[] = {"false", "true", "null"};
-      out_->append(kNames[which]);
-      return true;
-    }
-    uint8_t major = 0;
-    uint64_t arg = 0;
-    if (!ReadHead(&major, &arg)) return false;
-    switch (major) {
-      case kUnsigned:
-      case kNegative: {
-        int64_t i = 0;
-        if (!ToInt(start, major, arg, &i)) return false;
+    Item item;
+    if (!ReadItem(depth, &item)) return false;
+    switch (item.kind) {
+      case Value::Kind::kNull:
+        out_->append("null");
+        return true;
+      case Value::Kind::kBool:
+        out_->append(item.boolean ? "true" : "false");
+        return true;
+      case Value::Kind::kInt: {
         char buf[24];
-        const auto result = std::to_chars(buf, buf + sizeof(buf), i);
+        const auto result = std::to_chars(buf, buf + sizeof(buf), item.integer);
         out_->append(buf, result.ptr);
         return true;
       }
-      case kByteString: {
-        ByteView bytes;
-        if (!ReadBytes(start, arg, &bytes)) return false;
+      case Value::Kind::kBytes:
         out_->append("{\"$bytes\":\"");
-        out_->append(Base64Encode(bytes, Base64Alphabet::kStandard, /*pad=*/false));
+        out_->append(Base64Encode(item.bytes, Base64Alphabet::kStandard, /*pad=*/false));
         out_->append("\"}");
         return true;
-      }
-      case kTextString: {
-        std::string_view text;
-        if (!ReadText(start, arg, &text)) return false;
-        AppendJsonString(text, out_);
+      case Value::Kind::kString:
+        AppendJsonString(item.text, out_);
         return true;
-      }
-      case kArray: {
-        if (!CheckNesting(start, depth)) return false;
-        if (!CheckLength(start, arg, 1, "array length")) return false;
+      case Value::Kind::kLink:
+        out_->append("{\"$link\":\"");
+        out_->append(item.link.ToString());
+        out_->append("\"}");
+        return true;
+      case Value::Kind::kArray:
         out_->push_back('[');
-        for (uint64_t i = 0; i < arg; ++i) {
+        for (uint64_t i = 0; i < item.count; ++i) {
           if (i > 0) out_->push_back(',');
           if (!Emit(depth + 1)) return false;
         }
         out_->push_back(']');
         return true;
-      }
-      case kMap: {
-        if (!CheckMap(start, arg, depth)) return false;
+      case Value::Kind::kMap: {
         out_->push_back('{');
         std::string_view previous;
-        for (uint64_t i = 0; i < arg; ++i) {
+        for (uint64_t i = 0; i < item.count; ++i) {
           std::string_view key;
           if (!ReadKey(i, &previous, &key)) return false;
           if (i > 0) out_->push_back(',');
@@ -443,17 +462,8 @@ class JsonTranscoder : public Reader {
         out_->push_back('}');
         return true;
       }
-      case kTag: {
-        Cid cid;
-        if (!ReadLink(start, arg, &cid)) return false;
-        out_->append("{\"$link\":\"");
-        out_->append(cid.ToString());
-        out_->append("\"}");
-        return true;
-      }
-      default:
-        return Fail(start, StatusCode::kInternal, "unreachable major type");
     }
+    return Fail(pos_, StatusCode::kInternal, "unreachable value kind");
   }
 
   // The top-level field's value, when it is a text string (already checked by Emit).

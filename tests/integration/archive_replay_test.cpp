@@ -219,19 +219,15 @@ TEST(ArchiveReplayTest, AccountBackfillsAreRefusedAsReplaysAndAutoCrawlsWithoutA
                            dir.path());
   EXPECT_NE(replay.exit_code, 0) << Describe(replay);
   EXPECT_THAT(replay.err, HasSubstr("none"));
-  // A replay's batch limits are checked like [engine]'s.
-  WriteFile(dir / "b.toml", "[archive]\ndir = \"none\"\nbatch_records = 0\n");
-  auto zero = RunProcess({kAtfill, "backfill", (dir / "b.toml").string(), "--source", "replay",
-                          "--collection", "app.bsky.feed.post"},
-                         dir.path());
-  EXPECT_EQ(zero.exit_code, 2) << Describe(zero);
-  EXPECT_THAT(zero.err, HasSubstr("b.toml:3: archive.batch_records = 0 is out of range"));
-  WriteFile(dir / "w.toml", "[archive]\ndir = \"none\"\nsqlite_wal_mb = 0\n");
-  auto wal = RunProcess({kAtfill, "backfill", (dir / "w.toml").string(), "--source", "replay",
-                         "--collection", "app.bsky.feed.post"},
-                        dir.path());
-  EXPECT_EQ(wal.exit_code, 2) << Describe(wal);
-  EXPECT_THAT(wal.err, HasSubstr("w.toml:3: archive.sqlite_wal_mb = 0 is out of range"));
+  // A replay's batch limits are checked like [engine]'s, and its SQLite WAL size.
+  for (const std::string key : {"batch_records", "sqlite_wal_mb"}) {
+    WriteFile(dir / "b.toml", "[archive]\ndir = \"none\"\n" + key + " = 0\n");
+    auto zero = RunProcess({kAtfill, "backfill", (dir / "b.toml").string(), "--source", "replay",
+                            "--collection", "app.bsky.feed.post"},
+                           dir.path());
+    EXPECT_EQ(zero.exit_code, 2) << Describe(zero);
+    EXPECT_THAT(zero.err, HasSubstr("b.toml:3: archive." + key + " = 0 is out of range"));
+  }
 }
 
 }  // namespace
