@@ -1,6 +1,7 @@
 // The data model's hot paths on fixed, realistic Bluesky records: CidOfRecord (JSON parse +
-// DAG-CBOR encode + SHA-256, what the CID-verify stage does per record), JsonToCbor alone, and
-// DecodeCbor of the same records' blocks (what repo and CAR readers do).
+// DAG-CBOR encode + SHA-256, what the CID-verify stage does per record), JsonToCbor alone,
+// DecodeCbor of the same records' blocks (what repo and CAR readers do), and their JSON made
+// from those blocks (what replay and the fetcher do).
 #include <benchmark/benchmark.h>
 
 #include <cstdlib>
@@ -112,6 +113,33 @@ void BM_DecodeCbor(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(cbor.size()));
 }
 BENCHMARK(BM_DecodeCbor)->ArgName("large")->Arg(0)->Arg(1);
+
+// A record's atproto JSON from its DAG-CBOR block, as replay and the fetcher make it: /0 through a
+// Value (DecodeCbor + ValueToJson, as before CborToJson), /1 straight from the bytes (CborToJson,
+// createdAt captured). Each into a fresh string, as each event owns its body.
+void BM_CborRecordToJson(benchmark::State& state) {
+  const Bytes cbor = CborOf(Record(static_cast<int>(state.range(0))));
+  const bool direct = state.range(1) == 1;
+  for (auto _ : state) {
+    std::string json;
+    if (direct) {
+      CborTopField created{.key = "createdAt", .value = {}, .found = false};
+      Status st = CborToJson(cbor, &json, &created);
+      benchmark::DoNotOptimize(st);
+      benchmark::DoNotOptimize(created.value.data());
+    } else {
+      auto value = DecodeCbor(cbor);
+      ValueToJson(*value, &json);
+      const Value* created = value->Find("createdAt");
+      std::string created_at = created != nullptr ? created->as_string() : std::string();
+      benchmark::DoNotOptimize(created_at.data());
+    }
+    benchmark::DoNotOptimize(json.data());
+  }
+  state.SetItemsProcessed(state.iterations());
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(cbor.size()));
+}
+BENCHMARK(BM_CborRecordToJson)->ArgNames({"large", "direct"})->ArgsProduct({{0, 1}, {0, 1}});
 
 // The pieces CidOfRecord is made of, for reading its profile.
 void BM_Sha256OfCbor(benchmark::State& state) {
