@@ -404,12 +404,13 @@ class JsonTranscoder : public Reader {
   Status TranscodeAll() {
     ATFILL_RETURN_IF_ERROR(CheckSize());
     if (field_ != nullptr) field_->found = false;
-    if (!Emit(0)) return std::move(error_);
+    if (!Emit(0, nullptr)) return std::move(error_);
     return CheckEnd();
   }
 
  private:
-  bool Emit(size_t depth) {
+  // Writes the next item; *text (when given) gets its text when it is a string.
+  bool Emit(size_t depth, std::string_view* text) {
     Item item;
     if (!ReadItem(depth, &item)) return false;
     switch (item.kind) {
@@ -432,6 +433,7 @@ class JsonTranscoder : public Reader {
         return true;
       case Value::Kind::kString:
         AppendJsonString(item.text, out_);
+        if (text != nullptr) *text = item.text;
         return true;
       case Value::Kind::kLink:
         out_->append("{\"$link\":\"");
@@ -442,7 +444,7 @@ class JsonTranscoder : public Reader {
         out_->push_back('[');
         for (uint64_t i = 0; i < item.count; ++i) {
           if (i > 0) out_->push_back(',');
-          if (!Emit(depth + 1)) return false;
+          if (!Emit(depth + 1, nullptr)) return false;
         }
         out_->push_back(']');
         return true;
@@ -455,31 +457,19 @@ class JsonTranscoder : public Reader {
           if (i > 0) out_->push_back(',');
           AppendJsonString(key, out_);
           out_->push_back(':');
-          const size_t value_at = pos_;
-          if (!Emit(depth + 1)) return false;
-          if (depth == 0 && field_ != nullptr && key == field_->key) Capture(value_at);
+          const bool capture = depth == 0 && field_ != nullptr && key == field_->key;
+          std::string_view value;
+          if (!Emit(depth + 1, capture ? &value : nullptr)) return false;
+          if (capture && value.data() != nullptr) {
+            field_->value.assign(value);
+            field_->found = true;
+          }
         }
         out_->push_back('}');
         return true;
       }
     }
     return Fail(pos_, StatusCode::kInternal, "unreachable value kind");
-  }
-
-  // The top-level field's value, when it is a text string (already checked by Emit).
-  void Capture(size_t value_at) {
-    if ((data_[value_at] >> 5) != kTextString) return;
-    size_t at = value_at;
-    const uint8_t info = data_[at++] & 0x1f;
-    uint64_t length = info;
-    if (info >= 24) {
-      const size_t width = size_t{1} << (info - 24);
-      length = 0;
-      for (size_t i = 0; i < width; ++i) length = (length << 8) | data_[at + i];
-      at += width;
-    }
-    field_->value.assign(reinterpret_cast<const char*>(data_.data() + at), length);
-    field_->found = true;
   }
 
   std::string* out_;

@@ -28,6 +28,10 @@ struct CborLimits {
 // CBOR rules are checked here: atproto JSON conventions ($type, blob shape) are json.hpp's.
 Result<Value> DecodeCbor(ByteView data, const CborLimits& limits = {});
 
+// Whether `data` begins with the head of a map (what a record block must be); the rest is not
+// read.
+inline bool CborIsMap(ByteView data) { return !data.empty() && (data[0] >> 5) == 5; }
+
 // A field of the top-level map that CborToJson also hands back (records' "createdAt").
 struct CborTopField {
   std::string_view key;

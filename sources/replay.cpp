@@ -116,7 +116,7 @@ bool RecordOfRow(const jss::Row& row, RecordEvent* r, EventError* error) {
   r->cid = atproto::Cid::Compute(atproto::Cid::Codec::kDagCbor, row.payload);
   atproto::CborTopField created{.key = "createdAt", .value = {}, .found = false};
   Status st;
-  if (row.payload.empty() || (static_cast<uint8_t>(row.payload[0]) >> 5) != 5 ||
+  if (!atproto::CborIsMap(row.payload) ||
       !(st = atproto::CborToJson(row.payload, &r->body, &created)).ok()) {
     *error = {"bad_record", r->Uri(),
               "seq " + std::to_string(row.seq) + ": the record is not a DAG-CBOR map" +

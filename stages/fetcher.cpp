@@ -667,7 +667,7 @@ Result<RepoRecords> ReadRepoRecords(std::string_view did, std::string_view signi
       return bad("bad_record",
                  "record block " + record.cid.ToString() + " is not DAG-CBOR: " + st.message());
     }
-    if (record.cbor.empty() || (record.cbor[0] >> 5) != 5) {
+    if (!atproto::CborIsMap(record.cbor)) {
       return bad("bad_record", "record block " + record.cid.ToString() + " is not a map");
     }
     if (r.body.size() > limits.max_record_bytes) {

@@ -12,9 +12,11 @@
 #include <string>
 #include <vector>
 
+#include "atproto/cid.hpp"
 #include "atproto/json.hpp"
 #include "sources/archive.hpp"
 #include "sources/archive_writer.hpp"
+#include "sources/jss.hpp"
 #include "sources/replay.hpp"
 #include "state/failed_blocks.hpp"
 #include "state/kv_store.hpp"
@@ -328,6 +330,57 @@ TEST(ReplayTest, ABlockThatDoesNotDecodeIsRecordedAsFailedAndTheRestLands) {
   ASSERT_TRUE(fb->has_value());
   EXPECT_NE((*fb)->reason.find("bad_block"), std::string::npos);
   EXPECT_EQ(source.stats().failed_blocks, 1u);
+}
+
+TEST(ReplayTest, ARowWhosePayloadIsNotADagCborMapIsSkippedAndLoggedAndTheRestLands) {
+  const fs::path dir = Scratch("bad-rows");
+  fs::create_directories(dir);
+  auto writer = jss::SegmentWriter::Create((dir / jss::SegmentName(0)).string());
+  ASSERT_TRUE(writer.ok()) << writer.status().message();
+  Bytes good;
+  ASSERT_TRUE(atproto::JsonToCbor(R"({"$type":"app.bsky.feed.post","createdAt":"2026-01-01",)"
+                                  R"("text":"kept"})",
+                                  &good)
+                  .ok());
+  const Bytes integer = {0x01};                                       // a DAG-CBOR integer
+  const Bytes unsorted = {0xa2, 0x61, 0x62, 0x01, 0x61, 0x61, 0x02};  // {"b":1,"a":2}
+  const std::vector<std::pair<std::string, Bytes>> rows = {
+      {"r1", good}, {"r2", integer}, {"r3", unsorted}, {"r4", good}};
+  for (size_t i = 0; i < rows.size(); ++i) {
+    jss::Row row;
+    row.seq = i + 1;
+    row.witnessed_at = kT0 + static_cast<int64_t>(i);
+    row.kind = jss::Kind::kCreate;
+    row.collection = kPost;
+    row.did = kA;
+    row.rkey = rows[i].first;
+    row.rev = "3l3qo2vuowo21";
+    row.payload = rows[i].second;
+    ASSERT_TRUE(writer->Append(row).ok());
+  }
+  ASSERT_TRUE(writer->Seal().ok());
+  auto archive = LocalArchive::Open(dir.string());
+  ASSERT_TRUE(archive.ok()) << archive.status().message();
+  auto kv = state::NewMemoryKvStore();
+  ReplaySource source(archive->get(), ReplayOptions{}, 4, kv.get());
+  ASSERT_TRUE(source.Seek("").ok());
+  RunResult run = Drive(source, *kv);
+  ASSERT_TRUE(run.status.ok()) << run.status.message();
+  ASSERT_EQ(Describe(run.events),
+            (std::vector<std::string>{"create at://" + kA + "/" + kPost + "/r1",
+                                      "create at://" + kA + "/" + kPost + "/r4"}));
+  const auto& kept = std::get<RecordEvent>(run.events[0]);
+  EXPECT_EQ(kept.body, R"({"text":"kept","$type":"app.bsky.feed.post","createdAt":"2026-01-01"})");
+  EXPECT_EQ(kept.created_at, "2026-01-01");
+  EXPECT_EQ(kept.cid, atproto::Cid::Compute(atproto::Cid::Codec::kDagCbor, good));
+  ASSERT_EQ(run.errors.size(), 2u);
+  EXPECT_EQ(run.errors[0].kind, "bad_record");
+  EXPECT_EQ(run.errors[0].key, "at://" + kA + "/" + kPost + "/r2");
+  EXPECT_EQ(run.errors[0].message, "seq 2: the record is not a DAG-CBOR map");
+  EXPECT_EQ(run.errors[1].key, "at://" + kA + "/" + kPost + "/r3");
+  EXPECT_EQ(run.errors[1].message,
+            "seq 3: the record is not a DAG-CBOR map: at byte 4: map keys out of order: \"a\" "
+            "after \"b\"");
 }
 
 // An archive whose blocks `fail` are not delivered.
