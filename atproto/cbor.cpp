@@ -590,6 +590,17 @@ Status CborToJson(ByteView data, std::string* out, CborTopField* field, const Cb
   return transcoder.TranscodeAll();
 }
 
+Status CborRecordToJson(ByteView block, std::string* json, std::string* created_at) {
+  static constexpr std::string_view kNotAMap = "the record is not a DAG-CBOR map";
+  if (block.empty() || (block[0] >> 5) != kMap) return Status::Invalid(std::string(kNotAMap));
+  CborTopField created{.key = "createdAt", .value = {}, .found = false};
+  if (Status st = CborToJson(block, json, &created); !st.ok()) {
+    return Status(st.code(), std::string(kNotAMap) + ": " + st.message());
+  }
+  if (created.found) *created_at = std::move(created.value);
+  return Status::OK();
+}
+
 void EncodeCbor(const Value& value, Bytes* out) { Encode(value, out); }
 
 Bytes EncodeCbor(const Value& value) {

@@ -28,10 +28,6 @@ struct CborLimits {
 // CBOR rules are checked here: atproto JSON conventions ($type, blob shape) are json.hpp's.
 Result<Value> DecodeCbor(ByteView data, const CborLimits& limits = {});
 
-// Whether `data` begins with the head of a map (what a record block must be); the rest is not
-// read.
-inline bool CborIsMap(ByteView data) { return !data.empty() && (data[0] >> 5) == 5; }
-
 // A field of the top-level map that CborToJson also hands back (records' "createdAt").
 struct CborTopField {
   std::string_view key;
@@ -45,6 +41,12 @@ struct CborTopField {
 // hold a partial document. `field`, when given, captures that top-level text field.
 Status CborToJson(ByteView data, std::string* out, CborTopField* field = nullptr,
                   const CborLimits& limits = {});
+
+// A record block (a DAG-CBOR map) as atproto JSON appended to *json, and its top-level
+// "createdAt" text in *created_at (left as it is when there is none): CborToJson for the replay
+// source and the fetcher. Invalid "the record is not a DAG-CBOR map" when the block is another
+// item; when it is not DAG-CBOR at all, that text, ": " and CborToJson's error (with its code).
+Status CborRecordToJson(ByteView block, std::string* json, std::string* created_at);
 
 // Appends the encoding of `value` to *out (maps are written in canonical order whatever their
 // stored order). A map must not hold the same key twice: that has no DAG-CBOR encoding, and the

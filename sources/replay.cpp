@@ -114,16 +114,10 @@ bool RecordOfRow(const jss::Row& row, RecordEvent* r, EventError* error) {
       break;
   }
   r->cid = atproto::Cid::Compute(atproto::Cid::Codec::kDagCbor, row.payload);
-  atproto::CborTopField created{.key = "createdAt", .value = {}, .found = false};
-  Status st;
-  if (!atproto::CborIsMap(row.payload) ||
-      !(st = atproto::CborToJson(row.payload, &r->body, &created)).ok()) {
-    *error = {"bad_record", r->Uri(),
-              "seq " + std::to_string(row.seq) + ": the record is not a DAG-CBOR map" +
-                  (st.ok() ? std::string() : ": " + st.message())};
+  if (Status st = atproto::CborRecordToJson(row.payload, &r->body, &r->created_at); !st.ok()) {
+    *error = {"bad_record", r->Uri(), "seq " + std::to_string(row.seq) + ": " + st.message()};
     return false;
   }
-  if (created.found) r->created_at = std::move(created.value);
   return true;
 }
 

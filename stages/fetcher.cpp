@@ -662,20 +662,14 @@ Result<RepoRecords> ReadRepoRecords(std::string_view did, std::string_view signi
                                         std::to_string(limits.max_record_bytes));
     }
     RecordEvent r;
-    atproto::CborTopField created{.key = "createdAt", .value = {}, .found = false};
-    if (Status st = atproto::CborToJson(record.cbor, &r.body, &created); !st.ok()) {
-      return bad("bad_record",
-                 "record block " + record.cid.ToString() + " is not DAG-CBOR: " + st.message());
-    }
-    if (!atproto::CborIsMap(record.cbor)) {
-      return bad("bad_record", "record block " + record.cid.ToString() + " is not a map");
+    if (Status st = atproto::CborRecordToJson(record.cbor, &r.body, &r.created_at); !st.ok()) {
+      return bad("bad_record", "record block " + record.cid.ToString() + ": " + st.message());
     }
     if (r.body.size() > limits.max_record_bytes) {
       return bad("oversize_record", "record is " + std::to_string(r.body.size()) +
                                         " bytes of JSON, more than the limit of " +
                                         std::to_string(limits.max_record_bytes));
     }
-    if (created.found) r.created_at = std::move(created.value);
     r.did.assign(did);
     r.collection.assign(record.collection);
     r.rkey.assign(record.rkey);

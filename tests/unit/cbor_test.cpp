@@ -259,6 +259,31 @@ TEST(CborToJsonTest, WritesAtprotoJsonAndCapturesATopLevelField) {
   EXPECT_EQ(field.value, long_text);
 }
 
+TEST(CborToJsonTest, ARecordBlockMustBeAMap) {
+  std::string json;
+  std::string created_at = "unchanged";
+  ASSERT_TRUE(CborRecordToJson(Hex("a1 6161 01"), &json, &created_at).ok());
+  EXPECT_EQ(json, "{\"a\":1}");
+  EXPECT_EQ(created_at, "unchanged");  // the record has no createdAt
+  json.clear();
+  ASSERT_TRUE(CborRecordToJson(Hex("a1 69 637265617465644174 61 78"), &json, &created_at).ok());
+  EXPECT_EQ(created_at, "x");
+
+  for (const char* not_a_map : {"", "01", "81 01", "61 61"}) {
+    const Status st = CborRecordToJson(Hex(not_a_map), &json, &created_at);
+    EXPECT_EQ(st.code(), StatusCode::kInvalid) << not_a_map;
+    EXPECT_EQ(st.message(), "the record is not a DAG-CBOR map") << not_a_map;
+  }
+  const Status unsorted = CborRecordToJson(Hex("a2 6162 01 6161 02"), &json, &created_at);
+  EXPECT_EQ(unsorted.code(), StatusCode::kInvalid);
+  EXPECT_EQ(unsorted.message(),
+            "the record is not a DAG-CBOR map: at byte 4: map keys out of order: \"a\" after "
+            "\"b\"");
+  const Status truncated = CborRecordToJson(Hex("a1 6161"), &json, &created_at);
+  EXPECT_EQ(truncated.code(), StatusCode::kCorrupt);
+  EXPECT_EQ(truncated.message(), "the record is not a DAG-CBOR map: at byte 3: input is truncated");
+}
+
 TEST(CborEncodeTest, MapsAreWrittenInCanonicalOrder) {
   Value::Map map;
   map.emplace_back("bb", Value::Int(1));
