@@ -44,9 +44,9 @@ ReconnectSchedule::ReconnectSchedule(ReconnectPolicy policy, std::vector<std::st
   rng_.seed(seed);
 }
 
-ReconnectStep ReconnectSchedule::AttemptEnded(int64_t connected_ms) {
+ReconnectStep ReconnectSchedule::AttemptEnded(int64_t connected_ms, uint64_t messages) {
   ReconnectStep step;
-  if (connected_ms >= policy_.stable_after_ms) {
+  if (connected_ms >= 0 && (messages > 0 || connected_ms >= policy_.stable_after_ms)) {
     host_failures_ = 0;
     consecutive_failures_ = 0;
   } else {

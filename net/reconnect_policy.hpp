@@ -19,8 +19,11 @@ struct ReconnectPolicy {
   int64_t max_backoff_ms = 60'000;
   // Consecutive failed attempts on one host before the next host of the list is tried; 1..1000.
   int failures_before_failover = 3;
-  // A connection that stayed up at least this long, in milliseconds, counts as a success: the
-  // failure counts and the backoff start over (and the next attempt stays on the same host).
+  // A connection that delivered at least one data message, or that stayed up at least this long
+  // (in milliseconds), counts as a success: the failure counts and the backoff start over (and
+  // the next attempt stays on the same host). Counting delivery matters for a stream that drops
+  // every few seconds: it made progress, so it reconnects at once rather than backing off to
+  // max_backoff_ms and falling behind.
   int64_t stable_after_ms = 60'000;
   // Consecutive failed attempts over all hosts after which the caller should give up; 0 = never.
   int max_consecutive_failures = 0;
@@ -54,8 +57,9 @@ class ReconnectSchedule {
   size_t host_index() const { return index_; }
 
   // Records the end of the current attempt. `connected_ms` is how long the connection was open,
-  // or -1 when it never opened (refused, failed to connect or to upgrade).
-  ReconnectStep AttemptEnded(int64_t connected_ms);
+  // or -1 when it never opened (refused, failed to connect or to upgrade); `messages` is how many
+  // data messages it delivered.
+  ReconnectStep AttemptEnded(int64_t connected_ms, uint64_t messages = 0);
 
   // Failed attempts in a row on the current host, and over all hosts.
   int host_failures() const { return host_failures_; }

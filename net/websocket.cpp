@@ -756,6 +756,7 @@ class WebSocketClient::Impl final : public ConnectionOwner {
     if (connection != conn_.get()) return;
     open_.store(true);
     opened_at_ = Clock::now();
+    connection_messages_ = 0;
     Bump(counters_.connections);
     ConnectionEvent event = BaseEvent(ConnectionEventKind::kConnected);
     event.subprotocol = std::move(subprotocol);
@@ -766,6 +767,7 @@ class WebSocketClient::Impl final : public ConnectionOwner {
   void OnMessage(std::string_view data, bool binary) override {
     Bump(counters_.messages);
     Bump(counters_.bytes_received, data.size());
+    ++connection_messages_;
     if (handlers_.on_message) handlers_.on_message(data, binary);
   }
 
@@ -784,6 +786,7 @@ class WebSocketClient::Impl final : public ConnectionOwner {
     event.error = std::move(ended.error);
     if (was_open) {
       event.connected_ms = std::chrono::duration_cast<Millis>(Clock::now() - opened_at_).count();
+      event.messages = connection_messages_;
     }
     switch (event.kind) {
       case ConnectionEventKind::kRefused:
@@ -855,7 +858,7 @@ class WebSocketClient::Impl final : public ConnectionOwner {
       Deliver(event);
       return FinishSession();
     }
-    const ReconnectStep step = schedule_->AttemptEnded(event.connected_ms);
+    const ReconnectStep step = schedule_->AttemptEnded(event.connected_ms, event.messages);
     if (!step.give_up) {
       event.retry_in_ms = step.delay_ms;
       event.next_host = step.host;
@@ -930,6 +933,7 @@ class WebSocketClient::Impl final : public ConnectionOwner {
   std::string url_;
   int attempt_ = 0;
   Clock::time_point opened_at_;
+  uint64_t connection_messages_ = 0;  // data messages of the open connection
 
   std::thread thread_;
 };

@@ -134,6 +134,8 @@ struct ConnectionEvent {
   // kClosed and kFailed: how long the connection had been open, in milliseconds; -1 when the
   // attempt never opened one (always -1 for kRefused).
   int64_t connected_ms = -1;
+  // kClosed and kFailed: data messages the connection delivered (0 when it never opened).
+  uint64_t messages = 0;
   // kRefused, kClosed and kFailed: the wait the schedule plans before the next attempt and the
   // host it will use, or -1 and "" when the session stops (Close(), give-up, unusable URL).
   int64_t retry_in_ms = -1;

@@ -781,6 +781,38 @@ TEST(WebSocketClientTest, ReportsTheServersCloseCodeAndReason) {
   EXPECT_EQ(rec.Count(ConnectionEventKind::kFailed), 0u);
 }
 
+// Each connection delivers two messages and is closed by the server at once: every reconnect
+// waits at most the first ceiling (10 ms) instead of doubling towards max_backoff_ms.
+TEST(WebSocketClientTest, AConnectionThatDeliveredMessagesReconnectsAtTheFirstCeiling) {
+  WsTestServer server([](size_t) {
+    WsPlan plan;
+    plan.messages = {{"{\"a\":1}", false}, {"{\"a\":2}", false}};
+    plan.then = WsPlan::Then::kClose;
+    plan.close_code = 1001;
+    return plan;
+  });
+  WebSocketOptions options = LoopbackOptions();
+  options.reconnect.max_backoff_ms = 60'000;
+  options.reconnect.stable_after_ms = 60'000;
+  Recorder rec;
+  auto client = StartClient(options);
+  size_t closes = 0;
+  ASSERT_TRUE(client
+                  ->Connect(Single(server.Url("/")), rec.Handlers([&](const ConnectionEvent& e) {
+                    if (e.kind != ConnectionEventKind::kClosed) return SessionAction::kContinue;
+                    return ++closes < 8 ? SessionAction::kContinue : SessionAction::kStop;
+                  }))
+                  .ok());
+  ASSERT_TRUE(rec.WaitForEvents(ConnectionEventKind::kStopped, 1));
+  EXPECT_EQ(rec.Messages().size(), 16u);
+  for (size_t i = 0; i + 1 < 8; ++i) {
+    const ConnectionEvent closed = rec.Nth(ConnectionEventKind::kClosed, i).first;
+    EXPECT_EQ(closed.messages, 2u) << i;
+    EXPECT_GE(closed.retry_in_ms, 0) << i;
+    EXPECT_LE(closed.retry_in_ms, 10) << i;
+  }
+}
+
 TEST(WebSocketClientTest, CloseSends1000AndWaitsForTheAnswer) {
   WsTestServer server([](size_t) { return WsPlan{}; });
   Recorder again;  // declared before the client, which calls it until destroyed
@@ -1317,6 +1349,27 @@ TEST(ReconnectScheduleTest, AStableConnectionResetsTheCounts) {
   EXPECT_EQ(schedule.AttemptEnded(-1).host, "a");
   EXPECT_EQ(schedule.AttemptEnded(-1).host, "a");
   EXPECT_EQ(schedule.AttemptEnded(-1).host, "b");
+}
+
+// A stream that drops every few seconds but delivers events each time made progress: it must
+// reconnect at the first ceiling, not back off towards max_backoff_ms and fall behind.
+TEST(ReconnectScheduleTest, AConnectionThatDeliveredMessagesResetsTheCounts) {
+  ReconnectPolicy policy;
+  policy.base_backoff_ms = 100;
+  policy.max_backoff_ms = 60'000;
+  policy.stable_after_ms = 60'000;
+  ReconnectSchedule schedule(policy, {"a", "b"}, 7);
+  for (int i = 0; i < 6; ++i) schedule.AttemptEnded(-1);
+  EXPECT_EQ(schedule.consecutive_failures(), 6);
+  for (int i = 0; i < 20; ++i) {
+    const ReconnectStep step = schedule.AttemptEnded(2'000, 150);  // up 2 s, 150 messages
+    EXPECT_EQ(schedule.consecutive_failures(), 0) << i;
+    EXPECT_LE(step.delay_ms, 100) << i;
+    EXPECT_FALSE(step.failed_over) << i;
+  }
+  // Up for a while without a single message is still a failure.
+  schedule.AttemptEnded(2'000, 0);
+  EXPECT_EQ(schedule.consecutive_failures(), 1);
 }
 
 TEST(ReconnectScheduleTest, GivesUpAfterMaxConsecutiveFailures) {
