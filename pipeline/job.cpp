@@ -1,5 +1,6 @@
 #include "pipeline/job.hpp"
 
+#include <algorithm>
 #include <variant>
 #include <vector>
 
@@ -69,6 +70,10 @@ Result<state::JobRecord> JobRunner::Run(Engine* engine) {
   job_.stop_reason = {};
   job_.finished_us = 0;
   if (job_.started_us == 0) job_.started_us = start;
+  // No unit is between its resolution and the end of its fetch when a run starts: the units a
+  // stopped run had resolved but not finished are resolved again by this one.
+  job_.counters.resolved_repos =
+      std::min(job_.counters.resolved_repos, job_.counters.processed_repos);
   job_.updated_us = job_.heartbeat_us = start;
   ATFILL_RETURN_IF_ERROR(Save(job_));
 
@@ -138,7 +143,11 @@ Status JobRunner::PrepareCommit(const BatchReport& report, state::WriteBatch* ba
     refused += chunk->refused;
     if (chunk->input_done != 0) c.extra[kInputDone] = chunk->input_done;
     for (const auto& [name, delta] : chunk->counters) {
-      c.extra[name] = static_cast<uint64_t>(static_cast<int64_t>(c.extra[name]) + delta);
+      uint64_t* field = name == kTotalRepos       ? &c.total_repos
+                        : name == kResolvedRepos  ? &c.resolved_repos
+                        : name == kProcessedRepos ? &c.processed_repos
+                                                  : &c.extra[name];
+      *field = static_cast<uint64_t>(static_cast<int64_t>(*field) + delta);
     }
     if (chunk->stage) pending_.stage = *chunk->stage;
     for (const auto& e : chunk->errors) errors.push_back({e.kind, e.key, e.message, now});

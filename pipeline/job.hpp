@@ -49,6 +49,14 @@ JobProgress DeriveProgress(const state::JobRecord& job, int64_t now_us);
 inline constexpr const char* kInputDone = "input_done";
 inline constexpr const char* kInputTotal = "input_total";
 
+// Chunk counters with these names move JobCounters' fixed work-unit fields instead of `extra`
+// (a source whose work comes in units, the crawl, reports them; docs/admin.md "Job JSON"): units
+// discovered (total_repos), whose DID resolution ended (resolved_repos) and that left the queue
+// (processed_repos).
+inline constexpr const char* kTotalRepos = "total_repos";
+inline constexpr const char* kResolvedRepos = "resolved_repos";
+inline constexpr const char* kProcessedRepos = "processed_repos";
+
 // What a stop request asks for.
 enum class StopKind : uint8_t { kNone, kPause, kCancel };
 

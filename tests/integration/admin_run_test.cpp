@@ -199,7 +199,7 @@ std::string WaitForStatus(const Server& server, uint64_t id, const std::string& 
 TEST(AdminRunTest, ABackfillStartedOverTheApiStreamsEveryStageAndLands) {
   auto net = simnet::Simnet::Start(Network(5));
   ASSERT_TRUE(net.ok()) << net.status().ToString();
-  Server server(**net);
+  Server server(**net, "[jobs]\nrecord_batches = true\n");
   ASSERT_NE(server.port(), 0) << server.log();
 
   // The token rule on the real server.
@@ -258,6 +258,29 @@ TEST(AdminRunTest, ABackfillStartedOverTheApiStreamsEveryStageAndLands) {
   EXPECT_EQ(written, Rows(server.dir() / "db.sqlite"));
   EXPECT_THAT(job->body, HasSubstr("\"started_by\":\"api\""));
   EXPECT_THAT(job->body, HasSubstr("\"hosts\":[{"));
+  // The work-unit counters: every unit discovered, resolved and fetched (simnet has no
+  // deactivated accounts), as the crawl's own units_* count them.
+  const uint64_t total = NumberAfter(job->body, "total_repos");
+  const uint64_t resolved = NumberAfter(job->body, "resolved_repos");
+  const uint64_t processed = NumberAfter(job->body, "processed_repos");
+  EXPECT_GT(total, 0u) << job->body;
+  EXPECT_EQ(total, NumberAfter(job->body, "units_queued")) << job->body;
+  EXPECT_EQ(processed, NumberAfter(job->body, "units_finished")) << job->body;
+  EXPECT_EQ(resolved, total) << job->body;
+  EXPECT_EQ(processed, total) << job->body;
+  // A list parameter is a JSON array.
+  EXPECT_THAT(job->body, HasSubstr("\"collections\":[\"app.bsky.feed.post\"]"));
+  // The per-batch audit trail ([jobs] record_batches) holds every record the job read.
+  auto batches = server.Client().Get("/admin/backfill/" + std::to_string(id) + "/batches");
+  ASSERT_TRUE(batches);
+  ASSERT_EQ(batches->status, 200) << batches->body;
+  uint64_t audited = 0;
+  const std::regex count(R"re("count":(\d+))re");
+  for (auto it = std::sregex_iterator(batches->body.begin(), batches->body.end(), count);
+       it != std::sregex_iterator(); ++it) {
+    audited += std::stoull((*it)[1]);
+  }
+  EXPECT_EQ(audited, NumberAfter(job->body, "total_records")) << batches->body;
 
   // Metrics count what the job did.
   auto metrics = server.Client().Get("/metrics");
@@ -268,6 +291,11 @@ TEST(AdminRunTest, ABackfillStartedOverTheApiStreamsEveryStageAndLands) {
   EXPECT_THAT(metrics->body, HasSubstr("atfill_jobs{status=\"completed\"} 1"));
   EXPECT_THAT(metrics->body, HasSubstr("atfill_http_requests_total{class=\"2xx\"}"));
   EXPECT_THAT(metrics->body, HasSubstr("atfill_sink_batch_seconds_count"));
+  // The resolver and fetcher stages count the job's units.
+  EXPECT_THAT(metrics->body, HasSubstr("atfill_stage_events_total{stage=\"resolver\"} " +
+                                       std::to_string(resolved)));
+  EXPECT_THAT(metrics->body, HasSubstr("atfill_stage_events_total{stage=\"fetcher\"} " +
+                                       std::to_string(processed)));
 
   // No live consumer is configured.
   auto live = server.Client().Get("/admin/jetstream/status");
@@ -326,6 +354,10 @@ TEST(AdminRunTest, PauseResumeAndCancelSteerRunningJobs) {
   const std::string done = WaitForStatus(server, std::stoull(id), "completed");
   EXPECT_GE(NumberAfter(done, "records_written"), at_pause);
   EXPECT_EQ(NumberAfter(done, "records_written"), Rows(server.dir() / "db.sqlite"));
+  // Units resolved before the pause but fetched after it count once.
+  EXPECT_GT(NumberAfter(done, "total_repos"), 0u) << done;
+  EXPECT_EQ(NumberAfter(done, "resolved_repos"), NumberAfter(done, "total_repos")) << done;
+  EXPECT_EQ(NumberAfter(done, "processed_repos"), NumberAfter(done, "total_repos")) << done;
 
   // A second job (other targets) cancelled while it runs.
   auto second = server.Client().Post("/admin/backfill", R"({"collections":["app.bsky.feed.like"]})",

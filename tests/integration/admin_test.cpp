@@ -34,6 +34,7 @@ class FakeBackend : public AdminBackend {
   struct Job {
     JobDetails details;
     std::vector<StageChange> changes;
+    std::vector<state::BatchAudit> batches;
   };
 
   // Adds a job with the given status and stage; returns its id.
@@ -191,6 +192,36 @@ class FakeBackend : public AdminBackend {
     return live_;
   }
 
+  Result<std::vector<state::BatchAudit>> Batches(uint64_t id, uint64_t from,
+                                                 size_t limit) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++calls_;
+    auto it = jobs_.find(id);
+    if (it == jobs_.end()) return Status::NotFound("no job " + std::to_string(id));
+    std::vector<state::BatchAudit> out;
+    for (const auto& b : it->second.batches) {
+      if (b.batch_no >= from && out.size() < limit) out.push_back(b);
+    }
+    return out;
+  }
+
+  Result<std::vector<LiveSample>> LiveHistory(int64_t* interval_ms) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++calls_;
+    *interval_ms = 1000;
+    return history_;
+  }
+
+  void SetBatches(uint64_t id, std::vector<state::BatchAudit> batches) {
+    std::lock_guard<std::mutex> lock(mu_);
+    jobs_.at(id).batches = std::move(batches);
+  }
+
+  void SetLiveHistory(std::vector<LiveSample> history) {
+    std::lock_guard<std::mutex> lock(mu_);
+    history_ = std::move(history);
+  }
+
  private:
   uint64_t AddLocked(JobStatus status, JobStage stage, std::string kind) {
     const uint64_t id = next_id_++;
@@ -228,6 +259,7 @@ class FakeBackend : public AdminBackend {
   std::map<uint64_t, Job> jobs_;
   uint64_t next_id_ = 1;
   LiveStatus live_;
+  std::vector<LiveSample> history_;
   Status fail_list_;
   int calls_ = 0;
   std::vector<BackfillRequest> started_;
@@ -327,7 +359,9 @@ const RouteCase kProtected[] = {
     {"POST", "/admin/backfill/1/retry-failed"},
     {"DELETE", "/admin/backfill/1/details"},
     {"GET", "/admin/backfill/1/events"},
+    {"GET", "/admin/backfill/1/batches"},
     {"GET", "/admin/jetstream/status"},
+    {"GET", "/admin/jetstream/history"},
     {"GET", "/metrics"},
     // Unknown paths under /admin are refused before anything else is said about them.
     {"GET", "/admin/nope"},
@@ -563,6 +597,102 @@ TEST_F(AdminServerTest, GetsOneJobWithHostsRecentAndFailedBlocks) {
   ASSERT_EQ(changes.size(), 1u);
   EXPECT_EQ(changes.at(0)["from"].get_string().value(), "pending");
   EXPECT_EQ(changes.at(0)["to"].get_string().value(), "discovering");
+}
+
+// List-valued parameters (stored one item a line) are JSON arrays; the others stay strings.
+TEST_F(AdminServerTest, ListParamsAreArrays) {
+  StartServer();
+  const uint64_t id = backend_.Add(JobStatus::kRunning, JobStage::kDiscovering);
+  backend_.SetDetails(id, [](JobDetails& d) {
+    d.job.params["collections"] = "app.bsky.feed.post\napp.bsky.feed.like";
+    d.job.params["dids"] = "";
+    d.job.params["blocks"] = "seg-1/0";
+    d.job.params["mode"] = "listRecords";
+  });
+  for (const std::string& path :
+       std::vector<std::string>{"/admin/backfill/" + std::to_string(id), "/admin/backfill"}) {
+    SCOPED_TRACE(path);
+    Answer a = Call("GET", path);
+    ASSERT_EQ(a.status, 200) << a.body;
+    Json j(a.body);
+    ASSERT_TRUE(j.ok) << a.body;
+    simdjson::dom::element job = j.Has("jobs") ? j["jobs"].at(0).value() : j.root;
+    simdjson::dom::element params = job["params"].value();
+    simdjson::dom::array collections;
+    ASSERT_EQ(params["collections"].get_array().get(collections), simdjson::SUCCESS) << a.body;
+    ASSERT_EQ(collections.size(), 2u);
+    EXPECT_EQ(collections.at(0).get_string().value(), "app.bsky.feed.post");
+    EXPECT_EQ(collections.at(1).get_string().value(), "app.bsky.feed.like");
+    EXPECT_EQ(params["dids"].get_array().value().size(), 0u) << a.body;
+    EXPECT_EQ(params["blocks"].get_array().value().size(), 1u) << a.body;
+    EXPECT_EQ(params["mode"].get_string().value(), "listRecords");
+  }
+}
+
+// The per-batch audit trail, paged by batch number.
+TEST_F(AdminServerTest, BatchesArePagedByBatchNumber) {
+  StartServer();
+  const uint64_t id = backend_.Add(JobStatus::kRunning, JobStage::kResolvingAndFetching);
+  std::vector<state::BatchAudit> batches;
+  for (uint64_t n = 1; n <= 5; ++n) {
+    state::BatchAudit b;
+    b.batch_no = n;
+    b.first_position = "crawl";
+    b.last_position = "crawl";
+    b.count = 100 * n;
+    b.failures = n == 3 ? 1 : 0;
+    b.duration_us = 2000;
+    b.attempts = 1;
+    b.committed_at_us = 1'700'000'000'000'000 + static_cast<int64_t>(n) * 1'000'000;
+    batches.push_back(b);
+  }
+  backend_.SetBatches(id, batches);
+  const std::string base = "/admin/backfill/" + std::to_string(id) + "/batches";
+  Answer all = Call("GET", base);
+  ASSERT_EQ(all.status, 200) << all.body;
+  Json j(all.body);
+  ASSERT_TRUE(j.ok) << all.body;
+  simdjson::dom::array list = j["batches"].get_array().value();
+  ASSERT_EQ(list.size(), 5u);
+  EXPECT_EQ(list.at(0)["batch"].get_uint64().value(), 1u);
+  EXPECT_EQ(list.at(0)["count"].get_uint64().value(), 100u);
+  EXPECT_EQ(list.at(2)["failures"].get_uint64().value(), 1u);
+  EXPECT_EQ(list.at(4)["committed_us"].get_int64().value(), 1'700'000'005'000'000);
+  EXPECT_EQ(list.at(4)["committed_at"].get_string().value(), "2023-11-14T22:13:25Z");
+  EXPECT_EQ(j.Uint("next"), 6u);
+
+  Answer page = Call("GET", base + "?from=2&limit=2");
+  ASSERT_EQ(page.status, 200) << page.body;
+  Json p(page.body);
+  ASSERT_TRUE(p.ok);
+  simdjson::dom::array two = p["batches"].get_array().value();
+  ASSERT_EQ(two.size(), 2u);
+  EXPECT_EQ(two.at(0)["batch"].get_uint64().value(), 2u);
+  EXPECT_EQ(p.Uint("next"), 4u);
+  Answer past = Call("GET", base + "?from=9");
+  ASSERT_EQ(past.status, 200);
+  EXPECT_EQ(Json(past.body).Uint("next"), 9u);
+
+  for (const char* bad : {"?from=x", "?limit=0", "?limit=10001", "?from=-1"}) {
+    EXPECT_EQ(Call("GET", base + bad).status, 400) << bad;
+  }
+  EXPECT_EQ(Call("GET", "/admin/backfill/99/batches").status, 404);
+}
+
+TEST_F(AdminServerTest, LiveHistoryServesTheSamples) {
+  StartServer();
+  backend_.SetLiveHistory({{1'700'000'000'000'000, 2.5, 10}, {1'700'000'001'000'000, -1, 11}});
+  Answer a = Call("GET", "/admin/jetstream/history");
+  ASSERT_EQ(a.status, 200) << a.body;
+  Json j(a.body);
+  ASSERT_TRUE(j.ok) << a.body;
+  EXPECT_EQ(j.Uint("interval_ms"), 1000u);
+  simdjson::dom::array samples = j["samples"].get_array().value();
+  ASSERT_EQ(samples.size(), 2u);
+  EXPECT_EQ(samples.at(0)["at_us"].get_int64().value(), 1'700'000'000'000'000);
+  EXPECT_EQ(samples.at(0)["lag_s"].get_double().value(), 2.5);
+  EXPECT_TRUE(samples.at(1)["lag_s"].is_null());
+  EXPECT_EQ(samples.at(1)["cursor"].get_uint64().value(), 11u);
 }
 
 TEST_F(AdminServerTest, UnknownAndNonNumericJobIdsAre404) {

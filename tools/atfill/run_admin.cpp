@@ -57,7 +57,7 @@ void RunAdmin::Shutdown() {
     stopping_ = true;
     threads.swap(threads_);
   }
-  retention_cv_.notify_all();
+  stop_cv_.notify_all();
   // The jobs see the stop signal (Ctrl-C, SIGTERM) at their next checkpoint and pause; a job
   // still running when Shutdown is called without one is asked to pause here.
   {
@@ -68,6 +68,7 @@ void RunAdmin::Shutdown() {
   }
   for (auto& t : threads) t.join();
   if (retention_.joinable()) retention_.join();
+  if (sampler_.joinable()) sampler_.join();
 }
 
 Result<uint64_t> RunAdmin::ApplyRetention(double days, int64_t now_us) {
@@ -100,7 +101,26 @@ void RunAdmin::StartRetention() {
                      *cleared, config_.backfill_retention_days);
       }
       lock.lock();
-      retention_cv_.wait_for(lock, std::chrono::hours(24), [this] { return stopping_; });
+      stop_cv_.wait_for(lock, std::chrono::hours(24), [this] { return stopping_; });
+    }
+  });
+}
+
+void RunAdmin::StartLiveHistory() {
+  if (config_.live.hosts.empty()) return;
+  sampler_ = std::thread([this] {
+    std::unique_lock lock(mu_);
+    while (!stopping_) {
+      lock.unlock();
+      // A failed look (the state store busy or broken) is a gap in the chart, not an error.
+      if (auto live = Live(); live.ok() && live->configured) {
+        std::lock_guard history_lock(history_mu_);
+        history_.push_back({pipeline::NowMicros(), live->lag_s, live->cursor});
+        while (history_.size() > kLiveSamplesKept) history_.pop_front();
+      }
+      lock.lock();
+      stop_cv_.wait_for(lock, std::chrono::milliseconds(kLiveSampleMs),
+                        [this] { return stopping_; });
     }
   });
 }
@@ -305,6 +325,17 @@ Result<admin::LiveStatus> RunAdmin::Live() {
   return s;
 }
 
+Result<std::vector<state::BatchAudit>> RunAdmin::Batches(uint64_t id, uint64_t from, size_t limit) {
+  ATFILL_RETURN_IF_ERROR(st_.jobs->Get(id).status());
+  return st_.jobs->ListBatchAudit(id, from, limit);
+}
+
+Result<std::vector<admin::LiveSample>> RunAdmin::LiveHistory(int64_t* interval_ms) {
+  *interval_ms = kLiveSampleMs;
+  std::lock_guard lock(history_mu_);
+  return std::vector<admin::LiveSample>(history_.begin(), history_.end());
+}
+
 int ServeRun(const AppConfig& config, const std::vector<state::JobRecord>& backfills,
              bool with_backfill) {
   CatchStopSignals();
@@ -334,6 +365,7 @@ int ServeRun(const AppConfig& config, const std::vector<state::JobRecord>& backf
                  "Ctrl-C stops)\n",
                  config.admin.address.c_str(), static_cast<unsigned>(server.port()));
     backend.StartRetention();
+    backend.StartLiveHistory();
     for (const auto& j : backfills) {
       std::fprintf(stderr, "atfill run: resuming backfill job %" PRIu64 " (%s)\n", j.id,
                    std::string(state::JobStatusName(j.status)).c_str());

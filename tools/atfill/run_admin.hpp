@@ -5,6 +5,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -36,6 +37,13 @@ class RunAdmin : public admin::AdminBackend {
   Result<uint64_t> ApplyRetention(double days, int64_t now_us);
   // Starts the daily retention task (nothing when [jobs] backfill_retention_days is 0).
   void StartRetention();
+  // Starts sampling the live consumer's lag every kLiveSampleMs for LiveHistory (nothing when
+  // [live] is not set).
+  void StartLiveHistory();
+
+  // The lag history: one sample a second, the last hour kept (in memory, since this start).
+  static constexpr int64_t kLiveSampleMs = 1000;
+  static constexpr size_t kLiveSamplesKept = 3600;
 
   Result<std::vector<admin::JobSummary>> ListJobs() override;
   Result<admin::JobDetails> GetJob(uint64_t id) override;
@@ -48,6 +56,8 @@ class RunAdmin : public admin::AdminBackend {
   Status ClearDetails(uint64_t id) override;
   Result<uint64_t> ClearAllDetails() override;
   Result<admin::LiveStatus> Live() override;
+  Result<std::vector<state::BatchAudit>> Batches(uint64_t id, uint64_t from, size_t limit) override;
+  Result<std::vector<admin::LiveSample>> LiveHistory(int64_t* interval_ms) override;
 
  private:
   Result<state::JobRecord> Steer(uint64_t id, bool cancel);
@@ -61,7 +71,10 @@ class RunAdmin : public admin::AdminBackend {
   bool stopping_ = false;
   std::atomic<int> running_{0};
   std::thread retention_;
-  std::condition_variable retention_cv_;
+  std::thread sampler_;
+  std::condition_variable stop_cv_;  // wakes retention_ and sampler_ at Shutdown
+  std::mutex history_mu_;
+  std::deque<admin::LiveSample> history_;  // guarded by history_mu_
 };
 
 // `atfill run` with [admin]: serves the admin API and dashboard, starts `backfills` (and, with

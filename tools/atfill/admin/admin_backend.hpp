@@ -76,6 +76,13 @@ struct LiveStatus {
   std::string error;         // the last error, for people; empty = none
 };
 
+// One sample of the live consumer's lag, GET /admin/jetstream/history.
+struct LiveSample {
+  int64_t at_us = 0;    // when it was taken, unix µs
+  double lag_s = -1;    // LiveStatus::lag_s then; -1 = unknown
+  uint64_t cursor = 0;  // LiveStatus::cursor then
+};
+
 class AdminBackend {
  public:
   virtual ~AdminBackend() = default;
@@ -118,6 +125,17 @@ class AdminBackend {
 
   // The live consumer's state; {configured = false} when there is none.
   virtual Result<LiveStatus> Live() = 0;
+
+  // The per-batch audit trail of job `id` (kept with [jobs] record_batches): entries with
+  // batch_no >= from, ascending, at most `limit`. NotFound when there is no job `id`; a job
+  // without a trail answers an empty list.
+  virtual Result<std::vector<state::BatchAudit>> Batches(uint64_t id, uint64_t from,
+                                                         size_t limit) = 0;
+
+  // The live consumer's lag as sampled while this process runs, oldest first; a bounded window
+  // (the newest samples), empty when there is no live consumer. `interval_ms` is set to the
+  // sampling interval.
+  virtual Result<std::vector<LiveSample>> LiveHistory(int64_t* interval_ms) = 0;
 };
 
 }  // namespace atfill::admin

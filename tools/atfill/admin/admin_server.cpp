@@ -3,6 +3,7 @@
 #include <httplib.h>
 #include <simdjson.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cctype>
 #include <cerrno>
@@ -11,6 +12,8 @@
 #include <cstring>
 #include <ctime>
 #include <initializer_list>
+#include <iterator>
+#include <map>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -86,6 +89,31 @@ void WriteStopReason(JsonWriter& w, const state::StopReason& reason) {
   w.Key("sentence").String(reason.sentence).EndObject();
 }
 
+// Job parameters that hold a list, one item a line (as the verbs store them): answered as arrays
+// of strings, empty lines skipped.
+constexpr std::string_view kListParams[] = {"blocks", "collections", "dids", "files", "hosts"};
+
+void WriteParams(JsonWriter& w, const std::map<std::string, std::string>& params) {
+  w.BeginObject();
+  for (const auto& [k, v] : params) {
+    w.Key(k);
+    if (std::find(std::begin(kListParams), std::end(kListParams), k) == std::end(kListParams)) {
+      w.String(v);
+      continue;
+    }
+    w.BeginArray();
+    std::string_view rest = v;
+    while (!rest.empty()) {
+      const size_t nl = rest.find('\n');
+      const std::string_view item = rest.substr(0, nl);
+      if (!item.empty()) w.String(item);
+      rest.remove_prefix(nl == std::string_view::npos ? rest.size() : nl + 1);
+    }
+    w.EndArray();
+  }
+  w.EndObject();
+}
+
 // The members of `atfill job --json`'s "job" object, into an object the caller opened, with the
 // same names so the API and the CLI agree.
 void WriteJobFields(JsonWriter& w, const state::JobRecord& job, int64_t now_us) {
@@ -104,9 +132,8 @@ void WriteJobFields(JsonWriter& w, const state::JobRecord& job, int64_t now_us) 
   WriteProgress(w, job, now_us);
   w.Key("stop_reason");
   WriteStopReason(w, job.stop_reason);
-  w.Key("params").BeginObject();
-  for (const auto& [k, v] : job.params) w.Key(k).String(v);
-  w.EndObject();
+  w.Key("params");
+  WriteParams(w, job.params);
 }
 
 void WriteHosts(JsonWriter& w, const std::vector<state::HostSummary>& hosts) {
@@ -141,6 +168,38 @@ void WriteStageChange(JsonWriter& w, uint64_t job_id, const StageChange& c) {
   w.Key("index").Uint(c.index);
   w.Key("from").String(state::JobStageName(c.from)).Key("to").String(state::JobStageName(c.to));
   w.Key("at").String(FormatTime(c.at_us)).EndObject();
+}
+
+std::string BatchesJson(uint64_t id, uint64_t from, const std::vector<state::BatchAudit>& batches) {
+  JsonWriter w;
+  w.BeginObject().Key("id").Uint(id).Key("batches").BeginArray();
+  for (const auto& b : batches) {
+    w.BeginObject().Key("batch").Uint(b.batch_no).Key("from").String(b.first_position);
+    w.Key("to").String(b.last_position).Key("count").Uint(b.count);
+    w.Key("failures").Uint(b.failures).Key("duration_us").Int(b.duration_us);
+    w.Key("attempts").Uint(b.attempts).Key("committed_at").String(FormatTime(b.committed_at_us));
+    w.Key("committed_us").Int(b.committed_at_us).EndObject();
+  }
+  w.EndArray();
+  w.Key("next").Uint(batches.empty() ? from : batches.back().batch_no + 1);
+  w.EndObject();
+  return w.Take();
+}
+
+std::string LiveHistoryJson(const std::vector<LiveSample>& samples, int64_t interval_ms) {
+  JsonWriter w;
+  w.BeginObject().Key("interval_ms").Int(interval_ms).Key("samples").BeginArray();
+  for (const auto& s : samples) {
+    w.BeginObject().Key("at_us").Int(s.at_us).Key("lag_s");
+    if (s.lag_s >= 0) {
+      w.Double(s.lag_s);
+    } else {
+      w.Null();
+    }
+    w.Key("cursor").Uint(s.cursor).EndObject();
+  }
+  w.EndArray().EndObject();
+  return w.Take();
 }
 
 std::string ErrorJson(std::string_view message) {
@@ -232,7 +291,9 @@ enum class RouteId : uint8_t {
   kRetryFailed,
   kClearOne,
   kEvents,
+  kBatches,
   kLive,
+  kLiveHistory,
   kMetrics,
 };
 
@@ -254,7 +315,9 @@ constexpr Route kRoutes[] = {
     {"POST", "/admin/backfill/{id}/retry-failed", RouteId::kRetryFailed},
     {"DELETE", "/admin/backfill/{id}/details", RouteId::kClearOne},
     {"GET", "/admin/backfill/{id}/events", RouteId::kEvents},
+    {"GET", "/admin/backfill/{id}/batches", RouteId::kBatches},
     {"GET", "/admin/jetstream/status", RouteId::kLive},
+    {"GET", "/admin/jetstream/history", RouteId::kLiveHistory},
     {"GET", "/metrics", RouteId::kMetrics},
 };
 
@@ -301,8 +364,8 @@ bool IsProtected(std::string_view path) {
          path.starts_with("/metrics/");
 }
 
-// A job id: 1 to 2^64-1 in decimal digits.
-bool ParseJobId(std::string_view text, uint64_t* id) {
+// An unsigned decimal number (a job id, a query parameter), at most 2^64-1.
+bool ParseUint(std::string_view text, uint64_t* out) {
   if (text.empty() || text.size() > 20) return false;
   uint64_t v = 0;
   for (char c : text) {
@@ -311,9 +374,17 @@ bool ParseJobId(std::string_view text, uint64_t* id) {
     if (v > (UINT64_MAX - digit) / 10) return false;
     v = v * 10 + digit;
   }
-  *id = v;
-  return v != 0;
+  *out = v;
+  return true;
 }
+
+// A job id: 1 to 2^64-1 in decimal digits.
+bool ParseJobId(std::string_view text, uint64_t* id) { return ParseUint(text, id) && *id != 0; }
+
+// GET /admin/backfill/{id}/batches answers this many entries unless `limit` says, at most the
+// second.
+constexpr uint64_t kDefaultBatches = 1000;
+constexpr uint64_t kMaxBatches = 10000;
 
 Status ParseStringArray(simdjson::dom::element value, std::string_view field,
                         Status (*validate)(std::string_view), std::vector<std::string>* out) {
@@ -597,7 +668,9 @@ struct AdminServer::Impl {
   void ClearOne(uint64_t id, Response& res);
   void ClearAll(Response& res);
   void Events(uint64_t id, Response& res);
+  void Batches(uint64_t id, const Request& req, Response& res);
   void Live(Response& res);
+  void LiveHistory(Response& res);
   void ServeMetrics(Response& res);
 
   bool Pump(EventStream& stream, httplib::DataSink& sink);
@@ -655,8 +728,12 @@ void AdminServer::Impl::Handle(const Route& route, const Request& req, Response&
       return ClearOne(id, res);
     case RouteId::kEvents:
       return Events(id, res);
+    case RouteId::kBatches:
+      return Batches(id, req, res);
     case RouteId::kLive:
       return Live(res);
+    case RouteId::kLiveHistory:
+      return LiveHistory(res);
     case RouteId::kMetrics:
       return ServeMetrics(res);
   }
@@ -771,6 +848,28 @@ void AdminServer::Impl::Live(Response& res) {
   auto live = backend->Live();
   if (!live.ok()) return SendStatus(res, live.status());
   SendJson(res, 200, LiveJson(*live));
+}
+
+void AdminServer::Impl::Batches(uint64_t id, const Request& req, Response& res) {
+  uint64_t from = 0;
+  uint64_t limit = kDefaultBatches;
+  if (req.has_param("from") && !ParseUint(req.get_param_value("from"), &from)) {
+    return SendError(res, 400, "'from' must be a batch number (0 or more)");
+  }
+  if (req.has_param("limit") &&
+      (!ParseUint(req.get_param_value("limit"), &limit) || limit == 0 || limit > kMaxBatches)) {
+    return SendError(res, 400, "'limit' must be 1.." + std::to_string(kMaxBatches));
+  }
+  auto batches = backend->Batches(id, from, static_cast<size_t>(limit));
+  if (!batches.ok()) return SendStatus(res, batches.status());
+  SendJson(res, 200, BatchesJson(id, from, *batches));
+}
+
+void AdminServer::Impl::LiveHistory(Response& res) {
+  int64_t interval_ms = 0;
+  auto samples = backend->LiveHistory(&interval_ms);
+  if (!samples.ok()) return SendStatus(res, samples.status());
+  SendJson(res, 200, LiveHistoryJson(*samples, interval_ms));
 }
 
 void AdminServer::Impl::ServeMetrics(Response& res) {
