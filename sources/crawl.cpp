@@ -462,6 +462,7 @@ struct CrawlSource::Impl {
     }
     if (queued == 0) return;
     chunk->counters.emplace_back("units_queued", static_cast<int64_t>(queued));
+    chunk->counters.emplace_back(pipeline::kTotalRepos, static_cast<int64_t>(queued));
     chunk->counters.emplace_back(pipeline::kInputTotal, static_cast<int64_t>(queued));
     stats.units_queued += queued;
   }
@@ -802,6 +803,7 @@ struct CrawlSource::Impl {
     queue.Finish(&chunk->state_writes, job, state::WorkUnit{u.position, u.id, ""});
     if (options.hold_live) holds.MarkFinished(&chunk->state_writes, u.did);
     chunk->counters.emplace_back("units_finished", 1);
+    chunk->counters.emplace_back(pipeline::kProcessedRepos, 1);
     chunk->counters.emplace_back(pipeline::kInputDone, 1);
     ++stats.units_finished;
     if (!error_kind.empty()) {
@@ -879,10 +881,12 @@ struct CrawlSource::Impl {
       host = key.ok() ? *key : pds;
       o.doc->pds_endpoint = std::move(pds);
     }
+    int64_t ended = 0;  // units whose resolution ended: to a PDS or with a final error
     for (uint64_t pos : group) {
       auto it = units.find(pos);
       if (it == units.end()) continue;
       Unit& u = it->second;
+      if (o.ok() || !o.retryable) ++ended;
       if (!o.ok()) {
         if (o.retryable) {
           RetryOrDefer(u, chunk, o.error_kind, o.message);
@@ -896,6 +900,7 @@ struct CrawlSource::Impl {
       u.host = host;
       MakeReady(u);
     }
+    if (ended != 0) chunk->counters.emplace_back(pipeline::kResolvedRepos, ended);
   }
 
   void HandleFetched(Completion& c, EventChunk* chunk) {
