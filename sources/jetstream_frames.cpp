@@ -96,8 +96,81 @@ bool IsTypeError(error_code e) {
   return e == simdjson::INCORRECT_TYPE || e == simdjson::NUMBER_OUT_OF_RANGE;
 }
 
+// The RFC 8259 number grammar: -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?
+bool IsJsonNumber(std::string_view s) {
+  size_t i = 0;
+  const auto digits = [&] {
+    const size_t start = i;
+    while (i < s.size() && s[i] >= '0' && s[i] <= '9') ++i;
+    return i > start;
+  };
+  if (i < s.size() && s[i] == '-') ++i;
+  if (i < s.size() && s[i] == '0') {
+    ++i;
+  } else if (!digits()) {
+    return false;
+  }
+  if (i < s.size() && s[i] == '.') {
+    ++i;
+    if (!digits()) return false;
+  }
+  if (i < s.size() && (s[i] == 'e' || s[i] == 'E')) {
+    ++i;
+    if (i < s.size() && (s[i] == '+' || s[i] == '-')) ++i;
+    if (!digits()) return false;
+  }
+  return i == s.size();
+}
+
+// Visits every token of `value`: On Demand only matches the brackets of a value it skips, so a
+// record body would otherwise be taken with a stray byte or a bad literal inside it.
+error_code CheckJson(od::value value, size_t depth) {
+  if (depth > simdjson::DEFAULT_MAX_DEPTH) return simdjson::DEPTH_ERROR;
+  od::json_type type;
+  if (auto e = value.type().get(type)) return e;
+  switch (type) {
+    case od::json_type::object: {
+      od::object object;
+      if (auto e = value.get_object().get(object)) return e;
+      for (auto field : object) {
+        std::string_view key;
+        if (auto e = field.unescaped_key().get(key)) return e;
+        od::value child;
+        if (auto e = field.value().get(child)) return e;
+        if (auto e = CheckJson(child, depth + 1)) return e;
+      }
+      return simdjson::SUCCESS;
+    }
+    case od::json_type::array: {
+      od::array array;
+      if (auto e = value.get_array().get(array)) return e;
+      for (auto element : array) {
+        od::value child;
+        if (auto e = element.get(child)) return e;
+        if (auto e = CheckJson(child, depth + 1)) return e;
+      }
+      return simdjson::SUCCESS;
+    }
+    case od::json_type::string: {
+      std::string_view s;
+      return value.get_string().get(s);
+    }
+    case od::json_type::number:
+      return IsJsonNumber(TrimRight(value.raw_json_token())) ? simdjson::SUCCESS
+                                                             : simdjson::NUMBER_ERROR;
+    case od::json_type::boolean: {
+      const std::string_view token = TrimRight(value.raw_json_token());
+      return token == "true" || token == "false" ? simdjson::SUCCESS : simdjson::T_ATOM_ERROR;
+    }
+    case od::json_type::null:
+      return TrimRight(value.raw_json_token()) == "null" ? simdjson::SUCCESS
+                                                         : simdjson::N_ATOM_ERROR;
+  }
+  return simdjson::TAPE_ERROR;
+}
+
 // A record object: its exact text (from '{' to '}') and its top-level createdAt string, read in
-// one pass.
+// one pass that checks the syntax of every value in it.
 error_code ReadRecord(od::value value, od::document& doc, std::string_view* raw,
                       std::string_view* created_at) {
   const std::string_view token = value.raw_json_token();
@@ -106,14 +179,15 @@ error_code ReadRecord(od::value value, od::document& doc, std::string_view* raw,
   for (auto field : obj) {
     std::string_view key;
     if (auto e = field.unescaped_key().get(key)) return e;
-    if (key != "createdAt") continue;
     od::value v;
     if (auto e = field.value().get(v)) return e;
     od::json_type type;
     if (auto e = v.type().get(type)) return e;
-    if (type == od::json_type::string) {
+    if (key == "createdAt" && type == od::json_type::string) {
       if (auto e = v.get_string().get(*created_at)) return e;
+      continue;
     }
+    if (auto e = CheckJson(v, 1)) return e;
   }
   // The parser now stands on the token after the record's closing brace.
   const char* end = nullptr;

@@ -717,6 +717,38 @@ TEST(JetstreamFramesTest, MalformedV2FramesGiveTheirKind) {
   EXPECT_THAT(s.message(), HasSubstr("frame of " + std::to_string(bad_utf8.size()) + " bytes"));
 }
 
+// Found by fuzz_jetstream_v1: On Demand only matched the brackets of the record's nested values,
+// so a stray byte inside one passed and the record went on as JSON that is not.
+TEST(JetstreamFramesTest, BrokenJsonInsideARecordIsBadJson) {
+  const std::vector<std::string> broken = {
+      R"({"$type":"a.b.c","reply":{"parent":{"uri":"at://x"%}}})",
+      R"({"$type":"a.b.c","langs":["en",]})",
+      R"({"$type":"a.b.c","n":01})",
+      R"({"$type":"a.b.c","n":1.})",
+      R"({"$type":"a.b.c","t":trux})",
+      R"({"$type":"a.b.c","x":nul})",
+      R"({"$type":"a.b.c","s":"\q"})",
+      R"({"$type":"a.b.c","o":{"k" 1}})",
+  };
+  for (const std::string& record : broken) {
+    Status s;
+    EXPECT_EQ(V2Kind(Replace(CommitFields(), "record", record), &s), "bad_json") << record << "\n"
+                                                                                 << s.ToString();
+    const std::string v1 =
+        std::string(R"({"did":")") + kDid +
+        R"(","time_us":5,"kind":"commit","commit":{"rev":"3l2222222222a","operation":"create","collection":"app.bsky.feed.post","rkey":"a","cid":"bafyreie5cvv4h45feadgeuwhbcutmh6t2ceseocckahdoe6uat64zmz454","record":)" +
+        record + "}}";
+    JetstreamFrame frame;
+    std::string kind;
+    EXPECT_FALSE(DecodeJetstreamV1(v1, &frame, &kind).ok()) << v1;
+    EXPECT_EQ(kind, "bad_json") << v1;
+  }
+  // Valid values of every type still pass, nested createdAt strings included.
+  const std::string good =
+      R"({"$type":"a.b.c","a":[1,-0.5e+3,true,false,null,"\u00e9",{}],"o":{"createdAt":"x"},"createdAt":"2024-01-01T00:00:00Z"})";
+  EXPECT_EQ(V2Kind(Replace(CommitFields(), "record", good)), "ok");
+}
+
 TEST(JetstreamFramesTest, EveryTruncationOfAFrameIsBadJson) {
   const std::string text = V2Frame(CommitFields());
   for (size_t n = 0; n < text.size(); ++n) {
