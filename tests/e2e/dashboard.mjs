@@ -1,10 +1,12 @@
 // Drives atfill's admin dashboard in headless Chromium the way a person would: gives the token,
 // starts a backfill from the form, watches the job's row until it reaches "completed", then
-// reads what the page shows and saves a screenshot. Prints one JSON object on stdout.
+// reads what the page shows (the rate chart from the audit trail, the work units, the per-PDS
+// bars, the live consumer's lag chart, the recent repos 20 a page) and saves a screenshot.
+// Prints one JSON object on stdout.
 //
 //   node dashboard.mjs URL TOKEN COLLECTION SCREENSHOT
 //
-// Run by tests/integration/dashboard_test.cpp, which starts atfill against simnet and checks the
+// Run by tests/integration/admin_run_test.cpp (DashboardTest), which starts atfill against simnet and checks the
 // numbers printed here against the API and the database.
 import { chromium } from 'playwright-core';
 
@@ -82,7 +84,50 @@ try {
   out.recent = await page.locator('[data-testid^="recent-row-"]').count();
   out.stages = await page.locator('[data-testid^="stage-change-"]').allInnerTexts();
   out.pause_enabled = await page.getByTestId(`job-pause-${id}`).isEnabled();
+
+  // The job's rate over time, drawn from its per-batch audit trail.
+  await page.waitForFunction(() => {
+    const c = document.querySelector('[data-testid="rate-chart"]');
+    return c && c.dataset.source === 'batches' && Number(c.dataset.points) >= 2;
+  }, null, { timeout: 20_000 });
+  out.rate_chart = await page.evaluate(() => {
+    const c = document.querySelector('[data-testid="rate-chart"]');
+    const line = c.querySelector('polyline');
+    const ys = (line?.getAttribute('points') || '').split(' ').map((p) => Number(p.split(',')[1]));
+    return { source: c.dataset.source, points: Number(c.dataset.points),
+      line_points: ys.length, line_height: ys.length ? Math.max(...ys) - Math.min(...ys) : 0,
+      caption: document.querySelector('[data-testid="rate-source"]').textContent };
+  });
+  // The work units and the per-PDS bars, from the job's counters and hosts.
+  out.units = await page.evaluate(() => Object.fromEntries(['discovered', 'resolved', 'fetched']
+    .map((k) => [k, Number(document.querySelector(`[data-testid="units-bar-${k}"]`)?.dataset.value ?? -1)])));
+  out.host_bars = await page.evaluate(() => [...document.querySelectorAll('[data-testid^="host-done-"]')]
+    .map((r) => ({ done: Number(r.dataset.done), width: Number(r.getAttribute('width')) })));
+  // The live consumer's lag over time (sampled once a second by the server).
+  await page.waitForFunction(() =>
+    Number(document.querySelector('[data-testid="lag-chart"]')?.dataset.points || 0) >= 3,
+    null, { timeout: 30_000 });
+  out.lag_points = await page.evaluate(() =>
+    Number(document.querySelector('[data-testid="lag-chart"]').dataset.points));
+  out.lag_line = await page.locator('[data-testid="lag-chart"] polyline').count();
+
+  // The recent repos, 20 a page: the next page shows the next ones.
+  out.recent_page = (await page.getByTestId('recent-page').innerText()).trim();
+  out.recent_prev_enabled = await page.getByTestId('recent-prev').isEnabled();
+  out.recent_next_enabled = await page.getByTestId('recent-next').isEnabled();
+  const firstDids = await page.locator('[data-testid^="recent-row-"]').evaluateAll(
+    (rows) => rows.map((r) => r.getAttribute('data-testid')));
   await page.screenshot({ path: screenshot, fullPage: true });
+  await page.getByTestId('recent-next').click();
+  await page.waitForFunction(
+    () => /^page 2 /.test(document.querySelector('[data-testid="recent-page"]')?.textContent || ''),
+    null, { timeout: 10_000 });
+  const secondDids = await page.locator('[data-testid^="recent-row-"]').evaluateAll(
+    (rows) => rows.map((r) => r.getAttribute('data-testid')));
+  out.recent_page2 = (await page.getByTestId('recent-page').innerText()).trim();
+  out.recent_page2_rows = secondDids.length;
+  out.recent_pages_overlap = secondDids.filter((d) => firstDids.includes(d)).length;
+  out.recent_page2_prev_enabled = await page.getByTestId('recent-prev').isEnabled();
   out.console_errors = consoleErrors;
 } finally {
   await browser.close();

@@ -172,6 +172,14 @@ uint64_t Rows(const std::filesystem::path& db) {
   return rows.ok() ? rows->size() : 0;
 }
 
+uint64_t RowsOf(const std::filesystem::path& db, const std::string& collection) {
+  auto rows = sinks::ReadAllRecords(db.string());
+  EXPECT_TRUE(rows.ok()) << rows.status().ToString();
+  if (!rows.ok()) return 0;
+  return static_cast<uint64_t>(std::count_if(
+      rows->begin(), rows->end(), [&](const auto& r) { return r.collection == collection; }));
+}
+
 // GETs `path` every 50 ms until `done` holds for the answer (or `seconds` pass: a test failure);
 // returns the last answer's body.
 std::string Poll(const Server& server, const std::string& path,
@@ -430,7 +438,9 @@ TEST(AdminRunTest, RetentionClearsTheDetailsOfOldFinishedJobs) {
 }
 
 // A person's path through the dashboard in headless Chromium: token, start a backfill, watch it
-// complete; the page's numbers equal the API's and the table's. Saves a screenshot.
+// complete; the page's numbers equal the API's and the table's; the job's rate chart (from its
+// audit trail), work units and per-PDS bars, the live consumer's lag chart, and the recent repos
+// paged 20 at a time. Saves a screenshot.
 TEST(DashboardTest, ABackfillStartedFromThePageIsFollowedToCompletion) {
   // playwright-core from the npm registry, installed once into the build folder.
   const std::filesystem::path e2e = ATFILL_E2E_HOME;
@@ -451,9 +461,16 @@ TEST(DashboardTest, ABackfillStartedFromThePageIsFollowedToCompletion) {
   ASSERT_TRUE(std::filesystem::exists("/usr/bin/chromium"))
       << "the dashboard test needs Debian's chromium package (tools/setup installs it)";
 
-  auto net = simnet::Simnet::Start(Network(40));
+  simnet::SimnetOptions so = Network(40);
+  so.jetstream.events = 2000;
+  auto net = simnet::Simnet::Start(so);
   ASSERT_TRUE(net.ok()) << net.status().ToString();
-  Server server(**net);
+  // A live consumer of likes beside the backfill of posts, for the lag chart.
+  Server server(**net, "[jobs]\nrecord_batches = true\n[live]\nhosts = [\"" +
+                           (*net)->jetstream_url() +
+                           "\"]\ncollections = [\"app.bsky.feed.like\"]\n"
+                           "allow_private_endpoints = true\nidle_exit_ms = 1000\n"
+                           "start_seq = 1\ncheck_deleted_accounts = false\n");
   ASSERT_NE(server.port(), 0) << server.log();
   const std::filesystem::path shot = std::filesystem::path(ATFILL_TEST_ARTIFACTS) / "dashboard.png";
   std::filesystem::create_directories(shot.parent_path());
@@ -479,7 +496,7 @@ TEST(DashboardTest, ABackfillStartedFromThePageIsFollowedToCompletion) {
   ASSERT_EQ(job->status, 200);
   const uint64_t written = NumberAfter(job->body, "records_written");
   EXPECT_GT(written, 100u);
-  EXPECT_EQ(written, Rows(server.dir() / "db.sqlite"));
+  EXPECT_EQ(written, RowsOf(server.dir() / "db.sqlite", kPost));
   auto digits = [](std::string s) {
     s.erase(std::remove(s.begin(), s.end(), ','), s.end());
     return std::strtoull(s.c_str(), nullptr, 10);
@@ -487,8 +504,40 @@ TEST(DashboardTest, ABackfillStartedFromThePageIsFollowedToCompletion) {
   EXPECT_EQ(digits(StringAfter(page, "records")), written) << page;
   EXPECT_EQ(digits(StringAfter(page, "detail_records")), written) << page;
   EXPECT_EQ(NumberAfter(page, "hosts"), 4u) << page;
-  EXPECT_GT(NumberAfter(page, "recent"), 0u) << page;
   EXPECT_THAT(page, HasSubstr("completed")) << page;
+  // The rate chart is drawn from the audit trail, a line with a rise in it.
+  EXPECT_THAT(page, HasSubstr("\"source\":\"batches\"")) << page;
+  EXPECT_GE(NumberAfter(page, "points"), 2u) << page;
+  EXPECT_GE(NumberAfter(page, "line_points"), 2u) << page;
+  EXPECT_GT(NumberAfter(page, "line_height"), 0u) << page;
+  // The work-unit bars show the job's counters.
+  const uint64_t units = NumberAfter(job->body, "total_repos");
+  EXPECT_GT(units, 0u) << job->body;
+  EXPECT_EQ(NumberAfter(page, "discovered"), units) << page;
+  EXPECT_EQ(NumberAfter(page, "resolved"), units) << page;
+  EXPECT_EQ(NumberAfter(page, "fetched"), units) << page;
+  // One bar per PDS, each with its done part drawn.
+  const std::regex bar(R"re(\{"done":(\d+),"width":([0-9.]+)\})re");
+  size_t bars = 0;
+  for (auto it = std::sregex_iterator(page.begin(), page.end(), bar); it != std::sregex_iterator();
+       ++it, ++bars) {
+    EXPECT_GT(std::stoull((*it)[1]), 0u) << page;
+    EXPECT_GT(std::stod((*it)[2]), 0.0) << page;
+  }
+  EXPECT_EQ(bars, 4u) << page;
+  // The lag chart has samples and a line.
+  EXPECT_GE(NumberAfter(page, "lag_points"), 3u) << page;
+  EXPECT_EQ(NumberAfter(page, "lag_line"), 1u) << page;
+  // The recent repos: 20 on the first page, a next page with 20 others.
+  ASSERT_GT(units, 40u) << job->body;
+  EXPECT_EQ(NumberAfter(page, "recent"), 20u) << page;
+  EXPECT_THAT(StringAfter(page, "recent_page"), ::testing::StartsWith("page 1 of ")) << page;
+  EXPECT_THAT(page, HasSubstr("\"recent_prev_enabled\":false")) << page;
+  EXPECT_THAT(page, HasSubstr("\"recent_next_enabled\":true")) << page;
+  EXPECT_THAT(StringAfter(page, "recent_page2"), ::testing::StartsWith("page 2 of ")) << page;
+  EXPECT_EQ(NumberAfter(page, "recent_page2_rows"), 20u) << page;
+  EXPECT_EQ(NumberAfter(page, "recent_pages_overlap"), 0u) << page;
+  EXPECT_THAT(page, HasSubstr("\"recent_page2_prev_enabled\":true")) << page;
   // The screenshot is a real PNG of the page.
   const std::string png = Slurp(shot);
   ASSERT_GT(png.size(), 10'000u);

@@ -2,6 +2,8 @@
 // asks for the admin token once (kept in sessionStorage), lists the jobs every few seconds, and
 // follows the selected job through its event stream, read with fetch() because EventSource
 // cannot send the Authorization header. Everything shown is set with textContent, never HTML.
+// The charts are inline SVG drawn here from the API's data: the job's rate from its per-batch
+// audit trail, its work units, per-PDS progress bars, and the live consumer's lag history.
 'use strict';
 
 (() => {
@@ -10,6 +12,10 @@
   const TERMINAL = new Set(['completed', 'failed', 'cancelled']);
   // A stream ends at these statuses (docs/admin.md): nothing moves the job until someone acts.
   const ENDS_STREAM = new Set(['completed', 'failed', 'cancelled', 'paused']);
+  const RECENT_PAGE = 20;      // recent repos per page
+  const HOSTS_SHOWN = 20;      // PDS bars shown before "show all"
+  const RATE_BINS = 60;        // at most this many points in the rate chart
+  const BATCH_PAGE = 5000;     // audit entries asked for per call
 
   const state = {
     token: sessionStorage.getItem(TOKEN_KEY) || '',
@@ -19,6 +25,12 @@
     stream: null,       // AbortController of the open event stream
     streamJob: null,    // the job id it follows
     timer: null,
+    batches: null,      // {job, list: [{t ms, count}], next} the selected job's audit trail
+    batchesBusy: false,
+    samples: [],        // [{t ms, records}] of the selected job, while this page watches it
+    recentPage: 0,
+    hostsAll: false,
+    lag: [],            // the live consumer's lag samples, as last fetched
   };
 
   const $ = (id) => document.getElementById(id);
@@ -62,6 +74,245 @@
       dl.appendChild(el('dd', { text: typeof v === 'number' ? fmtCount(v) : String(v),
         'data-testid': dl.id + '-' + k }));
     }
+  }
+
+  // --- Charts (inline SVG) ---
+
+  const SVG_NS = 'http://www.w3.org/2000/svg';
+  const CHART_W = 640;
+
+  function svg(tag, attrs, children) {
+    const e = document.createElementNS(SVG_NS, tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (k === 'text') e.textContent = v;
+      else e.setAttribute(k, String(v));
+    }
+    for (const c of children || []) e.appendChild(c);
+    return e;
+  }
+
+  // The smallest 1, 2, 2.5 or 5 times a power of ten at or above v.
+  function niceMax(v) {
+    if (!(v > 0)) return 1;
+    const pow = Math.pow(10, Math.floor(Math.log10(v)));
+    for (const m of [1, 2, 2.5, 5, 10]) if (m * pow >= v) return m * pow;
+    return 10 * pow;
+  }
+
+  const fmtClock = (ms) => new Date(ms).toISOString().slice(11, 19);
+  function fmtShort(v) {
+    if (v >= 1e6) return (v / 1e6).toFixed(v >= 1e7 ? 0 : 1) + 'M';
+    if (v >= 1e3) return (v / 1e3).toFixed(v >= 1e4 ? 0 : 1) + 'k';
+    return v >= 10 || v === 0 ? v.toFixed(0) : v.toFixed(1);
+  }
+
+  // A line chart of points [{t: ms, v}] (ascending t) with its area filled, a 0..max scale and
+  // the first, middle and last times. data-points tells tests how many points it drew.
+  function lineChart(root, points, opts) {
+    const H = 170;
+    const m = { l: 48, r: 14, t: 12, b: 22 };
+    root.setAttribute('viewBox', '0 0 ' + CHART_W + ' ' + H);
+    root.replaceChildren();
+    root.dataset.points = String(points.length);
+    if (points.length < 2) {
+      root.appendChild(svg('text', { x: CHART_W / 2, y: H / 2, 'text-anchor': 'middle',
+        class: 'chart-empty', text: opts.empty }));
+      return;
+    }
+    const t0 = points[0].t;
+    const t1 = points[points.length - 1].t;
+    let top = 0;
+    for (const p of points) top = Math.max(top, p.v);
+    const vmax = niceMax(top);
+    const x = (t) => m.l + ((t - t0) / (t1 - t0 || 1)) * (CHART_W - m.l - m.r);
+    const y = (v) => H - m.b - (v / vmax) * (H - m.t - m.b);
+    for (const f of [0, 0.5, 1]) {
+      root.appendChild(svg('line', { x1: m.l, x2: CHART_W - m.r, y1: y(f * vmax), y2: y(f * vmax),
+        class: 'chart-grid' }));
+      root.appendChild(svg('text', { x: m.l - 6, y: y(f * vmax) + 4, 'text-anchor': 'end',
+        class: 'chart-label', text: fmtShort(f * vmax) }));
+    }
+    [[t0, 'start'], [(t0 + t1) / 2, 'middle'], [t1, 'end']].forEach(([t, anchor]) => {
+      root.appendChild(svg('text', { x: x(t), y: H - 6, 'text-anchor': anchor,
+        class: 'chart-label', text: fmtClock(t) }));
+    });
+    const line = points.map((p) => x(p.t).toFixed(1) + ',' + y(p.v).toFixed(1)).join(' ');
+    root.appendChild(svg('polygon', { class: 'chart-area',
+      points: x(t0).toFixed(1) + ',' + y(0) + ' ' + line + ' ' + x(t1).toFixed(1) + ',' + y(0) }));
+    root.appendChild(svg('polyline', { class: 'chart-line', points: line }));
+    const last = points[points.length - 1];
+    root.appendChild(svg('circle', { cx: x(last.t), cy: y(last.v), r: 3, class: 'chart-dot' }));
+    root.appendChild(svg('text', { x: CHART_W - m.r, y: m.t, 'text-anchor': 'end',
+      class: 'chart-value', text: opts.format(last.v) }));
+  }
+
+  // Records per second over the job's life from its audit trail: the committed batches summed
+  // into at most RATE_BINS equal spans from its start to its last batch (or now, if it runs).
+  function rateFromBatches(d, list) {
+    if (list.length === 0) return [];
+    const first = list[0].t;
+    const lastT = list[list.length - 1].t;
+    let start = Date.parse(d.started_at);
+    if (!(start <= first)) start = first;
+    const end = ENDS_STREAM.has(d.status) ? lastT : Math.max(lastT, Date.now());
+    const span = Math.max(end - start, 1);
+    const n = Math.max(2, Math.min(RATE_BINS, Math.ceil(span / 1000)));
+    const width = span / n;
+    const sums = new Array(n).fill(0);
+    for (const b of list) sums[Math.min(n - 1, Math.floor((b.t - start) / width))] += b.count;
+    // Each span drawn as a step: its rate from its start to its end.
+    return sums.flatMap((sum, i) => [{ t: start + i * width, v: sum / (width / 1000) },
+      { t: start + (i + 1) * width, v: sum / (width / 1000) }]);
+  }
+
+  // Without an audit trail: the rate between the samples this page took of records_written.
+  function rateFromSamples(samples) {
+    const out = [];
+    for (let i = 1; i < samples.length; ++i) {
+      const a = samples[i - 1];
+      const b = samples[i];
+      if (b.t > a.t) out.push({ t: b.t, v: Math.max(0, b.records - a.records) / ((b.t - a.t) / 1000) });
+    }
+    return out;
+  }
+
+  function renderRate(d) {
+    const list = state.batches && state.batches.job === d.id ? state.batches.list : [];
+    const fromTrail = list.length > 0;
+    const points = fromTrail ? rateFromBatches(d, list) : rateFromSamples(state.samples);
+    $('rate-source').textContent = fromTrail
+      ? '(from ' + fmtCount(list.length) + ' committed batches)'
+      : '(while this page watched; [jobs] record_batches = true keeps the whole history)';
+    $('rate-chart').dataset.source = fromTrail ? 'batches' : 'samples';
+    lineChart($('rate-chart'), points, { format: fmtRate, empty: 'no batches committed yet' });
+  }
+
+  // Discovered, resolved and fetched units as three bars on one scale.
+  function renderUnits(d) {
+    const root = $('units-chart');
+    const c = d.counters || {};
+    const rows = [['discovered', c.total_repos || 0], ['resolved', c.resolved_repos || 0],
+      ['fetched', c.processed_repos || 0]];
+    const H = 96;
+    root.setAttribute('viewBox', '0 0 ' + CHART_W + ' ' + H);
+    root.replaceChildren();
+    const total = Math.max(1, ...rows.map((r) => r[1]));
+    if (!(c.total_repos > 0)) {
+      root.appendChild(svg('text', { x: CHART_W / 2, y: H / 2, 'text-anchor': 'middle',
+        class: 'chart-empty', text: 'no work units (only crawls count them)' }));
+      return;
+    }
+    const x0 = 90;
+    const w = CHART_W - x0 - 110;
+    rows.forEach(([name, v], i) => {
+      const yy = 8 + i * 29;
+      root.appendChild(svg('text', { x: x0 - 8, y: yy + 15, 'text-anchor': 'end',
+        class: 'chart-label', text: name }));
+      root.appendChild(svg('rect', { x: x0, y: yy, width: w, height: 20, class: 'bar-left' }));
+      root.appendChild(svg('rect', { x: x0, y: yy, width: (w * v) / total, height: 20,
+        class: 'bar-units', 'data-testid': 'units-bar-' + name, 'data-value': v }));
+      root.appendChild(svg('text', { x: x0 + w + 8, y: yy + 15, class: 'chart-label',
+        text: fmtCount(v) }));
+    });
+  }
+
+  // One bar per PDS, the hosts with the most units first: done, errors and what is left of its
+  // units, each bar the whole of its own host's units.
+  function renderHosts(d) {
+    const root = $('hosts-chart');
+    const hosts = [...(d.hosts || [])].sort((a, b) => b.units - a.units || (a.host < b.host ? -1 : 1));
+    const shown = state.hostsAll ? hosts : hosts.slice(0, HOSTS_SHOWN);
+    const rowH = 24;
+    const H = Math.max(1, shown.length) * rowH + 4;
+    root.setAttribute('viewBox', '0 0 ' + CHART_W + ' ' + H);
+    root.replaceChildren();
+    let units = 0;
+    let done = 0;
+    for (const h of hosts) { units += h.units; done += h.done + h.errors; }
+    $('hosts-summary').textContent = hosts.length
+      ? '(' + fmtCount(hosts.length) + ' hosts, ' + fmtCount(done) + ' of ' + fmtCount(units) +
+        ' units done)'
+      : '';
+    if (hosts.length === 0) {
+      root.appendChild(svg('text', { x: CHART_W / 2, y: 16, 'text-anchor': 'middle',
+        class: 'chart-empty', text: 'no PDS seen yet' }));
+    }
+    const x0 = 200;
+    const w = CHART_W - x0 - 150;
+    shown.forEach((h, i) => {
+      const yy = 2 + i * rowH;
+      const scale = h.units > 0 ? w / h.units : 0;
+      const doneW = Math.min(w, h.done * scale);
+      const errW = Math.min(w - doneW, h.errors * scale);
+      const name = h.host.replace(/^https?:\/\//, '');
+      root.appendChild(svg('g', { 'data-testid': 'host-row-' + i, 'data-host': h.host }, [
+        svg('title', { text: h.host + ': ' + h.done + ' done, ' + h.errors + ' errors of ' +
+          h.units + ' units, ' + h.records + ' records' }),
+        svg('text', { x: x0 - 8, y: yy + 14, 'text-anchor': 'end', class: 'chart-label',
+          text: name.length > 30 ? name.slice(0, 29) + '…' : name }),
+        svg('rect', { x: x0, y: yy, width: w, height: 18, class: 'bar-left' }),
+        svg('rect', { x: x0, y: yy, width: doneW, height: 18, class: 'bar-done',
+          'data-testid': 'host-done-' + i, 'data-done': h.done }),
+        svg('rect', { x: x0 + doneW, y: yy, width: errW, height: 18, class: 'bar-errors' }),
+        svg('text', { x: x0 + w + 8, y: yy + 14, class: 'chart-label',
+          text: fmtCount(h.done + h.errors) + '/' + fmtCount(h.units) + ' · ' +
+            fmtShort(h.records) + ' rec' }),
+      ]));
+    });
+    const toggle = $('hosts-toggle');
+    toggle.hidden = hosts.length <= HOSTS_SHOWN;
+    toggle.textContent = state.hostsAll ? 'Show the ' + HOSTS_SHOWN + ' largest'
+      : 'Show all ' + fmtCount(hosts.length) + ' hosts';
+  }
+
+  function renderRecent(d) {
+    const recent = d.recent || [];
+    const pages = Math.max(1, Math.ceil(recent.length / RECENT_PAGE));
+    state.recentPage = Math.min(state.recentPage, pages - 1);
+    const from = state.recentPage * RECENT_PAGE;
+    $('recent-body').replaceChildren(...recent.slice(from, from + RECENT_PAGE).map((r) =>
+      el('tr', { 'data-testid': 'recent-row-' + r.seq, 'data-did': r.did }, [
+        el('td', { text: r.did }), el('td', { text: r.host }), el('td', { text: r.rev || '-' }),
+        el('td', { class: 'num', text: fmtCount(r.records) }),
+        el('td', { text: r.outcome, class: r.outcome === 'ok' ? '' : 'status-failed' }),
+        el('td', { text: r.fetched_at }),
+      ])));
+    $('recent-page').textContent = recent.length === 0 ? 'none yet'
+      : 'page ' + (state.recentPage + 1) + ' of ' + pages + ' (' + fmtCount(from + 1) + '–' +
+        fmtCount(Math.min(recent.length, from + RECENT_PAGE)) + ' of ' + fmtCount(recent.length) +
+        ')';
+    $('recent-prev').disabled = state.recentPage === 0;
+    $('recent-next').disabled = state.recentPage >= pages - 1;
+  }
+
+  function renderLag() {
+    const points = state.lag.filter((s) => s.lag_s != null)
+      .map((s) => ({ t: s.at_us / 1000, v: s.lag_s }));
+    lineChart($('lag-chart'), points, { format: (v) => v.toFixed(1) + ' s',
+      empty: 'no lag samples yet' });
+  }
+
+  // The selected job's audit trail, read on from where the last call stopped.
+  async function loadBatches(id) {
+    if (state.batchesBusy) return;
+    if (!state.batches || state.batches.job !== id) state.batches = { job: id, list: [], next: 0 };
+    const b = state.batches;
+    state.batchesBusy = true;
+    try {
+      for (;;) {
+        const r = await api('GET', '/admin/backfill/' + id + '/batches?from=' + b.next +
+          '&limit=' + BATCH_PAGE);
+        if (state.batches !== b) return;
+        for (const x of r.batches) b.list.push({ t: x.committed_us / 1000, count: x.count });
+        b.next = r.next;
+        if (r.batches.length < BATCH_PAGE) break;
+      }
+    } catch (e) {
+      if (!(e instanceof AuthError)) showError('Batches of job ' + id + ': ' + e.message);
+    } finally {
+      state.batchesBusy = false;
+    }
+    if (state.detail && state.detail.id === id) renderRate(state.detail);
   }
 
   // --- Messages ---
@@ -140,10 +391,13 @@
 
   async function refresh() {
     try {
-      const [list, live] = await Promise.all([
-        api('GET', '/admin/backfill'),
+      // The list first: a refused token stops there, before the other calls are sent.
+      const list = await api('GET', '/admin/backfill');
+      const [live, history] = await Promise.all([
         api('GET', '/admin/jetstream/status'),
+        api('GET', '/admin/jetstream/history'),
       ]);
+      state.lag = (history && history.samples) || [];
       state.jobs = list.jobs || [];
       if (state.detail) {
         const listed = state.jobs.find((j) => j.id === state.detail.id);
@@ -152,7 +406,10 @@
       }
       renderJobs();
       renderLive(live);
-      if (state.detail) renderDetail();
+      if (state.detail) {
+        renderDetail();
+        loadBatches(state.detail.id);
+      }
       $('last-refresh').textContent = 'updated ' + new Date().toLocaleTimeString();
       clearError();
       // A selected job that moves again (resumed) is followed again.
@@ -202,7 +459,9 @@
     const configured = live && live.configured;
     $('live-not-configured').hidden = !!configured;
     $('live-fields').hidden = !configured;
+    $('lag-box').hidden = !configured;
     if (!configured) return;
+    renderLag();
     $('live-status').textContent = live.status;
     $('live-host').textContent = live.host;
     $('live-protocol').textContent = live.protocol;
@@ -217,6 +476,12 @@
   // --- The selected job ---
 
   async function selectJob(id) {
+    if (state.selected !== id) {
+      state.samples = [];
+      state.recentPage = 0;
+      state.hostsAll = false;
+      state.batches = null;
+    }
     state.selected = id;
     for (const tr of $('jobs-body').children) {
       tr.classList.toggle('selected', tr.dataset.jobId === String(id));
@@ -233,6 +498,7 @@
       if (state.selected !== id) return;
       state.detail = d;
       renderDetail();
+      loadBatches(id);
     } catch (e) {
       if (!(e instanceof AuthError)) showError('Job ' + id + ': ' + e.message);
     }
@@ -271,28 +537,26 @@
     $('detail-failed-blocks').textContent = fmtCount(d.failed_blocks);
     $('detail-stop-reason').textContent =
         d.stop_reason ? d.stop_reason.code + ': ' + d.stop_reason.sentence : '-';
-    $('detail-times').textContent = 'created ' + d.created_at + ', started ' + d.started_at +
-        ', updated ' + d.updated_at + ', finished ' + d.finished_at;
+    $('detail-times').textContent = 'created ' + d.created_at + '\nstarted ' + d.started_at +
+        '\nupdated ' + d.updated_at + '\nfinished ' + d.finished_at;
     fillFields($('detail-counters'), d.counters);
     fillFields($('detail-errors'), d.errors_by_kind);
-    fillFields($('detail-params'), d.params);
+    fillFields($('detail-params'), paramsText(d.params));
 
     $('stage-log').replaceChildren(...(d.stage_changes || []).map((c) =>
-      el('li', { text: c.from + ' → ' + c.to + ' at ' + c.at,
+      el('li', { text: c.to + ' ' + c.at.slice(11, 19), title: c.from + ' → ' + c.to + ' at ' + c.at,
         'data-testid': 'stage-change-' + c.index })));
-    $('hosts-body').replaceChildren(...(d.hosts || []).map((h, i) =>
-      el('tr', { 'data-testid': 'host-row-' + i, 'data-host': h.host }, [
-        el('td', { text: h.host }), el('td', { class: 'num', text: fmtCount(h.units) }),
-        el('td', { class: 'num', text: fmtCount(h.done) }),
-        el('td', { class: 'num', text: fmtCount(h.errors) }),
-        el('td', { class: 'num', text: fmtCount(h.records) }),
-      ])));
-    $('recent-body').replaceChildren(...(d.recent || []).map((r) =>
-      el('tr', { 'data-testid': 'recent-row-' + r.seq, 'data-did': r.did }, [
-        el('td', { text: r.did }), el('td', { text: r.host }), el('td', { text: r.rev || '-' }),
-        el('td', { class: 'num', text: fmtCount(r.records) }), el('td', { text: r.outcome }),
-        el('td', { text: r.fetched_at }),
-      ])));
+    const now = Date.now();
+    const written = d.counters.records_written || 0;
+    const lastSample = state.samples[state.samples.length - 1];
+    if (!lastSample || now - lastSample.t >= 500) {
+      state.samples.push({ t: now, records: written });
+      if (state.samples.length > 2000) state.samples.shift();
+    }
+    renderRate(d);
+    renderUnits(d);
+    renderHosts(d);
+    renderRecent(d);
 
     const terminal = TERMINAL.has(d.status);
     const failedSomething = d.status === 'failed' || (d.failed_blocks || 0) > 0 ||
@@ -305,6 +569,13 @@
     setAction('job-retry-failed', 'retry-failed', 'job-retry-failed-' + d.id,
         terminal && failedSomething);
     setAction('job-clear-details', 'clear-details', 'job-clear-details-' + d.id, terminal);
+  }
+
+  // A list parameter (an array) shown one item a line.
+  function paramsText(params) {
+    const out = {};
+    for (const [k, v] of Object.entries(params || {})) out[k] = Array.isArray(v) ? v.join('\n') : v;
+    return out;
   }
 
   function setStreamState(text) {
@@ -524,6 +795,18 @@
       $(id).addEventListener('click', onAction);
     }
     $('clear-all-details').addEventListener('click', onClearAll);
+    $('recent-prev').addEventListener('click', () => {
+      state.recentPage = Math.max(0, state.recentPage - 1);
+      if (state.detail) renderRecent(state.detail);
+    });
+    $('recent-next').addEventListener('click', () => {
+      state.recentPage += 1;
+      if (state.detail) renderRecent(state.detail);
+    });
+    $('hosts-toggle').addEventListener('click', () => {
+      state.hostsAll = !state.hostsAll;
+      if (state.detail) renderHosts(state.detail);
+    });
     $('start-backfill').addEventListener('submit', onStartBackfill);
     if (state.token) start();
     else showTokenForm('');
