@@ -480,6 +480,15 @@ Result<std::string> DecompressFrame(ByteView frame, uint32_t expected_size, uint
     if (expected_size != 0 && want != expected_size) {
       return SizeMismatch(size, std::to_string(want), expected_size);
     }
+    // Every block of a frame yields at most 128 KiB and takes at least 4 bytes (an RLE block): a
+    // size beyond that is refused before a buffer is allocated for it, or a few hundred bytes
+    // could make the reader allocate up to `cap`.
+    constexpr uint64_t kZstdBlockMax = uint64_t{128} << 10;
+    if (const uint64_t most = (uint64_t{size} / 4 + 1) * kZstdBlockMax; want > most) {
+      return Status::Corrupt("zstd frame of " + std::to_string(size) + " bytes cannot hold the " +
+                             std::to_string(want) + " bytes its size says (at most " +
+                             std::to_string(most) + ")");
+    }
     out.resize(want);
     const size_t r = ZSTD_decompressDCtx(ctx, out.data(), out.size(), frame.data(), size);
     if (ZSTD_isError(r)) {

@@ -431,6 +431,39 @@ TEST(JssBlockTest, FramesWithoutContentSize) {
   EXPECT_TRUE(Contains(sum_sized.status().message(), "checksum")) << sum_sized.status().ToString();
 }
 
+// Found by fuzz_jss_segment: a collection index of a few hundred bytes whose header and zstd
+// frame both said ~1 GB made ParseFooter allocate that much before zstd found the lie.
+TEST(JssBlockTest, ASizeNoFrameOfItsLengthCanHoldIsCorruptBeforeAllocating) {
+  const std::string body(1000, 'a');
+  const std::string frame = CompressFrame(body);
+  ASSERT_FALSE(frame.empty());
+  // The index claims 900 MB for a frame whose header has no size: refused, not allocated.
+  std::string unsized = frame;
+  ZSTD_CCtx* cctx = ZSTD_createCCtx();
+  ZSTD_CCtx_setParameter(cctx, ZSTD_c_contentSizeFlag, 0);
+  unsized.resize(ZSTD_compressBound(body.size()));
+  ZSTD_outBuffer out{unsized.data(), unsized.size(), 0};
+  ZSTD_inBuffer in{body.data(), body.size(), 0};
+  ASSERT_EQ(ZSTD_compressStream2(cctx, &out, &in, ZSTD_e_end), 0u);
+  ZSTD_freeCCtx(cctx);
+  unsized.resize(out.pos);
+  auto lie = DecompressFrame(B(unsized), 900'000'000, uint64_t{1} << 30);
+  ASSERT_FALSE(lie.ok());
+  EXPECT_EQ(lie.status().code(), StatusCode::kCorrupt);
+  EXPECT_TRUE(Contains(lie.status().message(), "cannot hold")) << lie.status().ToString();
+  // The same frame with its true size, and the sized frame, still decompress.
+  auto truth = DecompressFrame(B(unsized), 1000, uint64_t{1} << 30);
+  ASSERT_TRUE(truth.ok()) << truth.status().ToString();
+  EXPECT_EQ(*truth, body);
+  auto sized = DecompressFrame(B(frame), 1000, uint64_t{1} << 30);
+  ASSERT_TRUE(sized.ok()) << sized.status().ToString();
+  // A highly compressible body (one RLE block per 128 KiB) is within the bound.
+  const std::string zeros(size_t{4} << 20, '\0');
+  const std::string small = CompressFrame(zeros, 19);
+  auto big = DecompressFrame(B(small), static_cast<uint32_t>(zeros.size()), uint64_t{1} << 30);
+  ASSERT_TRUE(big.ok()) << big.status().ToString() << " (frame of " << small.size() << " bytes)";
+}
+
 // ---------------------------------------------------------------------------------------------
 // The reader against the upstream fixtures
 
