@@ -281,7 +281,11 @@ Result<ReposPage> ParseRepos(std::string_view what, std::string_view body) {
       }
       od::json_type vt;
       if (auto e = value.type().get(vt)) return e;
-      if (vt == od::json_type::null && key != "did") continue;
+      if (vt == od::json_type::null && key != "did") {
+        // Read, not left to On Demand: a value it skips is only matched for brackets.
+        if (auto e = SkipChecked(value)) return e;
+        continue;
+      }
       if (key == "active" && vt == od::json_type::boolean) {
         if (auto e = value.get_bool().get(repo.active)) return e;
       } else if (key != "active" && vt == od::json_type::string) {

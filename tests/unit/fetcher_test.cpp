@@ -275,7 +275,11 @@ TEST(FetcherListRepos, NotAListingFails) {
   for (const char* body :
        {"", "<html>502 Bad Gateway</html>", "[]", R"({"cursor":"x"})", R"({"repos":{}})",
         R"({"repos":[]} trailing)", R"({"repos":[{"did":"did:plc:a"})",
-        R"({"repos":[],"cursor":5})", R"({"repos":[{"did":"did:plc:a","x":[1,]}]})"}) {
+        R"({"repos":[],"cursor":5})", R"({"repos":[{"did":"did:plc:a","x":[1,]}]})",
+        // Found by fuzz_list_records: a null field was left to On Demand's skipping, which
+        // took the stray string after it.
+        R"({"repos":[{"did":"did:plc:a","rev":null"x"}]})",
+        R"({"repos":[{"did":"did:plc:a","status":nul}]})"}) {
     EXPECT_FALSE(ParseListRepos(body).ok()) << body;
     auto st = ParseListReposByCollection(body);
     EXPECT_FALSE(st.ok()) << body;
