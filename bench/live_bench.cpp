@@ -143,7 +143,6 @@ LiveRun RunLive(const simnet::Simnet& net, bool compress,
   options.hosts = {net.jetstream_url()};
   options.protocol = sources::JetstreamProtocol::kV2;
   options.compress = compress;
-  options.allow_private_endpoints = true;
   options.idle_exit_ms = kIdleMs;
   options.start_seq = 1;
   auto source = sources::JetstreamSource::Create(options, kv->get());

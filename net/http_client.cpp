@@ -731,7 +731,7 @@ class HttpClient::Impl {
     set(CURLOPT_WRITEDATA, static_cast<void*>(t));
     set(CURLOPT_HEADERFUNCTION, &Impl::OnHeader);
     set(CURLOPT_HEADERDATA, static_cast<void*>(t));
-    if (!options_.allow_private_addresses) {
+    if (!options_.allow_private_addresses && !r.trusted_endpoint) {
       set(CURLOPT_OPENSOCKETFUNCTION, &Impl::OnOpenSocket);
       set(CURLOPT_OPENSOCKETDATA, static_cast<void*>(t));
     }

@@ -59,6 +59,11 @@ struct HttpRequest {
   uint64_t max_response_bytes = 0;
   // Replaces HttpClientOptions::retry for this request.
   std::optional<RetryPolicy> retry;
+  // The URL is the operator's (written in the config: a relay, a PLC directory), not one the
+  // network handed us: its connections skip the address check of allow_private_addresses, so a
+  // relay on localhost or in a private network is reached. Endpoints read from DID documents
+  // must leave it false.
+  bool trusted_endpoint = false;
 };
 
 struct HttpResponse {
@@ -120,7 +125,8 @@ struct HttpClientOptions {
   // milliseconds; the probe's success brings the host back.
   int64_t host_down_ms = 30'000;
   // Allow connecting to loopback, private, link-local and other non-public addresses (tests and
-  // simnet); when false every connection's address is checked as it is opened.
+  // simnet); when false every connection's address is checked as it is opened, except for
+  // requests marked trusted_endpoint.
   bool allow_private_addresses = false;
   // Negotiate HTTP/2 over TLS (ALPN) and multiplex requests to a host over one connection.
   bool http2 = true;

@@ -20,6 +20,14 @@ struct EventError {
   std::string message;  // the reason, a sentence
 };
 
+// An error an earlier run of the job logged that this chunk's work supersedes (a deferred unit
+// that has now finished, a stalled listing that now answers): the entry is marked resolved with
+// the chunk's commit. Not an error when no such entry exists.
+struct ResolvedError {
+  std::string kind;
+  std::string key;
+};
+
 struct EventChunk {
   // Assigned by the engine: 0, 1, 2... in the order the source produced the chunks.
   uint64_t seq = 0;
@@ -29,6 +37,7 @@ struct EventChunk {
   uint64_t raw_first_position = 0;
   std::vector<Event> events;
   std::vector<EventError> errors;
+  std::vector<ResolvedError> resolved_errors;
   // The source's resume position once every event of this chunk (and before) is applied.
   std::string resume_cursor;
   // Input units read (lines, frames), including ones that produced no event.

@@ -105,6 +105,7 @@ class ChunkPool {
     // A batch's worth of events came back on this chunk: keep a chunk's worth of capacity only.
     if (c->events.capacity() > kKeptEventCapacity) std::vector<Event>().swap(c->events);
     c->errors.clear();
+    c->resolved_errors.clear();
     c->resume_cursor.clear();
     c->seq = c->raw_first_position = c->units_read = c->bytes_read = c->input_done = 0;
     c->dropped = c->refused = 0;

@@ -168,6 +168,11 @@ Status JobRunner::PrepareCommit(const BatchReport& report, state::WriteBatch* ba
   bump("resyncs", report.stats.resyncs);
   bump("resynced_records", report.stats.resynced_records);
 
+  for (const auto& chunk : b.chunks) {
+    for (const auto& r : chunk->resolved_errors) {
+      ATFILL_RETURN_IF_ERROR(errors_->ResolveIfStored(pending_.id, r.kind, r.key, batch).status());
+    }
+  }
   if (!errors.empty()) {
     // Into the same state write as the cursor: a replay after a crash re-reads these lines, and
     // their errors must not be counted twice.

@@ -281,6 +281,7 @@ struct CrawlSource::Impl {
     bool done = false;
     bool stalled = false;
     bool in_flight = false;
+    bool answered = false;  // a page arrived in this run
     uint32_t attempts = 0;
     int64_t not_before_ms = 0;
     std::string last_error;
@@ -496,6 +497,7 @@ struct CrawlSource::Impl {
       return Status::OK();
     }
     net::HttpRequest request;
+    request.trusted_endpoint = true;  // [crawl] relay: the operator's, reached wherever it points
     request.url = options.discovery == Discovery::kListRepos
                       ? stages::ListReposUrl(options.relay_url, options.list_repos_limit, l.cursor)
                       : stages::ListReposByCollectionUrl(options.relay_url, l.name,
@@ -533,6 +535,11 @@ struct CrawlSource::Impl {
         failure = page.status().message();
       } else {
         ++stats.listing_pages;
+        if (!l.answered) {
+          // A listing that stalled in an earlier run answers now.
+          chunk->resolved_errors.push_back({"listing_failed", l.name});
+          l.answered = true;
+        }
         l.attempts = 0;
         for (auto& e : page->errors) chunk->errors.push_back(std::move(e));
         uint64_t queued = 0, inactive = 0;
@@ -806,6 +813,9 @@ struct CrawlSource::Impl {
     chunk->counters.emplace_back(pipeline::kProcessedRepos, 1);
     chunk->counters.emplace_back(pipeline::kInputDone, 1);
     ++stats.units_finished;
+    // A unit an earlier run deferred has now reached its outcome (logged below if it is an
+    // error): its deferral no longer stands.
+    chunk->resolved_errors.push_back({"unit_deferred", UnitKey(u)});
     if (!error_kind.empty()) {
       chunk->errors.push_back({error_kind, UnitKey(u), message});
       chunk->counters.emplace_back("units_failed", 1);

@@ -209,6 +209,11 @@ struct JetstreamSource::Impl {
       uint64_t events;      // events skipped (stream_gap_events)
     };
     std::vector<PendingReport> pending_gaps;
+    // Attempts that ended without a connection, or connections that ended other than by our
+    // own close: each becomes an entry of the job's error log (coalesced by kind and host) with
+    // the reason, so a consumer that cannot connect is never silent.
+    std::atomic<uint64_t> attempts{0}, connection_failures{0};
+    std::string last_error;  // under mu
     std::mutex host_mu;
     std::string host;
     // Indexes into JetstreamOptions::hosts: the host of the open connection, and the host whose
@@ -218,6 +223,55 @@ struct JetstreamSource::Impl {
   };
 
   int HostIndex(const std::string& host) const { return HostIndexIn(options.hosts, host); }
+
+  // The error log entry for an attempt or connection that ended badly, or nullopt when its end
+  // is expected (our own close, a v2 404 answered by falling back to v1, a refusal the source
+  // answers itself such as CursorTooOld).
+  static std::optional<pipeline::EventError> EndedBadly(const net::ConnectionEvent& e,
+                                                        bool handled_refusal) {
+    std::string kind;
+    std::string why;
+    switch (e.kind) {
+      case net::ConnectionEventKind::kRefused: {
+        if (handled_refusal) return std::nullopt;
+        kind = "connection_refused";
+        const net::XrpcError x = net::ParseXrpcError(e.body);
+        why = "the host answered the upgrade with HTTP " + std::to_string(e.http_status);
+        if (!x.error.empty()) why += " " + x.error;
+        if (!x.message.empty()) {
+          why += ": " + x.message;
+        } else if (x.error.empty() && !e.body.empty()) {
+          why += ": " + QuoteForMessage(e.body, 200);
+        }
+        break;
+      }
+      case net::ConnectionEventKind::kFailed:
+        kind = e.connected_ms >= 0 ? "connection_lost" : "connection_failed";
+        why = e.error.message();
+        if (e.connected_ms >= 0) {
+          why = "the connection dropped after " + std::to_string(e.connected_ms) + " ms and " +
+                std::to_string(e.messages) + " message(s): " + why;
+        }
+        break;
+      case net::ConnectionEventKind::kClosed:
+        if (e.closed_by_client || e.close_code == 1000) return std::nullopt;
+        kind = "connection_closed";
+        why = "the host closed the connection after " + std::to_string(e.connected_ms) +
+              " ms with code " + std::to_string(e.close_code) +
+              (e.close_reason.empty() ? "" : " (" + QuoteForMessage(e.close_reason, 200) + ")");
+        break;
+      default:
+        return std::nullopt;
+    }
+    why = "attempt " + std::to_string(e.attempt) + " to " + e.url + ": " + why;
+    if (e.retry_in_ms >= 0) {
+      why += "; trying " + (e.next_host.empty() ? e.host : e.next_host) + " again in " +
+             std::to_string(e.retry_in_ms) + " ms";
+    } else {
+      why += "; no further attempt";
+    }
+    return pipeline::EventError{std::move(kind), e.host, std::move(why)};
+  }
 
   // The first event of a connection that resumed from a position: a gap when it is past it.
   static void CheckFirstEvent(Shared& sh, FirstFrameReader& reader, std::string_view data,
@@ -416,7 +470,7 @@ struct JetstreamSource::Impl {
   // GET getZstdDictionary from the first host; without one the stream runs uncompressed.
   Status FetchV2Dictionary() {
     net::HttpClientOptions ho;
-    ho.allow_private_addresses = options.allow_private_endpoints;
+    ho.allow_private_addresses = true;  // the configured host (see Create)
     ho.retry.max_attempts = 2;
     ho.timeout_ms = 10'000;
     ATFILL_ASSIGN_OR_RETURN(auto http, net::HttpClient::Start(ho));
@@ -500,6 +554,11 @@ struct JetstreamSource::Impl {
         std::lock_guard<std::mutex> lock(sh->host_mu);
         sh->host = e.host;
       }
+      bool handled_refusal = false;
+      if (e.kind != net::ConnectionEventKind::kConnected &&
+          e.kind != net::ConnectionEventKind::kStopped) {
+        sh->attempts.fetch_add(1);
+      }
       switch (e.kind) {
         case net::ConnectionEventKind::kConnected:
           sh->connections.fetch_add(1);
@@ -508,6 +567,7 @@ struct JetstreamSource::Impl {
           break;
         case net::ConnectionEventKind::kRefused: {
           const net::XrpcError x = net::ParseXrpcError(e.body);
+          handled_refusal = true;
           if (e.http_status == 404 && auto_protocol && !sh->v1.load()) {
             sh->v1 = true;  // no v2 here: v1 until the process restarts
             sh->v1_fallbacks.fetch_add(1);
@@ -516,6 +576,8 @@ struct JetstreamSource::Impl {
             if (!ReplayGap(*sh, gap_replay)) sh->by_time = true;
           } else if (x.error == "UnknownZstdDictionary") {
             sh->v2_compress = false;
+          } else {
+            handled_refusal = false;
           }
           break;
         }
@@ -527,6 +589,12 @@ struct JetstreamSource::Impl {
         }
         default:
           break;
+      }
+      if (auto bad = EndedBadly(e, handled_refusal)) {
+        sh->connection_failures.fetch_add(1);
+        std::lock_guard<std::mutex> lock(sh->mu);
+        sh->last_error = bad->kind + ": " + bad->message;
+        sh->pending_gaps.push_back({std::move(*bad), "live_connection_failures", 0});
       }
       return net::SessionAction::kContinue;
     };
@@ -542,7 +610,9 @@ JetstreamSource::~JetstreamSource() {
 
 Result<std::unique_ptr<JetstreamSource>> JetstreamSource::Create(JetstreamOptions options,
                                                                  state::KvStore* kv) {
-  options.websocket.allow_private_addresses = options.allow_private_endpoints;
+  // The hosts come from the operator's config, not from the network: a self-hosted Jetstream on
+  // localhost or in a private network is the usual set-up, so their addresses are not checked.
+  options.websocket.allow_private_addresses = true;
   options.websocket.max_message_bytes = options.max_message_bytes;
   if (options.protocol != JetstreamProtocol::kV1) {
     options.websocket.subprotocol = "xrpc.v1.json";
@@ -765,6 +835,8 @@ JetstreamStats JetstreamSource::stats() const {
   st.gaps = sh.gaps.load();
   st.gap_events = sh.gap_events.load();
   st.future_cursors = sh.future_cursors.load();
+  st.attempts = sh.attempts.load();
+  st.connection_failures = sh.connection_failures.load();
   st.protocol = sh.v1.load() ? "v1" : "v2";
   st.last_seq = sh.last_seq.load();
   st.last_time_us = sh.last_time_us.load();
@@ -775,6 +847,7 @@ JetstreamStats JetstreamSource::stats() const {
   {
     std::lock_guard<std::mutex> lock(impl_->shared->mu);
     st.buffered_bytes = impl_->shared->queued_bytes;
+    st.last_error = impl_->shared->last_error;
   }
   return st;
 }

@@ -38,7 +38,8 @@ Result<JetstreamProtocol> ParseJetstreamProtocol(std::string_view text);  // aut
 
 struct JetstreamOptions {
   // Jetstream hosts, tried in order (failover): "wss://jetstream1.us-east.bsky.network" or
-  // "ws://jetstream.localhost:PORT". At least one.
+  // "ws://jetstream.localhost:PORT". At least one. They are the operator's, so they are reached
+  // wherever they point: loopback and private addresses included.
   std::vector<std::string> hosts;
   // auto: v2 first, v1 after a 404 on the v2 endpoint (until the process restarts).
   JetstreamProtocol protocol = JetstreamProtocol::kAuto;
@@ -66,8 +67,6 @@ struct JetstreamOptions {
   // without a message, milliseconds; 0 = never (a live consumer runs until it is paused). For
   // tests and benchmarks.
   int64_t idle_exit_ms = 0;
-  // Allow hosts on loopback or private addresses (simnet, tests).
-  bool allow_private_endpoints = false;
   // Reconnect backoff and failover, timeouts, ping handling.
   net::WebSocketOptions websocket;
   // Gap replay (v2): when the host answers CursorTooOld, called with the last seq received and the
@@ -103,6 +102,13 @@ struct JetstreamStats {
   // v2 hosts that numbered their events anew (our seq cursor past their tip): each is logged
   // (error kind future_cursor, job counter future_cursors) and resumed by witnessed time.
   uint64_t future_cursors = 0;
+  // Attempts that ended (connected or not), and those that ended badly: refused, failed to
+  // connect, dropped, or closed by the host with a code other than 1000. Each bad end is an entry
+  // of the job's error log (kinds connection_refused, connection_failed, connection_lost,
+  // connection_closed; key: the host) and adds 1 to the job counter live_connection_failures.
+  uint64_t attempts = 0;
+  uint64_t connection_failures = 0;
+  std::string last_error;       // "<kind>: <reason>" of the latest bad end, or ""
   std::string protocol;         // "v2" or "v1", now
   std::string host;             // the host connected to (or last tried)
   uint64_t last_seq = 0;        // the newest seq decoded

@@ -108,6 +108,8 @@ std::optional<Status> CheckIpLiteral(std::string_view host, const ResolverOption
 // Where the DID document of `did` is fetched from, or why it cannot be.
 struct Location {
   std::string url;
+  // The PLC directory of the config (reached wherever it points), not a host named by the DID.
+  bool trusted = false;
   ResolveOutcome failure;  // error_kind set when `url` is empty
 };
 
@@ -130,6 +132,7 @@ Location LocatePlc(std::string_view did, const ResolverOptions& options) {
   while (!base.empty() && base.back() == '/') base.remove_suffix(1);
   Location out;
   out.url = std::string(base) + "/" + std::string(did);
+  out.trusted = true;
   return out;
 }
 
@@ -509,6 +512,7 @@ void DidResolver::Resolve(const std::string& did, std::function<void(ResolveOutc
   if (!core_->JoinOrStart(did, done)) return;
   net::HttpRequest request;
   request.url = std::move(location.url);
+  request.trusted_endpoint = location.trusted;
   request.headers = {{"Accept", "application/did+ld+json, application/json"}};
   request.timeout_ms = core_->options().timeout_ms;
   request.max_response_bytes = core_->options().max_document_bytes;

@@ -290,6 +290,22 @@ Status ErrorLog::MarkResolved(uint64_t job, std::string_view kind, std::string_v
   return kv_.Write(batch);
 }
 
+Result<bool> ErrorLog::ResolveIfStored(uint64_t job, std::string_view kind, std::string_view key,
+                                       WriteBatch* batch) {
+  std::lock_guard lock(append_mu_);
+  const std::string truncated = Truncate(key, options_.max_key_bytes);
+  ATFILL_ASSIGN_OR_RETURN(auto seq_raw, kv_.Get(Family::kErrors, IndexKey(job, kind, truncated)));
+  uint64_t seq = 0;
+  if (!seq_raw || !codec::ReadBe64(*seq_raw, 0, &seq)) return false;
+  ATFILL_ASSIGN_OR_RETURN(auto entry_raw, kv_.Get(Family::kErrors, EntryKey(job, seq)));
+  if (!entry_raw) return false;
+  ATFILL_ASSIGN_OR_RETURN(ErrorEntry e, DecodeEntry(*entry_raw, job));
+  if (e.resolved) return false;
+  e.resolved = true;
+  batch->Put(Family::kErrors, EntryKey(job, seq), EncodeEntry(e));
+  return true;
+}
+
 Result<std::vector<ErrorEntry>> ErrorLog::List(uint64_t job, uint64_t offset, uint64_t limit) {
   std::vector<ErrorEntry> out;
   if (limit == 0) return out;

@@ -90,6 +90,10 @@ class ErrorLog {
   // Marks the stored entry resolved (a retry succeeded). NotFound when (kind, key) is not stored.
   // A later Append of the same key clears the flag.
   Status MarkResolved(uint64_t job, std::string_view kind, std::string_view key);
+  // The same into `batch`, for an entry that may not exist: false (and nothing written) when
+  // (kind, key) is not stored or already resolved.
+  Result<bool> ResolveIfStored(uint64_t job, std::string_view kind, std::string_view key,
+                               WriteBatch* batch);
 
   // Stored entries in first-seen order, skipping `offset`, at most `limit`.
   Result<std::vector<ErrorEntry>> List(uint64_t job, uint64_t offset, uint64_t limit);

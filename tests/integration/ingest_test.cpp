@@ -100,7 +100,8 @@ TEST(IngestTest, BadInputIsSkippedCountedAndLoggedWithItsLine) {
   WriteFile(ws.dir / "events.jsonl", text);
 
   auto r = ws.Atfill({"ingest", ws.config, (ws.dir / "events.jsonl").string()});
-  ASSERT_EQ(r.exit_code, 0) << Describe(r);
+  // 1: some input was invalid, the rest was processed (README, "Exit codes").
+  ASSERT_EQ(r.exit_code, 1) << Describe(r);
   EXPECT_THAT(r.err, HasSubstr("9 events read, 2 records written"));
   EXPECT_THAT(r.err, HasSubstr("6 errors"));
   const auto rows = Rows(ws.db());
@@ -130,6 +131,67 @@ TEST(IngestTest, BadInputIsSkippedCountedAndLoggedWithItsLine) {
   EXPECT_THAT(json.out, HasSubstr("\"status\":\"completed\""));
   EXPECT_THAT(json.out, HasSubstr("\"failed_records\":6"));
   EXPECT_THAT(json.out, HasSubstr("\"started_by\":\"cli\""));
+}
+
+// The README's exit codes, verb by verb, for the verbs that run or steer jobs (the inspection
+// verbs' are in cli_test): 0 success, 1 some input invalid (the rest processed) or the request
+// cannot be carried out, 2 bad command line or config, 3 a file or the state unreadable, 4 the
+// job stopped before the end.
+TEST(IngestTest, EveryJobVerbExitsWithTheCodeTheReadmeGives) {
+  Workspace ws(
+      "[live]\nhosts = [\"ws://127.0.0.1:1\"]\nidle_exit_ms = 300\n"
+      "reconnect_base_ms = 20\nreconnect_max_ms = 50\n");
+  const std::string did = "did:plc:ewvi7nxzyoun6zhxrhs64oiz";
+  const std::string post = R"({"$type":"app.bsky.feed.post","text":"one"})";
+  const std::string good = (ws.dir / "good.jsonl").string();
+  const std::string bad = (ws.dir / "bad.jsonl").string();
+  WriteFile(good, CommitLine(did, "create", "3lbqzb5ddb22a", post));
+  WriteFile(bad, CommitLine(did, "create", "3lbqzb5ddb22b", post) + "not json\n");
+  const std::string missing = (ws.dir / "missing.jsonl").string();
+  Workspace typo("[engine]\nbatch_recs = 5\n");
+  struct Case {
+    std::vector<std::string> args;
+    int exit_code;
+  };
+  const std::vector<Case> cases = {
+      // ingest: job 1 (clean), job 2 (a bad line), then the usage and I/O failures.
+      {{"ingest", ws.config, good}, 0},
+      {{"ingest", ws.config, bad}, 1},
+      {{"ingest", ws.config, bad}, 1},  // the same job again: completed, with its error
+      {{"ingest", ws.config}, 2},
+      {{"ingest", ws.config, good, "--fast"}, 2},
+      {{"ingest", typo.config, good}, 2},
+      {{"ingest", ws.config, missing}, 3},
+      // jobs, job
+      {{"jobs", ws.config}, 0},
+      {{"jobs", ws.config, "--colour"}, 2},
+      {{"job", ws.config, "1"}, 0},
+      {{"job", ws.config, "2", "--errors"}, 0},
+      {{"job", ws.config, "99"}, 2},
+      {{"job", ws.config, "one"}, 2},
+      // pause, resume, cancel: a finished job cannot be steered
+      {{"pause", ws.config, "1"}, 1},
+      {{"resume", ws.config, "1"}, 1},
+      {{"cancel", ws.config, "2"}, 1},
+      {{"pause", ws.config, "99"}, 2},
+      // status, retry-failed, backfill, archive write
+      {{"status", ws.config}, 0},
+      {{"status"}, 2},
+      {{"retry-failed", ws.config, "x"}, 2},
+      {{"backfill", ws.config, "--mode", "sideways"}, 2},
+      {{"archive", "write", ws.config, (ws.dir / "archive").string(), good}, 0},
+      {{"archive", "write", ws.config, (ws.dir / "archive2").string(), bad}, 1},
+      {{"archive", "write", ws.config, (ws.dir / "archive3").string(), missing}, 3},
+      // run: the live job stops unfinished when its stream stays quiet (the host is refused)
+      {{"run", ws.config}, 4},
+      {{"run", ws.config, "--later"}, 2},
+  };
+  for (const Case& c : cases) {
+    auto r = ws.Atfill(c.args);
+    std::string shown;
+    for (const auto& a : c.args) shown += a + " ";
+    EXPECT_EQ(r.exit_code, c.exit_code) << shown << "\n" << Describe(r);
+  }
 }
 
 TEST(IngestTest, ZstdAndPlainFilesGiveTheSameTable) {

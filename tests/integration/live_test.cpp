@@ -29,6 +29,7 @@
 #include "state/error_log.hpp"
 #include "state/live_holds.hpp"
 #include "state/tombstones.hpp"
+#include "tests/common/http_test_server.hpp"
 #include "tests/common/job_harness.hpp"
 #include "tests/common/process.hpp"
 #include "tools/simnet/jetstream.hpp"
@@ -57,7 +58,6 @@ JetstreamOptions Live(const simnet::Simnet& net, JetstreamProtocol protocol) {
   JetstreamOptions o;
   o.hosts = {net.jetstream_url()};
   o.protocol = protocol;
-  o.allow_private_endpoints = true;
   o.idle_exit_ms = 1500;
   o.start_seq = 1;  // a fresh consumer replays the log from its first event
   o.tick_ms = 20;
@@ -275,7 +275,9 @@ TEST(LiveTest, FailoverToAnotherHostResumesByTime) {
   EXPECT_GE(run.stats.connections, 2u);
   EXPECT_EQ(run.stats.host, (*second)->jetstream_url());
   EXPECT_EQ(run.stats.last_seq, 3000u);  // the second host's numbering
-  EXPECT_EQ(Kinds(run.error_kinds), "");
+  // The first host's end is logged: the dropped connection (it had delivered events, so it is
+  // tried once more), then the attempt it refused, after which the consumer fails over.
+  EXPECT_EQ(Kinds(run.error_kinds), "connection_failed=1 connection_lost=1 ");
   const auto got = Table((dir.path() / "db.sqlite").string());
   EXPECT_EQ(got, want) << Diff(want, got);
 }
@@ -294,7 +296,9 @@ TEST(LiveTest, DisconnectsLoseNothingAndDuplicateNothing) {
   const auto want = Truth(**net);
   const auto got = Table((dir.path() / "db.sqlite").string());
   EXPECT_EQ(got, want) << Diff(want, got);
-  EXPECT_EQ(Kinds(run.error_kinds), "");
+  // Every cut is logged as a dropped connection, and nothing else.
+  EXPECT_EQ(Kinds(run.error_kinds),
+            "connection_lost=" + std::to_string((*net)->stats().jetstream_disconnects) + " ");
 }
 
 // A consumer whose buffer of received-but-unapplied messages fills drops the connection and opens
@@ -833,6 +837,117 @@ TEST(LiveTest, ABackfillBesideTheStreamHoldsEachReposEventsUntilItIsWritten) {
   size_t left = 0;
   ASSERT_TRUE(holds.ScanHeldRepos([&](std::string_view) { return ++left, true; }).ok());
   EXPECT_EQ(left, 0u);
+}
+
+// The operator's endpoints are reached wherever they point: `atfill run` with a Jetstream, relay
+// and PLC on loopback and no allow_* key follows the stream to the ground truth. With the same
+// config, a PDS that a DID document places on loopback is still refused (bad_endpoint).
+TEST(LiveTest, ConfiguredEndpointsOnLoopbackAreReachedAndDidDocumentEndpointsAreChecked) {
+  simnet::SimnetOptions so = Network(1500);
+  auto net = simnet::Simnet::Start(so);
+  ASSERT_TRUE(net.ok()) << net.status().ToString();
+  TempDir dir;
+  const std::string config = (dir.path() / "atfill.toml").string();
+  testing::WriteFile(config,
+                     "[state]\ndir = \"state\"\n[sink.sqlite]\npath = \"db.sqlite\"\n"
+                     "[crawl]\nrelay = \"" +
+                         (*net)->relay_url() +
+                         "\"\ncollections = [\"app.bsky.feed.post\"]\n"
+                         "unit_attempts = 1\n[resolver]\nplc = \"" +
+                         (*net)->plc_url() + "\"\n[live]\nhosts = [\"" + (*net)->jetstream_url() +
+                         "\"]\nidle_exit_ms = 1500\nstart_seq = 1\n");
+  auto run = testing::RunProcess({ATFILL_BINARY, "run", config}, dir.path());
+  ASSERT_EQ(run.exit_code, 4) << run.err;  // paused: stream_idle
+  EXPECT_EQ(run.err.find("0 connection(s)"), std::string::npos) << run.err;
+  const auto want = Truth(**net);
+  const auto got = Table((dir.path() / "db.sqlite").string());
+  ASSERT_GT(want.size(), 100u);
+  EXPECT_EQ(got, want) << Diff(want, got);
+
+  auto truth = (*net)->Truth();
+  ASSERT_TRUE(truth.ok());
+  std::string did;
+  for (const auto& a : truth->accounts) {
+    if (a.records > 0 && !a.bad_endpoint && !a.bad_signature &&
+        a.status == simnet::AccountStatus::kActive && a.did.starts_with("did:plc:")) {
+      did = a.did;
+      break;
+    }
+  }
+  ASSERT_FALSE(did.empty());
+  auto backfill =
+      testing::RunProcess({ATFILL_BINARY, "backfill", config, "--did", did}, dir.path());
+  EXPECT_EQ(backfill.exit_code, 1) << backfill.err;  // completed, with the refused unit's error
+  auto kv = state::OpenRocksDb({.path = (dir.path() / "state").string()});
+  ASSERT_TRUE(kv.ok()) << kv.status().ToString();
+  state::ErrorLog errors(**kv);
+  auto kinds = errors.CountsByKind(2);  // job 1 is the live job, 2 the backfill
+  ASSERT_TRUE(kinds.ok()) << kinds.status().ToString();
+  EXPECT_GE((*kinds)["bad_endpoint"], 1u) << Kinds(*kinds) << backfill.err;
+  auto entries = errors.List(2, 0, 100);
+  ASSERT_TRUE(entries.ok());
+  bool named = false;
+  for (const auto& e : *entries) {
+    named = named || (e.kind == "bad_endpoint" && e.message.find("loopback") != std::string::npos);
+  }
+  EXPECT_TRUE(named) << Kinds(*kinds);
+}
+
+// A Jetstream host that cannot be reached is an error with its reason, in the job's error log
+// and in `atfill status` (last error, attempts), never silence.
+TEST(LiveTest, AConnectionThatFailsOrIsRefusedIsLoggedWithItsReason) {
+  testing::RefusingPort closed;
+  testing::HttpTestServer unavailable([](const testing::TestRequest&) {
+    return testing::XrpcErrorResponse(503, "Unavailable", "the stream is restarting");
+  });
+  struct Case {
+    std::string host;
+    const char* kind;
+    const char* reason;
+  };
+  const Case cases[] = {
+      {"ws://127.0.0.1:" + std::to_string(closed.port()), "connection_failed", "refused"},
+      {"ws://127.0.0.1:" + std::to_string(unavailable.port()), "connection_refused",
+       "HTTP 503 Unavailable: the stream is restarting"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.host);
+    TempDir dir;
+    const std::string config = (dir.path() / "atfill.toml").string();
+    testing::WriteFile(config,
+                       "[state]\ndir = \"state\"\n[sink.sqlite]\npath = \"db.sqlite\"\n"
+                       "[live]\nhosts = [\"" +
+                           c.host +
+                           "\"]\nidle_exit_ms = 1500\nreconnect_base_ms = 20\n"
+                           "reconnect_max_ms = 100\n[engine]\nbatch_ms = 50\n");
+    auto run = testing::RunProcess({ATFILL_BINARY, "run", config}, dir.path());
+    ASSERT_EQ(run.exit_code, 4) << run.err;
+    EXPECT_NE(run.err.find("last connection error: " + std::string(c.kind)), std::string::npos)
+        << run.err;
+    {
+      auto kv = state::OpenRocksDb({.path = (dir.path() / "state").string()});
+      ASSERT_TRUE(kv.ok()) << kv.status().ToString();
+      state::ErrorLog errors(**kv);
+      auto entries = errors.List(1, 0, 100);
+      ASSERT_TRUE(entries.ok()) << entries.status().ToString();
+      const state::ErrorEntry* found = nullptr;
+      for (const auto& e : *entries) {
+        if (e.kind == c.kind) found = &e;
+      }
+      ASSERT_NE(found, nullptr) << run.err;
+      EXPECT_EQ(found->key, c.host);
+      EXPECT_NE(found->message.find(c.reason), std::string::npos) << found->message;
+      EXPECT_GE(found->attempts, 2u);  // retried, and each attempt counted
+    }
+    auto status = testing::RunProcess({ATFILL_BINARY, "status", config}, dir.path());
+    ASSERT_EQ(status.exit_code, 0) << status.err;
+    EXPECT_NE(status.out.find("  last error  "), std::string::npos) << status.out;
+    EXPECT_NE(status.out.find(c.kind), std::string::npos) << status.out;
+    EXPECT_NE(status.out.find(c.reason), std::string::npos) << status.out;
+    EXPECT_EQ(status.out.find("  connection  0 "), std::string::npos) << status.out;
+    auto job = testing::RunProcess({ATFILL_BINARY, "job", config, "1", "--errors"}, dir.path());
+    EXPECT_NE(job.out.find(c.kind), std::string::npos) << job.out;
+  }
 }
 
 }  // namespace

@@ -651,6 +651,31 @@ TEST(HttpClientTest, LoopbackRefusedUnlessPrivateAddressesAllowed) {
   EXPECT_EQ(server.requests(), 1);
 }
 
+// An endpoint from the operator's config (a relay, a PLC) is reached on loopback by a strict
+// client; the next untrusted request to the same server (on a fresh client) is still refused.
+TEST(HttpClientTest, ATrustedEndpointIsReachedWhereverItPoints) {
+  HttpTestServer server([](const TestRequest&) { return testing::JsonResponse(200, "{}"); });
+  HttpClientOptions strict_options = TestOptions();
+  strict_options.allow_private_addresses = false;
+  auto strict = StartClient(strict_options);
+  ASSERT_TRUE(strict);
+  for (const std::string& url :
+       {server.Url(), "http://localhost:" + std::to_string(server.port())}) {
+    HttpRequest trusted = Get(url);
+    trusted.trusted_endpoint = true;
+    Result<HttpResponse> reached = strict->Fetch(trusted);
+    ASSERT_TRUE(reached.ok()) << url << ": " << reached.status().ToString();
+    EXPECT_EQ(reached->status, 200);
+  }
+  auto fresh = StartClient(strict_options);
+  ASSERT_TRUE(fresh);
+  Result<HttpResponse> refused = fresh->Fetch(Get(server.Url()));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("loopback"), std::string::npos)
+      << refused.status().message();
+  EXPECT_EQ(server.requests(), 2);
+}
+
 TEST(HttpClientTest, CallbacksMaySubmitButNotFetch) {
   HttpTestServer server(
       [](const TestRequest& req) { return testing::JsonResponse(200, req.target); });

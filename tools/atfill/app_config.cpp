@@ -100,6 +100,9 @@ Result<AppConfig> LoadAppConfig(const std::string& path) {
   ATFILL_RETURN_IF_ERROR(file.ReadInt("scripts.memory_mb", &script_mb, 1, 65536));
   sc.memory_limit_bytes = static_cast<size_t>(script_mb) << 20;
   ATFILL_RETURN_IF_ERROR(file.ReadUint("scripts.attempts", &sc.max_attempts, 1, 100));
+  int64_t call_timeout_ms = sc.call_timeout.count();
+  ATFILL_RETURN_IF_ERROR(file.ReadInt("scripts.call_timeout_ms", &call_timeout_ms, 10, 3'600'000));
+  sc.call_timeout = std::chrono::milliseconds(call_timeout_ms);
 
   auto& k = c.crawl;
   ATFILL_RETURN_IF_ERROR(file.ReadString("crawl.relay", &k.relay_url));
@@ -212,7 +215,8 @@ Result<AppConfig> LoadAppConfig(const std::string& path) {
   l.max_buffered_bytes = static_cast<uint64_t>(buffered_mb) << 20;
   ATFILL_RETURN_IF_ERROR(file.ReadUint("live.chunk_messages", &l.chunk_messages, 1, 1'000'000));
   ATFILL_RETURN_IF_ERROR(file.ReadInt("live.idle_exit_ms", &l.idle_exit_ms, 0, 86'400'000));
-  ATFILL_RETURN_IF_ERROR(file.ReadBool("live.allow_private_endpoints", &l.allow_private_endpoints));
+  ATFILL_RETURN_IF_ERROR(
+      file.ReadBool("live.allow_private_endpoints", &c.live_allow_private_endpoints));
   ATFILL_RETURN_IF_ERROR(
       file.ReadInt("live.reconnect_base_ms", &l.websocket.reconnect.base_backoff_ms, 1, 3'600'000));
   ATFILL_RETURN_IF_ERROR(

@@ -39,6 +39,10 @@ struct AppConfig {
   sources::EventFileOptions files;  // [files] (paths come from the command line)
   sources::CrawlOptions crawl;      // [crawl], [resolver], [net]
   sources::JetstreamOptions live;   // [live] (no hosts: no live consumer)
+  // [live] allow_private_endpoints: the account check may reach PDSs that DID documents place on
+  // loopback or private addresses (as [crawl] allow_private_endpoints). The hosts themselves
+  // are always reached.
+  bool live_allow_private_endpoints = false;
   // [crawl] source: where a backfill of collections reads from: "crawl" (every PDS), "replay"
   // (the Jetstream archive; never falls back) or "auto" (replay when an archive is configured and
   // answers, else crawl). Account backfills (given DIDs) always crawl.

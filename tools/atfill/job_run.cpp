@@ -25,9 +25,24 @@ namespace {
 
 std::atomic<int> g_interrupts{0};
 
+// A pause waits for the chunks in flight, which a stage (a record script, a sink that hangs) can
+// hold for long: past this long after the first interrupt the process leaves as on a second one.
+// What was not committed is read again on resume, as after a crash.
+constexpr unsigned kStopGraceSeconds = 4;
+
+extern "C" void OnStopOverdue(int) {
+  static const char kMessage[] =
+      "atfill: the job did not pause within 4 s of the interrupt; exiting without the last "
+      "commit (resume reads it again)\n";
+  ssize_t written = write(STDERR_FILENO, kMessage, sizeof(kMessage) - 1);
+  static_cast<void>(written);
+  _exit(130);
+}
+
 extern "C" void OnInterrupt(int) {
   // The first interrupt pauses the job at its next checkpoint; a second one leaves at once.
   if (g_interrupts.fetch_add(1) >= 1) _exit(130);
+  alarm(kStopGraceSeconds);
 }
 
 // Watches for stop requests (request files from other atfill processes, Ctrl-C) while a job runs.
@@ -71,6 +86,7 @@ class StopWatcher {
 }  // namespace
 
 void CatchStopSignals() {
+  std::signal(SIGALRM, OnStopOverdue);
   std::signal(SIGINT, OnInterrupt);
   std::signal(SIGTERM, OnInterrupt);
 }
@@ -80,6 +96,16 @@ bool StopSignalled() { return g_interrupts.load() > 0; }
 void RestoreSignals() {
   std::signal(SIGINT, SIG_DFL);
   std::signal(SIGTERM, SIG_DFL);
+  alarm(0);
+  std::signal(SIGALRM, SIG_DFL);
+}
+
+Result<bool> HasUnresolvedErrors(state::ErrorLog& errors, uint64_t job) {
+  ATFILL_ASSIGN_OR_RETURN(state::ErrorTotals totals, errors.Totals(job));
+  if (totals.dropped > 0) return true;  // entries past the cap were never stored
+  ATFILL_ASSIGN_OR_RETURN(auto entries, errors.List(job, 0, totals.entries));
+  return std::any_of(entries.begin(), entries.end(),
+                     [](const state::ErrorEntry& e) { return !e.resolved; });
 }
 
 int RunInForeground(ForegroundJob& spec) {
@@ -151,8 +177,18 @@ int RunInForeground(ForegroundJob& spec) {
                  done->stop_reason.sentence.c_str());
   }
   switch (done->status) {
-    case state::JobStatus::kCompleted:
-      return kExitOk;
+    case state::JobStatus::kCompleted: {
+      // Completed, but some input was refused (bad lines, CID mismatches, unreachable repos):
+      // the rest was processed, and the caller can tell the two apart without reading stderr.
+      // Errors a later attempt resolved (a unit that failed, then succeeded) do not count.
+      if (c.failed_records == 0) return kExitOk;
+      auto unresolved = HasUnresolvedErrors(*st.errors, done->id);
+      if (!unresolved.ok()) {
+        std::fprintf(stderr, "atfill %s: %s\n", spec.verb, unresolved.status().message().c_str());
+        return kExitIo;
+      }
+      return *unresolved ? kExitInputInvalid : kExitOk;
+    }
     case state::JobStatus::kFailed:
       return kExitInputInvalid;
     default:

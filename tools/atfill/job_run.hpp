@@ -18,7 +18,8 @@
 namespace atfill::cli {
 
 // From here on, the first SIGINT/SIGTERM asks the running job to pause at its next checkpoint
-// and a second one exits at once. RestoreSignals puts the defaults back.
+// and a second one exits at once, as does the first when 4 s later the process is still there
+// (SIGALRM). RestoreSignals puts the defaults back.
 void CatchStopSignals();
 void RestoreSignals();
 // A SIGINT/SIGTERM arrived since CatchStopSignals.
@@ -43,7 +44,12 @@ struct ForegroundJob {
 };
 
 // Runs the job to its end (completed, paused, cancelled or failed), prints the summary and
-// returns the verb's exit code: 0 completed, 1 failed, 3 state unavailable, 4 paused/cancelled.
+// returns the verb's exit code: 0 completed, 1 completed with unresolved errors in its log (some
+// input was refused, the rest processed) or failed, 3 state unavailable, 4 paused/cancelled.
 int RunInForeground(ForegroundJob& spec);
+
+// Whether job `job`'s error log holds an error no later attempt resolved (or more than it could
+// store).
+Result<bool> HasUnresolvedErrors(state::ErrorLog& errors, uint64_t job);
 
 }  // namespace atfill::cli

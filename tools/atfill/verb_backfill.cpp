@@ -74,15 +74,6 @@ std::string ArchiveOfHost(const std::string& host) {
   return location;
 }
 
-// Whether `location` is the archive of one of [live]'s hosts (whose own allowance of private
-// addresses then applies to it).
-bool IsLiveHost(const AppConfig& config, const std::string& location) {
-  for (const std::string& host : config.live.hosts) {
-    if (ArchiveOfHost(host) == location) return true;
-  }
-  return false;
-}
-
 // The archive at `location`: a URL (the archive XRPC API, the config's key) or a directory.
 // `probe` shortens the retries (auto's question "is there an archive?").
 Result<std::unique_ptr<sources::Archive>> OpenArchive(const AppConfig& config,
@@ -92,9 +83,9 @@ Result<std::unique_ptr<sources::Archive>> OpenArchive(const AppConfig& config,
     sources::HttpArchiveOptions o;
     o.base_url = location;
     o.key = config.archive_key;
-    o.allow_private_addresses =
-        config.crawl.allow_loopback_endpoints || config.crawl.allow_private_endpoints ||
-        (config.live.allow_private_endpoints && IsLiveHost(config, location));
+    // [archive] url, or the archive of one of [live]'s hosts: the operator's, so reached
+    // wherever it points (loopback and private networks included).
+    o.allow_private_addresses = true;
     o.user_agent = config.crawl.http.user_agent;
     if (config.archive_spool_segments) o.spool_dir = config.archive_replay_dir;
     o.spool_chunk_bytes = config.archive_spool_chunk_kb << 10;

@@ -121,8 +121,10 @@ int RunDemo(std::span<char* const> args) {
            << "allow_loopback_endpoints = true\n"
            << "[resolver]\nplc = \"" << (*net)->plc_url() << "\"\n";
   }
+  // Exit 1: the job completes, and the records of simnet's injected faults (CID mismatches,
+  // bad endpoints and signatures) are errors in its log.
   as_expected &= Show("backfill two collections: list repos, resolve DIDs, fetch, verify, write",
-                      {"backfill", config_path}, RunBackfill) == kExitOk;
+                      {"backfill", config_path}, RunBackfill) == kExitInputInvalid;
   as_expected &= Show("the job: counters, throughput, errors by kind", {"job", config_path, "1"},
                       RunJob) == kExitOk;
 

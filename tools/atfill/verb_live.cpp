@@ -101,13 +101,13 @@ int RunLive(const AppConfig& config, OpenedState& st, std::function<bool()> back
   if (config.check_deleted_accounts) {
     net::HttpClientOptions http = config.crawl.resolver_http;
     stages::ResolverOptions resolver = config.crawl.resolver;
-    const bool loopback = config.live.allow_private_endpoints ||
+    const bool loopback = config.live_allow_private_endpoints ||
                           config.crawl.allow_loopback_endpoints ||
                           config.crawl.allow_private_endpoints;
     http.allow_private_addresses = loopback;
     resolver.allow_loopback_endpoints = loopback;
     resolver.allow_private_endpoints =
-        config.live.allow_private_endpoints || config.crawl.allow_private_endpoints;
+        config.live_allow_private_endpoints || config.crawl.allow_private_endpoints;
     auto started = net::HttpClient::Start(http);
     if (!started.ok()) return Fail("run", started.status().message(), kExitUsage);
     check_http = std::move(*started);
@@ -135,11 +135,15 @@ int RunLive(const AppConfig& config, OpenedState& st, std::function<bool()> back
   if (stop != nullptr) *stop = run.stop_reason;
   const auto s = (*source)->stats();
   std::fprintf(stderr,
-               "atfill run: live: %s via %s, %" PRIu64 " connection(s), last seq %" PRIu64
-               ", %" PRIu64 " v1 fallback(s), %" PRIu64 " cursor(s) too old, %" PRIu64
+               "atfill run: live: %s via %s, %" PRIu64 " connection(s) in %" PRIu64
+               " attempt(s), %" PRIu64 " failed, last seq %" PRIu64 ", %" PRIu64
+               " v1 fallback(s), %" PRIu64 " cursor(s) too old, %" PRIu64
                " gap(s) replayed from the archive\n",
-               s.host.c_str(), s.protocol.c_str(), s.connections, s.last_seq, s.v1_fallbacks,
-               s.cursor_too_old, s.gap_replays);
+               s.host.c_str(), s.protocol.c_str(), s.connections, s.attempts, s.connection_failures,
+               s.last_seq, s.v1_fallbacks, s.cursor_too_old, s.gap_replays);
+  if (!s.last_error.empty()) {
+    std::fprintf(stderr, "atfill run: live: last connection error: %s\n", s.last_error.c_str());
+  }
   if (gaps.started() && run.stop_reason.code == "stream_idle") {
     // The stream went quiet while its events waited for the gap: once the gap is replayed, the
     // consumer runs again from its cursor and applies them.
@@ -206,6 +210,25 @@ int RunStatus(std::span<char* const> args) {
     auto it = live->counters.extra.find(name);
     return it == live->counters.extra.end() ? 0 : it->second;
   };
+  // The connection: failed, refused and dropped attempts are in the job's error log, coalesced
+  // per kind and host; the newest is the last error.
+  auto logged = st->errors->List(live->id, 0, st->errors->options().max_entries_per_job);
+  if (!logged.ok()) return Fail("status", logged.status().message(), kExitIo);
+  const state::ErrorEntry* last_error = nullptr;
+  uint64_t failed_attempts = 0;
+  for (const state::ErrorEntry& e : *logged) {
+    if (!e.kind.starts_with("connection_")) continue;
+    failed_attempts += e.attempts;
+    if (last_error == nullptr || e.last_us > last_error->last_us) last_error = &e;
+  }
+  std::printf("  connection  %s failed or dropped attempt(s)\n",
+              FormatCount(failed_attempts).c_str());
+  if (last_error != nullptr) {
+    std::printf("  last error  %s %s (%s, %s attempt(s)): %s\n",
+                FormatTime(last_error->last_us).c_str(), last_error->kind.c_str(),
+                last_error->key.c_str(), FormatCount(last_error->attempts).c_str(),
+                last_error->message.c_str());
+  }
   std::printf("  gaps        %s seen, %s events skipped (atfill job CONFIG %" PRIu64
               " --errors: stream_gap)\n",
               FormatCount(extra("stream_gaps")).c_str(),
