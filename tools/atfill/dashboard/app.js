@@ -54,6 +54,12 @@
     const mm = String(m).padStart(h > 0 ? 2 : 1, '0');
     return (h > 0 ? h + ':' : '') + mm + ':' + String(sec).padStart(2, '0');
   }
+  function fmtLag(s) {
+    if (s < 120) return s.toFixed(s < 10 && s > 0 ? 1 : 0) + ' s';
+    if (s < 7200) return (s / 60).toFixed(0) + ' min';
+    if (s < 172800) return (s / 3600).toFixed(1) + ' h';
+    return (s / 86400).toFixed(0) + ' d';
+  }
   const fmtPercent = (p) => (p == null ? '-' : p.toFixed(1) + '%');
 
   function el(tag, props, children) {
@@ -69,6 +75,7 @@
 
   function fillFields(dl, obj) {
     dl.replaceChildren();
+    if (Object.keys(obj || {}).length === 0) dl.appendChild(el('dd', { text: 'none', class: 'muted' }));
     for (const [k, v] of Object.entries(obj || {})) {
       dl.appendChild(el('dt', { text: k }));
       dl.appendChild(el('dd', { text: typeof v === 'number' ? fmtCount(v) : String(v),
@@ -130,7 +137,7 @@
       root.appendChild(svg('line', { x1: m.l, x2: CHART_W - m.r, y1: y(f * vmax), y2: y(f * vmax),
         class: 'chart-grid' }));
       root.appendChild(svg('text', { x: m.l - 6, y: y(f * vmax) + 4, 'text-anchor': 'end',
-        class: 'chart-label', text: fmtShort(f * vmax) }));
+        class: 'chart-label', text: (opts.axis || fmtShort)(f * vmax) }));
     }
     [[t0, 'start'], [(t0 + t1) / 2, 'middle'], [t1, 'end']].forEach(([t, anchor]) => {
       root.appendChild(svg('text', { x: x(t), y: H - 6, 'text-anchor': anchor,
@@ -184,7 +191,10 @@
       ? '(from ' + fmtCount(list.length) + ' committed batches)'
       : '(while this page watched; [jobs] record_batches = true keeps the whole history)';
     $('rate-chart').dataset.source = fromTrail ? 'batches' : 'samples';
-    lineChart($('rate-chart'), points, { format: fmtRate, empty: 'no batches committed yet' });
+    lineChart($('rate-chart'), points, { format: fmtRate,
+      empty: ENDS_STREAM.has(d.status)
+        ? 'no audit trail for this job ([jobs] record_batches = true keeps one)'
+        : 'no batches committed yet' });
   }
 
   // Discovered, resolved and fetched units as three bars on one scale.
@@ -216,8 +226,9 @@
     });
   }
 
-  // One bar per PDS, the hosts with the most units first: done, errors and what is left of its
-  // units, each bar the whole of its own host's units.
+  // One bar per PDS, the hosts with the most units first, on one scale (the busiest host's units):
+  // its units done and failed so far. The crawl counts a host's units as they end (a unit's host
+  // is known once its DID resolves), so a bar grows as its host is worked through.
   function renderHosts(d) {
     const root = $('hosts-chart');
     const hosts = [...(d.hosts || [])].sort((a, b) => b.units - a.units || (a.host < b.host ? -1 : 1));
@@ -227,11 +238,11 @@
     root.setAttribute('viewBox', '0 0 ' + CHART_W + ' ' + H);
     root.replaceChildren();
     let units = 0;
-    let done = 0;
-    for (const h of hosts) { units += h.units; done += h.done + h.errors; }
+    let errors = 0;
+    for (const h of hosts) { units += h.units; errors += h.errors; }
     $('hosts-summary').textContent = hosts.length
-      ? '(' + fmtCount(hosts.length) + ' hosts, ' + fmtCount(done) + ' of ' + fmtCount(units) +
-        ' units done)'
+      ? '(' + fmtCount(hosts.length) + ' hosts, ' + fmtCount(units) + ' units ended, ' +
+        fmtCount(errors) + ' with errors)'
       : '';
     if (hosts.length === 0) {
       root.appendChild(svg('text', { x: CHART_W / 2, y: 16, 'text-anchor': 'middle',
@@ -239,9 +250,9 @@
     }
     const x0 = 200;
     const w = CHART_W - x0 - 150;
+    const scale = hosts.length && hosts[0].units > 0 ? w / hosts[0].units : 0;
     shown.forEach((h, i) => {
       const yy = 2 + i * rowH;
-      const scale = h.units > 0 ? w / h.units : 0;
       const doneW = Math.min(w, h.done * scale);
       const errW = Math.min(w - doneW, h.errors * scale);
       const name = h.host.replace(/^https?:\/\//, '');
@@ -255,8 +266,8 @@
           'data-testid': 'host-done-' + i, 'data-done': h.done }),
         svg('rect', { x: x0 + doneW, y: yy, width: errW, height: 18, class: 'bar-errors' }),
         svg('text', { x: x0 + w + 8, y: yy + 14, class: 'chart-label',
-          text: fmtCount(h.done + h.errors) + '/' + fmtCount(h.units) + ' · ' +
-            fmtShort(h.records) + ' rec' }),
+          text: fmtCount(h.units) + ' units · ' + fmtShort(h.records) + ' rec' +
+            (h.errors ? ' · ' + fmtCount(h.errors) + ' err' : '') }),
       ]));
     });
     const toggle = $('hosts-toggle');
@@ -288,8 +299,7 @@
   function renderLag() {
     const points = state.lag.filter((s) => s.lag_s != null)
       .map((s) => ({ t: s.at_us / 1000, v: s.lag_s }));
-    lineChart($('lag-chart'), points, { format: (v) => v.toFixed(1) + ' s',
-      empty: 'no lag samples yet' });
+    lineChart($('lag-chart'), points, { format: fmtLag, axis: fmtLag, empty: 'no lag samples yet' });
   }
 
   // The selected job's audit trail, read on from where the last call stopped.
