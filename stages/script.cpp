@@ -1,16 +1,23 @@
 #include "stages/script.hpp"
 
+#include <pthread.h>
 #include <simdjson.h>
+#include <time.h>
 
 #include <algorithm>
+#include <atomic>
 #include <charconv>
 #include <climits>
 #include <cmath>
+#include <condition_variable>
+#include <csetjmp>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <fstream>
 #include <iterator>
+#include <mutex>
 #include <sstream>
 #include <thread>
 #include <unordered_map>
@@ -30,6 +37,77 @@
 // record reader) finish in their own scope before Lua is called again.
 
 namespace atfill::stages {
+namespace {
+
+// The clock of the call deadlines: the kernel's coarse monotonic clock, ~5 ns a read against ~20
+// for the precise one (a pass-through call costs ~65 ns), at a resolution of a few milliseconds.
+int64_t SteadyNanos() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
+// The signal that interrupts a pattern match past its deadline. SIGURG: ignored by default, so a
+// stray one is harmless, and nothing else in atfill uses it.
+constexpr int kPatternSignal = SIGURG;
+
+// Interrupts pattern matches that run past their call's deadline. Each worker has a Slot; while
+// its thread is inside a pattern call the slot holds the deadline, and every tick the watchdog
+// signals the threads whose deadline has passed (again each tick, until they leave the call).
+class PatternWatchdog {
+ public:
+  struct Slot {
+    std::atomic<int64_t> deadline_ns{0};  // 0: not in a pattern call
+    std::atomic<pthread_t> thread{};
+  };
+
+  explicit PatternWatchdog(std::chrono::nanoseconds tick) : tick_(tick) {
+    thread_ = std::thread([this] { Loop(); });
+  }
+  ~PatternWatchdog() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  PatternWatchdog(const PatternWatchdog&) = delete;
+  PatternWatchdog& operator=(const PatternWatchdog&) = delete;
+
+  // Thread-safe. A removed slot is never signalled again (its thread may be gone afterwards).
+  void Add(Slot* slot) {
+    std::lock_guard<std::mutex> lock(mu_);
+    slots_.push_back(slot);
+  }
+  void Remove(Slot* slot) {
+    std::lock_guard<std::mutex> lock(mu_);
+    slots_.erase(std::remove(slots_.begin(), slots_.end(), slot), slots_.end());
+  }
+
+ private:
+  void Loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!cv_.wait_for(lock, tick_, [this] { return done_; })) {
+      const int64_t now = SteadyNanos();
+      for (Slot* slot : slots_) {
+        const int64_t deadline = slot->deadline_ns.load(std::memory_order_acquire);
+        if (deadline != 0 && now > deadline) {
+          pthread_kill(slot->thread.load(std::memory_order_relaxed), kPatternSignal);
+        }
+      }
+    }
+  }
+
+  const std::chrono::nanoseconds tick_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<Slot*> slots_;
+  bool done_ = false;
+  std::thread thread_;
+};
+
+}  // namespace
 
 struct ScriptStage::Program {
   struct Script {
@@ -46,6 +124,7 @@ struct ScriptStage::Program {
     size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
   };
   std::unordered_map<std::string, size_t, Hash, std::equal_to<>> index;
+  std::shared_ptr<PatternWatchdog> watchdog;
 
   static constexpr size_t kNone = static_cast<size_t>(-1);
   size_t Find(std::string_view collection) const {
@@ -65,13 +144,26 @@ namespace dom = simdjson::dom;
 constexpr size_t kMaxDepth = 256;
 constexpr size_t kMinMemory = size_t{256} << 10;
 
+// Instructions between two looks at the clock (the hook's period): ~20 µs of Lua at most.
+constexpr int kHookPeriod = 10000;
+// Allocations at least this big always look at the clock; smaller ones every kAllocsPerCheck.
+constexpr size_t kTimedAllocBytes = size_t{64} << 10;
+constexpr uint32_t kAllocsPerCheck = 1024;
+
 struct Allocator {
   size_t used = 0;
   size_t limit = 0;
+  // The call's deadline (steady-clock ns), 0 outside calls. Once passed, timed_out stays set and
+  // every growing allocation fails until the call ends.
+  int64_t deadline_ns = 0;
+  uint32_t since_check = 0;
+  bool timed_out = false;
 };
 
-// lua_Alloc with a cap: a request past it returns nullptr, which Lua turns into a "not enough
-// memory" error (after an emergency collection). Shrinking never fails.
+// lua_Alloc with a cap and the call's deadline: a request past either returns nullptr, which Lua
+// turns into a "not enough memory" error (after an emergency collection; the message then says
+// which it was). Shrinking never fails. The clock is read on large allocations, the ones a memory
+// bomb makes, and now and then on small ones.
 void* LimitedAlloc(void* ud, void* ptr, size_t osize, size_t nsize) {
   auto* a = static_cast<Allocator*>(ud);
   // With ptr == nullptr, osize is the kind of object being made, not a size.
@@ -81,11 +173,168 @@ void* LimitedAlloc(void* ud, void* ptr, size_t osize, size_t nsize) {
     a->used -= old;
     return nullptr;
   }
-  if (nsize > old && nsize - old > a->limit - a->used) return nullptr;
+  if (nsize > old) {
+    if (nsize - old > a->limit - a->used || a->timed_out) return nullptr;
+    if (a->deadline_ns != 0 && (nsize >= kTimedAllocBytes || ++a->since_check >= kAllocsPerCheck)) {
+      a->since_check = 0;
+      if (SteadyNanos() > a->deadline_ns) {
+        a->timed_out = true;
+        return nullptr;
+      }
+    }
+  }
   void* p = std::realloc(ptr, nsize);
   if (p == nullptr) return nullptr;
   a->used = a->used - old + nsize;
   return p;
+}
+
+// ---- the pattern state's interruption -----------------------------------------------------------
+//
+// A pattern match (lstrlib's matcher) runs no VM instructions and allocates nothing while it
+// backtracks, so neither the hook nor the allocator can stop it, and a thread cannot be stopped
+// from outside. So the matches run in a private Lua state that holds nothing but the string
+// library and copies of the strings, and that nothing else ever points into: when the watchdog's
+// signal finds the thread inside that state, the handler jumps back to where the call entered it
+// (siglongjmp), abandoning the state in whatever shape it was, and its memory is freed block by
+// block from the allocator's own list, without asking Lua. The one place a jump must not land is
+// the C library's malloc (its locks): the allocator marks itself and takes a pending jump on the
+// way out. The script's own state is never interrupted, only told the call failed.
+
+struct PatternGuard {
+  sigjmp_buf* volatile jump;        // set while this thread is inside the pattern state
+  volatile sig_atomic_t in_malloc;  // inside PatternAlloc: do not jump now
+  volatile sig_atomic_t pending;    // the signal came during PatternAlloc
+};
+// Trivial and zero-initialised: no TLS wrapper, so the handler may touch it.
+thread_local PatternGuard t_pattern_guard;
+
+[[noreturn]] void JumpOutOfPatternState() {
+  PatternGuard& g = t_pattern_guard;
+  sigjmp_buf* jump = g.jump;
+  g.jump = nullptr;
+  g.pending = 0;
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  siglongjmp(*jump, 1);
+}
+
+extern "C" void OnPatternSignal(int /*sig*/) {
+  PatternGuard& g = t_pattern_guard;
+  if (g.jump == nullptr) return;  // late: the call already left the pattern state
+  if (g.in_malloc != 0) {
+    g.pending = 1;
+    return;
+  }
+  JumpOutOfPatternState();
+}
+
+void InstallPatternSignal() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction action {};
+    action.sa_handler = OnPatternSignal;
+    sigemptyset(&action.sa_mask);
+    // SA_NODEFER: the handler leaves by siglongjmp without restoring the mask (that would cost a
+    // system call on every pattern call), so the signal must not be blocked while it runs.
+    action.sa_flags = SA_RESTART | SA_NODEFER;
+    sigaction(kPatternSignal, &action, nullptr);
+  });
+}
+
+// The pattern state's allocator: every block carries a header linking it into a list, so an
+// abandoned state's memory can be freed without Lua; a cap like the script state's.
+struct PatternHeap {
+  struct alignas(16) Block {
+    Block* prev;
+    Block* next;
+  };
+  Block head{&head, &head};
+  size_t used = 0;
+  size_t limit = 0;
+
+  void Link(Block* b) {
+    b->prev = &head;
+    b->next = head.next;
+    head.next->prev = b;
+    head.next = b;
+  }
+  static void Unlink(Block* b) {
+    b->prev->next = b->next;
+    b->next->prev = b->prev;
+  }
+  void FreeAll() {
+    for (Block* b = head.next; b != &head;) {
+      Block* next = b->next;
+      std::free(b);
+      b = next;
+    }
+    head.prev = head.next = &head;
+    used = 0;
+  }
+};
+
+void* PatternAllocUnguarded(PatternHeap* h, void* ptr, size_t osize, size_t nsize) {
+  using Block = PatternHeap::Block;
+  const size_t old = ptr == nullptr ? 0 : osize;
+  Block* b = ptr == nullptr ? nullptr : static_cast<Block*>(ptr) - 1;
+  if (nsize == 0) {
+    if (b != nullptr) {
+      PatternHeap::Unlink(b);
+      std::free(b);
+      h->used -= old;
+    }
+    return nullptr;
+  }
+  if (nsize > old && nsize - old > h->limit - h->used) return nullptr;
+  if (b != nullptr) PatternHeap::Unlink(b);
+  auto* moved = static_cast<Block*>(std::realloc(b, sizeof(Block) + nsize));
+  if (moved == nullptr) {
+    if (b != nullptr) h->Link(b);
+    return nullptr;
+  }
+  h->Link(moved);
+  h->used = h->used - old + nsize;
+  return moved + 1;
+}
+
+void* PatternAlloc(void* ud, void* ptr, size_t osize, size_t nsize) {
+  PatternGuard& g = t_pattern_guard;
+  g.in_malloc = 1;
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  void* p = PatternAllocUnguarded(static_cast<PatternHeap*>(ud), ptr, osize, nsize);
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  g.in_malloc = 0;
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  if (g.pending != 0 && g.jump != nullptr) JumpOutOfPatternState();
+  return p;
+}
+
+enum class PatternOp : uint8_t { kFind, kMatch, kGsub };
+constexpr const char* kPatternOpNames[] = {"find", "match", "gsub"};
+
+// What one pattern call hands to the pattern state (no Lua value crosses between the states).
+struct PatternCall {
+  PatternOp op = PatternOp::kFind;
+  const char* subject = nullptr;
+  size_t subject_size = 0;
+  bool subject_cached = false;  // the pattern state's subject slot already holds it
+  bool subject_stored = false;  // out: the call put it in that slot
+  const char* pattern = nullptr;
+  size_t pattern_size = 0;
+  lua_Integer init = 1;  // find, match
+  bool plain = false;    // find
+  const char* repl = nullptr;
+  size_t repl_size = 0;
+  lua_Integer max_n = 0;  // gsub
+};
+
+// Where a relative start position (1-based, negative from the end) falls, as the string library
+// counts it.
+lua_Integer StartPosition(lua_Integer pos, size_t len) {
+  if (pos > 0) return pos;
+  if (pos == 0) return 1;
+  if (pos < -static_cast<lua_Integer>(len)) return 1;
+  return static_cast<lua_Integer>(len) + pos + 1;
 }
 
 enum class Outcome : uint8_t { kKeep, kChanged, kDrop, kError };
@@ -146,13 +395,17 @@ void AppendInteger(int64_t v, std::string* out) {
 // One Lua state and what a call needs around it. Owned by one worker thread.
 class LuaWorker final : public pipeline::TransformState {
  public:
-  explicit LuaWorker(const ScriptStage::Program* program) : program_(program) {
+  explicit LuaWorker(const ScriptStage::Program* program)
+      : program_(program), watchdog_(program->watchdog) {
+    if (watchdog_ != nullptr) watchdog_->Add(&slot_);
     // Sets the depth limit. On failure parse() allocates on demand (with simdjson's own depth
     // limit) or reports the failure like any parse error.
     const simdjson::error_code err = parser_.allocate(4096, kMaxDepth);
     static_cast<void>(err);
   }
   ~LuaWorker() override {
+    if (watchdog_ != nullptr) watchdog_->Remove(&slot_);
+    DiscardPatternState();
     if (L_ != nullptr) lua_close(L_);
   }
   LuaWorker(const LuaWorker&) = delete;
@@ -177,7 +430,16 @@ class LuaWorker final : public pipeline::TransformState {
   static int RunRecord(lua_State* L);
   static int ClearEvent(lua_State* L);
   // Hooks and the functions scripts reach.
-  static void BudgetHook(lua_State* L, lua_Debug* ar);
+  static void LimitHook(lua_State* L, lua_Debug* ar);
+  static int StringFind(lua_State* L);
+  static int StringMatch(lua_State* L);
+  static int StringGmatch(lua_State* L);
+  static int GmatchStep(lua_State* L);
+  static int StringGsub(lua_State* L);
+  static int StringRep(lua_State* L);
+  // Runs in the pattern state.
+  static int OpenPatternLibrary(lua_State* P);
+  static int PatternTrampoline(lua_State* P);
   static int FieldsIndex(lua_State* L);
   static int EventNewIndex(lua_State* L);
   static int EventPairs(lua_State* L);
@@ -193,6 +455,22 @@ class LuaWorker final : public pipeline::TransformState {
 
   const char* ScriptName() const { return program_->scripts[script_].origin.c_str(); }
   std::string StatusMessage(int rc);
+  std::string TimeoutMessage() const;
+  // Starts the limits of one call (or one script's load): budget, hook and deadline.
+  void StartLimits();
+
+  // The pattern state (see "the pattern state's interruption" above). RunPattern runs `call`
+  // there and leaves its results on that state's stack (returning how many); it raises in L on
+  // the pattern library's errors and when the call's deadline passes. `subject` is the index in L
+  // of the subject string (kept referenced while the pattern state caches its copy).
+  bool OpenPatternState();
+  void DiscardPatternState();
+  int RunPattern(lua_State* L, int subject, PatternCall* call);
+  // Pushes on L the pattern state's results first..last, then clears that stack; returns the count.
+  int PushPatternResults(lua_State* L, int first, int last);
+  [[noreturn]] void RaiseTimeout(lua_State* L, const char* what);
+  void PushWhere(lua_State* L);
+  static int FindOrMatch(lua_State* L, PatternOp op);
 
   // JSON text -> DOM in parser_; false with the reason in *error.
   bool Parse(std::string_view text, dom::element* root, const char** error);
@@ -219,6 +497,20 @@ class LuaWorker final : public pipeline::TransformState {
   lua_State* L_ = nullptr;
   Status init_status_;
   int budget_ = 0;
+  int64_t timeout_ns_ = 0;
+  int64_t timeout_ms_ = 0;
+
+  // The pattern state and its one-entry cache: the subject string of the last pattern call, kept
+  // referenced in L_'s registry (m_subject_ref_) so that its address stays its identity.
+  lua_State* P_ = nullptr;
+  PatternHeap p_heap_;
+  int p_fn_refs_[3] = {LUA_NOREF, LUA_NOREF, LUA_NOREF};
+  int p_subject_ref_ = LUA_NOREF;
+  int m_subject_ref_ = LUA_NOREF;
+  const char* cached_subject_ = nullptr;
+  size_t cached_subject_size_ = 0;
+  std::shared_ptr<PatternWatchdog> watchdog_;
+  PatternWatchdog::Slot slot_;
 
   int run_ref_ = LUA_NOREF;
   int fields_ref_ = LUA_NOREF;
@@ -231,7 +523,13 @@ class LuaWorker final : public pipeline::TransformState {
   // The call in progress.
   const RecordEvent* event_ = nullptr;
   size_t script_ = 0;
-  bool over_budget_ = false;
+  // The limit the call ran into (then the hook raises on every instruction, so a script's pcall
+  // cannot swallow it and carry on).
+  enum class Limit : uint8_t { kNone, kBudget, kTime };
+  Limit limit_hit_ = Limit::kNone;
+  int64_t deadline_ns_ = 0;
+  int64_t instructions_left_ = 0;
+  int hook_count_ = 0;
   // Bit k set: the fields table holds the entry of upvalue k (made or set during the call).
   uint32_t made_fields_ = 0;
   bool decoded_ = false;  // event.record was decoded; canonical_ holds the original's encoding
@@ -271,6 +569,8 @@ class LuaWorker final : public pipeline::TransformState {
 Status LuaWorker::Init() {
   const ScriptOptions& opt = program_->options;
   budget_ = static_cast<int>(opt.instruction_budget);
+  timeout_ms_ = opt.call_timeout.count();
+  timeout_ns_ = timeout_ms_ * 1'000'000;
   alloc_.limit = opt.memory_limit_bytes;
   L_ = lua_newstate(LimitedAlloc, &alloc_);
   if (L_ == nullptr) {
@@ -294,12 +594,14 @@ Status LuaWorker::Init() {
     const auto& script = program_->scripts[i];
     loading_ = i;
     script_ = i;
-    over_budget_ = false;
-    lua_sethook(L_, BudgetHook, LUA_MASKCOUNT, budget_);
+    StartLimits();
     lua_pushcfunction(L_, LoadScript);
     rc = lua_pcall(L_, 0, 0, 0);
-    if (rc == LUA_OK) continue;
-    const std::string message = StatusMessage(rc);
+    const bool timed_out = limit_hit_ == Limit::kTime || alloc_.timed_out;
+    if (rc == LUA_OK && !timed_out) continue;
+    const std::string message = rc == LUA_OK ? TimeoutMessage() : StatusMessage(rc);
+    alloc_.deadline_ns = 0;
+    alloc_.timed_out = false;
     lua_settop(L_, 0);
     const std::string what = "script for " + script.collection + " (" + script.origin + ")";
     switch (load_phase_) {
@@ -316,6 +618,7 @@ Status LuaWorker::Init() {
     return init_status_;
   }
   lua_settop(L_, 0);
+  alloc_.deadline_ns = 0;
   // Calls leave short-lived garbage (event strings, decoded records): the generational
   // collector handles that with less work than the incremental one.
   lua_gc(L_, LUA_GCGEN, 0, 0);
@@ -344,7 +647,19 @@ int LuaWorker::OpenSandbox(lua_State* L) {
   lua_pushliteral(L, "string.dump");
   lua_pushcclosure(L, Refuse, 1);
   lua_setfield(L, -2, "dump");
+  // Pattern matching in the pattern state, under the deadline; string.rep without a loop per copy.
+  const std::pair<const char*, lua_CFunction> string_functions[] = {{"find", StringFind},
+                                                                    {"match", StringMatch},
+                                                                    {"gmatch", StringGmatch},
+                                                                    {"gsub", StringGsub},
+                                                                    {"rep", StringRep}};
+  for (const auto& [name, fn] : string_functions) {
+    lua_pushcfunction(L, fn);
+    lua_setfield(L, -2, name);
+  }
   lua_pop(L, 1);
+  lua_pushboolean(L, 0);
+  self->m_subject_ref_ = luaL_ref(L, LUA_REGISTRYINDEX);
   // Libraries not loaded: tables whose every field raises an error naming the library.
   for (const char* name : {"io", "os", "package", "debug", "coroutine"}) {
     lua_newtable(L);
@@ -469,6 +784,7 @@ std::string LuaWorker::StatusMessage(int rc) {
     // Not converted: that could run the script's __tostring or allocate outside protection.
     message = std::string("(error object is a ") + luaL_typename(L_, -1) + " value)";
   }
+  if (rc == LUA_ERRMEM && alloc_.timed_out) return TimeoutMessage();
   if (rc == LUA_ERRMEM) {
     // Lua's message carries no position; name the script at least.
     if (script_ < program_->scripts.size()) message = std::string(ScriptName()) + ": " + message;
@@ -477,20 +793,443 @@ std::string LuaWorker::StatusMessage(int rc) {
   return message;
 }
 
+// For a deadline seen where no position is known (an allocation, or a script that caught the
+// error and returned).
+std::string LuaWorker::TimeoutMessage() const {
+  std::string message = script_ < program_->scripts.size() ? ScriptName() : "script";
+  return message + ": script exceeded its wall-clock limit (" + std::to_string(timeout_ms_) +
+         " ms)";
+}
+
+void LuaWorker::StartLimits() {
+  deadline_ns_ = SteadyNanos() + timeout_ns_;
+  alloc_.deadline_ns = deadline_ns_;
+  alloc_.timed_out = false;
+  alloc_.since_check = 0;
+  limit_hit_ = Limit::kNone;
+  instructions_left_ = budget_;
+  hook_count_ = std::min(budget_, kHookPeriod);
+  // Setting the hook also restarts its count.
+  lua_sethook(L_, LimitHook, LUA_MASKCOUNT, hook_count_);
+}
+
 // ---- the sandbox's functions -------------------------------------------------------------------
 
-void LuaWorker::BudgetHook(lua_State* L, lua_Debug* ar) {
+// Runs every kHookPeriod instructions (the last period cut to end exactly at the budget): counts
+// the budget down and looks at the clock.
+void LuaWorker::LimitHook(lua_State* L, lua_Debug* ar) {
   LuaWorker* self = Self(L);
-  if (!self->over_budget_) {
+  if (self->limit_hit_ == Limit::kNone) {
+    self->instructions_left_ -= self->hook_count_;
+    if (self->instructions_left_ <= 0) {
+      self->limit_hit_ = Limit::kBudget;
+    } else if (SteadyNanos() > self->deadline_ns_) {
+      self->limit_hit_ = Limit::kTime;
+    } else {
+      if (self->instructions_left_ < self->hook_count_) {
+        self->hook_count_ = static_cast<int>(self->instructions_left_);
+        lua_sethook(L, LimitHook, LUA_MASKCOUNT, self->hook_count_);
+      }
+      return;
+    }
     // From now on every instruction raises again, so a script's pcall cannot swallow the error
-    // and carry on with a fresh budget.
-    self->over_budget_ = true;
-    lua_sethook(L, BudgetHook, LUA_MASKCOUNT, 1);
+    // and carry on.
+    lua_sethook(L, LimitHook, LUA_MASKCOUNT, 1);
   }
   lua_getinfo(L, "Sl", ar);
-  lua_pushfstring(L, "%s:%d: script exceeded its instruction budget (%I instructions)",
-                  ar->short_src, ar->currentline, static_cast<lua_Integer>(self->budget_));
+  if (self->limit_hit_ == Limit::kBudget) {
+    lua_pushfstring(L, "%s:%d: script exceeded its instruction budget (%I instructions)",
+                    ar->short_src, ar->currentline, static_cast<lua_Integer>(self->budget_));
+  } else {
+    lua_pushfstring(L, "%s:%d: script exceeded its wall-clock limit (%I ms)", ar->short_src,
+                    ar->currentline, static_cast<lua_Integer>(self->timeout_ms_));
+  }
   lua_error(L);
+}
+
+void LuaWorker::RaiseTimeout(lua_State* L, const char* what) {
+  limit_hit_ = Limit::kTime;
+  lua_sethook(L, LimitHook, LUA_MASKCOUNT, 1);
+  PushWhere(L);
+  lua_pushfstring(L, "script exceeded its wall-clock limit (%I ms) in string.%s",
+                  static_cast<lua_Integer>(timeout_ms_), what);
+  lua_concat(L, 2);
+  lua_error(L);
+  std::abort();  // lua_error does not return
+}
+
+// "chunk:line: " of the Lua code that called the running C function, as luaL_error writes it; the
+// script's name when a C function called it (pcall(string.find, ...)).
+void LuaWorker::PushWhere(lua_State* L) {
+  luaL_where(L, 1);
+  if (lua_rawlen(L, -1) == 0) {
+    lua_pop(L, 1);
+    lua_pushfstring(L, "%s: ", ScriptName());
+  }
+}
+
+// ---- pattern matching --------------------------------------------------------------------------
+
+int LuaWorker::OpenPatternLibrary(lua_State* P) {
+  LuaWorker* self = Self(P);
+  luaL_requiref(P, LUA_STRLIBNAME, luaopen_string, 0);
+  const int lib = lua_gettop(P);
+  for (int i = 0; i < 3; ++i) {
+    lua_getfield(P, lib, kPatternOpNames[i]);
+    self->p_fn_refs_[i] = luaL_ref(P, LUA_REGISTRYINDEX);
+  }
+  lua_pushboolean(P, 0);
+  self->p_subject_ref_ = luaL_ref(P, LUA_REGISTRYINDEX);
+  return 0;
+}
+
+bool LuaWorker::OpenPatternState() {
+  p_heap_.limit = program_->options.memory_limit_bytes;
+  P_ = lua_newstate(PatternAlloc, &p_heap_);
+  if (P_ == nullptr) {
+    p_heap_.FreeAll();
+    return false;
+  }
+  *static_cast<LuaWorker**>(lua_getextraspace(P_)) = this;
+  lua_pushcfunction(P_, OpenPatternLibrary);
+  if (lua_pcall(P_, 0, 0, 0) != LUA_OK) {
+    DiscardPatternState();
+    return false;
+  }
+  return true;
+}
+
+void LuaWorker::DiscardPatternState() {
+  // Not lua_close: after an interruption the state may be half-way through anything. Its memory
+  // is all on the heap's list, and nothing outside it points in (no finalizers, no userdata).
+  P_ = nullptr;
+  p_heap_.FreeAll();
+  cached_subject_ = nullptr;
+  cached_subject_size_ = 0;
+}
+
+int LuaWorker::PatternTrampoline(lua_State* P) {
+  auto* call = static_cast<PatternCall*>(lua_touserdata(P, 1));
+  LuaWorker* self = Self(P);
+  lua_settop(P, 0);
+  lua_rawgeti(P, LUA_REGISTRYINDEX, self->p_fn_refs_[static_cast<int>(call->op)]);
+  if (call->subject_cached) {
+    lua_rawgeti(P, LUA_REGISTRYINDEX, self->p_subject_ref_);
+  } else {
+    lua_pushlstring(P, call->subject, call->subject_size);
+    lua_pushvalue(P, -1);
+    lua_rawseti(P, LUA_REGISTRYINDEX, self->p_subject_ref_);
+    call->subject_stored = true;
+  }
+  lua_pushlstring(P, call->pattern, call->pattern_size);
+  int args = 3;
+  switch (call->op) {
+    case PatternOp::kFind:
+      lua_pushinteger(P, call->init);
+      lua_pushboolean(P, call->plain ? 1 : 0);
+      args = 4;
+      break;
+    case PatternOp::kMatch:
+      lua_pushinteger(P, call->init);
+      args = 3;
+      break;
+    case PatternOp::kGsub:
+      lua_pushlstring(P, call->repl, call->repl_size);
+      lua_pushinteger(P, call->max_n);
+      args = 4;
+      break;
+  }
+  lua_call(P, args, LUA_MULTRET);
+  return lua_gettop(P);
+}
+
+int LuaWorker::RunPattern(lua_State* L, int subject, PatternCall* call) {
+  if (P_ == nullptr && !OpenPatternState()) {
+    return luaL_error(L, "%s: not enough memory for the pattern state", ScriptName());
+  }
+  call->subject_cached =
+      cached_subject_ == call->subject && cached_subject_size_ == call->subject_size;
+  lua_settop(P_, 0);
+  lua_pushcfunction(P_, PatternTrampoline);
+  lua_pushlightuserdata(P_, call);
+  PatternGuard& guard = t_pattern_guard;
+  sigjmp_buf jump;
+  if (sigsetjmp(jump, 0) != 0) {
+    // The watchdog's signal: the pattern state is abandoned as it is.
+    slot_.deadline_ns.store(0, std::memory_order_relaxed);
+    DiscardPatternState();
+    RaiseTimeout(L, kPatternOpNames[static_cast<int>(call->op)]);
+  }
+  slot_.thread.store(pthread_self(), std::memory_order_relaxed);
+  slot_.deadline_ns.store(deadline_ns_, std::memory_order_release);
+  guard.jump = &jump;
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  const int rc = lua_pcall(P_, 1, LUA_MULTRET, 0);
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  guard.jump = nullptr;
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  guard.pending = 0;
+  slot_.deadline_ns.store(0, std::memory_order_relaxed);
+  if (call->subject_stored) {
+    cached_subject_ = call->subject;
+    cached_subject_size_ = call->subject_size;
+    lua_pushvalue(L, subject);
+    lua_rawseti(L, LUA_REGISTRYINDEX, m_subject_ref_);
+  }
+  if (rc == LUA_OK) return lua_gettop(P_);
+  if (rc == LUA_ERRMEM) {
+    lua_settop(P_, 0);
+    return luaL_error(L, "not enough memory in string.%s (the script's memory limit is %I bytes)",
+                      kPatternOpNames[static_cast<int>(call->op)],
+                      static_cast<lua_Integer>(p_heap_.limit));
+  }
+  // The pattern library's own errors ("malformed pattern ..."), as they would read in L: there
+  // they carry the position of the caller, which the pattern state does not know.
+  size_t n = 0;
+  const char* message = lua_tolstring(P_, -1, &n);
+  if (message == nullptr) {
+    lua_settop(P_, 0);
+    return luaL_error(L, "string.%s failed", kPatternOpNames[static_cast<int>(call->op)]);
+  }
+  luaL_where(L, 1);
+  lua_pushlstring(L, message, n);
+  lua_settop(P_, 0);
+  lua_concat(L, 2);
+  return lua_error(L);
+}
+
+int LuaWorker::PushPatternResults(lua_State* L, int first, int last) {
+  const int count = last - first + 1;
+  if (count > 0) luaL_checkstack(L, count, "too many captures");
+  for (int i = first; i <= last; ++i) {
+    switch (lua_type(P_, i)) {
+      case LUA_TNUMBER:
+        lua_pushinteger(L, lua_tointeger(P_, i));
+        break;
+      case LUA_TSTRING: {
+        size_t n = 0;
+        const char* s = lua_tolstring(P_, i, &n);
+        lua_pushlstring(L, s, n);
+        break;
+      }
+      default:
+        lua_pushnil(L);
+        break;
+    }
+  }
+  lua_settop(P_, 0);
+  return std::max(count, 0);
+}
+
+int LuaWorker::FindOrMatch(lua_State* L, PatternOp op) {
+  LuaWorker* self = Self(L);
+  PatternCall call;
+  call.op = op;
+  call.subject = luaL_checklstring(L, 1, &call.subject_size);
+  call.pattern = luaL_checklstring(L, 2, &call.pattern_size);
+  call.init = luaL_optinteger(L, 3, 1);
+  call.plain = op == PatternOp::kFind && lua_toboolean(L, 4) != 0;
+  const int n = self->RunPattern(L, 1, &call);
+  return self->PushPatternResults(L, 1, n);
+}
+
+int LuaWorker::StringFind(lua_State* L) { return FindOrMatch(L, PatternOp::kFind); }
+int LuaWorker::StringMatch(lua_State* L) { return FindOrMatch(L, PatternOp::kMatch); }
+
+// gmatch over find: the iterator keeps the subject, the pattern, where to look next and where the
+// last match ended (a match may not be empty there, as in the string library).
+int LuaWorker::StringGmatch(lua_State* L) {
+  size_t len = 0;
+  size_t plen = 0;
+  luaL_checklstring(L, 1, &len);
+  const char* p = luaL_checklstring(L, 2, &plen);
+  lua_Integer init = StartPosition(luaL_optinteger(L, 3, 1), len);
+  if (init > static_cast<lua_Integer>(len) + 1) init = static_cast<lua_Integer>(len) + 1;
+  lua_settop(L, 2);
+  if (plen > 0 && p[0] == '^') {
+    // In gmatch a leading '^' is no anchor but the character; find needs it escaped.
+    lua_pushliteral(L, "%");
+    lua_pushvalue(L, 2);
+    lua_concat(L, 2);
+    lua_replace(L, 2);
+  }
+  lua_pushinteger(L, init - 1);  // where to look next, from 0
+  lua_pushinteger(L, -1);        // where the last match ended: none yet
+  lua_pushcclosure(L, GmatchStep, 4);
+  return 1;
+}
+
+int LuaWorker::GmatchStep(lua_State* L) {
+  LuaWorker* self = Self(L);
+  size_t len = 0;
+  size_t plen = 0;
+  const char* s = lua_tolstring(L, lua_upvalueindex(1), &len);
+  const char* p = lua_tolstring(L, lua_upvalueindex(2), &plen);
+  lua_Integer pos = lua_tointeger(L, lua_upvalueindex(3));
+  const lua_Integer last = lua_tointeger(L, lua_upvalueindex(4));
+  while (pos <= static_cast<lua_Integer>(len)) {
+    PatternCall call;
+    call.op = PatternOp::kFind;
+    call.subject = s;
+    call.subject_size = len;
+    call.pattern = p;
+    call.pattern_size = plen;
+    call.init = pos + 1;
+    const int n = self->RunPattern(L, lua_upvalueindex(1), &call);
+    if (n < 2 || lua_type(self->P_, 1) != LUA_TNUMBER) break;
+    const lua_Integer start = lua_tointeger(self->P_, 1) - 1;
+    const lua_Integer end = lua_tointeger(self->P_, 2);
+    if (end == last) {
+      // Empty, where the last match ended: not a match; look from the next character.
+      lua_settop(self->P_, 0);
+      pos = start + 1;
+      continue;
+    }
+    lua_pushinteger(L, end);
+    lua_replace(L, lua_upvalueindex(3));
+    lua_pushinteger(L, end);
+    lua_replace(L, lua_upvalueindex(4));
+    if (n == 2) {
+      lua_settop(self->P_, 0);
+      lua_pushlstring(L, s + start, static_cast<size_t>(end - start));
+      return 1;
+    }
+    return self->PushPatternResults(L, 3, n);
+  }
+  if (self->P_ != nullptr) lua_settop(self->P_, 0);
+  lua_pushinteger(L, static_cast<lua_Integer>(len) + 1);
+  lua_replace(L, lua_upvalueindex(3));
+  return 0;
+}
+
+// gsub: a replacement string runs whole in the pattern state; a function or table replacement
+// runs Lua code, which must not run inside the pattern state, so the matches are found there one
+// find at a time and replaced here.
+int LuaWorker::StringGsub(lua_State* L) {
+  LuaWorker* self = Self(L);
+  size_t len = 0;
+  size_t plen = 0;
+  const char* s = luaL_checklstring(L, 1, &len);
+  const char* p = luaL_checklstring(L, 2, &plen);
+  const int tr = lua_type(L, 3);
+  const lua_Integer max_n = luaL_optinteger(L, 4, static_cast<lua_Integer>(len) + 1);
+  luaL_argexpected(
+      L, tr == LUA_TNUMBER || tr == LUA_TSTRING || tr == LUA_TFUNCTION || tr == LUA_TTABLE, 3,
+      "string/function/table");
+  if (tr == LUA_TNUMBER || tr == LUA_TSTRING) {
+    PatternCall call;
+    call.op = PatternOp::kGsub;
+    call.subject = s;
+    call.subject_size = len;
+    call.pattern = p;
+    call.pattern_size = plen;
+    call.repl = lua_tolstring(L, 3, &call.repl_size);
+    call.max_n = max_n;
+    const int n = self->RunPattern(L, 1, &call);
+    return self->PushPatternResults(L, 1, n);
+  }
+  const bool anchor = plen > 0 && p[0] == '^';
+  lua_settop(L, 3);
+  luaL_Buffer b;
+  luaL_buffinit(L, &b);
+  lua_Integer pos = 0;     // where to look next, from 0
+  lua_Integer copied = 0;  // the subject is in the buffer up to here
+  lua_Integer last = -1;   // where the last match ended
+  lua_Integer count = 0;
+  while (count < max_n) {
+    PatternCall call;
+    call.op = PatternOp::kFind;
+    call.subject = s;
+    call.subject_size = len;
+    call.pattern = p;
+    call.pattern_size = plen;
+    call.init = pos + 1;
+    const int n = self->RunPattern(L, 1, &call);
+    if (n < 2 || lua_type(self->P_, 1) != LUA_TNUMBER) {
+      lua_settop(self->P_, 0);
+      break;
+    }
+    const lua_Integer start = lua_tointeger(self->P_, 1) - 1;
+    const lua_Integer end = lua_tointeger(self->P_, 2);
+    if (end == last) {
+      // Empty, where the last match ended: not a match.
+      lua_settop(self->P_, 0);
+      if (anchor || start >= static_cast<lua_Integer>(len)) break;
+      pos = start + 1;
+      continue;
+    }
+    ++count;
+    luaL_addlstring(&b, s + copied, static_cast<size_t>(start - copied));
+    // The replacement's arguments: the captures, or the whole match when there are none.
+    lua_pushvalue(L, 3);
+    int args = 1;
+    if (n == 2) {
+      lua_settop(self->P_, 0);
+      lua_pushlstring(L, s + start, static_cast<size_t>(end - start));
+    } else {
+      args = self->PushPatternResults(L, 3, n);
+    }
+    if (tr == LUA_TFUNCTION) {
+      lua_call(L, args, 1);
+    } else {
+      // A table is indexed by the first capture (or the whole match).
+      lua_pop(L, args - 1);
+      lua_gettable(L, -2);
+      lua_remove(L, -2);
+    }
+    if (!lua_toboolean(L, -1)) {
+      lua_pop(L, 1);
+      luaL_addlstring(&b, s + start, static_cast<size_t>(end - start));
+    } else if (!lua_isstring(L, -1)) {
+      return luaL_error(L, "invalid replacement value (a %s)", luaL_typename(L, -1));
+    } else {
+      luaL_addvalue(&b);
+    }
+    copied = pos = last = end;
+    if (anchor) break;
+  }
+  luaL_addlstring(&b, s + copied, len - static_cast<size_t>(copied));
+  luaL_pushresult(&b);
+  lua_pushinteger(L, count);
+  return 2;
+}
+
+// string.rep(s, n [, sep]) filled by doubling copies: the library's own loop copies s once per
+// repetition (a million memcpy calls for string.rep("x", 1e6)) and spins on empty strings.
+int LuaWorker::StringRep(lua_State* L) {
+  size_t l = 0;
+  size_t lsep = 0;
+  const char* s = luaL_checklstring(L, 1, &l);
+  const lua_Integer n = luaL_checkinteger(L, 2);
+  const char* sep = luaL_optlstring(L, 3, "", &lsep);
+  if (n <= 0 || (l == 0 && lsep == 0)) {
+    lua_pushliteral(L, "");
+    return 1;
+  }
+  // n copies of s and n - 1 of sep: n units of s+sep, less one sep. The library's bound on the
+  // result: INT_MAX bytes.
+  constexpr size_t kMaxSize = static_cast<size_t>(INT_MAX);
+  const size_t unit = l + lsep;
+  if (unit < l || unit > kMaxSize / static_cast<uint64_t>(n)) {
+    return luaL_error(L, "resulting string too large");
+  }
+  const size_t total = static_cast<size_t>(n) * unit - lsep;
+  luaL_Buffer b;
+  char* out = luaL_buffinitsize(L, &b, total);
+  std::memcpy(out, s, l);
+  size_t filled = l;
+  if (filled < total) {
+    std::memcpy(out + filled, sep, lsep);
+    filled += lsep;
+  }
+  // The text is periodic (period s+sep): its first part copied onto the next, doubling.
+  while (filled < total) {
+    const size_t chunk = std::min(filled, total - filled);
+    std::memcpy(out + filled, out, chunk);
+    filled += chunk;
+  }
+  luaL_pushresultsize(&b, total);
+  return 1;
 }
 
 int LuaWorker::Refuse(lua_State* L) {
@@ -1094,18 +1833,21 @@ int LuaWorker::ClearEvent(lua_State* L) {
 Outcome LuaWorker::Run(size_t script, const RecordEvent& event) {
   event_ = &event;
   script_ = script;
-  over_budget_ = false;
   outcome_ = Outcome::kKeep;
   lua_settop(L_, 0);
-  // Setting the hook also restarts its count: the budget is per call.
-  lua_sethook(L_, BudgetHook, LUA_MASKCOUNT, budget_);
+  StartLimits();
   lua_rawgeti(L_, LUA_REGISTRYINDEX, run_ref_);
   const int rc = lua_pcall(L_, 0, 0, 0);
-  if (rc == LUA_OK) {
+  // A call past its deadline fails even when the script caught the error and returned.
+  const bool timed_out = limit_hit_ == Limit::kTime || alloc_.timed_out;
+  if (rc == LUA_OK && !timed_out) {
+    alloc_.deadline_ns = 0;
     event_ = nullptr;
     return outcome_;
   }
-  error_ = StatusMessage(rc);
+  error_ = rc == LUA_OK ? TimeoutMessage() : StatusMessage(rc);
+  alloc_.deadline_ns = 0;
+  alloc_.timed_out = false;
   event_ = nullptr;
   lua_settop(L_, 0);
   if (rc == LUA_ERRMEM) {
@@ -1141,6 +1883,9 @@ Status ScriptOptions::Validate() const {
     return Status::OutOfRange("script instruction_budget must be between 1 and " +
                               std::to_string(INT_MAX));
   }
+  if (call_timeout < std::chrono::milliseconds(10) || call_timeout > std::chrono::hours(1)) {
+    return Status::OutOfRange("script call_timeout must be between 10 ms and 1 hour");
+  }
   if (memory_limit_bytes < kMinMemory) {
     return Status::OutOfRange("script memory_limit_bytes must be at least " +
                               std::to_string(kMinMemory));
@@ -1174,6 +1919,12 @@ Result<std::unique_ptr<ScriptStage>> ScriptStage::Create(ScriptOptions options) 
     program->index.emplace(program->scripts[i].collection, i);
   }
   program->options = std::move(options);
+  InstallPatternSignal();
+  // A tenth of the limit between looks: a match is stopped at most that late (and 100 ms).
+  const auto tick = std::clamp<std::chrono::nanoseconds>(program->options.call_timeout / 10,
+                                                         std::chrono::milliseconds(1),
+                                                         std::chrono::milliseconds(100));
+  program->watchdog = std::make_shared<PatternWatchdog>(tick);
   // Compile and load everything once, so a broken script is a config error before the run.
   LuaWorker probe(program.get());
   ATFILL_RETURN_IF_ERROR(probe.Init());

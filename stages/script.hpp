@@ -23,8 +23,15 @@
 // Sandbox: base (without dofile, loadfile, load, collectgarbage; print is silent; setmetatable
 // refuses __gc), string (without dump), table, math and utf8; no io, os, package, debug or
 // coroutine, and touching any of them raises an error naming what is refused. Each call has an
-// instruction budget; each Lua state a memory cap. The global table `atfill` holds the helpers:
-// get_record(uri), json_decode(text), json_encode(value), array(table) and null.
+// instruction budget and a wall-clock limit; each Lua state a memory cap. The global table `atfill`
+// holds the helpers: get_record(uri), json_decode(text), json_encode(value), array(table) and null.
+//
+// The wall-clock limit also covers the library functions whose running time the other limits do
+// not bound: string.find, match, gmatch and gsub match patterns in a second, private Lua state per
+// worker, which a watchdog thread interrupts (a signal to the worker's thread) when a call runs
+// past its limit; that state is then thrown away whole and made anew on the next pattern call.
+// string.rep is atfill's own (same results, no per-copy loop). The process handles SIGURG for this
+// once a stage exists.
 #pragma once
 
 #include <chrono>
@@ -52,6 +59,11 @@ struct ScriptOptions {
   // Lua VM instructions one call of `record` may run (a hook counts them), 1..INT_MAX. Time spent
   // inside one library call (a string pattern match, string.rep) is not counted.
   uint64_t instruction_budget = 1'000'000;
+  // Wall-clock time one call of `record` (and the load of a script) may take, C functions
+  // included, 10 ms..1 h. A call past it fails like any other error (retried, then logged). Checked
+  // every 10,000 instructions, on allocations, and by the watchdog for pattern matches (which then
+  // stop within a tenth of the limit, at most 100 ms late).
+  std::chrono::milliseconds call_timeout{1000};
   // Bytes each Lua state may allocate (the state itself, scripts, their data), >= 256 KiB. An
   // allocation past it fails the call with Lua's "not enough memory"; the state stays usable.
   size_t memory_limit_bytes = size_t{64} << 20;

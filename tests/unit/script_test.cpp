@@ -6,14 +6,20 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <climits>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
+
+#include <lua.hpp>
 
 #include "atproto/json.hpp"
 
@@ -696,6 +702,258 @@ TEST(ScriptTest, ValidateRejectsBadOptions) {
   ScriptOptions attempts = Options("");
   attempts.max_attempts = 0;
   EXPECT_FALSE(attempts.Validate().ok());
+  ScriptOptions timeout = Options("");
+  timeout.call_timeout = std::chrono::milliseconds(0);
+  EXPECT_FALSE(timeout.Validate().ok());
+}
+
+// ---- the wall-clock limit ----------------------------------------------------------------------
+
+// The two scripts of issue 19: a pattern that backtracks for ages inside string.find (no VM
+// instruction, no allocation), and a loop that allocates 1 MB strings until the cap.
+constexpr const char* kBacktrack =
+    "local s = string.rep('a', 50); return s:find(string.rep('a?', 50) .. s)";
+constexpr const char* kMemoryBomb =
+    "local t = {} for i = 1, 1e9 do t[i] = string.rep('x', 1e6) end";
+
+// A Process that does not return cannot be stopped from a test: after `limit` the binary says so
+// and exits failing, instead of hanging until ctest's timeout.
+EventChunk RunWithin(Harness* h, std::vector<Event> events, std::chrono::seconds limit,
+                     const char* what) {
+  auto running = std::async(std::launch::async, [&] { return h->Run(std::move(events)); });
+  if (running.wait_for(limit) != std::future_status::ready) {
+    std::fprintf(stderr, "FAILED: %s: Process did not return within %lld s\n", what,
+                 static_cast<long long>(limit.count()));
+    std::fflush(stderr);
+    std::_Exit(1);
+  }
+  return running.get();
+}
+
+double SecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+std::string BadThenGood(const std::string& code) {
+  return "function record(e)\n  if e.rkey == 'bad' then\n    " + code +
+         "\n  end\n  e.record.ok = true\n  return e\nend\n";
+}
+
+TEST(ScriptTest, ABacktrackingPatternIsAScriptErrorWithinTheCallLimit) {
+  // The default limit (1 s), two attempts.
+  ScriptOptions options = Options(BadThenGood(kBacktrack));
+  options.max_attempts = 2;
+  Harness h(options);
+  const auto start = std::chrono::steady_clock::now();
+  EventChunk chunk =
+      RunWithin(&h, {Record("bad"), Record("good")}, std::chrono::seconds(30), "backtracking");
+  const double seconds = SecondsSince(start);
+  // Each attempt ends at most a tick (100 ms) after its limit, plus the clock's coarseness.
+  EXPECT_GE(seconds, 1.9);
+  EXPECT_LT(seconds, 2 * 1.3);
+  EXPECT_EQ(Rkeys(chunk), (std::vector<std::string>{"good"}));
+  ASSERT_EQ(chunk.errors.size(), 1u);
+  EXPECT_EQ(chunk.errors[0].kind, "script_error");
+  EXPECT_THAT(chunk.errors[0].message,
+              HasSubstr("inline:app.bsky.feed.post:3: script exceeded its wall-clock limit (1000 "
+                        "ms) in string.find"));
+  EXPECT_EQ(Counter(chunk, "script_retries"), 1);
+  // The worker's state (and a fresh pattern state) serve the next chunk.
+  chunk = h.Run({Record("good2")});
+  ASSERT_EQ(chunk.events.size(), 1u);
+  EXPECT_THAT(RecordAt(chunk, 0).body, HasSubstr("\"ok\":true"));
+}
+
+TEST(ScriptTest, TheCallLimitIsConfigurableAndCoversEveryKindOfWork) {
+  const std::vector<std::string> scripts = {
+      kBacktrack,
+      // Every pattern function, and a script that swallows the error and tries again.
+      "for w in ('a'):rep(40):gmatch(('a?'):rep(40) .. ('a'):rep(40)) do end",
+      "('a'):rep(40):gsub(('a?'):rep(40) .. ('a'):rep(40), function() return 'x' end)",
+      "('a'):rep(40):gsub(('a?'):rep(40) .. ('a'):rep(40), '%0')",
+      "('a'):rep(40):match(('a?'):rep(40) .. ('a'):rep(40))",
+      "while true do pcall(string.find, ('a'):rep(40), ('a?'):rep(40) .. ('a'):rep(40)) end",
+      "local ok = pcall(string.find, ('a'):rep(40), ('a?'):rep(40) .. ('a'):rep(40))",
+      // Lua code with a budget too large to end it in time.
+      "local x = 0 while true do x = x + 1 end",
+  };
+  for (const std::string& code : scripts) {
+    ScriptOptions options = Options(BadThenGood(code));
+    options.call_timeout = std::chrono::milliseconds(200);
+    options.instruction_budget = INT_MAX;
+    options.max_attempts = 1;
+    Harness h(options);
+    const auto start = std::chrono::steady_clock::now();
+    EventChunk chunk =
+        RunWithin(&h, {Record("bad"), Record("good")}, std::chrono::seconds(30), code.c_str());
+    const double seconds = SecondsSince(start);
+    EXPECT_LT(seconds, 0.2 + 0.3) << code;
+    EXPECT_EQ(Rkeys(chunk), (std::vector<std::string>{"good"})) << code;
+    ASSERT_EQ(chunk.errors.size(), 1u) << code;
+    EXPECT_THAT(chunk.errors[0].message, HasSubstr("exceeded its wall-clock limit (200 ms)"))
+        << code;
+  }
+}
+
+TEST(ScriptTest, AMemoryBombIsAScriptErrorAtAFractionOfItsFormerCost) {
+  // Default limits: 64 MiB, four attempts. Each attempt used to take ~0.1-0.15 s (string.rep
+  // copied its 1-byte string a million times per call), ~0.4-0.6 s a record.
+  Harness h(Options(BadThenGood(kMemoryBomb)));
+  std::vector<Event> events;
+  for (int i = 0; i < 5; ++i) events.push_back(Record("bad"));
+  events.push_back(Record("good"));
+  const auto start = std::chrono::steady_clock::now();
+  EventChunk chunk = RunWithin(&h, std::move(events), std::chrono::seconds(60), "memory bomb");
+  const double per_record = SecondsSince(start) / 5;
+  EXPECT_LT(per_record, 0.2);
+  EXPECT_EQ(Rkeys(chunk), (std::vector<std::string>{"good"}));
+  ASSERT_EQ(chunk.errors.size(), 5u);
+  EXPECT_EQ(chunk.errors[0].kind, "script_error");
+  EXPECT_THAT(chunk.errors[0].message, HasSubstr("not enough memory"));
+  EXPECT_EQ(Counter(chunk, "script_retries"), 15);
+}
+
+// The pattern functions and string.rep are atfill's wrappers and stand-ins: they must give what
+// the string library gives, results and errors alike. Each case runs in a plain Lua state and in
+// the sandbox; the sandbox's script compares.
+TEST(ScriptTest, StringFunctionsGiveTheStringLibrarysResults) {
+  const std::vector<std::string> cases = {
+      "string.find('hello world', 'o w')",
+      "string.find('hello world', 'o', 6)",
+      "string.find('hello world', 'l', -3)",
+      "string.find('hello', 'l', 10)",
+      "string.find('hello', '', 6)",
+      "string.find('hello', '', 7)",
+      "string.find('a.b', '.', 1, true)",
+      "string.find('a+b', '+', 1, true)",
+      "string.find('key = value', '(%w+)%s*=%s*(%w+)')",
+      "string.find('abc', '()b()')",
+      "string.find('abc', '^b')",
+      "string.find('abc', 'c$')",
+      "string.find(12345, 34)",
+      "string.find('x', '%')",
+      "string.find('x', '[a')",
+      "string.find('x', '(()')",
+      "string.find('x', '%1')",
+      "string.find()",
+      "string.find('x', {})",
+      "('THE (quick) fox'):find('%((%a+)%)')",
+      "string.match('2024-11-05', '(%d+)-(%d+)-(%d+)')",
+      "string.match('  trim  ', '^%s*(.-)%s*$')",
+      "string.match('f(a(b)c)', '%b()')",
+      "string.match('THE (quick) fox', '%f[%a]%a+', 5)",
+      "string.match('abcabc', '(abc)%1')",
+      "string.match('hello', 'xyz')",
+      "string.match('hello', '()ll()')",
+      "string.match('hello', '.', -1)",
+      "string.match('hello')",
+      "string.gsub('hello world', 'o', '0')",
+      "string.gsub('hello world', '(o)', '[%1%0%%]')",
+      "string.gsub('hello world', 'l', 'L', 2)",
+      "string.gsub('hello world', '^h', 'H')",
+      "string.gsub('abc', '', '-')",
+      "string.gsub('abc', 'x*', '-')",
+      "string.gsub('abc', '%w', '%2')",
+      "string.gsub('abc', '%w', '%')",
+      "string.gsub('abc', '%w', {})",
+      "string.gsub('abc', '%w')",
+      "string.gsub('abc', '%w', true)",
+      "string.gsub('hello world', '%w+', function(w) return w:upper() end)",
+      "string.gsub('hello world', '%w+', function(w) if w == 'world' then return false end "
+      "return '<' .. w .. '>' end)",
+      "string.gsub('hello world', '(%w)(%w*)', function(a, b) return b .. a end)",
+      "string.gsub('abc', '', function(m) return '-' end)",
+      "string.gsub('abc', 'x*', function(m) return '[' .. m .. ']' end)",
+      "string.gsub('abc', '()', function(p) return p end)",
+      "string.gsub('hello world', '%w+', {hello = 'HI', world = 2})",
+      "string.gsub('hello world', '(%w)%w*', {h = 'H'})",
+      "string.gsub('abc', '%w', function() return {} end)",
+      "string.gsub('abcabc', 'b', function() return 'X' end, 1)",
+      "string.gsub('abcabc', '^a', function() return 'X' end)",
+      "string.gsub('abcabc', '^', function() return 'X' end)",
+      "string.gsub('abc', '.', function() return nil end, 0)",
+      "string.gsub('hello', 'l+', function(m) return #m end)",
+      "string.gsub('x', '%', function() end)",
+      "string.rep('ab', 3)",
+      "string.rep('ab', 3, ', ')",
+      "string.rep('ab', 1, ', ')",
+      "string.rep('', 5)",
+      "string.rep('', 3, '-')",
+      "string.rep('x', 0)",
+      "string.rep('x', -2, ',')",
+      "string.rep(7, 3)",
+      "string.rep('x')",
+      "string.rep('x', 2.5)",
+      "#string.rep('abc', 100000, 'de')",
+      "string.rep('abc', 7, 'de')",
+      "string.rep('a', 1 << 62, 'b')",
+      "string.rep('xy', (1 << 30) - 1, 'z')",
+      "#string.rep('xy', 1 << 20, 'z')",
+  };
+  const std::vector<std::string> iterations = {
+      "for w in string.gmatch('one two  three', '%a+') do r[#r + 1] = w end",
+      "for k, v in string.gmatch('a=1, b=2', '(%w+)=(%w+)') do r[#r + 1] = k .. v end",
+      "for m in string.gmatch('abc', 'x*') do r[#r + 1] = '[' .. m .. ']' end",
+      "for m in string.gmatch('abc', '') do r[#r + 1] = '[' .. m .. ']' end",
+      "for p in string.gmatch('abc', '()') do r[#r + 1] = p end",
+      "for m in string.gmatch('^a^a', '^a') do r[#r + 1] = m end",
+      "for m in string.gmatch('a^^b', '^*') do r[#r + 1] = '[' .. m .. ']' end",
+      "for m in string.gmatch('one two three', '%a+', 5) do r[#r + 1] = m end",
+      "for m in string.gmatch('one two three', '%a+', -5) do r[#r + 1] = m end",
+      "for m in string.gmatch('abc', '.', 10) do r[#r + 1] = m end",
+      "for m in ('x1y22z333'):gmatch('%d+') do r[#r + 1] = m end",
+      "local f = string.gmatch('ab', '.') r[1] = f() r[2] = f() r[3] = tostring(f()) "
+      "r[4] = tostring(f())",
+  };
+  // Each case's results as one string: ok flag, then each value with its type.
+  std::string chunk =
+      "local function show(ok, ...)\n"
+      "  local t = {tostring(ok)}\n"
+      "  if not ok then\n"
+      "    -- The chunks differ: the error's position is only checked to be there.\n"
+      "    return 'false,' .. tostring((...)):gsub('^.-:%d+: ', '<where> ')\n"
+      "  end\n"
+      "  for i = 1, select('#', ...) do\n"
+      "    local v = select(i, ...)\n"
+      "    t[#t + 1] = type(v) .. ':' .. tostring(v)\n"
+      "  end\n"
+      "  return table.concat(t, ',')\n"
+      "end\n"
+      "local results = {}\n";
+  for (const std::string& c : cases) {
+    chunk += "results[#results + 1] = show(pcall(function() return " + c + " end))\n";
+  }
+  for (const std::string& c : iterations) {
+    chunk += "results[#results + 1] = show(pcall(function() local r = {} " + c +
+             " return table.concat(r, '|') end))\n";
+  }
+  // The plain state writes the expected results as a Lua table constructor.
+  lua_State* plain = luaL_newstate();
+  luaL_openlibs(plain);
+  const std::string expected_code =
+      chunk +
+      "local quoted = {}\n"
+      "for i, v in ipairs(results) do quoted[i] = string.format('%q', v) end\n"
+      "return '{' .. table.concat(quoted, ',\\n') .. '}'\n";
+  ASSERT_EQ(luaL_dostring(plain, expected_code.c_str()), LUA_OK) << lua_tostring(plain, -1);
+  const std::string expected = lua_tostring(plain, -1);
+  lua_close(plain);
+
+  const std::string script = "local expected = " + expected + "\nfunction record(e)\n" + chunk +
+                             "  for i = 1, #expected do\n"
+                             "    if results[i] ~= expected[i] then\n"
+                             "      error('case ' .. i .. ': got ' .. tostring(results[i]) .. "
+                             "' want ' .. expected[i], 0)\n"
+                             "    end\n"
+                             "  end\n"
+                             "  return e\n"
+                             "end\n";
+  ScriptOptions options = Options(script);
+  options.max_attempts = 1;
+  Harness h(options);
+  EventChunk out = h.Run({Record("a")});
+  for (const auto& error : out.errors) ADD_FAILURE() << error.message;
+  EXPECT_EQ(out.events.size(), 1u);
 }
 
 }  // namespace
