@@ -123,7 +123,8 @@ bool IsJsonNumber(std::string_view s) {
 }
 
 // Visits every token of `value`: On Demand only matches the brackets of a value it skips, so a
-// record body would otherwise be taken with a stray byte or a bad literal inside it.
+// frame (and the record body in it) would otherwise be taken with a stray byte or a bad literal
+// inside a value no field reads.
 error_code CheckJson(od::value value, size_t depth) {
   if (depth > simdjson::DEFAULT_MAX_DEPTH) return simdjson::DEPTH_ERROR;
   od::json_type type;
@@ -222,7 +223,7 @@ error_code ReadCommitField(std::string_view key, od::value value, od::document& 
     return ReadRecord(value, doc, &c->record, &c->created_at);
   }
   *matched = false;
-  return simdjson::SUCCESS;
+  return CheckJson(value, 1);
 }
 
 // A wrapped com.atproto.sync.subscribeRepos event (#identity, #account, #sync).
@@ -245,9 +246,13 @@ error_code ReadBytesObject(od::value value, std::string_view* b64, bool* shape_o
     std::string_view key;
     if (auto e = field.unescaped_key().get(key)) return e;
     ++fields;
+    od::value v;
+    if (auto e = field.value().get(v)) return e;
     if (key == "$bytes") {
       found = true;
-      if (auto e = field.value().get_string().get(*b64)) return e;
+      if (auto e = v.get_string().get(*b64)) return e;
+    } else if (auto e = CheckJson(v, 1)) {
+      return e;
     }
   }
   *shape_ok = found && fields == 1;
@@ -277,6 +282,8 @@ error_code ReadUpstream(od::value value, Upstream* u, std::string_view* failed) 
     } else if (key == "blocks") {
       u->has_blocks = true;
       e = ReadBytesObject(v, &u->blocks, &u->blocks_shape_ok);
+    } else {
+      e = CheckJson(v, 1);
     }
     if (e) {
       *failed = key;
@@ -501,6 +508,8 @@ Status DecodeJetstreamV2(std::string_view text, size_t readable, pipeline::Origi
       e = value.get_string().get(error_name);
     } else if (key == "message") {
       e = value.get_string().get(error_message);
+    } else {
+      e = CheckJson(value, 1);
     }
     if (e) return FieldError(json, error_kind, "bad_frame", failed.empty() ? key : failed, e);
   }
@@ -667,6 +676,8 @@ Status DecodeJetstreamV1(std::string_view text, size_t readable, pipeline::Origi
       e = ReadUpstream(value, &account, &failed);
     } else if (key == "identity") {
       e = ReadUpstream(value, &identity, &failed);
+    } else {
+      e = CheckJson(value, 1);
     }
     if (e) return FieldError(json, error_kind, "bad_event", failed.empty() ? key : failed, e);
   }

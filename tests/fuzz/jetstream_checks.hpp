@@ -99,6 +99,7 @@ inline void DecodeBothWays(std::string_view text, bool v2) {
     return;
   }
   Check(Describe(copied) == Describe(in_place), "copied and in-place decodes agree");
+  Check(IsJson(text), "an accepted frame is valid JSON");
   CheckFrame(copied, v2);
 }
 

@@ -717,9 +717,11 @@ TEST(JetstreamFramesTest, MalformedV2FramesGiveTheirKind) {
   EXPECT_THAT(s.message(), HasSubstr("frame of " + std::to_string(bad_utf8.size()) + " bytes"));
 }
 
-// Found by fuzz_jetstream_v1: On Demand only matched the brackets of the record's nested values,
-// so a stray byte inside one passed and the record went on as JSON that is not.
+// Found by fuzz_jetstream_v1: On Demand only matched the brackets of the record's nested values
+// (and of every field no decoder reads), so a stray byte inside one passed and the record went on
+// as JSON that is not.
 TEST(JetstreamFramesTest, BrokenJsonInsideARecordIsBadJson) {
+  const auto c = CommitFields();
   const std::vector<std::string> broken = {
       R"({"$type":"a.b.c","reply":{"parent":{"uri":"at://x"%}}})",
       R"({"$type":"a.b.c","langs":["en",]})",
@@ -738,6 +740,30 @@ TEST(JetstreamFramesTest, BrokenJsonInsideARecordIsBadJson) {
         std::string(R"({"did":")") + kDid +
         R"(","time_us":5,"kind":"commit","commit":{"rev":"3l2222222222a","operation":"create","collection":"app.bsky.feed.post","rkey":"a","cid":"bafyreie5cvv4h45feadgeuwhbcutmh6t2ceseocckahdoe6uat64zmz454","record":)" +
         record + "}}";
+    JetstreamFrame frame;
+    std::string kind;
+    EXPECT_FALSE(DecodeJetstreamV1(v1, &frame, &kind).ok()) << v1;
+    EXPECT_EQ(kind, "bad_json") << v1;
+  }
+  // The same in fields no decoder reads: the envelope, the payload, the wrapped event, $bytes.
+  for (
+      const std::string& frame :
+      {V2Frame(c).substr(0, 1) + R"("x":[%],)" + V2Frame(c).substr(1),
+       [] {
+         auto fields = CommitFields();
+         fields.emplace_back("extra", "tru");
+         return V2Frame(fields);
+       }(),
+       std::string(
+           R"({"$type":"message","payload":{"$type":"network.bsky.jetstream.subscribeEvents#identity","did":")") +
+           kDid +
+           R"(","identity":{"did":nul,"handle":"bob.test"},"seq":10,"time":"2024-01-01T00:00:00Z"}})"}) {
+    Status s;
+    EXPECT_EQ(V2Kind(frame, &s), "bad_json") << frame << "\n" << s.ToString();
+  }
+  for (const char* extra : {R"("x":[%])", R"("identity":{"did":01})"}) {
+    const std::string v1 =
+        std::string(R"({"did":")") + kDid + R"(","time_us":5,"kind":"identity",)" + extra + "}";
     JetstreamFrame frame;
     std::string kind;
     EXPECT_FALSE(DecodeJetstreamV1(v1, &frame, &kind).ok()) << v1;
