@@ -96,13 +96,14 @@ TEST(PostgresRunTest, IngestIntoPostgresGivesTheTableIngestIntoSqliteGives) {
   const std::string events = Events(dir.path(), 30'000);
   TempDir lite, pg;
   auto a = RunProcess({ATFILL_BINARY, "ingest", Config(lite.path(), ""), events}, lite.path());
-  ASSERT_EQ(a.exit_code, 0) << a.err;
+  // 1: the generated bad lines are errors; the rest lands.
+  ASSERT_EQ(a.exit_code, 1) << a.err;
   // A password in the connection string (the test server trusts loopback and ignores it) must
   // not reach the job's parameters.
   auto b = RunProcess(
       {ATFILL_BINARY, "ingest", Config(pg.path(), (*db)->conninfo() + " password=hunter2"), events},
       pg.path());
-  ASSERT_EQ(b.exit_code, 0) << b.err;
+  ASSERT_EQ(b.exit_code, 1) << b.err;
   const auto want = SqliteContent(lite / "db.sqlite");
   ASSERT_GT(want.size(), 10'000u);
   EXPECT_EQ(PostgresContent((*db)->conninfo()), want);
@@ -123,7 +124,8 @@ TEST(PostgresRunTest, AServerStoppedAndRestartedMidRunLosesNothing) {
   const std::string events = Events(dir.path(), 200'000);
   TempDir lite, pg;
   auto a = RunProcess({ATFILL_BINARY, "ingest", Config(lite.path(), ""), events}, lite.path());
-  ASSERT_EQ(a.exit_code, 0) << a.err;
+  // 1: the generated bad lines are errors; the rest lands.
+  ASSERT_EQ(a.exit_code, 1) << a.err;
 
   // Small batches and quick sink retries, so the outage lands mid-run and the run waits it out.
   const std::string config = Config(
@@ -150,7 +152,7 @@ TEST(PostgresRunTest, AServerStoppedAndRestartedMidRunLosesNothing) {
   EXPECT_TRUE(run.Running()) << "the run must wait for the server, not fail";
   ASSERT_TRUE((*server)->Start().ok());
   auto done = run.Wait(std::chrono::seconds(180));
-  ASSERT_EQ(done.exit_code, 0) << done.err;
+  ASSERT_EQ(done.exit_code, 1) << done.err;
   const auto want = SqliteContent(lite / "db.sqlite");
   const auto got = PostgresContent((*db)->conninfo());
   EXPECT_GT(got.size(), before);
