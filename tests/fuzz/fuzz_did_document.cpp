@@ -3,11 +3,15 @@
 // for a fixed DID, under the default endpoint rules and with loopback endpoints allowed. An
 // outcome is either a document or an error with a kind and a sentence; an accepted endpoint
 // passes the endpoint rules and ends in no '/'; the handle is valid; and the resolved entry
-// round-trips through the resolver cache.
+// round-trips through the resolver cache. Seeds: ours, and the PLC directory's documents of the
+// shared Jetstream capture.
 #include <simdjson.h>
+#include <zstd.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -53,6 +57,30 @@ void Resolve(std::string_view did, std::string_view json, const stages::Resolver
 }
 
 }  // namespace
+
+// The shared capture holds every DID document of its window as one zstd-compressed JSON object
+// (DID -> document); each document becomes a seed of its own in the work folder (run_fuzz.sh's
+// ATFILL_FUZZ_WORK, in the build tree), before libFuzzer reads its corpus folders.
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  const char* work = std::getenv("ATFILL_FUZZ_WORK");
+  auto packed = atfill::fuzz::ReadSharedFile("internal/corpus/testdata/did_docs.json.zst");
+  if (work == nullptr || !packed) return 0;
+  std::string json(size_t{1} << 20, '\0');
+  const size_t n = ZSTD_decompress(json.data(), json.size(), packed->data(), packed->size());
+  atfill::fuzz::Check(!ZSTD_isError(n), "the shared DID documents decompress");
+  json.resize(n);
+  simdjson::dom::parser parser;
+  simdjson::dom::object docs;
+  atfill::fuzz::Check(
+      parser.parse(simdjson::padded_string(json)).get_object().get(docs) == simdjson::SUCCESS,
+      "the shared DID documents are an object");
+  size_t i = 0;
+  for (auto [did, doc] : docs) {
+    const std::string path = std::string(work) + "/plc_directory_" + std::to_string(i++) + ".json";
+    std::ofstream(path, std::ios::binary) << simdjson::minify(doc);
+  }
+  return 0;
+}
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view json(reinterpret_cast<const char*>(data), size);

@@ -5,7 +5,8 @@
 # the only folder libFuzzer writes new inputs to; SEED_DIR (corpus/NAME, our own seeds) and each
 # DATA_DIR/SUBDIR (third-party data read in place, never copied into the repository) are read
 # only. DATA_DIR is ../shared/protocols/jetstream/data, or $ATFILL_SHARED/protocols/jetstream/data
-# when ATFILL_SHARED is set; the target finds it as ATFILL_FUZZ_DATA (dictionaries). When a
+# when ATFILL_SHARED is set; the target finds it as ATFILL_FUZZ_DATA (dictionaries, packed
+# documents) and WORK_DIR as ATFILL_FUZZ_WORK. When a
 # shared folder is missing the run fails if ATFILL_REQUIRE_SHARED=1 (CI), and otherwise goes on
 # without those seeds after saying so. MAX_LEN 0 leaves libFuzzer's default.
 set -euo pipefail
@@ -27,6 +28,8 @@ for rel in "$@"; do
   fi
 done
 if [ "$#" -gt 0 ] && [ -d "$data" ]; then export ATFILL_FUZZ_DATA="$data"; fi
+# A target may write seeds it derives from the shared data (one file per document) here.
+export ATFILL_FUZZ_WORK="$work"
 
 flags=(-max_total_time="${ATFILL_FUZZ_SECONDS:-15}" -rss_limit_mb=2048 -timeout=10
   -print_final_stats=1)
