@@ -19,8 +19,10 @@
 namespace atfill::pipeline {
 
 struct JobOptions {
-  // Keep a per-batch audit trail (positions, count, failures, duration, attempts).
-  bool record_batches = false;
+  // Keep a per-batch audit trail (positions, count, failures, duration, attempts): what the
+  // dashboard draws the job's rate from. One small state entry per batch, the newest
+  // state::JobStoreOptions::max_audit_batches kept, so it is on by default.
+  bool record_batches = true;
   // Stop the job when its error log holds this many entries (the error log's cap).
   bool stop_at_error_cap = true;
   // Called with the job each time the runner publishes it (when it starts, after each committed
