@@ -1,0 +1,486 @@
+// The SQLite sink as its table grows: create events from 1,000,000 accounts interleaved as a live
+// stream or an archive delivers them (each event from an account drawn at random, record keys TIDs
+// of the event's time, so increasing with time), written into ONE database in the engine's default
+// batches (5,000 events per Write, as `atfill ingest` hands them to the sink), reported per window
+// of rows. The events go to the sink directly: the engine's parse, CID check and guard cost the
+// same at every table size, so leaving them out shows the part that grows.
+//
+// Benchmarks, in this order:
+//  * BM_RepoOrder: the reference, in a database of its own: one window of rows in repo order
+//    (10,000 accounts one after another, each with record keys from all of its history) into an
+//    empty table.
+//  * BM_Interleaved/window:N: rows (N-1)*window .. N*window of the growing table. Counters per
+//    window: items_per_second (events/s over the Write calls), cpu_s (process CPU during them,
+//    every thread), cpu_us_per_event, peak_rss_mb (VmHWM, reset at the start of the window),
+//    disk_bytes_per_record (database + WAL file / rows so far), db_bytes_per_record (database
+//    file only), vs_repo (events/s / BM_RepoOrder's).
+//  * BM_Query/<name>: the queries users run, on the final table (warm cache, LIMIT 20), through
+//    the atfill_records view.
+//
+// Environment:
+//   ATFILL_SCALE_ROWS         rows to write (default 1,000,000)
+//   ATFILL_SCALE_WINDOW       rows per reported window (default 1,000,000)
+//   ATFILL_SCALE_ACCOUNTS     accounts of the stream (default 1,000,000)
+//   ATFILL_SCALE_MAX_SECONDS  stop after the window in which the Write calls passed this many
+//                             seconds in all (default 0: no limit)
+//   ATFILL_SCALE_DIR          folder for the databases, kept afterwards (default: a scratch
+//                             folder removed at exit)
+//   ATFILL_SCALE_SETUP_SQL    a file of SQL run on each new database before the sink opens it: to
+//                             measure another layout with the same sink (it must leave the schema
+//                             at the sink's version, atfill_schema_version included)
+//   ATFILL_SCALE_CACHE_MB     the sink's page cache (default: SqliteSinkOptions' default)
+//
+//   build/bench/scale_bench                                (Release build)
+//   ATFILL_SCALE_ROWS=10000000 build/bench/scale_bench
+#include <benchmark/benchmark.h>
+#include <sqlite3.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "atproto/cid.hpp"
+#include "base/bytes.hpp"
+#include "bench/bench_util.hpp"
+#include "pipeline/event.hpp"
+#include "pipeline/sink.hpp"
+#include "sinks/sqlite_sink.hpp"
+
+namespace atfill {
+namespace {
+
+namespace fs = std::filesystem;
+using pipeline::Event;
+using pipeline::RecordEvent;
+
+// The engine's default batch (pipeline/batcher.hpp: max_events).
+constexpr size_t kBatch = 5000;
+constexpr uint32_t kRepoAccounts = 10'000;
+// The stream's clock: the first event's time and the gap between two events (a firehose of
+// ~2,000 events/s).
+constexpr int64_t kStreamStartUs = 1'780'000'000'000'000;
+constexpr int64_t kStreamStepUs = 500;
+
+uint64_t EnvU64(const char* name, uint64_t fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  return std::strtoull(v, nullptr, 10);
+}
+
+struct Config {
+  uint64_t rows = EnvU64("ATFILL_SCALE_ROWS", 1'000'000);
+  uint64_t window = std::max<uint64_t>(1, EnvU64("ATFILL_SCALE_WINDOW", 1'000'000));
+  uint32_t accounts = static_cast<uint32_t>(EnvU64("ATFILL_SCALE_ACCOUNTS", 1'000'000));
+  double max_seconds = static_cast<double>(EnvU64("ATFILL_SCALE_MAX_SECONDS", 0));
+  uint64_t cache_mb = EnvU64("ATFILL_SCALE_CACHE_MB", 0);
+};
+
+const Config& Cfg() {
+  static const Config config;
+  return config;
+}
+
+fs::path Dir() {
+  if (const char* d = std::getenv("ATFILL_SCALE_DIR"); d != nullptr && *d != '\0') {
+    fs::create_directories(d);
+    return d;
+  }
+  return bench::WorkDir("scale-bench");
+}
+
+// A TID: 53 bits of microseconds and 10 bits of clock id, base32-sortable, 13 characters.
+std::string Tid(int64_t micros, uint32_t clock_id) {
+  static constexpr char kAlphabet[] = "234567abcdefghijklmnopqrstuvwxyz";
+  uint64_t v = ((static_cast<uint64_t>(micros) & ((1ULL << 53) - 1)) << 10) | (clock_id & 1023);
+  std::string out(13, '2');
+  for (int i = 12; i >= 0; --i) {
+    out[static_cast<size_t>(i)] = kAlphabet[v & 31];
+    v >>= 5;
+  }
+  return out;
+}
+
+// "did:plc:" and 24 base32 characters, spread over the alphabet as real did:plc are.
+std::string DidName(uint32_t index) {
+  static constexpr char kAlphabet[] = "abcdefghijklmnopqrstuvwxyz234567";
+  uint64_t h = (static_cast<uint64_t>(index) + 1) * 0x9E3779B97F4A7C15ULL;
+  std::string out = "did:plc:";
+  for (int i = 0; i < 24; ++i) {
+    h ^= h >> 29;
+    h *= 0xBF58476D1CE4E5B9ULL;
+    out += kAlphabet[(h >> 40) & 31];
+  }
+  return out;
+}
+
+// "2026-05-28T21:46:40.123Z" for unix microseconds.
+std::string IsoTime(int64_t micros) {
+  const std::time_t secs = static_cast<std::time_t>(micros / 1'000'000);
+  std::tm tm{};
+  gmtime_r(&secs, &tm);
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900,
+                tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+                static_cast<int>((micros / 1000) % 1000));
+  return buf;
+}
+
+// The network's mix of collections, roughly: likes most, then follows, posts, reposts, blocks and
+// a few profile writes (record key "self", the one key that is not a TID).
+struct Collection {
+  const char* nsid;
+  int weight;
+};
+constexpr std::array<Collection, 6> kMix = {{{"app.bsky.feed.like", 55},
+                                             {"app.bsky.graph.follow", 15},
+                                             {"app.bsky.feed.post", 15},
+                                             {"app.bsky.feed.repost", 11},
+                                             {"app.bsky.graph.block", 3},
+                                             {"app.bsky.actor.profile", 1}}};
+
+// Deterministic events; the same seed gives the same stream.
+class Stream {
+ public:
+  Stream(uint32_t accounts, bool repo_order, uint64_t seed)
+      : accounts_(accounts), repo_order_(repo_order), rng_(seed) {
+    for (const auto& c : kMix) total_weight_ += c.weight;
+  }
+
+  // Overwrites `batch` with the next `n` events.
+  void Fill(size_t n, std::vector<Event>* batch, uint64_t* body_bytes) {
+    batch->resize(n, Event(RecordEvent{}));
+    for (size_t i = 0; i < n; ++i) {
+      Next(&std::get<RecordEvent>((*batch)[i]));
+      *body_bytes += std::get<RecordEvent>((*batch)[i]).body.size();
+    }
+  }
+
+ private:
+  void Next(RecordEvent* e) {
+    const uint64_t k = counter_++;
+    uint32_t account;
+    int64_t time_us;
+    if (repo_order_) {
+      // Runs of 100 records per account, each run's keys from two years of the account's history.
+      account = static_cast<uint32_t>((k / 100) % accounts_);
+      if (k % 100 == 0) {
+        history_.clear();
+        for (int j = 0; j < 100; ++j) {
+          history_.push_back(kStreamStartUs -
+                             static_cast<int64_t>(rng_() % (2ULL * 365 * 86400 * 1'000'000)));
+        }
+        std::sort(history_.begin(), history_.end());
+      }
+      time_us = history_[k % 100];
+    } else {
+      account = static_cast<uint32_t>(rng_() % accounts_);
+      time_us = kStreamStartUs + static_cast<int64_t>(k) * kStreamStepUs;
+    }
+    int pick = static_cast<int>(rng_() % static_cast<uint64_t>(total_weight_));
+    size_t c = 0;
+    while (pick >= kMix[c].weight) pick -= kMix[c++].weight;
+    const std::string nsid = kMix[c].nsid;
+
+    e->did = DidName(account);
+    e->collection = nsid;
+    e->operation = pipeline::Operation::kCreate;
+    e->rkey = nsid == "app.bsky.actor.profile" ? "self"
+                                               : Tid(time_us, static_cast<uint32_t>(rng_() % 1024));
+    e->rev = Tid(time_us, 0);
+    e->created_at = IsoTime(time_us);
+    e->position = k;
+    std::string& b = e->body;
+    b.clear();
+    b += R"({"$type":")";
+    b += nsid;
+    b += '"';
+    if (nsid == "app.bsky.feed.like" || nsid == "app.bsky.feed.repost") {
+      b += R"(,"subject":{"cid":"bafyreig)";
+      for (int i = 0; i < 51; ++i) b += static_cast<char>('a' + rng_() % 26);
+      b += R"(","uri":"at://)";
+      b += DidName(static_cast<uint32_t>(rng_() % accounts_));
+      b += "/app.bsky.feed.post/";
+      b += Tid(time_us - static_cast<int64_t>(rng_() % 86'400'000'000ULL), 0);
+      b += R"("})";
+    } else if (nsid == "app.bsky.graph.follow" || nsid == "app.bsky.graph.block") {
+      b += R"(,"subject":")";
+      b += DidName(static_cast<uint32_t>(rng_() % accounts_));
+      b += '"';
+    } else if (nsid == "app.bsky.feed.post") {
+      b += R"(,"langs":["en"],"text":")";
+      const int words = 3 + static_cast<int>(rng_() % 40);
+      for (int w = 0; w < words; ++w) {
+        if (w > 0) b += ' ';
+        const int len = 2 + static_cast<int>(rng_() % 8);
+        for (int i = 0; i < len; ++i) b += static_cast<char>('a' + rng_() % 26);
+      }
+      b += '"';
+    } else {
+      b += R"(,"displayName":"account )";
+      b += std::to_string(account);
+      b += R"(","description":"a profile")";
+    }
+    b += R"(,"createdAt":")";
+    b += e->created_at;
+    b += R"("})";
+    e->cid = atproto::Cid::Compute(atproto::Cid::Codec::kDagCbor, AsBytes(b));
+  }
+
+  uint32_t accounts_;
+  bool repo_order_;
+  std::mt19937_64 rng_;
+  int total_weight_ = 0;
+  uint64_t counter_ = 0;
+  std::vector<int64_t> history_;
+};
+
+uint64_t FileSize(const fs::path& p) {
+  std::error_code ec;
+  const auto n = fs::file_size(p, ec);
+  return ec ? 0 : n;
+}
+
+// A new database at `path` (any older one removed), the setup SQL applied, opened by the sink.
+Result<std::unique_ptr<pipeline::Sink>> NewDatabase(const fs::path& path) {
+  for (const char* suffix : {"", "-wal", "-shm"}) fs::remove(path.string() + suffix);
+  if (const char* setup = std::getenv("ATFILL_SCALE_SETUP_SQL"); setup != nullptr && *setup) {
+    std::ifstream in(setup);
+    std::stringstream sql;
+    sql << in.rdbuf();
+    sqlite3* db = nullptr;
+    sqlite3_open(path.c_str(), &db);
+    // The sink's page size only applies to an empty file, so set it here as the sink would.
+    const std::string pragmas =
+        "PRAGMA page_size = " + std::to_string(sinks::SqliteSinkOptions{}.page_size_bytes) +
+        "; PRAGMA journal_mode = WAL;";
+    char* err = nullptr;
+    int rc = sqlite3_exec(db, pragmas.c_str(), nullptr, nullptr, &err);
+    if (rc == SQLITE_OK) rc = sqlite3_exec(db, sql.str().c_str(), nullptr, nullptr, &err);
+    std::string message = err != nullptr ? err : "";
+    sqlite3_free(err);
+    sqlite3_close(db);
+    if (rc != SQLITE_OK) return Status::Invalid("ATFILL_SCALE_SETUP_SQL: " + message);
+  }
+  sinks::SqliteSinkOptions options;
+  options.path = path.string();
+  if (Cfg().cache_mb > 0) options.cache_bytes = static_cast<int64_t>(Cfg().cache_mb) << 20;
+  return sinks::OpenSqliteSink(options);
+}
+
+// What one run of windows measured: the Write calls' wall and process CPU seconds.
+struct Span {
+  double seconds = 0;
+  double cpu = 0;
+  uint64_t rows = 0;
+  uint64_t body_bytes = 0;
+};
+
+// Writes `rows` events of `stream` into `sink` in batches of kBatch, timing only the Write calls.
+Status WriteRows(pipeline::Sink* sink, Stream* stream, uint64_t rows, Span* span) {
+  std::vector<Event> batch;
+  for (uint64_t done = 0; done < rows;) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(kBatch, rows - done));
+    stream->Fill(n, &batch, &span->body_bytes);
+    const double cpu0 = bench::ProcessCpuSeconds();
+    const auto t0 = std::chrono::steady_clock::now();
+    auto stats = sink->Write(batch);
+    span->seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    span->cpu += bench::ProcessCpuSeconds() - cpu0;
+    if (!stats.ok()) return stats.status();
+    done += n;
+    span->rows += stats->inserted + stats->updated + stats->unchanged;
+  }
+  return Status::OK();
+}
+
+double& RepoRate() {
+  static double rate = 0;
+  return rate;
+}
+
+void BM_RepoOrder(benchmark::State& state) {
+  const uint64_t rows = std::min(Cfg().rows, Cfg().window);
+  for (auto _ : state) {
+    const fs::path path = Dir() / "repo_order.db";
+    auto sink = NewDatabase(path);
+    if (!sink.ok()) return state.SkipWithError(sink.status().ToString().c_str());
+    Stream stream(kRepoAccounts, /*repo_order=*/true, 7);
+    Span span;
+    if (Status st = WriteRows(sink->get(), &stream, rows, &span); !st.ok()) {
+      return state.SkipWithError(st.ToString().c_str());
+    }
+    sink->reset();
+    state.SetIterationTime(span.seconds);
+    RepoRate() = static_cast<double>(rows) / span.seconds;
+    state.counters["cpu_s"] = span.cpu;
+    state.counters["cpu_us_per_event"] = span.cpu * 1e6 / static_cast<double>(rows);
+    state.counters["avg_body_bytes"] =
+        static_cast<double>(span.body_bytes) / static_cast<double>(rows);
+    for (const char* suffix : {"", "-wal", "-shm"}) fs::remove(path.string() + suffix);
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(rows * state.iterations()));
+  state.SetLabel("repo order, empty table");
+}
+
+// The growing table, shared by the windows.
+struct Growing {
+  fs::path path;
+  std::unique_ptr<pipeline::Sink> sink;
+  std::unique_ptr<Stream> stream;
+  uint64_t rows = 0;
+  double seconds = 0;  // Write time of every window so far
+  bool stopped = false;
+};
+
+Growing& Table() {
+  static Growing g;
+  return g;
+}
+
+void BM_Interleaved(benchmark::State& state) {
+  Growing& g = Table();
+  if (g.stopped) return state.SkipWithError("stopped (ATFILL_SCALE_MAX_SECONDS or an error)");
+  if (g.sink == nullptr) {
+    g.path = Dir() / "interleaved.db";
+    auto sink = NewDatabase(g.path);
+    if (!sink.ok()) {
+      g.stopped = true;
+      return state.SkipWithError(sink.status().ToString().c_str());
+    }
+    g.sink = std::move(*sink);
+    g.stream = std::make_unique<Stream>(Cfg().accounts, /*repo_order=*/false, 11);
+  }
+  const uint64_t rows = std::min(Cfg().window, Cfg().rows - g.rows);
+  for (auto _ : state) {
+    bench::ResetPeakRss();
+    Span span;
+    Status st = WriteRows(g.sink.get(), g.stream.get(), rows, &span);
+    if (!st.ok()) {
+      g.stopped = true;
+      return state.SkipWithError(st.ToString().c_str());
+    }
+    g.rows += rows;
+    g.seconds += span.seconds;
+    state.SetIterationTime(span.seconds);
+    const double rate = static_cast<double>(rows) / span.seconds;
+    const double db = static_cast<double>(FileSize(g.path));
+    const double wal = static_cast<double>(FileSize(g.path.string() + "-wal"));
+    state.counters["rows_total"] = static_cast<double>(g.rows);
+    state.counters["cpu_s"] = span.cpu;
+    state.counters["cpu_us_per_event"] = span.cpu * 1e6 / static_cast<double>(rows);
+    state.counters["peak_rss_mb"] = static_cast<double>(bench::StatusKb("VmHWM")) / 1024.0;
+    state.counters["disk_bytes_per_record"] = (db + wal) / static_cast<double>(g.rows);
+    state.counters["db_bytes_per_record"] = db / static_cast<double>(g.rows);
+    state.counters["avg_body_bytes"] =
+        static_cast<double>(span.body_bytes) / static_cast<double>(rows);
+    if (RepoRate() > 0) state.counters["vs_repo"] = rate / RepoRate();
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(rows * state.iterations()));
+  if (Cfg().max_seconds > 0 && g.seconds >= Cfg().max_seconds) g.stopped = true;
+}
+
+// The queries users run, as raw SQL users write them against the view; ?1 is bound to a value
+// that exists in the table.
+struct Query {
+  const char* name;
+  const char* sql;
+};
+constexpr std::array<Query, 4> kQueries = {{
+    {"collection_newest",
+     "SELECT uri, cid, created_at, record FROM atfill_records WHERE collection = "
+     "'app.bsky.feed.post' ORDER BY created_at DESC LIMIT 20"},
+    {"did", "SELECT uri, cid, record FROM atfill_records WHERE did = ?1 LIMIT 20"},
+    {"did_collection",
+     "SELECT uri, cid, record FROM atfill_records WHERE did = ?1 AND collection = "
+     "'app.bsky.feed.like' LIMIT 20"},
+    {"uri",
+     "SELECT uri, cid, record FROM atfill_records WHERE did = ?1 AND collection = "
+     "'app.bsky.feed.like' AND rkey = ?2"},
+}};
+
+void BM_Query(benchmark::State& state) {
+  const Query& q = kQueries[static_cast<size_t>(state.range(0))];
+  Growing& g = Table();
+  g.sink.reset();  // the writes are over; the queries read what was committed
+  if (g.path.empty()) return state.SkipWithError("no table was written");
+  sqlite3* db = nullptr;
+  if (sqlite3_open_v2(g.path.c_str(), &db, SQLITE_OPEN_READONLY, nullptr) != SQLITE_OK) {
+    return state.SkipWithError("open failed");
+  }
+  sqlite3_exec(db, "PRAGMA cache_size = -65536", nullptr, nullptr, nullptr);
+  // A DID and a like key of it that exist: the last like written.
+  std::string did, rkey;
+  {
+    sqlite3_stmt* s = nullptr;
+    sqlite3_prepare_v2(db,
+                       "SELECT d.did, r.rkey FROM atfill_record_rows r JOIN atfill_dids d ON "
+                       "d.id = r.did_id WHERE r.id = (SELECT max(r.id) FROM atfill_record_rows "
+                       "r JOIN atfill_collections c ON c.id = r.collection_id WHERE c.nsid = "
+                       "'app.bsky.feed.like')",
+                       -1, &s, nullptr);
+    if (sqlite3_step(s) == SQLITE_ROW) {
+      did = reinterpret_cast<const char*>(sqlite3_column_text(s, 0));
+      rkey = reinterpret_cast<const char*>(sqlite3_column_text(s, 1));
+    }
+    sqlite3_finalize(s);
+  }
+  sqlite3_stmt* s = nullptr;
+  if (sqlite3_prepare_v2(db, q.sql, -1, &s, nullptr) != SQLITE_OK) {
+    state.SkipWithError(sqlite3_errmsg(db));
+    sqlite3_close(db);
+    return;
+  }
+  sqlite3_bind_text(s, 1, did.c_str(), -1, SQLITE_TRANSIENT);
+  sqlite3_bind_text(s, 2, rkey.c_str(), -1, SQLITE_TRANSIENT);
+  int64_t returned = 0;
+  for (auto _ : state) {
+    while (sqlite3_step(s) == SQLITE_ROW) ++returned;
+    sqlite3_reset(s);
+  }
+  state.counters["rows_returned"] =
+      static_cast<double>(returned) / static_cast<double>(state.iterations());
+  state.counters["table_rows"] = static_cast<double>(g.rows);
+  state.SetLabel(q.name);
+  sqlite3_finalize(s);
+  sqlite3_close(db);
+}
+
+}  // namespace
+}  // namespace atfill
+
+int main(int argc, char** argv) {
+  using atfill::Cfg;
+  benchmark::RegisterBenchmark("BM_RepoOrder", atfill::BM_RepoOrder)
+      ->Iterations(1)
+      ->UseManualTime()
+      ->Unit(benchmark::kSecond);
+  const uint64_t windows = (Cfg().rows + Cfg().window - 1) / Cfg().window;
+  for (uint64_t w = 1; w <= windows; ++w) {
+    benchmark::RegisterBenchmark(("BM_Interleaved/window:" + std::to_string(w)).c_str(),
+                                 atfill::BM_Interleaved)
+        ->Iterations(1)
+        ->UseManualTime()
+        ->Unit(benchmark::kSecond);
+  }
+  for (size_t q = 0; q < atfill::kQueries.size(); ++q) {
+    benchmark::RegisterBenchmark((std::string("BM_Query/") + atfill::kQueries[q].name).c_str(),
+                                 atfill::BM_Query)
+        ->Arg(static_cast<int64_t>(q))
+        ->Unit(benchmark::kMicrosecond);
+  }
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
