@@ -2,12 +2,12 @@
 // EVP_PKEY_sign/verify; the only lower-level calls are EC_GROUP/EC_POINT/ECDSA_SIG helpers that
 // OpenSSL 3 does not deprecate, so no deprecation suppression is needed.
 //
-// secp256k1 keys are parsed, derived, signed with and verified with libsecp256k1 instead
-// (private keys 457 -> 33 us to build, signing 427 -> 47 us): OpenSSL has no
-// optimised code for that curve (measured here: 504 us a verification and 51 us to parse a
-// compressed key, against 73 us and 43 us for P-256), and nearly every atproto repo is signed with
-// it, so a getRepo crawl spent most of its CPU there. libsecp256k1's verification accepts only
-// low-S signatures, atproto's rule, which the checks before it report by name anyway.
+// secp256k1 keys are parsed, derived, signed with and verified with libsecp256k1 instead:
+// OpenSSL has no optimised code for that curve (an order of magnitude slower to verify than its
+// own P-256; bench/repo_bench BM_CommitKey and docs/performance.md have the figures), and nearly
+// every atproto repo is signed with it, so a getRepo crawl spent most of its CPU there.
+// libsecp256k1's verification accepts only low-S signatures, atproto's rule, which the checks
+// before it report by name anyway.
 #include "atproto/crypto.hpp"
 
 #include <openssl/bn.h>
@@ -449,7 +449,7 @@ Result<PrivateKey> PrivateKey::FromBytes(KeyType type, ByteView scalar) {
   }
 
   if (type == KeyType::kSecp256k1) {
-    // libsecp256k1 derives the point ~20x faster than OpenSSL and signs with it (see the top).
+    // libsecp256k1 derives the point and signs, much faster than OpenSSL (see the top).
     const secp256k1_context* ctx = K256SigningContext();
     secp256k1_pubkey pub;
     std::array<uint8_t, kCompressedSize> point{};

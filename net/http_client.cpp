@@ -189,8 +189,8 @@ class HttpClient::Impl {
     ATFILL_RETURN_IF_ERROR(CurlGlobalInit());
     // The loop waits in epoll for the sockets libcurl names (its socket interface), so each
     // wake-up costs what happened on it, not a pass over every transfer and socket
-    // (curl_multi_perform and curl_multi_poll are linear in them: with a crawl's 192 transfers
-    // the process used ~8% more CPU with them, 1.44 against 1.32 cores in the crawl bench).
+    // (curl_multi_perform and curl_multi_poll are linear in them, which a crawl's hundreds of
+    // transfers made measurable in bench/crawl_bench).
     epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
     if (epoll_fd_ < 0) return Status::Internal(std::string("epoll_create1: ") + strerror(errno));
     wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);

@@ -44,17 +44,15 @@ namespace atfill::sources {
 
 // The batch limits a replay runs with (atfill's [archive] batch_* defaults): larger than the
 // engine's, since an archive interleaves accounts and each commit rewrites an index page per
-// account it touches (measured on bench/replay_bench, 5M events into SQLite: 5,000 events a batch
-// 38k records/s, 100,000 113k, 200,000 135k with 1.2 GB peak RSS).
+// account it touches (bench/replay_bench; docs/performance.md has the measured sizes).
 inline constexpr pipeline::BatcherOptions kReplayBatch{
     .max_events = 100'000, .max_delay_ms = 2000, .max_chunks = 64};
 
 // The SQLite sink's WAL checkpoint size during a replay (atfill's [archive] sqlite_wal_mb default;
 // [sink.sqlite] wal_autocheckpoint_mb, 128 MiB, is every other job's). An archive interleaves
 // accounts, so each transaction rewrites index pages all over the table; a larger WAL lets a
-// checkpoint copy each such page once for several transactions. Measured on bench/replay_bench,
-// 5M events into SQLite, in one session: 128 MiB 130k-140k records/s, 512 MiB 153k-167k,
-// 1 GiB 148k-177k.
+// checkpoint copy each such page once for several transactions (bench/replay_bench; the sizes
+// tried are in docs/performance.md).
 inline constexpr int64_t kReplaySqliteWalBytes = int64_t{512} << 20;
 
 struct ReplayOptions {

@@ -73,8 +73,7 @@ struct AppConfig {
   bool check_deleted_accounts = true;
   // [live] batch_records, batch_ms, batch_chunks: the live consumer's batches, larger than
   // [engine]'s: the stream interleaves accounts, so each commit rewrites pages all over the index,
-  // and fewer, larger commits cost less per event (measured: 5,000 -> 50,000 events a batch took
-  // bench/live_bench from 55k to 75k events/s).
+  // and fewer, larger commits cost less per event (bench/live_bench, docs/performance.md).
   pipeline::BatcherOptions live_batch{
       .max_events = 50'000, .max_delay_ms = 1000, .max_chunks = 128};
   stages::AccountCheckOptions account_check;
