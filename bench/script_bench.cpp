@@ -1,6 +1,7 @@
 // The Lua record-script stage alone, on chunks of seeded Bluesky posts: no script for the
 // collection (the lookup only), a pass-through script, a script that reads a field (the record is
-// decoded, and kept byte for byte), and one that rewrites a field (decoded and re-encoded).
+// decoded, and kept byte for byte), one that rewrites a field (decoded and re-encoded), and the
+// pattern functions on a field.
 // Process is timed; refilling the chunk between iterations is not. us_per_record is the time per
 // record in seconds (printed with an SI prefix: 300n = 0.3 µs).
 #include <benchmark/benchmark.h>
@@ -115,6 +116,73 @@ void BM_ModifyField(benchmark::State& state) {
   RunScript(state, kPost, "function record(e) e.record.text = e.record.text:upper() return e end");
 }
 BENCHMARK(BM_ModifyField)->ArgName("records")->Arg(1000);
+
+// The pattern functions on a metadata field (no decode), each a call into the worker's pattern
+// state: a plain find, a match with captures, gmatch and gsub with a function (one find per
+// match: 18 digits).
+void BM_FindOnDid(benchmark::State& state) {
+  RunScript(state, kPost,
+            "function record(e) if e.did:find('blocked', 1, true) then return nil end return e "
+            "end");
+}
+BENCHMARK(BM_FindOnDid)->ArgName("records")->Arg(1000);
+
+void BM_MatchOnDid(benchmark::State& state) {
+  RunScript(state, kPost,
+            "function record(e) local method, id = e.did:match('^did:(%a+):(%w+)$') "
+            "if method ~= 'plc' then return nil end return e end");
+}
+BENCHMARK(BM_MatchOnDid)->ArgName("records")->Arg(1000);
+
+void BM_GmatchOnDid(benchmark::State& state) {
+  RunScript(state, kPost,
+            "function record(e) local n = 0 for part in e.did:gmatch('[^:]+') do n = n + 1 end "
+            "if n ~= 3 then return nil end return e end");
+}
+BENCHMARK(BM_GmatchOnDid)->ArgName("records")->Arg(1000);
+
+void BM_GsubFunctionOnDid(benchmark::State& state) {
+  RunScript(state, kPost,
+            "function record(e) local s, n = e.did:gsub('%d', function(d) return d end) "
+            "if n == 0 then return nil end return e end");
+}
+BENCHMARK(BM_GsubFunctionOnDid)->ArgName("records")->Arg(1000);
+
+// Issue 19's memory bomb: every record fails (1 MB strings until the 64 MiB cap), with the
+// default four attempts; the time per record is what such a script costs a job.
+void BM_MemoryBomb(benchmark::State& state) {
+  const size_t n = static_cast<size_t>(state.range(0));
+  ScriptOptions options;
+  options.sources[kPost] =
+      "function record(e) local t = {} for i = 1, 1e9 do t[i] = string.rep('x', 1e6) end end";
+  options.retry_backoff = std::chrono::microseconds(0);
+  auto stage = ScriptStage::Create(options);
+  if (!stage.ok()) {
+    state.SkipWithError(stage.status().ToString().c_str());
+    return;
+  }
+  auto worker = (*stage)->NewState();
+  const std::vector<pipeline::Event> events = Posts(n);
+  pipeline::EventChunk chunk;
+  for (auto _ : state) {
+    state.PauseTiming();
+    chunk.events = events;
+    chunk.errors.clear();
+    chunk.counters.clear();
+    chunk.dropped = 0;
+    state.ResumeTiming();
+    Status st = (*stage)->Process(worker.get(), &chunk);
+    if (!st.ok() || chunk.errors.size() != n) {
+      state.SkipWithError("the script did not fail on every record");
+      return;
+    }
+  }
+  state.SetItemsProcessed(state.iterations() * static_cast<int64_t>(n));
+  state.counters["us_per_record"] =
+      benchmark::Counter(static_cast<double>(state.iterations()) * static_cast<double>(n),
+                         benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+}
+BENCHMARK(BM_MemoryBomb)->ArgName("records")->Arg(4)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace atfill::stages

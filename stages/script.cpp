@@ -317,8 +317,10 @@ struct PatternCall {
   PatternOp op = PatternOp::kFind;
   const char* subject = nullptr;
   size_t subject_size = 0;
-  bool subject_cached = false;  // the pattern state's subject slot already holds it
-  bool subject_stored = false;  // out: the call put it in that slot
+  // Per string (0 the subject, 1 the pattern): the pattern state's cache slot already holds it,
+  // and (out) the call put it there.
+  bool cached[2] = {false, false};
+  bool stored[2] = {false, false};
   const char* pattern = nullptr;
   size_t pattern_size = 0;
   lua_Integer init = 1;  // find, match
@@ -461,11 +463,11 @@ class LuaWorker final : public pipeline::TransformState {
 
   // The pattern state (see "the pattern state's interruption" above). RunPattern runs `call`
   // there and leaves its results on that state's stack (returning how many); it raises in L on
-  // the pattern library's errors and when the call's deadline passes. `subject` is the index in L
-  // of the subject string (kept referenced while the pattern state caches its copy).
+  // the pattern library's errors and when the call's deadline passes. `subject` and `pattern` are
+  // the indexes in L of those strings (kept referenced while the pattern state caches copies).
   bool OpenPatternState();
   void DiscardPatternState();
-  int RunPattern(lua_State* L, int subject, PatternCall* call);
+  int RunPattern(lua_State* L, int subject, int pattern, PatternCall* call);
   // Pushes on L the pattern state's results first..last, then clears that stack; returns the count.
   int PushPatternResults(lua_State* L, int first, int last);
   [[noreturn]] void RaiseTimeout(lua_State* L, const char* what);
@@ -500,15 +502,19 @@ class LuaWorker final : public pipeline::TransformState {
   int64_t timeout_ns_ = 0;
   int64_t timeout_ms_ = 0;
 
-  // The pattern state and its one-entry cache: the subject string of the last pattern call, kept
-  // referenced in L_'s registry (m_subject_ref_) so that its address stays its identity.
+  // The pattern state, and its copies of the last call's subject and pattern (a gsub or gmatch
+  // finds over one subject many times; patterns are mostly literals). The originals stay
+  // referenced in L_'s registry (m_ref), so that their address remains their identity.
   lua_State* P_ = nullptr;
   PatternHeap p_heap_;
   int p_fn_refs_[3] = {LUA_NOREF, LUA_NOREF, LUA_NOREF};
-  int p_subject_ref_ = LUA_NOREF;
-  int m_subject_ref_ = LUA_NOREF;
-  const char* cached_subject_ = nullptr;
-  size_t cached_subject_size_ = 0;
+  struct CachedString {
+    const char* data = nullptr;
+    size_t size = 0;
+    int p_ref = LUA_NOREF;
+    int m_ref = LUA_NOREF;
+  };
+  CachedString cache_[2];
   std::shared_ptr<PatternWatchdog> watchdog_;
   PatternWatchdog::Slot slot_;
 
@@ -658,8 +664,10 @@ int LuaWorker::OpenSandbox(lua_State* L) {
     lua_setfield(L, -2, name);
   }
   lua_pop(L, 1);
-  lua_pushboolean(L, 0);
-  self->m_subject_ref_ = luaL_ref(L, LUA_REGISTRYINDEX);
+  for (CachedString& cached : self->cache_) {
+    lua_pushboolean(L, 0);
+    cached.m_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  }
   // Libraries not loaded: tables whose every field raises an error naming the library.
   for (const char* name : {"io", "os", "package", "debug", "coroutine"}) {
     lua_newtable(L);
@@ -878,8 +886,10 @@ int LuaWorker::OpenPatternLibrary(lua_State* P) {
     lua_getfield(P, lib, kPatternOpNames[i]);
     self->p_fn_refs_[i] = luaL_ref(P, LUA_REGISTRYINDEX);
   }
-  lua_pushboolean(P, 0);
-  self->p_subject_ref_ = luaL_ref(P, LUA_REGISTRYINDEX);
+  for (CachedString& cached : self->cache_) {
+    lua_pushboolean(P, 0);
+    cached.p_ref = luaL_ref(P, LUA_REGISTRYINDEX);
+  }
   return 0;
 }
 
@@ -904,8 +914,10 @@ void LuaWorker::DiscardPatternState() {
   // is all on the heap's list, and nothing outside it points in (no finalizers, no userdata).
   P_ = nullptr;
   p_heap_.FreeAll();
-  cached_subject_ = nullptr;
-  cached_subject_size_ = 0;
+  for (CachedString& cached : cache_) {
+    cached.data = nullptr;
+    cached.size = 0;
+  }
 }
 
 int LuaWorker::PatternTrampoline(lua_State* P) {
@@ -913,15 +925,18 @@ int LuaWorker::PatternTrampoline(lua_State* P) {
   LuaWorker* self = Self(P);
   lua_settop(P, 0);
   lua_rawgeti(P, LUA_REGISTRYINDEX, self->p_fn_refs_[static_cast<int>(call->op)]);
-  if (call->subject_cached) {
-    lua_rawgeti(P, LUA_REGISTRYINDEX, self->p_subject_ref_);
-  } else {
-    lua_pushlstring(P, call->subject, call->subject_size);
-    lua_pushvalue(P, -1);
-    lua_rawseti(P, LUA_REGISTRYINDEX, self->p_subject_ref_);
-    call->subject_stored = true;
+  const char* texts[2] = {call->subject, call->pattern};
+  const size_t sizes[2] = {call->subject_size, call->pattern_size};
+  for (int k = 0; k < 2; ++k) {
+    if (call->cached[k]) {
+      lua_rawgeti(P, LUA_REGISTRYINDEX, self->cache_[k].p_ref);
+    } else {
+      lua_pushlstring(P, texts[k], sizes[k]);
+      lua_pushvalue(P, -1);
+      lua_rawseti(P, LUA_REGISTRYINDEX, self->cache_[k].p_ref);
+      call->stored[k] = true;
+    }
   }
-  lua_pushlstring(P, call->pattern, call->pattern_size);
   int args = 3;
   switch (call->op) {
     case PatternOp::kFind:
@@ -943,12 +958,12 @@ int LuaWorker::PatternTrampoline(lua_State* P) {
   return lua_gettop(P);
 }
 
-int LuaWorker::RunPattern(lua_State* L, int subject, PatternCall* call) {
+int LuaWorker::RunPattern(lua_State* L, int subject, int pattern, PatternCall* call) {
   if (P_ == nullptr && !OpenPatternState()) {
     return luaL_error(L, "%s: not enough memory for the pattern state", ScriptName());
   }
-  call->subject_cached =
-      cached_subject_ == call->subject && cached_subject_size_ == call->subject_size;
+  call->cached[0] = cache_[0].data == call->subject && cache_[0].size == call->subject_size;
+  call->cached[1] = cache_[1].data == call->pattern && cache_[1].size == call->pattern_size;
   lua_settop(P_, 0);
   lua_pushcfunction(P_, PatternTrampoline);
   lua_pushlightuserdata(P_, call);
@@ -970,11 +985,13 @@ int LuaWorker::RunPattern(lua_State* L, int subject, PatternCall* call) {
   std::atomic_signal_fence(std::memory_order_seq_cst);
   guard.pending = 0;
   slot_.deadline_ns.store(0, std::memory_order_relaxed);
-  if (call->subject_stored) {
-    cached_subject_ = call->subject;
-    cached_subject_size_ = call->subject_size;
-    lua_pushvalue(L, subject);
-    lua_rawseti(L, LUA_REGISTRYINDEX, m_subject_ref_);
+  const int indexes[2] = {subject, pattern};
+  for (int k = 0; k < 2; ++k) {
+    if (!call->stored[k]) continue;
+    cache_[k].data = k == 0 ? call->subject : call->pattern;
+    cache_[k].size = k == 0 ? call->subject_size : call->pattern_size;
+    lua_pushvalue(L, indexes[k]);
+    lua_rawseti(L, LUA_REGISTRYINDEX, cache_[k].m_ref);
   }
   if (rc == LUA_OK) return lua_gettop(P_);
   if (rc == LUA_ERRMEM) {
@@ -1029,7 +1046,7 @@ int LuaWorker::FindOrMatch(lua_State* L, PatternOp op) {
   call.pattern = luaL_checklstring(L, 2, &call.pattern_size);
   call.init = luaL_optinteger(L, 3, 1);
   call.plain = op == PatternOp::kFind && lua_toboolean(L, 4) != 0;
-  const int n = self->RunPattern(L, 1, &call);
+  const int n = self->RunPattern(L, 1, 2, &call);
   return self->PushPatternResults(L, 1, n);
 }
 
@@ -1075,7 +1092,7 @@ int LuaWorker::GmatchStep(lua_State* L) {
     call.pattern = p;
     call.pattern_size = plen;
     call.init = pos + 1;
-    const int n = self->RunPattern(L, lua_upvalueindex(1), &call);
+    const int n = self->RunPattern(L, lua_upvalueindex(1), lua_upvalueindex(2), &call);
     if (n < 2 || lua_type(self->P_, 1) != LUA_TNUMBER) break;
     const lua_Integer start = lua_tointeger(self->P_, 1) - 1;
     const lua_Integer end = lua_tointeger(self->P_, 2);
@@ -1125,7 +1142,7 @@ int LuaWorker::StringGsub(lua_State* L) {
     call.pattern_size = plen;
     call.repl = lua_tolstring(L, 3, &call.repl_size);
     call.max_n = max_n;
-    const int n = self->RunPattern(L, 1, &call);
+    const int n = self->RunPattern(L, 1, 2, &call);
     return self->PushPatternResults(L, 1, n);
   }
   const bool anchor = plen > 0 && p[0] == '^';
@@ -1144,7 +1161,7 @@ int LuaWorker::StringGsub(lua_State* L) {
     call.pattern = p;
     call.pattern_size = plen;
     call.init = pos + 1;
-    const int n = self->RunPattern(L, 1, &call);
+    const int n = self->RunPattern(L, 1, 2, &call);
     if (n < 2 || lua_type(self->P_, 1) != LUA_TNUMBER) {
       lua_settop(self->P_, 0);
       break;
