@@ -68,6 +68,7 @@
 #include "bench/bench_util.hpp"
 #include "pipeline/engine.hpp"
 #include "pipeline/job.hpp"
+#include "pipeline/plan.hpp"
 #include "sinks/dry_run_sink.hpp"
 #include "sinks/sqlite_sink.hpp"
 #include "sources/crawl.hpp"
@@ -173,8 +174,10 @@ CrawlRun RunCrawl(const fs::path& dir, const CrawlOptions& options, bool dry_run
   stages::IngestGuard guard(&tombstones);
   pipeline::JobRunner runner(kv->get(), &jobs, &errors, *job,
                              "job/" + std::to_string(job->id) + "/crawl", job_options);
-  pipeline::Engine engine(pipeline::EngineOptions{}, source->get(), {&verify, &guard}, sink->get(),
-                          kv->get(), &runner);
+  pipeline::Engine engine(
+      pipeline::EngineOptions{}, source->get(),
+      pipeline::StandardStages{.cid_verify = &verify, .ingest_guard = &guard}.InOrder(),
+      sink->get(), kv->get(), &runner);
 
   std::mutex mu;
   std::condition_variable cv;

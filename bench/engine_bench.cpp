@@ -26,6 +26,7 @@
 #include <unordered_map>
 
 #include "bench/bench_util.hpp"
+#include "pipeline/plan.hpp"
 #include "pipeline/run.hpp"
 #include "sinks/sqlite_sink.hpp"
 #include "sources/event_file.hpp"
@@ -106,8 +107,10 @@ void BM_EndToEnd(benchmark::State& state) {
         options.engine.batch = {.max_events = events, .max_delay_ms = ms, .max_chunks = chunks};
       }
     }
-    auto job =
-        pipeline::RunAsJob(source->get(), {&verify, &guard}, sink->get(), kv->get(), options);
+    auto job = pipeline::RunAsJob(
+        source->get(),
+        pipeline::StandardStages{.cid_verify = &verify, .ingest_guard = &guard}.InOrder(),
+        sink->get(), kv->get(), options);
     if (!job.ok() || job->counters.records_written != kEvents) {
       return state.SkipWithError("the run did not write every record");
     }

@@ -44,6 +44,7 @@
 #include "bench/bench_util.hpp"
 #include "pipeline/engine.hpp"
 #include "pipeline/job.hpp"
+#include "pipeline/plan.hpp"
 #include "sinks/dry_run_sink.hpp"
 #include "sinks/sqlite_reader.hpp"
 #include "sinks/sqlite_sink.hpp"
@@ -189,8 +190,10 @@ LiveRun RunLive(const simnet::Simnet& net, bool compress,
       engine_options.batch = {.max_events = events, .max_delay_ms = ms, .max_chunks = chunks};
     }
   }
-  pipeline::Engine engine(engine_options, source->get(), {&verify, &check, &hold, &guard},
-                          sink->get(), kv->get(), &runner);
+  const pipeline::StandardStages stages{
+      .cid_verify = &verify, .account_check = &check, .live_hold = &hold, .ingest_guard = &guard};
+  pipeline::Engine engine(engine_options, source->get(), stages.InOrder(), sink->get(), kv->get(),
+                          &runner);
 
   std::mutex mu;
   std::condition_variable cv;

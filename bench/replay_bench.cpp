@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "bench/bench_util.hpp"
+#include "pipeline/plan.hpp"
 #include "pipeline/run.hpp"
 #include "sinks/dry_run_sink.hpp"
 #include "sinks/postgres_sink.hpp"
@@ -172,7 +173,9 @@ void BM_Replay(benchmark::State& state) {
         run.engine.batch = {.max_events = events, .max_delay_ms = ms, .max_chunks = chunks};
       }
     }
-    auto job = pipeline::RunAsJob(&source, {&verify, &guard}, sink.get(), kv->get(), run);
+    auto job = pipeline::RunAsJob(
+        &source, pipeline::StandardStages{.cid_verify = &verify, .ingest_guard = &guard}.InOrder(),
+        sink.get(), kv->get(), run);
     if (!job.ok() || job->counters.records_written != Events()) {
       return state.SkipWithError("the replay did not write every record");
     }

@@ -1,15 +1,20 @@
-// Embedding atfill in a batch job: Jetstream event lines -> CID verification -> SQLite, as a
-// resumable job whose state lives in a RocksDB folder. Run it again after a crash and it resumes.
+// Embedding atfill in a batch job: Jetstream event lines -> CID verification -> ingest guard ->
+// SQLite, as a resumable job whose state lives in a RocksDB folder. Run it again after a crash and
+// it resumes. The stages take the launcher's order (pipeline/plan.hpp), so the write rules
+// (revs, tombstones, inactive accounts) are the launcher's too.
 //
 //   embed_batch EVENTS.jsonl OUT.db STATE_DIR
 #include <cinttypes>
 #include <cstdio>
 
+#include "pipeline/plan.hpp"
 #include "pipeline/run.hpp"
 #include "sinks/sqlite_sink.hpp"
 #include "sources/event_file.hpp"
 #include "stages/cid_verify.hpp"
+#include "stages/ingest_guard.hpp"
 #include "state/kv_store.hpp"
+#include "state/tombstones.hpp"
 
 int main(int argc, char** argv) {
   using namespace atfill;
@@ -30,9 +35,13 @@ int main(int argc, char** argv) {
     if (!s.ok()) return std::fprintf(stderr, "embed_batch: %s\n", s.ToString().c_str()), 1;
   }
   stages::CidVerify verify;
+  state::Tombstones tombstones(**state);
+  stages::IngestGuard guard(&tombstones);
+  const pipeline::StandardStages stages{.cid_verify = &verify, .ingest_guard = &guard};
   pipeline::RunOptions options;
   options.job_name = "embed-example";
-  auto job = pipeline::RunAsJob(source->get(), {&verify}, sink->get(), state->get(), options);
+  auto job =
+      pipeline::RunAsJob(source->get(), stages.InOrder(), sink->get(), state->get(), options);
   if (!job.ok())
     return std::fprintf(stderr, "embed_batch: %s\n", job.status().ToString().c_str()), 1;
   std::printf(

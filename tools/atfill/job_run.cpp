@@ -113,8 +113,8 @@ int RunInForeground(ForegroundJob& spec) {
   OpenedState& st = *spec.state;
   // A sharded process's graph first removes the events of DIDs other shards own.
   pipeline::ShardFilter shard_filter(config.shard);
-  std::vector<const pipeline::Transform*> transforms = spec.transforms;
-  // The record scripts run on verified records, before the ordered stages (hold, guard).
+  pipeline::StandardStages plan = spec.stages;
+  // The record scripts ([scripts]) take their slot in the standard order (pipeline/plan.hpp).
   std::unique_ptr<stages::ScriptStage> scripts;
   if (!config.scripts.scripts.empty()) {
     stages::ScriptOptions options = config.scripts;
@@ -126,12 +126,10 @@ int RunInForeground(ForegroundJob& spec) {
       return kExitUsage;
     }
     scripts = std::move(*made);
-    auto after = std::find_if(transforms.begin(), transforms.end(),
-                              [](const auto* t) { return t->name() == "cid_verify"; });
-    transforms.insert(after == transforms.end() ? transforms.begin() : after + 1, scripts.get());
+    plan.script = scripts.get();
   }
   if (!config.shard.all()) {
-    transforms.insert(transforms.begin(), &shard_filter);
+    plan.shard_filter = &shard_filter;
     spec.job.params["shard"] = config.shard.ToString();
   }
   pipeline::JobOptions job_options = config.jobs;
@@ -142,7 +140,8 @@ int RunInForeground(ForegroundJob& spec) {
                              spec.cursor_name, job_options);
   pipeline::EngineOptions engine_options = config.engine;
   if (spec.batch) engine_options.batch = *spec.batch;
-  pipeline::Engine engine(engine_options, spec.source, transforms, spec.sink, st.kv.get(), &runner);
+  pipeline::Engine engine(engine_options, spec.source, plan.InOrder(), spec.sink, st.kv.get(),
+                          &runner);
   ProgressReporter progress([&runner] { return runner.Snapshot(); }, config.progress_interval_s,
                             ::isatty(STDERR_FILENO) != 0);
   Result<state::JobRecord> done = Status::Internal("not run");

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "pipeline/engine.hpp"
+#include "pipeline/plan.hpp"
 #include "pipeline/source.hpp"
 #include "pipeline/transform.hpp"
 #include "state/job_store.hpp"
@@ -31,7 +32,9 @@ struct ForegroundJob {
   OpenedState* state = nullptr;
   state::JobRecord job;
   pipeline::Source* source = nullptr;
-  std::vector<const pipeline::Transform*> transforms;
+  // The job's stages; RunInForeground adds the shard filter (--shard) and the record scripts
+  // ([scripts]) itself, in their slots of the standard order.
+  pipeline::StandardStages stages;
   pipeline::Sink* sink = nullptr;
   std::string cursor_name;
   // Words for the summary: what the job reads ("events", "records fetched").

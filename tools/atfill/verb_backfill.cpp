@@ -136,8 +136,8 @@ int RunReplayJob(const char* verb, const AppConfig& config, OpenedState& st, sta
   run.state = &st;
   run.job = std::move(job);
   run.source = &source;
-  if (config.verify_cids) run.transforms.push_back(&verify);
-  run.transforms.push_back(&guard);
+  if (config.verify_cids) run.stages.cid_verify = &verify;
+  run.stages.ingest_guard = &guard;
   run.sink = sink->get();
   run.cursor_name = "job/" + std::to_string(run.job.id) + "/replay";
   run.batch = config.replay_batch;
@@ -179,8 +179,8 @@ int RunBackfillJob(const char* verb, const AppConfig& config, OpenedState& st, s
   run.state = &st;
   run.job = std::move(job);
   run.source = source->get();
-  if (config.verify_cids) run.transforms.push_back(&verify);
-  run.transforms.push_back(&guard);
+  if (config.verify_cids) run.stages.cid_verify = &verify;
+  run.stages.ingest_guard = &guard;
   run.sink = sink->get();
   run.cursor_name = "job/" + std::to_string(run.job.id) + "/crawl";
   run.read_noun = "records fetched";

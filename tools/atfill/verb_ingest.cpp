@@ -112,8 +112,8 @@ int RunIngest(std::span<char* const> args) {
   run.job = *job;
   run.job.counters.extra[pipeline::kInputTotal] = (*source)->total_bytes();
   run.source = source->get();
-  if (config->verify_cids) run.transforms.push_back(&verify);
-  run.transforms.push_back(&guard);
+  if (config->verify_cids) run.stages.cid_verify = &verify;
+  run.stages.ingest_guard = &guard;
   run.sink = sink->get();
   run.cursor_name = "job/" + std::to_string(job->id) + "/file";
   run.dry_run = dry_run;

@@ -123,10 +123,10 @@ int RunLive(const AppConfig& config, OpenedState& st, std::function<bool()> back
   run.state = &st;
   run.job = *job;
   run.source = source->get();
-  if (config.verify_cids) run.transforms.push_back(&verify);
-  if (check != nullptr) run.transforms.push_back(check.get());
-  run.transforms.push_back(&hold);
-  run.transforms.push_back(&guard);
+  if (config.verify_cids) run.stages.cid_verify = &verify;
+  run.stages.account_check = check.get();
+  run.stages.live_hold = &hold;
+  run.stages.ingest_guard = &guard;
   run.sink = sink->get();
   run.cursor_name = kLiveCursor;
   run.batch = config.live_batch;
