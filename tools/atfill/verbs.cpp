@@ -32,8 +32,8 @@ std::span<const Verb> Verbs() {
        "at its next checkpoint (a second Ctrl-C quits at once).\n"
        "  --dry-run   run the whole graph but write nothing; report what would have been "
        "written\n\n"
-       "exit: 0 completed, 1 failed, 2 usage or config, 3 files or state unavailable,\n"
-       "      4 paused or cancelled\n",
+       "exit: 0 completed, 1 completed with errors in its log (bad lines) or failed,\n"
+       "      2 usage or config, 3 files or state unavailable, 4 paused or cancelled\n",
        RunIngest},
       {"backfill", "crawl repos from a relay (or given DIDs) into the database",
        "usage: atfill backfill CONFIG [--collection NSID]... [--did DID]...\n"
@@ -53,7 +53,8 @@ std::span<const Verb> Verbs() {
        "                      in [archive] dir instead: a records sweep, then an account sweep)\n"
        "                      or auto (replay when the archive can be read, else crawl);\n"
        "                      default [crawl] source. Account backfills (--did) always crawl.\n\n"
-       "exit: 0 completed, 1 failed, 2 usage or config, 3 state unavailable,\n"
+       "exit: 0 completed, 1 completed with errors in its log (repos that could not be\n"
+       "      fetched) or failed, 2 usage or config, 3 state unavailable,\n"
        "      4 paused (on request, or with work left: see the stop reason) or cancelled\n",
        RunBackfill},
       {"archive", "write Jetstream event files into a Jetstream v2 archive (.jss segments)",
@@ -73,8 +74,8 @@ std::span<const Verb> Verbs() {
        "JOB lists them), then applies the account events of every account those blocks wrote\n"
        "records for. Each block read leaves JOB's failed list; one that fails again is recorded\n"
        "in the new job. The same command again resumes the unfinished retry.\n\n"
-       "exit: 0 completed (or nothing to retry), 1 failed, 2 usage or config, 3 state\n"
-       "      unavailable, 4 paused or cancelled\n",
+       "exit: 0 completed (or nothing to retry), 1 completed with errors in its log or\n"
+       "      failed, 2 usage or config, 3 state unavailable, 4 paused or cancelled\n",
        RunRetryFailed},
       {"run", "resume unfinished jobs, then keep the database current from a Jetstream",
        "usage: atfill run CONFIG [--backfill]\n\n"
@@ -90,10 +91,16 @@ std::span<const Verb> Verbs() {
        "With [admin] port set, also serves the admin API, /metrics and the dashboard there\n"
        "(docs/admin.md); backfills then run on threads of their own, and atfill run keeps\n"
        "serving until Ctrl-C or SIGTERM, which pause the running jobs.\n"
-       "--shard i/n (every verb): own only shard i of n of the DID space (README).\n",
+       "--shard i/n (every verb): own only shard i of n of the DID space (docs/guide.md).\n\n"
+       "exit: the worst of its jobs': 0 all completed, 1 one completed with errors or failed,\n"
+       "      2 usage or config, 3 state unavailable, 4 paused, cancelled, or the live\n"
+       "      stream went quiet ([live] idle_exit_ms)\n",
        RunRun},
       {"status", "show the live consumer: host, protocol, cursor, lag, rate",
-       "usage: atfill status CONFIG\n\nWorks while atfill run holds the state (read-only view).\n",
+       "usage: atfill status CONFIG\n\nWorks while atfill run holds the state (read-only view).\n"
+       "Shows the live job's hosts, protocol, cursor, lag, rates, gaps, account checks, held\n"
+       "events, and its failed or dropped connections with the last error.\n\n"
+       "exit: 0 shown, 2 usage or config, 3 state unavailable\n",
        RunStatus},
       {"jobs", "list jobs",
        "usage: atfill jobs CONFIG [--json]\n\n"
