@@ -10,8 +10,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -62,9 +60,8 @@ void Resolve(std::string_view did, std::string_view json, const stages::Resolver
 // (DID -> document); each document becomes a seed of its own in the work folder (run_fuzz.sh's
 // ATFILL_FUZZ_WORK, in the build tree), before libFuzzer reads its corpus folders.
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  const char* work = std::getenv("ATFILL_FUZZ_WORK");
   auto packed = atfill::fuzz::ReadSharedFile("internal/corpus/testdata/did_docs.json.zst");
-  if (work == nullptr || !packed) return 0;
+  if (!packed) return 0;
   std::string json(size_t{1} << 20, '\0');
   const size_t n = ZSTD_decompress(json.data(), json.size(), packed->data(), packed->size());
   atfill::fuzz::Check(!ZSTD_isError(n), "the shared DID documents decompress");
@@ -76,8 +73,8 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
       "the shared DID documents are an object");
   size_t i = 0;
   for (auto [did, doc] : docs) {
-    const std::string path = std::string(work) + "/plc_directory_" + std::to_string(i++) + ".json";
-    std::ofstream(path, std::ios::binary) << simdjson::minify(doc);
+    atfill::fuzz::WriteSeed("plc_directory_" + std::to_string(i++) + ".json",
+                            simdjson::minify(doc));
   }
   return 0;
 }

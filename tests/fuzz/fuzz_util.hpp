@@ -1,6 +1,7 @@
 // Helpers the libFuzzer targets share: invariant checks that stop the run with a message, a JSON
-// validity oracle independent of the decoder under test, and the shared-data folder the ctest
-// passes (run_fuzz.sh exports ATFILL_FUZZ_DATA = ../shared/protocols/jetstream/data).
+// validity oracle independent of the decoder under test, and the shared-data and work folders the
+// ctest passes (run_fuzz.sh exports ATFILL_FUZZ_DATA = ../shared/protocols/jetstream/data and
+// ATFILL_FUZZ_WORK).
 #pragma once
 
 #include <cstdio>
@@ -173,6 +174,16 @@ inline std::optional<std::string> ReadSharedFile(std::string_view relative) {
   std::ostringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+// Writes `content` as the seed `name` in $ATFILL_FUZZ_WORK, the folder libFuzzer writes its
+// corpus to (in the build tree): for seeds a target derives from shared data in
+// LLVMFuzzerInitialize, which runs before libFuzzer reads its corpus folders. Does nothing when
+// the variable is unset.
+inline void WriteSeed(const std::string& name, std::string_view content) {
+  const char* work = std::getenv("ATFILL_FUZZ_WORK");
+  if (work == nullptr || *work == '\0') return;
+  std::ofstream(std::string(work) + "/" + name, std::ios::binary) << content;
 }
 
 // Calls fn(line) for each '\n'-separated line of `text` (the last one may lack the newline).
