@@ -143,6 +143,7 @@ namespace dom = simdjson::dom;
 // $link and $bytes objects). The encoder's bound also stops tables that contain themselves.
 constexpr size_t kMaxDepth = 256;
 constexpr size_t kMinMemory = size_t{256} << 10;
+constexpr const char* kEncodeRecord = "event.record";
 
 // Instructions between two looks at the clock (the hook's period): ~20 µs of Lua at most.
 constexpr int kHookPeriod = 10000;
@@ -311,6 +312,9 @@ void* PatternAlloc(void* ud, void* ptr, size_t osize, size_t nsize) {
 
 enum class PatternOp : uint8_t { kFind, kMatch, kGsub };
 constexpr const char* kPatternOpNames[] = {"find", "match", "gsub"};
+constexpr const char* kPatternFunctionNames[] = {"string.find", "string.match", "string.gsub"};
+// Loop steps between two looks at the clock in table.move, insert and remove (~1 ms of work).
+constexpr lua_Integer kTableSlice = lua_Integer{1} << 16;
 
 // What one pattern call hands to the pattern state (no Lua value crosses between the states).
 struct PatternCall {
@@ -439,6 +443,9 @@ class LuaWorker final : public pipeline::TransformState {
   static int GmatchStep(lua_State* L);
   static int StringGsub(lua_State* L);
   static int StringRep(lua_State* L);
+  static int TableMove(lua_State* L);
+  static int TableInsert(lua_State* L);
+  static int TableRemove(lua_State* L);
   // Runs in the pattern state.
   static int OpenPatternLibrary(lua_State* P);
   static int PatternTrampoline(lua_State* P);
@@ -470,7 +477,11 @@ class LuaWorker final : public pipeline::TransformState {
   int RunPattern(lua_State* L, int subject, int pattern, PatternCall* call);
   // Pushes on L the pattern state's results first..last, then clears that stack; returns the count.
   int PushPatternResults(lua_State* L, int first, int last);
+  // `what` names the function the time ran out in ("string.find").
   [[noreturn]] void RaiseTimeout(lua_State* L, const char* what);
+  void CheckDeadline(lua_State* L, const char* what) {
+    if (SteadyNanos() > deadline_ns_) RaiseTimeout(L, what);
+  }
   void PushWhere(lua_State* L);
   static int FindOrMatch(lua_State* L, PatternOp op);
 
@@ -660,6 +671,15 @@ int LuaWorker::OpenSandbox(lua_State* L) {
                                                                     {"gsub", StringGsub},
                                                                     {"rep", StringRep}};
   for (const auto& [name, fn] : string_functions) {
+    lua_pushcfunction(L, fn);
+    lua_setfield(L, -2, name);
+  }
+  lua_pop(L, 1);
+  // The table functions whose loops can run without end (see TableMove).
+  lua_getfield(L, g, "table");
+  const std::pair<const char*, lua_CFunction> table_functions[] = {
+      {"move", TableMove}, {"insert", TableInsert}, {"remove", TableRemove}};
+  for (const auto& [name, fn] : table_functions) {
     lua_pushcfunction(L, fn);
     lua_setfield(L, -2, name);
   }
@@ -859,7 +879,7 @@ void LuaWorker::RaiseTimeout(lua_State* L, const char* what) {
   limit_hit_ = Limit::kTime;
   lua_sethook(L, LimitHook, LUA_MASKCOUNT, 1);
   PushWhere(L);
-  lua_pushfstring(L, "script exceeded its wall-clock limit (%I ms) in string.%s",
+  lua_pushfstring(L, "script exceeded its wall-clock limit (%I ms) in %s",
                   static_cast<lua_Integer>(timeout_ms_), what);
   lua_concat(L, 2);
   lua_error(L);
@@ -973,7 +993,7 @@ int LuaWorker::RunPattern(lua_State* L, int subject, int pattern, PatternCall* c
     // The watchdog's signal: the pattern state is abandoned as it is.
     slot_.deadline_ns.store(0, std::memory_order_relaxed);
     DiscardPatternState();
-    RaiseTimeout(L, kPatternOpNames[static_cast<int>(call->op)]);
+    RaiseTimeout(L, kPatternFunctionNames[static_cast<int>(call->op)]);
   }
   slot_.thread.store(pthread_self(), std::memory_order_relaxed);
   slot_.deadline_ns.store(deadline_ns_, std::memory_order_release);
@@ -1249,6 +1269,107 @@ int LuaWorker::StringRep(lua_State* L) {
   return 1;
 }
 
+// The table library's rule for its list argument: a table, or a value whose metatable has the
+// fields the function uses (__index to read, __newindex to write, __len for the length).
+void CheckListLike(lua_State* L, int arg, bool read, bool write, bool length) {
+  if (lua_type(L, arg) == LUA_TTABLE) return;
+  if (lua_getmetatable(L, arg) != 0) {
+    bool ok = true;
+    for (const auto& [wanted, field] :
+         {std::pair{read, "__index"}, std::pair{write, "__newindex"}, std::pair{length, "__len"}}) {
+      if (!wanted) continue;
+      const bool present = lua_getfield(L, -1, field) != LUA_TNIL;
+      lua_pop(L, 1);
+      ok = ok && present;
+    }
+    lua_pop(L, 1);
+    if (ok) return;
+  }
+  luaL_checktype(L, arg, LUA_TTABLE);
+}
+
+// table.move, insert and remove are atfill's own: the library's loops run in C, and moving nils
+// (table.move({}, 1, 1e15, 2), or a __len that reports 1e15) they neither run an instruction nor
+// allocate, so one call could run for ever. These do the same element by element, in the same
+// order, with the library's checks and messages, and look at the clock every kTableSlice steps.
+int LuaWorker::TableMove(lua_State* L) {
+  LuaWorker* self = Self(L);
+  const lua_Integer f = luaL_checkinteger(L, 2);
+  const lua_Integer e = luaL_checkinteger(L, 3);
+  const lua_Integer t = luaL_checkinteger(L, 4);
+  const int dest = lua_isnoneornil(L, 5) ? 1 : 5;
+  CheckListLike(L, 1, true, false, false);
+  CheckListLike(L, dest, false, true, false);
+  if (e >= f) {
+    luaL_argcheck(L, f > 0 || e < LUA_MAXINTEGER + f, 3, "too many elements to move");
+    const lua_Integer n = e - f;  // elements, less one
+    luaL_argcheck(L, t <= LUA_MAXINTEGER - n, 4, "destination wrap around");
+    // Upwards unless the ranges overlap with the destination above the source, in one table.
+    const bool upwards = t > e || t <= f || (dest != 1 && !lua_compare(L, 1, dest, LUA_OPEQ));
+    for (lua_Integer k = 0; k <= n; ++k) {
+      const lua_Integer i = upwards ? k : n - k;
+      lua_geti(L, 1, f + i);
+      lua_seti(L, dest, t + i);
+      if ((k & (kTableSlice - 1)) == kTableSlice - 1) self->CheckDeadline(L, "table.move");
+    }
+  }
+  lua_pushvalue(L, dest);
+  return 1;
+}
+
+int LuaWorker::TableInsert(lua_State* L) {
+  LuaWorker* self = Self(L);
+  CheckListLike(L, 1, true, true, true);
+  const lua_Integer end = luaL_len(L, 1) + 1;  // the first free position
+  lua_Integer pos = end;
+  switch (lua_gettop(L)) {
+    case 2:
+      break;
+    case 3: {
+      pos = luaL_checkinteger(L, 2);
+      // Unsigned: also refuses pos < 1.
+      luaL_argcheck(L, static_cast<lua_Unsigned>(pos) - 1u < static_cast<lua_Unsigned>(end), 2,
+                    "position out of bounds");
+      for (lua_Integer i = end; i > pos; --i) {
+        lua_geti(L, 1, i - 1);
+        lua_seti(L, 1, i);
+        if (((end - i) & (kTableSlice - 1)) == kTableSlice - 1) {
+          self->CheckDeadline(L, "table.insert");
+        }
+      }
+      break;
+    }
+    default:
+      return luaL_error(L, "wrong number of arguments to 'insert'");
+  }
+  lua_seti(L, 1, pos);
+  return 0;
+}
+
+int LuaWorker::TableRemove(lua_State* L) {
+  LuaWorker* self = Self(L);
+  CheckListLike(L, 1, true, true, true);
+  const lua_Integer size = luaL_len(L, 1);
+  lua_Integer pos = luaL_optinteger(L, 2, size);
+  if (pos != size) {
+    // Also pos == size + 1, and 0 for an empty list. (Argument #1 in the message, as the
+    // library says it.)
+    luaL_argcheck(L, static_cast<lua_Unsigned>(pos) - 1u <= static_cast<lua_Unsigned>(size), 1,
+                  "position out of bounds");
+  }
+  lua_geti(L, 1, pos);  // the result
+  for (const lua_Integer first = pos; pos < size; ++pos) {
+    lua_geti(L, 1, pos + 1);
+    lua_seti(L, 1, pos);
+    if (((pos - first) & (kTableSlice - 1)) == kTableSlice - 1) {
+      self->CheckDeadline(L, "table.remove");
+    }
+  }
+  lua_pushnil(L);
+  lua_seti(L, 1, pos);
+  return 1;
+}
+
 int LuaWorker::Refuse(lua_State* L) {
   return luaL_error(L, "%s is not available in atfill scripts",
                     lua_tostring(L, lua_upvalueindex(1)));
@@ -1438,6 +1559,9 @@ int LuaWorker::GetRecord(lua_State* L) {
     }
   }
   if (failed) return luaL_error(L, "atfill.get_record: %s", self->scratch_.c_str());
+  // The reader cannot be interrupted (the sink's own timeouts bound it); a call it kept past the
+  // deadline fails once it returns.
+  self->CheckDeadline(L, "atfill.get_record");
   if (!found) return 0;
   // scratch_ is not touched again until the push copies what it needs.
   self->PushParsed(L, self->scratch_, "atfill.get_record");
@@ -1688,6 +1812,12 @@ void LuaWorker::EncodeTable(lua_State* L, int idx, size_t depth) {
   if (depth >= kMaxDepth + 1) {
     EncodeFail(L, "tables nest too deep for JSON (does a table contain itself?)");
   }
+  // A table reached many times over (t = {t, t} nested 40 deep) makes text that grows
+  // exponentially, outside the Lua allocator: bounded by the memory cap and the deadline.
+  if (out_->size() > alloc_.limit) {
+    EncodeFail(L, "the JSON text is larger than the script's memory limit");
+  }
+  CheckDeadline(L, encode_what_ == kEncodeRecord ? "encoding event.record" : "atfill.json_encode");
   idx = lua_absindex(L, idx);
   luaL_checkstack(L, 4, "JSON nesting");
   std::string& out = *out_;
@@ -1817,7 +1947,7 @@ int LuaWorker::RunRecord(lua_State* L) {
   self->out_ = &self->encoded_;
   self->path_.clear();
   self->keys_.clear();
-  self->encode_what_ = "event.record";
+  self->encode_what_ = kEncodeRecord;
   self->capture_created_at_ = true;
   self->EncodeValue(L, record, 0);
   if (self->encoded_.empty() || self->encoded_.front() != '{') {

@@ -784,6 +784,10 @@ TEST(ScriptTest, TheCallLimitIsConfigurableAndCoversEveryKindOfWork) {
       "local ok = pcall(string.find, ('a'):rep(40), ('a?'):rep(40) .. ('a'):rep(40))",
       // Lua code with a budget too large to end it in time.
       "local x = 0 while true do x = x + 1 end",
+      // Library loops that run no instruction and, on nils, allocate nothing.
+      "table.move({}, 1, 1e15, 2)",
+      "table.insert(setmetatable({}, {__len = function() return 1e15 end}), 1, 'x')",
+      "table.remove(setmetatable({}, {__len = function() return 1e15 end}), 1)",
   };
   for (const std::string& code : scripts) {
     ScriptOptions options = Options(BadThenGood(code));
@@ -801,6 +805,23 @@ TEST(ScriptTest, TheCallLimitIsConfigurableAndCoversEveryKindOfWork) {
     EXPECT_THAT(chunk.errors[0].message, HasSubstr("exceeded its wall-clock limit (200 ms)"))
         << code;
   }
+}
+
+TEST(ScriptTest, EncodingATableReachedManyTimesOverIsBounded) {
+  // 2^40 leaves of text, built outside the Lua allocator: stopped by the memory cap (8 MiB of
+  // text here) or the deadline, whichever comes first.
+  ScriptOptions options = Options(
+      BadThenGood("local t = {} for i = 1, 40 do t = {t, t} end local s = atfill.json_encode(t)"));
+  options.memory_limit_bytes = size_t{8} << 20;
+  options.max_attempts = 1;
+  Harness h(options);
+  EventChunk chunk =
+      RunWithin(&h, {Record("bad"), Record("good")}, std::chrono::seconds(30), "json_encode");
+  EXPECT_EQ(Rkeys(chunk), (std::vector<std::string>{"good"}));
+  ASSERT_EQ(chunk.errors.size(), 1u);
+  EXPECT_THAT(chunk.errors[0].message,
+              ::testing::AnyOf(HasSubstr("larger than the script's memory limit"),
+                               HasSubstr("exceeded its wall-clock limit")));
 }
 
 TEST(ScriptTest, AMemoryBombIsAScriptErrorAtAFractionOfItsFormerCost) {
@@ -897,6 +918,44 @@ TEST(ScriptTest, StringFunctionsGiveTheStringLibrarysResults) {
       "#string.rep('abc', 100000, 'de')",
       "string.rep('abc', 7, 'de')",
       "string.rep('a', 1 << 62, 'b')",
+      // The table functions atfill wraps (see TableMove): small moves, large ones in slices,
+      // insert and remove with and without __len, and their errors.
+      "table.concat(table.move({1, 2, 3, 4, 5}, 2, 4, 1), ',')",
+      "table.concat(table.move({1, 2, 3, 4, 5}, 1, 3, 2), ',')",
+      "table.concat(table.move({1, 2, 3}, 1, 3, 2, {}), ',', 2, 4)",
+      "#table.move({1}, 3, 2, 1)",
+      "table.move({}, math.mininteger, math.maxinteger, 1)",
+      "table.move({}, 1, math.maxinteger, 2)",
+      "table.move({}, 1, 10)",
+      "(function() local t = {} for i = 1, 200000 do t[i] = i end table.move(t, 1, 200000, 50) "
+      "return t[49], t[50], t[51], t[200049], #t end)()",
+      "(function() local t = {} for i = 1, 200000 do t[i] = i end table.move(t, 50, 200000, 1) "
+      "return t[1], t[199951], t[200000], #t end)()",
+      "(function() local t = {} for i = 1, 200000 do t[i] = i end local u = table.move(t, 1, "
+      "200000, 3, {}) return u[3], u[200002], #u end)()",
+      "#table.move({}, 1, 1 << 17, 2)",
+      "(function() local t = {1, 2, 3} table.insert(t, 'x') table.insert(t, 1, 'y') "
+      "table.insert(t, 6, 'z') return table.concat(t, ',') end)()",
+      "table.insert({1, 2, 3}, 6, 'x')",
+      "table.insert({1, 2, 3}, 0, 'x')",
+      "table.insert({1, 2, 3})",
+      "table.insert({1, 2, 3}, 1, 2, 3)",
+      "(function() local t = {1, 2, 3} return table.remove(t), table.remove(t, 1), #t, t[1] "
+      "end)()",
+      "table.remove({})",
+      "table.remove({}, 0)",
+      "table.remove({1, 2}, 3)",
+      "table.remove({1, 2}, 4)",
+      "(function() local n = 0 local t = setmetatable({1, 2, 3}, {__len = function() n = n + 1 "
+      "return 3 end}) table.insert(t, 2, 'x') table.insert(t, 'y') return n, t[1], t[2], t[3], "
+      "t[4], t[5] end)()",
+      "(function() local t = setmetatable({1, 2, 3}, {__len = function() return 3 end}) "
+      "return table.remove(t, 1), table.remove(t), t[1], t[2], t[3] end)()",
+      "table.insert(setmetatable({}, {__len = function() return 2 end}), 9, 'x')",
+      "table.insert(setmetatable({}, {__len = function() return 2 end}))",
+      "table.insert(setmetatable({}, {__len = function() return 2.5 end}), 'x')",
+      "table.remove(setmetatable({}, {__len = function() return 2 end}), 9)",
+      "table.remove(setmetatable({}, {__len = function() return 0 end}), 0)",
       "string.rep('xy', (1 << 30) - 1, 'z')",
       "#string.rep('xy', 1 << 20, 'z')",
   };
@@ -960,6 +1019,8 @@ TEST(ScriptTest, StringFunctionsGiveTheStringLibrarysResults) {
                              "end\n";
   ScriptOptions options = Options(script);
   options.max_attempts = 1;
+  options.instruction_budget = INT_MAX;  // the large moves fill 200,000-element tables
+  options.call_timeout = std::chrono::seconds(20);
   Harness h(options);
   EventChunk out = h.Run({Record("a")});
   for (const auto& error : out.errors) ADD_FAILURE() << error.message;
