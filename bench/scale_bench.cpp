@@ -29,6 +29,7 @@
 //                             measure another layout with the same sink (it must leave the schema
 //                             at the sink's version, atfill_schema_version included)
 //   ATFILL_SCALE_CACHE_MB     the sink's page cache (default: SqliteSinkOptions' default)
+//   ATFILL_SCALE_PAGE_SIZE    the page size of the new databases, bytes (default: the sink's)
 //
 //   build/bench/scale_bench                                (Release build)
 //   ATFILL_SCALE_ROWS=10000000 build/bench/scale_bench
@@ -83,6 +84,8 @@ struct Config {
   uint32_t accounts = static_cast<uint32_t>(EnvU64("ATFILL_SCALE_ACCOUNTS", 1'000'000));
   double max_seconds = static_cast<double>(EnvU64("ATFILL_SCALE_MAX_SECONDS", 0));
   uint64_t cache_mb = EnvU64("ATFILL_SCALE_CACHE_MB", 0);
+  int64_t page_size = static_cast<int64_t>(EnvU64(
+      "ATFILL_SCALE_PAGE_SIZE", static_cast<uint64_t>(sinks::SqliteSinkOptions{}.page_size_bytes)));
 };
 
 const Config& Cfg() {
@@ -261,8 +264,7 @@ Result<std::unique_ptr<pipeline::Sink>> NewDatabase(const fs::path& path) {
     sqlite3_open(path.c_str(), &db);
     // The sink's page size only applies to an empty file, so set it here as the sink would.
     const std::string pragmas =
-        "PRAGMA page_size = " + std::to_string(sinks::SqliteSinkOptions{}.page_size_bytes) +
-        "; PRAGMA journal_mode = WAL;";
+        "PRAGMA page_size = " + std::to_string(Cfg().page_size) + "; PRAGMA journal_mode = WAL;";
     char* err = nullptr;
     int rc = sqlite3_exec(db, pragmas.c_str(), nullptr, nullptr, &err);
     if (rc == SQLITE_OK) rc = sqlite3_exec(db, sql.str().c_str(), nullptr, nullptr, &err);
@@ -273,6 +275,7 @@ Result<std::unique_ptr<pipeline::Sink>> NewDatabase(const fs::path& path) {
   }
   sinks::SqliteSinkOptions options;
   options.path = path.string();
+  options.page_size_bytes = Cfg().page_size;
   if (Cfg().cache_mb > 0) options.cache_bytes = static_cast<int64_t>(Cfg().cache_mb) << 20;
   return sinks::OpenSqliteSink(options);
 }

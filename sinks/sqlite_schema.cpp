@@ -2,6 +2,7 @@
 
 #include <array>
 #include <string>
+#include <vector>
 
 #include "sinks/sqlite_sink.hpp"
 #include "sinks/sqlite_util.hpp"
@@ -45,9 +46,97 @@ JOIN atfill_collections c ON c.id = r.collection_id;
 
 Status MigrateTo1(sqlite3* db) { return Exec(db, kSchemaV1); }
 
+// Version 2: every index of the record table takes a stream's new rows near its right edge, so
+// the cost of a write does not grow with the table (measured in docs/performance.md; with the
+// account first, as in version 1, every event of a stream that interleaves millions of accounts
+// dirtied an index page of its own once the index outgrew a batch):
+//  * the key leads with the collection and the record key: record keys are mostly TIDs, ordered
+//    in time, so new keys land at the right edge of their collection's range;
+//  * what needs rows by account (purges, resyncs, HoldsRecords, the queries by DID) uses
+//    (did_epoch, did_id, collection_id), where did_epoch is the row id's block of 2^18 rows: new
+//    rows only touch the newest block's part of the index, which stays a few hundred pages; a
+//    lookup by account probes each block (SQLite's skip-scan, chosen from the sqlite_stat1 rows
+//    written here, or from ANALYZE's);
+//  * collection newest first uses (collection_id, created_at): createdAt follows time too.
+// The key is a separate UNIQUE INDEX rather than a table constraint, so that a later version can
+// change it without rebuilding the table. The stat1 rows describe a large table (what matters is
+// the ratios: a collection holds many rows, an account few in each block, and a record key may be
+// shared by many accounts, as "self" is, so a lookup by URI binds the whole key); ANALYZE
+// replaces them with measured ones.
+constexpr const char* kRecordRowsV2 = R"sql(
+CREATE TABLE atfill_record_rows_v2(
+  id INTEGER PRIMARY KEY,
+  did_id INTEGER NOT NULL REFERENCES atfill_dids(id),
+  collection_id INTEGER NOT NULL REFERENCES atfill_collections(id),
+  rkey TEXT NOT NULL,
+  cid TEXT NOT NULL,
+  rev TEXT,
+  indexed_at INTEGER NOT NULL,
+  created_at TEXT,
+  record TEXT NOT NULL,
+  did_epoch INTEGER GENERATED ALWAYS AS (id >> 18) VIRTUAL);
+INSERT INTO atfill_record_rows_v2(id, did_id, collection_id, rkey, cid, rev, indexed_at,
+                                  created_at, record)
+SELECT id, did_id, collection_id, rkey, cid, rev, indexed_at, created_at, record
+FROM atfill_record_rows ORDER BY id;
+DROP TABLE atfill_record_rows;
+ALTER TABLE atfill_record_rows_v2 RENAME TO atfill_record_rows;
+CREATE UNIQUE INDEX atfill_record_rows_key ON atfill_record_rows(collection_id, rkey, did_id);
+CREATE INDEX atfill_record_rows_by_did ON atfill_record_rows(did_epoch, did_id, collection_id);
+CREATE INDEX atfill_record_rows_by_created ON atfill_record_rows(collection_id, created_at);
+ANALYZE sqlite_schema;
+DELETE FROM sqlite_stat1 WHERE tbl = 'atfill_record_rows';
+INSERT INTO sqlite_stat1(tbl, idx, stat) VALUES
+  ('atfill_record_rows', 'atfill_record_rows_key', '100000000 10000000 10 1'),
+  ('atfill_record_rows', 'atfill_record_rows_by_did', '100000000 262144 20 5'),
+  ('atfill_record_rows', 'atfill_record_rows_by_created', '100000000 10000000 2');
+ANALYZE sqlite_schema;
+)sql";
+
+constexpr const char* kRecordsView = R"sql(
+CREATE VIEW atfill_records(uri, did, collection, rkey, record, cid, rev, indexed_at, created_at) AS
+SELECT 'at://' || d.did || '/' || c.nsid || '/' || r.rkey,
+       d.did, c.nsid, r.rkey, r.record, r.cid, r.rev,
+       strftime('%Y-%m-%dT%H:%M:%S', r.indexed_at / 1000000, 'unixepoch') ||
+           printf('.%06dZ', r.indexed_at % 1000000),
+       r.created_at
+FROM atfill_record_rows r
+JOIN atfill_dids d ON d.id = r.did_id
+JOIN atfill_collections c ON c.id = r.collection_id;
+)sql";
+
+// Rebuilds the record table (a table constraint cannot be dropped), keeping every row and its id.
+// Indexes and triggers a user added to the table are created again on the new one; the view is
+// dropped and created again around the rebuild. Legacy ALTER TABLE semantics: the rename then
+// leaves views the user defined over atfill_record_rows as they are (they read the new table).
+Status MigrateTo2(sqlite3* db) {
+  std::vector<std::string> user_objects;
+  {
+    ATFILL_ASSIGN_OR_RETURN(
+        Stmt list, Prepare(db,
+                           "SELECT sql FROM sqlite_schema WHERE tbl_name = 'atfill_record_rows' "
+                           "AND type IN ('index', 'trigger') AND sql IS NOT NULL",
+                           false));
+    int rc;
+    while ((rc = sqlite3_step(list.get())) == SQLITE_ROW) {
+      user_objects.emplace_back(ColumnText(list.get(), 0));
+    }
+    if (rc != SQLITE_DONE) return ErrorStatus(db, rc, "listing the record table's indexes");
+  }
+  ATFILL_RETURN_IF_ERROR(Exec(db, "PRAGMA legacy_alter_table = ON"));
+  Status st = Exec(db, "DROP VIEW atfill_records");
+  if (st.ok()) st = Exec(db, kRecordRowsV2);
+  if (st.ok()) st = Exec(db, kRecordsView);
+  for (size_t i = 0; st.ok() && i < user_objects.size(); ++i) {
+    st = Exec(db, user_objects[i].c_str());
+  }
+  Status off = Exec(db, "PRAGMA legacy_alter_table = OFF");
+  return st.ok() ? off : st;
+}
+
 // kMigrations[n] takes a database from version n to n + 1.
 using Migration = Status (*)(sqlite3*);
-constexpr std::array<Migration, 1> kMigrations = {MigrateTo1};
+constexpr std::array<Migration, 2> kMigrations = {MigrateTo1, MigrateTo2};
 static_assert(kMigrations.size() == kSqliteSchemaVersion);
 
 Status SetVersion(sqlite3* db, int version) {

@@ -8,6 +8,12 @@
 //       unique (did_id, collection_id, rkey); rev and created_at NULL when unknown; indexed_at in
 //       unix microseconds; record is the JSON text exactly as received
 //   atfill_records                           the view raw SQL reads (see sqlite_sink.hpp)
+//
+// Version 2: atfill_record_rows rebuilt with the same rows and ids, plus the virtual column
+// did_epoch = id >> 18; its indexes (and sqlite_stat1 rows for them)
+//   atfill_record_rows_key         unique (collection_id, rkey, did_id)
+//   atfill_record_rows_by_did      (did_epoch, did_id, collection_id)
+//   atfill_record_rows_by_created  (collection_id, created_at)
 #pragma once
 
 #include <sqlite3.h>

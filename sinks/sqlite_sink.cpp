@@ -234,7 +234,7 @@ Status SqliteSink::Prepare() {
                               "INSERT INTO atfill_record_rows"
                               "(did_id, collection_id, rkey, cid, rev, indexed_at, created_at, "
                               "record) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) "
-                              "ON CONFLICT (did_id, collection_id, rkey) DO NOTHING"));
+                              "ON CONFLICT (collection_id, rkey, did_id) DO NOTHING"));
   {
     std::string sql =
         "INSERT INTO atfill_record_rows(did_id, collection_id, rkey, cid, rev, indexed_at, "
@@ -246,7 +246,7 @@ Status SqliteSink::Prepare() {
       for (int c = 2; c <= kRowParams; ++c) sql += ", ?" + std::to_string(b + c);
       sql += ")";
     }
-    sql += " ON CONFLICT (did_id, collection_id, rkey) DO NOTHING";
+    sql += " ON CONFLICT (collection_id, rkey, did_id) DO NOTHING";
     ATFILL_RETURN_IF_ERROR(prep(&insert_rows_, sql));
   }
   ATFILL_RETURN_IF_ERROR(prep(&select_row_,
@@ -306,10 +306,11 @@ Status SqliteSink::WriteOnce(std::span<const Event> batch, int64_t now, WriteSta
     if (!st.ok()) return st.WithContext("SQLite database " + options_.path);
   }
   ATFILL_RETURN_IF_ERROR(Run(begin_.get(), "BEGIN IMMEDIATE"));
-  // The batch is applied grouped by account (each account's events keep their order): the rows'
-  // index is keyed by account first, so a batch of interleaved accounts then walks the index
-  // once in order instead of jumping around it for every event. Accounts are independent, so
-  // the outcome is the same.
+  // The batch is applied grouped by account (each account's events keep their order): the
+  // by-account index (did_epoch, did_id, collection_id) then takes a batch of interleaved accounts
+  // in one walk in order instead of jumping around it for every event (the key index, led by the
+  // collection and a time-ordered record key, takes new rows at its right edge either way).
+  // Accounts are independent, so the outcome is the same.
   order_.resize(batch.size());
   for (size_t i = 0; i < batch.size(); ++i) order_[i] = static_cast<uint32_t>(i);
   const bool grouped = batch.size() >= kGroupMinEvents;

@@ -28,7 +28,7 @@
 namespace atfill::sinks {
 
 // The schema version this build writes and reads.
-inline constexpr int kSqliteSchemaVersion = 1;
+inline constexpr int kSqliteSchemaVersion = 2;
 
 // When a commit reaches the disk. The sink always runs in WAL mode.
 enum class SqliteSynchronous : uint8_t {

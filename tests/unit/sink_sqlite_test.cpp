@@ -196,7 +196,10 @@ TEST_F(SqliteSinkTest, CreatesTheSchemaInAnEmptyFile) {
   EXPECT_EQ(db.Column("SELECT name FROM sqlite_schema WHERE type IN ('table', 'view') "
                       "ORDER BY name"),
             (std::vector<std::string>{"atfill_collections", "atfill_dids", "atfill_record_rows",
-                                      "atfill_records", "atfill_schema_version"}));
+                                      "atfill_records", "atfill_schema_version",
+                                      // SQLite's own: the planner's statistics (the schema's
+                                      // hints for the record table's indexes)
+                                      "sqlite_stat1"}));
   EXPECT_EQ(db.Column("PRAGMA journal_mode"), std::vector<std::string>{"wal"});
 }
 
@@ -323,6 +326,156 @@ TEST_F(SqliteSinkTest, RefusesABrokenVersionTable) {
   ASSERT_FALSE(sink.ok());
   EXPECT_EQ(sink.status().code(), StatusCode::kCorrupt) << sink.status().ToString();
   EXPECT_NE(sink.status().message().find("2 rows"), std::string::npos) << sink.status().ToString();
+}
+
+// The schema atfill wrote at version 1, as it wrote it.
+constexpr const char* kSchemaV1 = R"sql(
+CREATE TABLE atfill_schema_version(version INTEGER NOT NULL);
+INSERT INTO atfill_schema_version(version) VALUES (1);
+CREATE TABLE atfill_dids(
+  id INTEGER PRIMARY KEY,
+  did TEXT NOT NULL UNIQUE);
+CREATE TABLE atfill_collections(
+  id INTEGER PRIMARY KEY,
+  nsid TEXT NOT NULL UNIQUE);
+CREATE TABLE atfill_record_rows(
+  id INTEGER PRIMARY KEY,
+  did_id INTEGER NOT NULL REFERENCES atfill_dids(id),
+  collection_id INTEGER NOT NULL REFERENCES atfill_collections(id),
+  rkey TEXT NOT NULL,
+  cid TEXT NOT NULL,
+  rev TEXT,
+  indexed_at INTEGER NOT NULL,
+  created_at TEXT,
+  record TEXT NOT NULL,
+  UNIQUE(did_id, collection_id, rkey));
+CREATE VIEW atfill_records(uri, did, collection, rkey, record, cid, rev, indexed_at, created_at) AS
+SELECT 'at://' || d.did || '/' || c.nsid || '/' || r.rkey,
+       d.did, c.nsid, r.rkey, r.record, r.cid, r.rev,
+       strftime('%Y-%m-%dT%H:%M:%S', r.indexed_at / 1000000, 'unixepoch') ||
+           printf('.%06dZ', r.indexed_at % 1000000),
+       r.created_at
+FROM atfill_record_rows r
+JOIN atfill_dids d ON d.id = r.did_id
+JOIN atfill_collections c ON c.id = r.collection_id;
+)sql";
+
+// A database written by atfill at schema version 1 opens, migrates to the current version and
+// keeps every row (ids included), a user's own index and view over the table, and its key.
+TEST_F(SqliteSinkTest, MigratesAVersion1DatabaseKeepingItsRows) {
+  const std::string bob = "did:plc:bob22ixhq5mvvcy4ygqtfpz";
+  {
+    RawDb db(Path());
+    ASSERT_EQ(db.Exec("PRAGMA journal_mode = WAL"), SQLITE_OK);
+    ASSERT_EQ(db.Exec(kSchemaV1), SQLITE_OK) << sqlite3_errmsg(db.get());
+    ASSERT_EQ(db.Exec("INSERT INTO atfill_dids(id, did) VALUES (1, '" + std::string(kAlice) +
+                      "'), (7, '" + bob + "')"),
+              SQLITE_OK);
+    ASSERT_EQ(db.Exec("INSERT INTO atfill_collections(id, nsid) VALUES (3, '" + std::string(kPost) +
+                      "')"),
+              SQLITE_OK);
+    ASSERT_EQ(db.Exec("INSERT INTO atfill_record_rows(id, did_id, collection_id, rkey, cid, rev, "
+                      "indexed_at, created_at, record) VALUES "
+                      "(5, 1, 3, 'a', '" +
+                      testing::CidOf(kBody) + "', '" + kRev1 +
+                      "', 1796029200123456, '2024-05-06T07:08:09.010Z', '" + kBody +
+                      "'), "
+                      "(9, 7, 3, 'b', '" +
+                      testing::CidOf(kBody) +
+                      "', NULL, 1796029200000001, "
+                      "NULL, '" +
+                      kBody + "')"),
+              SQLITE_OK)
+        << sqlite3_errmsg(db.get());
+    ASSERT_EQ(db.Exec("CREATE INDEX user_by_cid ON atfill_record_rows(cid); CREATE VIEW "
+                      "user_posts AS SELECT uri FROM atfill_records WHERE collection = '" +
+                      std::string(kPost) + "'"),
+              SQLITE_OK);
+  }
+  const std::string all_rows =
+      "SELECT id || ' ' || did_id || ' ' || collection_id || ' ' || rkey || ' ' || cid || ' ' || "
+      "ifnull(rev, 'NULL') || ' ' || indexed_at || ' ' || ifnull(created_at, 'NULL') || ' ' || "
+      "record FROM atfill_record_rows ORDER BY id";
+  const std::string all_view =
+      "SELECT uri || ' ' || did || ' ' || collection || ' ' || rkey || ' ' || cid || ' ' || "
+      "ifnull(rev, 'NULL') || ' ' || indexed_at || ' ' || ifnull(created_at, 'NULL') || ' ' || "
+      "record FROM atfill_records ORDER BY uri";
+  const std::vector<std::string> before = RawDb(Path()).Column(all_rows);
+  const std::vector<std::string> view_before = RawDb(Path()).Column(all_view);
+  ASSERT_EQ(before.size(), 2u);
+
+  auto sink = MustOpen();
+  ASSERT_NE(sink, nullptr);
+  {
+    RawDb db(Path());
+    EXPECT_EQ(db.Column("SELECT version FROM atfill_schema_version"),
+              std::vector<std::string>{std::to_string(kSqliteSchemaVersion)});
+    EXPECT_EQ(db.Column(all_rows), before);
+    EXPECT_EQ(
+        db.Column("SELECT name FROM sqlite_schema WHERE tbl_name = 'atfill_record_rows' "
+                  "AND type = 'index' ORDER BY name"),
+        (std::vector<std::string>{"atfill_record_rows_by_created", "atfill_record_rows_by_did",
+                                  "atfill_record_rows_key", "user_by_cid"}));
+    EXPECT_EQ(db.Column("SELECT count(*) FROM user_posts"), std::vector<std::string>{"2"});
+  }
+  EXPECT_EQ(RawDb(Path()).Column(all_view), view_before);
+  EXPECT_EQ(MustReadAll().size(), 2u);
+  // The key still holds: the same record again is unchanged, a new key is inserted with the next
+  // id, and a purge finds the account's rows.
+  auto stats = sink->Write(std::vector<Event>{MakeCreate(kAlice, kPost, "a", kBody, kRev1),
+                                              MakeCreate(kAlice, kPost, "c", kBody, kRev2)});
+  ASSERT_TRUE(stats.ok()) << stats.status().ToString();
+  EXPECT_EQ(stats->unchanged, 1u);
+  EXPECT_EQ(stats->inserted, 1u);
+  EXPECT_EQ(RawDb(Path()).Column("SELECT max(id) FROM atfill_record_rows"),
+            std::vector<std::string>{"10"});
+  stats = sink->Write(std::vector<Event>{MakeAccount(bob, AccountStatus::kDeleted)});
+  ASSERT_TRUE(stats.ok()) << stats.status().ToString();
+  EXPECT_EQ(stats->purged_records, 1u);
+  EXPECT_EQ(MustReadAll().size(), 2u);
+  sink.reset();
+  // Opening again migrates nothing more.
+  ASSERT_NE(MustOpen(), nullptr);
+  EXPECT_EQ(RawDb(Path()).Column(
+                "SELECT count(*) FROM sqlite_schema WHERE tbl_name = 'atfill_record_rows'"),
+            std::vector<std::string>{"5"});
+}
+
+// The queries users run (docs/queries.md) use an index: no full scan of the record table and no
+// sort of its rows.
+TEST_F(SqliteSinkTest, UserQueriesUseIndexes) {
+  ASSERT_NE(MustOpen(), nullptr);
+  RawDb db(Path());
+  for (const std::string query : {
+           "SELECT uri, record FROM atfill_records WHERE collection = 'c' ORDER BY created_at "
+           "DESC LIMIT 20",
+           "SELECT uri, record FROM atfill_records WHERE did = 'd' LIMIT 20",
+           "SELECT uri, record FROM atfill_records WHERE did = 'd' AND collection = 'c' LIMIT 20",
+           "SELECT uri, record FROM atfill_records WHERE did = 'd' AND collection = 'c' AND "
+           "rkey = 'k'",
+       }) {
+    std::vector<std::string> plan;
+    sqlite3_stmt* s = nullptr;
+    ASSERT_EQ(
+        sqlite3_prepare_v2(db.get(), ("EXPLAIN QUERY PLAN " + query).c_str(), -1, &s, nullptr),
+        SQLITE_OK)
+        << query;
+    while (sqlite3_step(s) == SQLITE_ROW) {
+      plan.emplace_back(reinterpret_cast<const char*>(sqlite3_column_text(s, 3)));
+    }
+    sqlite3_finalize(s);
+    ASSERT_FALSE(plan.empty()) << query;
+    for (const std::string& step : plan) {
+      EXPECT_EQ(step.find("SCAN"), std::string::npos) << query << ": " << step;
+      EXPECT_EQ(step.find("TEMP B-TREE"), std::string::npos) << query << ": " << step;
+    }
+    // A lookup by URI binds the whole key: a record key such as "self" is shared by every
+    // account's profile.
+    if (query.find("rkey") != std::string::npos) {
+      EXPECT_NE(plan.back().find("collection_id=? AND rkey=? AND did_id=?"), std::string::npos)
+          << query << ": " << plan.back();
+    }
+  }
 }
 
 TEST_F(SqliteSinkTest, SharesTheFileWithUserTables) {
