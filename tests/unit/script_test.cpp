@@ -731,6 +731,12 @@ EventChunk RunWithin(Harness* h, std::vector<Event> events, std::chrono::seconds
   return running.get();
 }
 
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
+
 double ProcessCpuSeconds() {
   timespec ts{};
   clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
@@ -836,7 +842,11 @@ TEST(ScriptTest, AMemoryBombIsAScriptErrorAtAFractionOfItsFormerCost) {
   const double cpu_start = ProcessCpuSeconds();
   EventChunk chunk = RunWithin(&h, std::move(events), std::chrono::seconds(60), "memory bomb");
   const double per_record = (ProcessCpuSeconds() - cpu_start) / 5;
-  EXPECT_LT(per_record, 0.3);
+  // A sanitizer's allocator and checked copies change the cost (~0.4 s under ASan): the figure
+  // holds for the release build only.
+  if (!kSanitized) {
+    EXPECT_LT(per_record, 0.3);
+  }
   EXPECT_EQ(Rkeys(chunk), (std::vector<std::string>{"good"}));
   ASSERT_EQ(chunk.errors.size(), 5u);
   EXPECT_EQ(chunk.errors[0].kind, "script_error");
