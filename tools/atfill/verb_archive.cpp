@@ -14,6 +14,7 @@
 #include "sources/jetstream_frames.hpp"
 #include "state/kv_store.hpp"
 #include "tools/atfill/app_config.hpp"
+#include "tools/atfill/args.hpp"
 #include "tools/atfill/cli.hpp"
 #include "tools/atfill/job_run.hpp"
 
@@ -112,28 +113,15 @@ int RunArchive(std::span<char* const> args) {
   std::vector<std::string> positional;
   sources::ArchiveWriterOptions options;
   bool live = false;
-  for (size_t i = 1; i < args.size(); ++i) {
-    const std::string_view a = args[i];
-    if (a == "--rows-per-block" || a == "--segment-kb") {
-      if (i + 1 >= args.size()) return Fail(std::string(a) + " needs a value", kExitUsage);
-      char* end = nullptr;
-      const unsigned long long v = std::strtoull(args[++i], &end, 10);
-      if (end == args[i] || *end != '\0') {
-        return Fail(std::string(a) + ": '" + args[i] + "' is not a number", kExitUsage);
-      }
-      if (a == "--rows-per-block") {
-        options.rows_per_block = static_cast<uint32_t>(std::min<unsigned long long>(v, UINT32_MAX));
-      } else {
-        options.segment_bytes = static_cast<uint64_t>(v) << 10;
-      }
-    } else if (a == "--live") {
-      live = true;
-    } else if (a.starts_with("--")) {
-      return Fail("unknown option " + std::string(a), kExitUsage);
-    } else {
-      positional.emplace_back(a);
-    }
-  }
+  uint64_t segment_kb = options.segment_bytes >> 10;
+  CLI::App app{"", "atfill archive write"};
+  PrepareVerbApp(app);
+  app.add_option("ARGS", positional, "the config, the archive folder, the event files");
+  app.add_option("--rows-per-block", options.rows_per_block)->check(PositiveInteger("a row count"));
+  app.add_option("--segment-kb", segment_kb)->check(PositiveInteger("a size in KiB"));
+  app.add_flag("--live", live);
+  if (auto rc = ParseVerbArgs(app, args.subspan(1))) return *rc;
+  options.segment_bytes = segment_kb << 10;
   if (positional.size() < 2) return Fail(kUsage, kExitUsage);
   auto config = LoadAppConfig(positional[0]);
   if (!config.ok()) return Fail(config.status().message(), kExitUsage);

@@ -20,6 +20,7 @@
 #include "stages/ingest_guard.hpp"
 #include "state/failed_blocks.hpp"
 #include "tools/atfill/app_config.hpp"
+#include "tools/atfill/args.hpp"
 #include "tools/atfill/cli.hpp"
 #include "tools/atfill/job_run.hpp"
 #include "tools/atfill/run_admin.hpp"
@@ -299,13 +300,6 @@ Result<std::string> ChooseSource(const AppConfig& config, const sources::CrawlOp
   return std::string("replay");
 }
 
-template <typename T>
-bool TakeValue(std::span<char* const> args, size_t* i, T* out) {
-  if (*i + 1 >= args.size()) return false;
-  *out = args[++*i];
-  return true;
-}
-
 }  // namespace
 
 Result<std::pair<sources::CrawlOptions, std::string>> PlanBackfill(const AppConfig& config,
@@ -347,41 +341,20 @@ Result<state::JobRecord> CreateBackfill(const AppConfig& config, OpenedState& st
 }
 
 int RunBackfill(std::span<char* const> args) {
-  std::vector<std::string> positional, collections, dids;
+  std::string config_path;
+  std::vector<std::string> collections, dids;
   std::string mode, discovery, relay, source;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string_view a = args[i];
-    bool ok = true;
-    if (a == "--collection") {
-      std::string v;
-      ok = TakeValue(args, &i, &v);
-      collections.push_back(v);
-    } else if (a == "--did") {
-      std::string v;
-      ok = TakeValue(args, &i, &v);
-      dids.push_back(v);
-    } else if (a == "--mode") {
-      ok = TakeValue(args, &i, &mode);
-    } else if (a == "--discovery") {
-      ok = TakeValue(args, &i, &discovery);
-    } else if (a == "--relay") {
-      ok = TakeValue(args, &i, &relay);
-    } else if (a == "--source") {
-      ok = TakeValue(args, &i, &source);
-    } else if (a.starts_with("--")) {
-      return Fail("backfill", "unknown option " + std::string(a), kExitUsage);
-    } else {
-      positional.emplace_back(a);
-    }
-    if (!ok) return Fail("backfill", std::string(a) + " needs a value", kExitUsage);
-  }
-  if (positional.size() != 1) {
-    return Fail("backfill",
-                "usage: atfill backfill CONFIG [--collection NSID]... [--did DID]... "
-                "[--mode listRecords|getRepo] [--source crawl|auto|replay]",
-                kExitUsage);
-  }
-  auto config = LoadAppConfig(positional[0]);
+  CLI::App app{"", "atfill backfill"};
+  PrepareVerbApp(app);
+  app.add_option("CONFIG", config_path, "the config file")->required();
+  app.add_option("--collection", collections);
+  app.add_option("--did", dids);
+  app.add_option("--mode", mode);
+  app.add_option("--discovery", discovery);
+  app.add_option("--relay", relay);
+  app.add_option("--source", source);
+  if (auto rc = ParseVerbArgs(app, args)) return *rc;
+  auto config = LoadAppConfig(config_path);
   if (!config.ok()) return Fail("backfill", config.status().message(), kExitUsage);
   auto planned = PlanBackfill(*config, {collections, dids, mode, discovery, relay, source});
   if (!planned.ok()) return Fail("backfill", planned.status().message(), kExitUsage);
@@ -428,15 +401,15 @@ Result<state::JobRecord> CreateRetryJob(OpenedState& st, uint64_t id, const std:
 }
 
 int RunRetryFailed(std::span<char* const> args) {
-  if (args.size() != 2)
-    return Fail("retry-failed", "usage: atfill retry-failed CONFIG JOB", kExitUsage);
-  auto config = LoadAppConfig(args[0]);
+  std::string config_path;
+  uint64_t id = 0;
+  CLI::App app{"", "atfill retry-failed"};
+  PrepareVerbApp(app);
+  app.add_option("CONFIG", config_path, "the config file")->required();
+  app.add_option("JOB", id, "the replay job's id")->required()->check(PositiveInteger("a job id"));
+  if (auto rc = ParseVerbArgs(app, args)) return *rc;
+  auto config = LoadAppConfig(config_path);
   if (!config.ok()) return Fail("retry-failed", config.status().message(), kExitUsage);
-  char* end = nullptr;
-  const uint64_t id = std::strtoull(args[1], &end, 10);
-  if (end == args[1] || *end != '\0' || id == 0) {
-    return Fail("retry-failed", std::string("'") + args[1] + "' is not a job id", kExitUsage);
-  }
   CatchStopSignals();
   auto st = OpenStateForWrite(*config);
   if (!st.ok()) return Fail("retry-failed", st.status().message(), kExitIo);
@@ -490,21 +463,13 @@ bool ShouldResume(const state::JobRecord& j) {
 }
 
 int RunRun(std::span<char* const> args) {
-  std::vector<std::string> positional;
+  std::string config_path;
   bool with_backfill = false;
-  for (const char* a : args) {
-    const std::string_view arg = a;
-    if (arg == "--backfill") {
-      with_backfill = true;
-    } else if (arg.starts_with("--")) {
-      return Fail("run", "unknown option " + std::string(arg), kExitUsage);
-    } else {
-      positional.emplace_back(arg);
-    }
-  }
-  if (positional.size() != 1)
-    return Fail("run", "usage: atfill run CONFIG [--backfill]", kExitUsage);
-  const std::string config_path = positional[0];
+  CLI::App app{"", "atfill run"};
+  PrepareVerbApp(app);
+  app.add_option("CONFIG", config_path, "the config file")->required();
+  app.add_flag("--backfill", with_backfill);
+  if (auto rc = ParseVerbArgs(app, args)) return *rc;
   auto config = LoadAppConfig(config_path);
   if (!config.ok()) return Fail("run", config.status().message(), kExitUsage);
   const bool live = !config->live.hosts.empty();

@@ -4,6 +4,7 @@
 #include <string_view>
 
 #include "atproto/repo.hpp"
+#include "tools/atfill/args.hpp"
 #include "tools/atfill/cli.hpp"
 
 namespace atfill::cli {
@@ -11,30 +12,11 @@ namespace atfill::cli {
 int RunCar(std::span<char* const> args) {
   std::optional<std::string> path;
   std::optional<std::string> key_text;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string_view a = args[i];
-    if (a == "--key") {
-      if (i + 1 >= args.size()) {
-        std::fprintf(stderr, "atfill car: --key needs a did:key value\n");
-        return kExitUsage;
-      }
-      key_text = args[++i];
-    } else if (a.starts_with("--key=")) {
-      key_text = std::string(a.substr(6));
-    } else if (a.starts_with("-") && a != "-") {
-      std::fprintf(stderr, "atfill car: unknown option %s\n", args[i]);
-      return kExitUsage;
-    } else if (path) {
-      std::fprintf(stderr, "atfill car: one CAR file at a time\n");
-      return kExitUsage;
-    } else {
-      path = a;
-    }
-  }
-  if (!path) {
-    std::fprintf(stderr, "usage: atfill car FILE.car [--key did:key:...]\n");
-    return kExitUsage;
-  }
+  CLI::App app{"", "atfill car"};
+  PrepareVerbApp(app);
+  app.add_option("FILE", path, "the CAR file (one)")->required();
+  app.add_option("--key", key_text, "the did:key that signed the commit");
+  if (auto rc = ParseVerbArgs(app, args)) return *rc;
   std::optional<atproto::PublicKey> key;
   if (key_text) {
     auto parsed = atproto::PublicKey::FromDidKey(*key_text);

@@ -3,8 +3,10 @@
 #include <iostream>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "atproto/json.hpp"
+#include "tools/atfill/args.hpp"
 #include "tools/atfill/cli.hpp"
 
 namespace atfill::cli {
@@ -35,15 +37,20 @@ bool CidLines(std::istream& in, size_t* line_no) {
 }  // namespace
 
 int RunCid(std::span<char* const> args) {
+  std::vector<std::string> paths;
+  CLI::App app{"", "atfill cid"};
+  PrepareVerbApp(app);
+  app.add_option("FILE", paths, "files of records, one JSON object a line (none: stdin)");
+  if (auto rc = ParseVerbArgs(app, args)) return *rc;
   size_t line_no = 0;
   bool all_ok = true;
-  if (args.empty()) {
+  if (paths.empty()) {
     all_ok = CidLines(std::cin, &line_no);
   } else {
-    for (const char* path : args) {
+    for (const std::string& path : paths) {
       std::ifstream in(path, std::ios::binary);
       if (!in) {
-        std::fprintf(stderr, "error: cannot open %s\n", path);
+        std::fprintf(stderr, "error: cannot open %s\n", path.c_str());
         return kExitIo;
       }
       // Line numbers run on across files, as if they were concatenated, like the output lines.

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "sinks/sqlite_reader.hpp"
+#include "tools/atfill/args.hpp"
 #include "tools/atfill/cli.hpp"
 #include "tools/simnet/simnet.hpp"
 
@@ -42,15 +43,12 @@ int Show(const std::string& title, std::vector<std::string> argv,
 
 int RunDemo(std::span<char* const> args) {
   std::filesystem::path dir = std::filesystem::path(ATFILL_SOURCE_DIR) / "examples" / "data";
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string_view a = args[i];
-    if (a == "--data" && i + 1 < args.size()) {
-      dir = args[++i];
-    } else {
-      std::fprintf(stderr, "atfill demo: unknown argument %s\n", args[i]);
-      return kExitUsage;
-    }
-  }
+  std::string data;
+  CLI::App app{"", "atfill demo"};
+  PrepareVerbApp(app);
+  app.add_option("--data", data, "folder holding records.jsonl and sample.car");
+  if (auto rc = ParseVerbArgs(app, args)) return *rc;
+  if (!data.empty()) dir = data;
   const std::string records = (dir / "records.jsonl").string();
   const std::string car = (dir / "sample.car").string();
   const std::string key = ReadKey(dir);

@@ -15,6 +15,7 @@
 #include "stages/cid_verify.hpp"
 #include "stages/ingest_guard.hpp"
 #include "tools/atfill/app_config.hpp"
+#include "tools/atfill/args.hpp"
 #include "tools/atfill/cli.hpp"
 #include "tools/atfill/job_run.hpp"
 #include "tools/atfill/job_view.hpp"
@@ -39,28 +40,22 @@ int Fail(const std::string& msg, int code) {
 
 int RunIngest(std::span<char* const> args) {
   bool dry_run = false;
-  std::vector<std::string> positional;
-  for (const char* a : args) {
-    const std::string_view s = a;
-    if (s == "--dry-run") {
-      dry_run = true;
-    } else if (s.starts_with("--")) {
-      return Fail("unknown option " + std::string(s), kExitUsage);
-    } else {
-      positional.emplace_back(s);
-    }
-  }
-  if (positional.size() < 2) {
-    return Fail("usage: atfill ingest CONFIG FILE... [--dry-run]", kExitUsage);
-  }
-  auto config = LoadAppConfig(positional[0]);
+  std::string config_path;
+  std::vector<std::string> inputs;
+  CLI::App app{"", "atfill ingest"};
+  PrepareVerbApp(app);
+  app.add_option("CONFIG", config_path, "the config file")->required();
+  app.add_option("FILE", inputs, "Jetstream event files")->required();
+  app.add_flag("--dry-run", dry_run);
+  if (auto rc = ParseVerbArgs(app, args)) return *rc;
+  auto config = LoadAppConfig(config_path);
   if (!config.ok()) return Fail(config.status().message(), kExitUsage);
   std::vector<std::string> files;
-  for (size_t i = 1; i < positional.size(); ++i) {
+  for (const std::string& input : inputs) {
     std::error_code ec;
-    auto abs = std::filesystem::absolute(positional[i], ec);
+    auto abs = std::filesystem::absolute(input, ec);
     if (ec || !std::filesystem::is_regular_file(abs, ec)) {
-      return Fail("cannot read " + positional[i], kExitIo);
+      return Fail("cannot read " + input, kExitIo);
     }
     files.push_back(abs.lexically_normal().string());
   }

@@ -9,6 +9,7 @@
 #include "state/crawl_log.hpp"
 #include "state/failed_blocks.hpp"
 #include "tools/atfill/app_config.hpp"
+#include "tools/atfill/args.hpp"
 #include "tools/atfill/cli.hpp"
 #include "tools/atfill/job_view.hpp"
 #include "tools/atfill/state_access.hpp"
@@ -36,36 +37,23 @@ int Fail(std::string_view verb, const std::string& msg, int code) {
 // Parses CONFIG [ID] and the flags the verb allows; returns an exit code on error, -1 when fine.
 int ParseArgs(std::string_view verb, std::span<char* const> args, bool want_id,
               std::initializer_list<std::string_view> flags, JobArgs* out) {
-  std::vector<std::string> positional;
-  for (const char* a : args) {
-    const std::string_view s = a;
-    if (s.starts_with("--")) {
-      if (std::find(flags.begin(), flags.end(), s) == flags.end()) {
-        return Fail(verb, "unknown option " + std::string(s), kExitUsage);
-      }
-      out->json |= s == "--json";
-      out->batches |= s == "--batches";
-      out->errors |= s == "--errors";
-      out->hosts |= s == "--hosts";
-      out->recent |= s == "--recent";
-    } else {
-      positional.emplace_back(s);
-    }
-  }
-  if (positional.size() != (want_id ? 2u : 1u)) {
-    return Fail(verb,
-                want_id ? "usage: atfill " + std::string(verb) + " CONFIG JOB_ID"
-                        : "usage: atfill " + std::string(verb) + " CONFIG",
-                kExitUsage);
-  }
-  out->config = positional[0];
+  CLI::App app{"", "atfill " + std::string(verb)};
+  PrepareVerbApp(app);
+  app.add_option("CONFIG", out->config, "the config file")->required();
   if (want_id) {
-    char* end = nullptr;
-    out->id = std::strtoull(positional[1].c_str(), &end, 10);
-    if (out->id == 0 || *end != '\0') {
-      return Fail(verb, "job id '" + positional[1] + "' is not a positive number", kExitUsage);
+    app.add_option("ID", out->id, "the job's id")->required()->check(PositiveInteger("a job id"));
+  }
+  const std::pair<std::string_view, bool*> known[] = {{"--json", &out->json},
+                                                      {"--batches", &out->batches},
+                                                      {"--errors", &out->errors},
+                                                      {"--hosts", &out->hosts},
+                                                      {"--recent", &out->recent}};
+  for (const auto& [name, flag] : known) {
+    if (std::find(flags.begin(), flags.end(), name) != flags.end()) {
+      app.add_flag(std::string(name), *flag);
     }
   }
+  if (auto rc = ParseVerbArgs(app, args)) return *rc;
   return -1;
 }
 

@@ -15,6 +15,7 @@
 #include "state/cursors.hpp"
 #include "state/resolver_cache.hpp"
 #include "tools/atfill/app_config.hpp"
+#include "tools/atfill/args.hpp"
 #include "tools/atfill/cli.hpp"
 #include "tools/atfill/job_run.hpp"
 #include "tools/atfill/job_view.hpp"
@@ -160,10 +161,12 @@ int RunLive(const AppConfig& config, OpenedState& st, std::function<bool()> back
 }
 
 int RunStatus(std::span<char* const> args) {
-  if (args.size() != 1 || std::string_view(args[0]).starts_with("--")) {
-    return Fail("status", "usage: atfill status CONFIG", kExitUsage);
-  }
-  auto config = LoadAppConfig(args[0]);
+  std::string config_path;
+  CLI::App app{"", "atfill status"};
+  PrepareVerbApp(app);
+  app.add_option("CONFIG", config_path, "the config file")->required();
+  if (auto rc = ParseVerbArgs(app, args)) return *rc;
+  auto config = LoadAppConfig(config_path);
   if (!config.ok()) return Fail("status", config.status().message(), kExitUsage);
   auto st = OpenStateForRead(*config);
   if (!st.ok()) return Fail("status", st.status().message(), kExitIo);
