@@ -315,6 +315,57 @@ constexpr const char* kPatternOpNames[] = {"find", "match", "gsub"};
 constexpr const char* kPatternFunctionNames[] = {"string.find", "string.match", "string.gsub"};
 // Loop steps between two looks at the clock in table.move, insert and remove (~1 ms of work).
 constexpr lua_Integer kTableSlice = lua_Integer{1} << 16;
+// Matcher steps at most for a match to run directly in the script's state (~1-3 ms).
+constexpr double kDirectMatchSteps = 1e6;
+
+// Whether a match of pattern p over n bytes is sure to end within kDirectMatchSteps: then it runs
+// in the script's own state, with the library's function, and the pattern state's round trip is
+// saved. The bound: each quantified item ("*", "+", "-", "?") may retry the rest of the pattern
+// at every position, any step may scan the subject (an expansion, %b, a back-reference), and an
+// unanchored search starts at every position: (n+1)^(q+2) * (len(p)+1), one power less anchored.
+// Quantifier characters are counted wherever they are (in sets, after '%'), which only
+// overestimates. A plain search compares the pattern at every position: (n+1) * (len(p)+1).
+bool SmallMatch(size_t n, const char* p, size_t plen, bool plain, bool anchorable) {
+  const double positions = static_cast<double>(n) + 1;
+  int q = 0;
+  bool specials = false;
+  for (size_t i = 0; i < plen; ++i) {
+    switch (p[i]) {
+      case '*':
+      case '+':
+      case '-':
+      case '?':
+        ++q;
+        specials = true;
+        break;
+      case '%':
+        specials = true;
+        if (i + 1 < plen && (p[i + 1] == 'b' || (p[i + 1] >= '0' && p[i + 1] <= '9'))) ++q;
+        break;
+      case '^':
+      case '$':
+      case '.':
+      case '[':
+      case ']':
+      case '(':
+      case ')':
+        specials = true;
+        break;
+      default:
+        break;
+    }
+  }
+  double steps = static_cast<double>(plen) + 1;
+  if (plain || !specials) return steps * positions <= kDirectMatchSteps;
+  // The matcher's own recursion limit must stay out of reach too ("pattern too complex").
+  if (q > 64) return false;
+  const int powers = q + (anchorable && plen > 0 && p[0] == '^' ? 1 : 2);
+  for (int k = 0; k < powers; ++k) {
+    steps *= positions;
+    if (steps > kDirectMatchSteps) return false;
+  }
+  return true;
+}
 
 // What one pattern call hands to the pattern state (no Lua value crosses between the states).
 struct PatternCall {
@@ -484,6 +535,11 @@ class LuaWorker final : public pipeline::TransformState {
   }
   void PushWhere(lua_State* L);
   static int FindOrMatch(lua_State* L, PatternOp op);
+  // The direct path: the library's function (upvalue 1 of the running wrapper) on the arguments
+  // L holds, its errors raised as they would be raised from the script.
+  int CallLibrary(lua_State* L, const char* what, bool has_replacement);
+  static int GsubReplace(lua_State* L);
+  static int IndexFirst(lua_State* L);
 
   // JSON text -> DOM in parser_; false with the reason in *error.
   bool Parse(std::string_view text, dom::element* root, const char** error);
@@ -671,7 +727,9 @@ int LuaWorker::OpenSandbox(lua_State* L) {
                                                                     {"gsub", StringGsub},
                                                                     {"rep", StringRep}};
   for (const auto& [name, fn] : string_functions) {
-    lua_pushcfunction(L, fn);
+    // The library's function is upvalue 1 (the direct path for small matches).
+    lua_getfield(L, -1, name);
+    lua_pushcclosure(L, fn, 1);
     lua_setfield(L, -2, name);
   }
   lua_pop(L, 1);
@@ -1066,8 +1124,77 @@ int LuaWorker::FindOrMatch(lua_State* L, PatternOp op) {
   call.pattern = luaL_checklstring(L, 2, &call.pattern_size);
   call.init = luaL_optinteger(L, 3, 1);
   call.plain = op == PatternOp::kFind && lua_toboolean(L, 4) != 0;
+  if (SmallMatch(call.subject_size, call.pattern, call.pattern_size, call.plain, true)) {
+    return self->CallLibrary(L, kPatternFunctionNames[static_cast<int>(op)], false);
+  }
   const int n = self->RunPattern(L, 1, 2, &call);
   return self->PushPatternResults(L, 1, n);
+}
+
+int LuaWorker::CallLibrary(lua_State* L, const char* what, bool has_replacement) {
+  const int args = lua_gettop(L);
+  // A copy of gsub's replacement closure at the bottom, to look at once the call failed.
+  if (has_replacement) {
+    lua_pushvalue(L, 3);
+    lua_insert(L, 1);
+  }
+  const int base = has_replacement ? 1 : 0;
+  lua_pushvalue(L, lua_upvalueindex(1));
+  lua_insert(L, base + 1);
+  const int rc = lua_pcall(L, args, LUA_MULTRET, 0);
+  if (rc == LUA_OK) return lua_gettop(L) - base;
+  if (has_replacement) {
+    lua_getupvalue(L, 1, 3);
+    const bool replacement_failed = lua_toboolean(L, -1) != 0;
+    lua_pop(L, 1);
+    if (replacement_failed) {
+      // The script's replacement raised it: as it was.
+      lua_getupvalue(L, 1, 2);
+      return lua_error(L);
+    }
+  }
+  if (rc == LUA_ERRMEM) {
+    if (alloc_.timed_out) RaiseTimeout(L, what);
+    return luaL_error(L, "not enough memory in %s (the script's memory limit is %I bytes)", what,
+                      static_cast<lua_Integer>(alloc_.limit));
+  }
+  if (lua_type(L, -1) != LUA_TSTRING) return lua_error(L);
+  // The pattern library's messages carry their caller's position, here this wrapper's (none).
+  luaL_where(L, 1);
+  lua_insert(L, -2);
+  lua_concat(L, 2);
+  return lua_error(L);
+}
+
+// The library's gsub calls this for each match on the direct path; upvalues: the script's
+// replacement (function or table), then the error it raised and whether it did.
+int LuaWorker::GsubReplace(lua_State* L) {
+  const int args = lua_gettop(L);
+  int rc = LUA_OK;
+  if (lua_type(L, lua_upvalueindex(1)) == LUA_TTABLE) {
+    // A table is indexed by the first capture (or the whole match), as the library does.
+    lua_settop(L, 1);
+    lua_pushcfunction(L, IndexFirst);
+    lua_insert(L, 1);
+    lua_pushvalue(L, lua_upvalueindex(1));
+    lua_insert(L, 2);
+    rc = lua_pcall(L, 2, 1, 0);
+  } else {
+    lua_pushvalue(L, lua_upvalueindex(1));
+    lua_insert(L, 1);
+    rc = lua_pcall(L, args, 1, 0);
+  }
+  if (rc == LUA_OK) return 1;
+  lua_pushvalue(L, -1);
+  lua_replace(L, lua_upvalueindex(2));
+  lua_pushboolean(L, 1);
+  lua_replace(L, lua_upvalueindex(3));
+  return lua_error(L);
+}
+
+int LuaWorker::IndexFirst(lua_State* L) {
+  lua_gettable(L, 1);
+  return 1;
 }
 
 int LuaWorker::StringFind(lua_State* L) { return FindOrMatch(L, PatternOp::kFind); }
@@ -1080,7 +1207,15 @@ int LuaWorker::StringGmatch(lua_State* L) {
   size_t plen = 0;
   luaL_checklstring(L, 1, &len);
   const char* p = luaL_checklstring(L, 2, &plen);
-  lua_Integer init = StartPosition(luaL_optinteger(L, 3, 1), len);
+  const lua_Integer init_arg = luaL_optinteger(L, 3, 1);
+  if (SmallMatch(len, p, plen, false, false)) {
+    // The whole iteration is within the bound: the library's own iterator.
+    lua_pushvalue(L, lua_upvalueindex(1));
+    lua_insert(L, 1);
+    lua_call(L, lua_gettop(L) - 1, 1);
+    return 1;
+  }
+  lua_Integer init = StartPosition(init_arg, len);
   if (init > static_cast<lua_Integer>(len) + 1) init = static_cast<lua_Integer>(len) + 1;
   lua_settop(L, 2);
   if (plen > 0 && p[0] == '^') {
@@ -1153,6 +1288,17 @@ int LuaWorker::StringGsub(lua_State* L) {
   luaL_argexpected(
       L, tr == LUA_TNUMBER || tr == LUA_TSTRING || tr == LUA_TFUNCTION || tr == LUA_TTABLE, 3,
       "string/function/table");
+  if (SmallMatch(len, p, plen, false, true)) {
+    const bool replacement = tr == LUA_TFUNCTION || tr == LUA_TTABLE;
+    if (replacement) {
+      lua_pushvalue(L, 3);
+      lua_pushnil(L);
+      lua_pushboolean(L, 0);
+      lua_pushcclosure(L, GsubReplace, 3);
+      lua_replace(L, 3);
+    }
+    return self->CallLibrary(L, "string.gsub", replacement);
+  }
   if (tr == LUA_TNUMBER || tr == LUA_TSTRING) {
     PatternCall call;
     call.op = PatternOp::kGsub;

@@ -928,6 +928,23 @@ TEST(ScriptTest, StringFunctionsGiveTheStringLibrarysResults) {
       "#string.rep('abc', 100000, 'de')",
       "string.rep('abc', 7, 'de')",
       "string.rep('a', 1 << 62, 'b')",
+      // Long subjects: past SmallMatch's bound these match in the pattern state (gmatch and gsub
+      // with a function over find there); the short ones above run the library's function.
+      "string.find(long .. 'key = value', '(%w+)%s*=%s*(%w+)')",
+      "string.find(long, 'b a', 1000)",
+      "string.match(long .. '2024-11-05', '(%d+)-(%d+)-(%d+)')",
+      "string.match(long, '()(a)(b)()', -10)",
+      "string.gsub(long, '(%w+)', '<%1>')",
+      "string.gsub(long, '%w+', '%%', 5)",
+      "string.gsub(long, '%w+', function(w) return w:upper() end)",
+      "string.gsub(long, 'a*', function(m) return '[' .. m .. ']' end)",
+      "string.gsub(long, '()', function(p) return p % 7 == 0 and '|' or nil end)",
+      "string.gsub(long, '(b)', {b = 'B'})",
+      "string.gsub(long, '^a+b', function() return 'X' end)",
+      "string.gsub(long, '(a)', function() return {} end)",
+      "string.find(long, '%')",
+      "string.gsub(long, '(', function() end)",
+      "string.match(long, '%1')",
       // The table functions atfill wraps (see TableMove): small moves, large ones in slices,
       // insert and remove with and without __len, and their errors.
       "table.concat(table.move({1, 2, 3, 4, 5}, 2, 4, 1), ',')",
@@ -983,6 +1000,11 @@ TEST(ScriptTest, StringFunctionsGiveTheStringLibrarysResults) {
       "for m in ('x1y22z333'):gmatch('%d+') do r[#r + 1] = m end",
       "local f = string.gmatch('ab', '.') r[1] = f() r[2] = f() r[3] = tostring(f()) "
       "r[4] = tostring(f())",
+      "for w in string.gmatch(long, '%a+') do r[#r + 1] = w end",
+      "for w, p in string.gmatch(long, '(%a+)()', 2000) do r[#r + 1] = w .. p end",
+      "for m in string.gmatch(long .. '^a^a', '^a') do r[#r + 1] = m end",
+      "for m in string.gmatch(long, 'x*') do r[#r + 1] = '[' .. m .. ']' end",
+      "for m in string.gmatch(long, '(b)(%s)') do r[#r + 1] = m end",
   };
   // Each case's results as one string: ok flag, then each value with its type.
   std::string chunk =
@@ -998,6 +1020,7 @@ TEST(ScriptTest, StringFunctionsGiveTheStringLibrarysResults) {
       "  end\n"
       "  return table.concat(t, ',')\n"
       "end\n"
+      "local long = string.rep('ab ', 700)\n"
       "local results = {}\n";
   for (const std::string& c : cases) {
     chunk += "results[#results + 1] = show(pcall(function() return " + c + " end))\n";
