@@ -27,11 +27,13 @@
 // holds the helpers: get_record(uri), json_decode(text), json_encode(value), array(table) and null.
 //
 // The wall-clock limit also covers the library functions whose running time the other limits do
-// not bound: string.find, match, gmatch and gsub match patterns in a second, private Lua state per
-// worker, which a watchdog thread interrupts (a signal to the worker's thread) when a call runs
-// past its limit; that state is then thrown away whole and made anew on the next pattern call.
-// string.rep is atfill's own (same results, no per-copy loop). The process handles SIGURG for this
-// once a stage exists.
+// not bound. string.find, match, gmatch and gsub run the library's function directly when a bound
+// on the match's work is small (~1e6 matcher steps); other matches run in a second, private Lua
+// state per worker (with its own memory cap, the same size), which a watchdog thread interrupts (a
+// signal to the worker's thread) when a call runs past its limit; that state is then thrown away
+// whole and made anew on the next pattern call. string.rep, table.move, table.insert and
+// table.remove are atfill's own (same results and messages; no per-copy loop, a look at the clock
+// as they go). The process handles SIGURG for this once a stage exists.
 #pragma once
 
 #include <chrono>
