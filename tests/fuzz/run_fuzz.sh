@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs one libFuzzer target as a ctest (tests/fuzz/CMakeLists.txt):
 #   run_fuzz.sh BINARY WORK_DIR SEED_DIR DATA_DIR MAX_LEN [SHARED_SEED_SUBDIR...]
-# for ATFILL_FUZZ_SECONDS (default 15) seconds. WORK_DIR (in the build tree) comes first, so it is
+# for ATFILL_FUZZ_SECONDS (default 10) seconds. WORK_DIR (in the build tree) comes first, so it is
 # the only folder libFuzzer writes new inputs to; SEED_DIR (corpus/NAME, our own seeds) and each
 # DATA_DIR/SUBDIR (third-party data read in place, never copied into the repository) are read
 # only. DATA_DIR is ../shared/protocols/jetstream/data, or $ATFILL_SHARED/protocols/jetstream/data
@@ -31,7 +31,7 @@ if [ "$#" -gt 0 ] && [ -d "$data" ]; then export ATFILL_FUZZ_DATA="$data"; fi
 # A target may write seeds it derives from the shared data (one file per document) here.
 export ATFILL_FUZZ_WORK="$work"
 
-flags=(-max_total_time="${ATFILL_FUZZ_SECONDS:-15}" -rss_limit_mb=2048 -timeout=10
+flags=(-max_total_time="${ATFILL_FUZZ_SECONDS:-10}" -rss_limit_mb=2048 -timeout=10
   -print_final_stats=1)
 [ "$max_len" != 0 ] && flags+=(-max_len="$max_len")
 mkdir -p "$work"
