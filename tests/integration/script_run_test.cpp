@@ -252,6 +252,14 @@ TEST(ScriptRunTest, SigtermStopsAnIngestWithinFiveSecondsWhateverItsScriptDoes) 
     // Paused (4), or left when the pause took too long (130).
     EXPECT_TRUE(r.exit_code == 4 || r.exit_code == 130) << name << ": exit " << r.exit_code << "\n"
                                                         << r.err;
+    // Either way the job resumes where its last commit left it: with a script that keeps
+    // everything, every record is written.
+    WriteFile(ws.dir / "post.lua", "function record(e) return e end");
+    const ProcessResult resumed =
+        ws.Atfill({"ingest", ws.config, (ws.dir / "events.jsonl").string()});
+    EXPECT_EQ(resumed.exit_code, 0) << name << ": " << resumed.err;
+    EXPECT_THAT(resumed.err, HasSubstr("resuming job 1")) << name;
+    EXPECT_EQ(ws.Table().size(), 2000u) << name;
   }
 }
 
