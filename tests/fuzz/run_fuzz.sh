@@ -6,9 +6,9 @@
 # DATA_DIR/SUBDIR (third-party data read in place, never copied into the repository) are read
 # only. DATA_DIR is ../shared/protocols/jetstream/data, or $ATFILL_SHARED/protocols/jetstream/data
 # when ATFILL_SHARED is set; the target finds it as ATFILL_FUZZ_DATA (dictionaries, packed
-# documents) and WORK_DIR as ATFILL_FUZZ_WORK. When a
-# shared folder is missing the run fails if ATFILL_REQUIRE_SHARED=1 (CI), and otherwise goes on
-# without those seeds after saying so. MAX_LEN 0 leaves libFuzzer's default.
+# documents) and WORK_DIR as ATFILL_FUZZ_WORK. When a shared folder is missing the run fails if
+# ATFILL_REQUIRE_SHARED=1 (CI), and otherwise goes on without those seeds after saying so.
+# MAX_LEN 0 leaves libFuzzer's default.
 set -euo pipefail
 binary=$1 work=$2 seeds=$3 data=$4 max_len=$5
 shift 5
