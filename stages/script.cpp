@@ -39,8 +39,9 @@
 namespace atfill::stages {
 namespace {
 
-// The clock of the call deadlines: the kernel's coarse monotonic clock, ~5 ns a read against ~20
-// for the precise one (a pass-through call costs ~65 ns), at a resolution of a few milliseconds.
+// The clock of the call deadlines: the kernel's coarse monotonic clock, a few times cheaper to
+// read than the precise one (every call reads it; script_bench BM_PassThrough), at a resolution
+// of a few milliseconds.
 int64_t SteadyNanos() {
   timespec ts{};
   clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
@@ -145,7 +146,7 @@ constexpr size_t kMaxDepth = 256;
 constexpr size_t kMinMemory = size_t{256} << 10;
 constexpr const char* kEncodeRecord = "event.record";
 
-// Instructions between two looks at the clock (the hook's period): ~20 µs of Lua at most.
+// Instructions between two looks at the clock (the hook's period): tens of microseconds of Lua.
 constexpr int kHookPeriod = 10000;
 // Allocations at least this big always look at the clock; smaller ones every kAllocsPerCheck.
 constexpr size_t kTimedAllocBytes = size_t{64} << 10;
@@ -313,9 +314,10 @@ void* PatternAlloc(void* ud, void* ptr, size_t osize, size_t nsize) {
 enum class PatternOp : uint8_t { kFind, kMatch, kGsub };
 constexpr const char* kPatternOpNames[] = {"find", "match", "gsub"};
 constexpr const char* kPatternFunctionNames[] = {"string.find", "string.match", "string.gsub"};
-// Loop steps between two looks at the clock in table.move, insert and remove (~1 ms of work).
+// Loop steps between two looks at the clock in table.move, insert and remove (about a
+// millisecond's work).
 constexpr lua_Integer kTableSlice = lua_Integer{1} << 16;
-// Matcher steps at most for a match to run directly in the script's state (~1-3 ms).
+// Matcher steps at most for a match to run directly in the script's state (a few milliseconds).
 constexpr double kDirectMatchSteps = 1e6;
 
 // Whether a match of pattern p over n bytes is sure to end within kDirectMatchSteps: then it runs

@@ -831,8 +831,9 @@ TEST(ScriptTest, EncodingATableReachedManyTimesOverIsBounded) {
 }
 
 TEST(ScriptTest, AMemoryBombIsAScriptErrorAtAFractionOfItsFormerCost) {
-  // Default limits: 64 MiB, four attempts. A record used to take ~0.55-0.6 s of CPU (string.rep
-  // copied its 1-byte string a million times per call); now ~0.15 (script_bench BM_MemoryBomb).
+  // Default limits: 64 MiB, four attempts. A record used to take about half a second of CPU
+  // (string.rep copied its 1-byte string a million times per call); script_bench BM_MemoryBomb
+  // measures it.
   Harness h(Options(BadThenGood(kMemoryBomb)));
   std::vector<Event> events;
   for (int i = 0; i < 5; ++i) events.push_back(Record("bad"));
