@@ -813,6 +813,18 @@ TEST(ScriptTest, TheCallLimitIsConfigurableAndCoversEveryKindOfWork) {
   }
 }
 
+TEST(ScriptTest, AScriptWhoseLoadRunsPastTheLimitIsAConfigError) {
+  ScriptOptions options = Options(
+      "local s = ('a'):rep(40)\ns:find(('a?'):rep(40) .. s)\nfunction record(e) return e end\n");
+  options.call_timeout = std::chrono::milliseconds(200);
+  auto created = ScriptStage::Create(options);
+  ASSERT_FALSE(created.ok());
+  EXPECT_THAT(created.status().message(), HasSubstr("failed while loading"));
+  EXPECT_THAT(created.status().message(),
+              HasSubstr("inline:app.bsky.feed.post:2: script exceeded its wall-clock limit (200 "
+                        "ms) in string.find"));
+}
+
 TEST(ScriptTest, EncodingATableReachedManyTimesOverIsBounded) {
   // 2^40 leaves of text, built outside the Lua allocator: stopped by the memory cap (8 MiB of
   // text here) or the deadline, whichever comes first.
