@@ -1,4 +1,5 @@
 #include "tests/common/http_test_server.hpp"
+#include "base/low_port.hpp"
 
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
@@ -318,10 +319,16 @@ HttpTestServer::HttpTestServer(Handler handler, std::shared_ptr<ConcurrencyGauge
     : impl_(std::make_unique<Impl>()) {
   impl_->handler = std::move(handler);
   impl_->shared_gauge = std::move(shared_gauge);
-  const tcp::endpoint endpoint(asio::ip::make_address("127.0.0.1"), 0);
-  impl_->acceptor.open(endpoint.protocol());
+  const auto loopback = asio::ip::make_address("127.0.0.1");
+  impl_->acceptor.open(tcp::v4());
   impl_->acceptor.set_option(asio::socket_base::reuse_address(true));
-  impl_->acceptor.bind(endpoint);
+  // A port below the ephemeral range (base/low_port.hpp).
+  const auto bound = BindLowPort([&](uint16_t port) {
+    beast::error_code ec;
+    impl_->acceptor.bind(tcp::endpoint(loopback, port), ec);
+    return !ec;
+  });
+  if (!bound) throw std::runtime_error("HttpTestServer: no free port below 32768 on 127.0.0.1");
   impl_->acceptor.listen(asio::socket_base::max_listen_connections);
   impl_->port = impl_->acceptor.local_endpoint().port();
   impl_->Accept();

@@ -1,4 +1,4 @@
-// A loopback HTTP/1.1 server for tests: 127.0.0.1 on an ephemeral port, keep-alive, many
+// A loopback HTTP/1.1 server for tests: 127.0.0.1 on a free port below 32768, keep-alive, many
 // connections at once, and the faults a crawler meets (latency, 429s, dropped connections,
 // resets, huge bodies). Distinct instances are distinct hosts ("http://127.0.0.1:<port>").
 //
@@ -105,7 +105,7 @@ class HttpTestServer {
  public:
   using Handler = std::function<TestResponse(const TestRequest&)>;
 
-  // Listens on 127.0.0.1 at an ephemeral port and starts serving. `shared_gauge`, when given,
+  // Listens on 127.0.0.1 at a free port below 32768 and starts serving. `shared_gauge`, when given,
   // also counts this server's requests (to measure concurrency across several servers).
   explicit HttpTestServer(Handler handler, std::shared_ptr<ConcurrencyGauge> shared_gauge = {},
                           int threads = 1);

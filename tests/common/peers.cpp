@@ -1,4 +1,5 @@
 #include "tests/common/peers.hpp"
+#include "base/low_port.hpp"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -204,17 +205,20 @@ Result<std::pair<int, int>> TwoFreePorts() {
   Status status;
   for (int i = 0; i < 2 && status.ok(); ++i) {
     fds[i] = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    addr.sin_port = 0;
-    socklen_t len = sizeof(addr);
-    if (fds[i] < 0 || ::bind(fds[i], reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-        ::getsockname(fds[i], reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-      status = Status::IoError(std::string("cannot find a free port on 127.0.0.1: ") +
+    // Below the ephemeral range (base/low_port.hpp): the peers bind the port after this probe
+    // closes, and a client socket could take an ephemeral one meanwhile.
+    const auto port = fds[i] < 0 ? std::nullopt : BindLowPort([&](uint16_t candidate) {
+      sockaddr_in addr{};
+      addr.sin_family = AF_INET;
+      addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      addr.sin_port = htons(candidate);
+      return ::bind(fds[i], reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+    });
+    if (!port) {
+      status = Status::IoError(std::string("cannot find a free port on 127.0.0.1 below 32768: ") +
                                std::strerror(errno));
     } else {
-      ports[i] = ntohs(addr.sin_port);
+      ports[i] = *port;
     }
   }
   for (int fd : fds) {

@@ -1,4 +1,5 @@
 #include "tests/common/pg_server.hpp"
+#include "base/low_port.hpp"
 
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -18,22 +19,21 @@ std::string ErrorText(PGconn* conn) {
   return out;
 }
 
-// A free TCP port on 127.0.0.1 (the kernel's pick; free again once the probe closes).
+// A free TCP port on 127.0.0.1 below 32768 (free again once the probe closes).
 Result<int> FreePort() {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) return Status::IoError("socket() failed");
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof addr;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    ::close(fd);
-    return Status::IoError("cannot find a free port");
-  }
+  // Below the ephemeral range (base/low_port.hpp): the server binds it after this probe closes.
+  const auto port = BindLowPort([&](uint16_t candidate) {
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(candidate);
+    return ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+  });
   ::close(fd);
-  return static_cast<int>(ntohs(addr.sin_port));
+  if (!port) return Status::IoError("cannot find a free port below 32768 on 127.0.0.1");
+  return static_cast<int>(*port);
 }
 
 std::string PgServerScript() {

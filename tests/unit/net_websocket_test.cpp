@@ -6,6 +6,7 @@
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
 #include <openssl/x509v3.h>
+#include <stdexcept>
 
 #include <algorithm>
 #include <boost/asio/io_context.hpp>
@@ -32,6 +33,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/low_port.hpp"
 #include "net/reconnect_policy.hpp"
 #include "net/websocket.hpp"
 #include "tests/common/http_test_server.hpp"
@@ -105,10 +107,15 @@ class WsTestServer {
   // `tls` (optional) must outlive the server.
   explicit WsTestServer(PlanFn plan, ssl::context* tls = nullptr)
       : plan_(std::move(plan)), tls_(tls), acceptor_(io_) {
-    tcp::endpoint endpoint(asio::ip::make_address("127.0.0.1"), 0);
-    acceptor_.open(endpoint.protocol());
+    const auto loopback = asio::ip::make_address("127.0.0.1");
+    acceptor_.open(tcp::v4());
     acceptor_.set_option(tcp::acceptor::reuse_address(true));
-    acceptor_.bind(endpoint);
+    const auto bound = BindLowPort([&](uint16_t port) {
+      beast::error_code ec;
+      acceptor_.bind(tcp::endpoint(loopback, port), ec);
+      return !ec;
+    });
+    if (!bound) throw std::runtime_error("WsTestServer: no free port below 32768 on 127.0.0.1");
     acceptor_.listen();
     port_ = acceptor_.local_endpoint().port();
     Accept();

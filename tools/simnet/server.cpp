@@ -17,6 +17,7 @@
 #include "atproto/car.hpp"
 #include "atproto/repo.hpp"
 #include "base/json_writer.hpp"
+#include "base/low_port.hpp"
 #include "tools/simnet/archive_server.hpp"
 #include "tools/simnet/http_util.hpp"
 #include "tools/simnet/jetstream_server.hpp"
@@ -570,10 +571,20 @@ Result<std::unique_ptr<Simnet>> Simnet::Start(SimnetOptions options) {
   ATFILL_RETURN_IF_ERROR(options.Validate());
   auto impl = std::make_unique<Impl>();
   beast::error_code ec;
-  const tcp::endpoint endpoint(asio::ip::make_address_v4("127.0.0.1"), options.port);
-  impl->acceptor.open(endpoint.protocol(), ec);
+  const auto loopback = asio::ip::make_address_v4("127.0.0.1");
+  impl->acceptor.open(tcp::v4(), ec);
   if (!ec) impl->acceptor.set_option(asio::socket_base::reuse_address(true), ec);
-  if (!ec) impl->acceptor.bind(endpoint, ec);
+  if (!ec && options.port != 0) {
+    impl->acceptor.bind(tcp::endpoint(loopback, options.port), ec);
+  } else if (!ec) {
+    // No port given: one below the ephemeral range (base/low_port.hpp).
+    const auto bound = BindLowPort([&](uint16_t port) {
+      beast::error_code attempt;
+      impl->acceptor.bind(tcp::endpoint(loopback, port), attempt);
+      return !attempt;
+    });
+    if (!bound) ec = asio::error::address_in_use;
+  }
   if (!ec) impl->acceptor.listen(asio::socket_base::max_listen_connections, ec);
   if (ec) {
     return Status::IoError("cannot listen on 127.0.0.1:" + std::to_string(options.port) + ": " +

@@ -279,7 +279,7 @@ struct SimnetOptions {
   double takendown_share = 0.01;
   // Latency of every response, milliseconds (a timer; no thread sleeps).
   int64_t latency_ms = 0;
-  // Listening port on 127.0.0.1; 0 = ephemeral.
+  // Listening port on 127.0.0.1; 0 = a free one below 32768 (base/low_port.hpp).
   uint16_t port = 0;
   // Fault rules, in order.
   std::vector<FaultRule> faults;

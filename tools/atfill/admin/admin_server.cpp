@@ -1,4 +1,5 @@
 #include "tools/atfill/admin/admin_server.hpp"
+#include "base/low_port.hpp"
 
 #include <httplib.h>
 #include <simdjson.h>
@@ -1071,9 +1072,11 @@ Status AdminServer::Start(const AdminServerOptions& options, AdminBackend* backe
   errno = 0;
   bool bound = false;
   if (options.port == 0) {
-    const int port = svr.bind_to_any_port(options.address);
-    bound = port > 0;
-    if (bound) m.port = static_cast<uint16_t>(port);
+    // Any free port: one below the ephemeral range (base/low_port.hpp).
+    const auto port = BindLowPort(
+        [&](uint16_t candidate) { return svr.bind_to_port(options.address, candidate); });
+    bound = port.has_value();
+    if (bound) m.port = *port;
   } else {
     bound = svr.bind_to_port(options.address, options.port);
     if (bound) m.port = options.port;

@@ -22,7 +22,7 @@ struct AdminServerOptions {
   // The interface to listen on. The default serves this machine only; "0.0.0.0" serves the
   // network (the token is then the only guard, and it travels in clear text: put TLS in front).
   std::string address = "127.0.0.1";
-  uint16_t port = 0;  // 0 = an ephemeral port, see AdminServer::port()
+  uint16_t port = 0;  // 0 = a free port below 32768, see AdminServer::port()
   // The bearer token every API call must carry. Required: the API never runs open. Printable
   // ASCII without spaces.
   std::string token;
@@ -51,7 +51,7 @@ class AdminServer {
   // `backend` and `metrics` are not owned and must outlive Stop(). A server starts once.
   Status Start(const AdminServerOptions& options, AdminBackend* backend, Metrics* metrics);
 
-  // The port listened on (the ephemeral one when options.port was 0); 0 before Start.
+  // The port listened on (the one picked when options.port was 0); 0 before Start.
   uint16_t port() const;
 
   // Ends every open event stream (with `event: end`, reason "shutdown"), stops accepting and
