@@ -28,13 +28,14 @@
 #include <signal.h>
 #include <sys/resource.h>
 
-#include <charconv>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <fstream>
 #include <string>
 #include <string_view>
+
+#include <CLI/CLI.hpp>
 
 #include "tools/simnet/jetstream.hpp"
 #include "tools/simnet/simnet.hpp"
@@ -68,12 +69,6 @@ int Usage() {
   return 2;
 }
 
-template <typename T>
-bool ParseNumber(std::string_view text, T* out) {
-  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), *out);
-  return ec == std::errc() && end == text.data() + text.size();
-}
-
 struct Cli {
   std::string verb;
   SimnetOptions options;
@@ -84,133 +79,76 @@ struct Cli {
   bool with_faults = false;
 };
 
+// The command line, declared on CLI11: every option writes its SimnetOptions field directly.
 Status ParseArgs(int argc, char** argv, Cli* cli) {
-  if (argc < 2) return Status::Invalid("missing verb (serve or truth)");
-  cli->verb = argv[1];
-  if (cli->verb != "serve" && cli->verb != "truth") {
-    return Status::Invalid("unknown verb \"" + cli->verb + "\"");
-  }
   SimnetOptions& o = cli->options;
-  for (int i = 2; i < argc; ++i) {
-    const std::string_view flag = argv[i];
-    if (flag == "--with-faults") {
-      cli->with_faults = true;
-      continue;
-    }
-    if (flag == "--archive-from-jetstream") {
-      o.archive.from_jetstream = true;
-      continue;
-    }
-    if (flag == "--archive-from-repos") {
-      o.archive.from_repos = true;
-      continue;
-    }
-    if (i + 1 >= argc) return Status::Invalid(std::string(flag) + " needs a value");
-    const std::string_view value = argv[++i];
-    bool ok = true;
-    uint32_t u32 = 0;
-    if (flag == "--seed") {
-      ok = ParseNumber(value, &o.seed);
-    } else if (flag == "--accounts") {
-      ok = ParseNumber(value, &o.accounts);
-    } else if (flag == "--pds") {
-      ok = ParseNumber(value, &o.pds_hosts);
-    } else if (flag == "--min-records") {
-      ok = ParseNumber(value, &o.min_records);
-    } else if (flag == "--max-records") {
-      ok = ParseNumber(value, &o.max_records);
-    } else if (flag == "--did-web-share") {
-      ok = ParseNumber(value, &o.did_web_share);
-    } else if (flag == "--deactivated-share") {
-      ok = ParseNumber(value, &o.deactivated_share);
-    } else if (flag == "--takendown-share") {
-      ok = ParseNumber(value, &o.takendown_share);
-    } else if (flag == "--latency-ms") {
-      ok = ParseNumber(value, &o.latency_ms);
-    } else if (flag == "--port") {
-      ok = ParseNumber(value, &o.port);
-    } else if (flag == "--threads") {
-      ok = ParseNumber(value, &o.threads);
-    } else if (flag == "--timeout-hold-ms") {
-      ok = ParseNumber(value, &o.timeout_hold_ms);
-    } else if (flag == "--oversize-bytes") {
-      ok = ParseNumber(value, &u32);
-      o.oversize_record_bytes = u32;
-    } else if (flag == "--duration-s") {
-      ok = ParseNumber(value, &cli->duration_s) && cli->duration_s > 0;
-    } else if (flag == "--truth-out") {
-      cli->truth_out = value;
-    } else if (flag == "--jetstream-truth-out") {
-      cli->jetstream_truth_out = value;
-    } else if (flag == "--jetstream-v1-dict-out") {
-      cli->jetstream_dict_out[0] = value;
-    } else if (flag == "--jetstream-v2-dict-out") {
-      cli->jetstream_dict_out[1] = value;
-    } else if (flag == "--jetstream-events") {
-      ok = ParseNumber(value, &o.jetstream.events);
-    } else if (flag == "--jetstream-rate") {
-      ok = ParseNumber(value, &o.jetstream.events_per_second);
-    } else if (flag == "--jetstream-published") {
-      uint64_t n = 0;
-      ok = ParseNumber(value, &n);
-      o.jetstream.published_at_start = n;
-    } else if (flag == "--jetstream-retention") {
-      ok = ParseNumber(value, &o.jetstream.retention_events);
-    } else if (flag == "--jetstream-burst-every") {
-      ok = ParseNumber(value, &o.jetstream.burst_every);
-    } else if (flag == "--jetstream-burst-size") {
-      ok = ParseNumber(value, &o.jetstream.burst_size);
-    } else if (flag == "--jetstream-interval-us") {
-      ok = ParseNumber(value, &o.jetstream.interval_us);
-    } else if (flag == "--jetstream-disconnect-after") {
-      ok = ParseNumber(value, &o.jetstream.disconnect_after_frames);
-    } else if (flag == "--jetstream-disconnect-probability") {
-      ok = ParseNumber(value, &o.jetstream.disconnect_probability);
-    } else if (flag == "--jetstream-false-deletes") {
-      ok = ParseNumber(value, &o.jetstream.false_delete_share);
-    } else if (flag == "--jetstream-max-queue") {
-      ok = ParseNumber(value, &o.jetstream.max_send_queue);
-    } else if (flag == "--jetstream-send-buffer") {
-      ok = ParseNumber(value, &o.jetstream.send_buffer_bytes);
-    } else if (flag == "--archive-dir") {
-      o.archive.dir = value;
-    } else if (flag == "--archive-rows-per-block") {
-      ok = ParseNumber(value, &o.archive.rows_per_block);
-    } else if (flag == "--archive-segment-bytes") {
-      ok = ParseNumber(value, &o.archive.segment_bytes);
-    } else if (flag == "--archive-max-plan-entries") {
-      ok = ParseNumber(value, &o.archive.max_plan_entries);
-    } else if (flag == "--archive-max-list-page") {
-      ok = ParseNumber(value, &o.archive.max_list_page);
-    } else if (flag == "--archive-key") {
-      o.archive.faults.required_key = value;
-    } else if (flag == "--archive-quota") {
-      ok = ParseNumber(value, &o.archive.faults.quota_bytes_per_second);
-    } else if (flag == "--archive-absent") {
-      ok = ParseNumber(value, &o.archive.faults.no_archive_status);
-    } else if (flag == "--distribution") {
-      ok = value == "uniform" || value == "log";
-      o.distribution = value == "uniform" ? atfill::simnet::RecordCountDistribution::kUniform
-                                          : atfill::simnet::RecordCountDistribution::kLogUniform;
-    } else if (flag == "--collections") {
-      o.collections.clear();
-      std::string_view rest = value;
-      while (!rest.empty()) {
-        const size_t comma = rest.find(',');
-        o.collections.emplace_back(rest.substr(0, comma));
-        if (comma == std::string_view::npos) break;
-        rest.remove_prefix(comma + 1);
-      }
-    } else if (flag == "--faults") {
-      Result<std::vector<atfill::simnet::FaultRule>> rules = atfill::simnet::ParseFaultSpec(value);
-      if (!rules.ok()) return rules.status().WithContext("--faults");
-      o.faults = std::move(*rules);
-    } else {
-      return Status::Invalid("unknown option " + std::string(flag));
-    }
-    if (!ok) {
-      return Status::Invalid(std::string(flag) + ": bad value \"" + std::string(value) + "\"");
-    }
+  auto& j = o.jetstream;
+  auto& a = o.archive;
+  CLI::App app{"a simulated atproto network on loopback", "simnet"};
+  app.set_help_flag();  // Usage() is the help
+  app.add_option("VERB", cli->verb)->required()->check(CLI::IsMember({"serve", "truth"}));
+  app.add_flag("--with-faults", cli->with_faults);
+  app.add_flag("--archive-from-jetstream", a.from_jetstream);
+  app.add_flag("--archive-from-repos", a.from_repos);
+  app.add_option("--seed", o.seed);
+  app.add_option("--accounts", o.accounts);
+  app.add_option("--pds", o.pds_hosts);
+  app.add_option("--min-records", o.min_records);
+  app.add_option("--max-records", o.max_records);
+  app.add_option("--did-web-share", o.did_web_share);
+  app.add_option("--deactivated-share", o.deactivated_share);
+  app.add_option("--takendown-share", o.takendown_share);
+  app.add_option("--latency-ms", o.latency_ms);
+  app.add_option("--port", o.port);
+  app.add_option("--threads", o.threads);
+  app.add_option("--timeout-hold-ms", o.timeout_hold_ms);
+  app.add_option("--oversize-bytes", o.oversize_record_bytes);
+  app.add_option("--duration-s", cli->duration_s)->check(CLI::PositiveNumber);
+  app.add_option("--truth-out", cli->truth_out);
+  app.add_option("--jetstream-truth-out", cli->jetstream_truth_out);
+  app.add_option("--jetstream-v1-dict-out", cli->jetstream_dict_out[0]);
+  app.add_option("--jetstream-v2-dict-out", cli->jetstream_dict_out[1]);
+  app.add_option("--jetstream-events", j.events);
+  app.add_option("--jetstream-rate", j.events_per_second);
+  app.add_option("--jetstream-published", j.published_at_start);
+  app.add_option("--jetstream-retention", j.retention_events);
+  app.add_option("--jetstream-burst-every", j.burst_every);
+  app.add_option("--jetstream-burst-size", j.burst_size);
+  app.add_option("--jetstream-interval-us", j.interval_us);
+  app.add_option("--jetstream-disconnect-after", j.disconnect_after_frames);
+  app.add_option("--jetstream-disconnect-probability", j.disconnect_probability);
+  app.add_option("--jetstream-false-deletes", j.false_delete_share);
+  app.add_option("--jetstream-max-queue", j.max_send_queue);
+  app.add_option("--jetstream-send-buffer", j.send_buffer_bytes);
+  app.add_option("--archive-dir", a.dir);
+  app.add_option("--archive-rows-per-block", a.rows_per_block);
+  app.add_option("--archive-segment-bytes", a.segment_bytes);
+  app.add_option("--archive-max-plan-entries", a.max_plan_entries);
+  app.add_option("--archive-max-list-page", a.max_list_page);
+  app.add_option("--archive-key", a.faults.required_key);
+  app.add_option("--archive-quota", a.faults.quota_bytes_per_second);
+  app.add_option("--archive-absent", a.faults.no_archive_status);
+  std::string distribution;
+  app.add_option("--distribution", distribution)->check(CLI::IsMember({"uniform", "log"}));
+  std::vector<std::string> collections;
+  app.add_option("--collections", collections)->delimiter(',');
+  std::string faults;
+  app.add_option("--faults", faults);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return Status::Invalid(e.what());
+  }
+  if (!distribution.empty()) {
+    o.distribution = distribution == "uniform"
+                         ? atfill::simnet::RecordCountDistribution::kUniform
+                         : atfill::simnet::RecordCountDistribution::kLogUniform;
+  }
+  if (!collections.empty()) o.collections = std::move(collections);
+  if (!faults.empty()) {
+    Result<std::vector<atfill::simnet::FaultRule>> rules = atfill::simnet::ParseFaultSpec(faults);
+    if (!rules.ok()) return rules.status().WithContext("--faults");
+    o.faults = std::move(*rules);
   }
   return o.Validate();
 }
