@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "atproto/json_check.hpp"
 #include "atproto/syntax.hpp"
 #include "atproto/tid.hpp"
 #include "base/encoding.hpp"
@@ -96,78 +97,16 @@ bool IsTypeError(error_code e) {
   return e == simdjson::INCORRECT_TYPE || e == simdjson::NUMBER_OUT_OF_RANGE;
 }
 
-// The RFC 8259 number grammar: -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?
-bool IsJsonNumber(std::string_view s) {
-  size_t i = 0;
-  const auto digits = [&] {
-    const size_t start = i;
-    while (i < s.size() && s[i] >= '0' && s[i] <= '9') ++i;
-    return i > start;
-  };
-  if (i < s.size() && s[i] == '-') ++i;
-  if (i < s.size() && s[i] == '0') {
-    ++i;
-  } else if (!digits()) {
-    return false;
-  }
-  if (i < s.size() && s[i] == '.') {
-    ++i;
-    if (!digits()) return false;
-  }
-  if (i < s.size() && (s[i] == 'e' || s[i] == 'E')) {
-    ++i;
-    if (i < s.size() && (s[i] == '+' || s[i] == '-')) ++i;
-    if (!digits()) return false;
-  }
-  return i == s.size();
-}
-
-// Visits every token of `value`: On Demand only matches the brackets of a value it skips, so a
-// frame (and the record body in it) would otherwise be taken with a stray byte or a bad literal
-// inside a value no field reads.
+// Visits every token of `value` (atproto/json_check.hpp): On Demand only matches the brackets of
+// a value it skips, so a frame (and the record body in it) would otherwise be taken with a stray
+// byte or a bad literal inside a value no field reads. Deeper than simdjson's own limit is an
+// error.
 error_code CheckJson(od::value value, size_t depth) {
-  if (depth > simdjson::DEFAULT_MAX_DEPTH) return simdjson::DEPTH_ERROR;
-  od::json_type type;
-  if (auto e = value.type().get(type)) return e;
-  switch (type) {
-    case od::json_type::object: {
-      od::object object;
-      if (auto e = value.get_object().get(object)) return e;
-      for (auto field : object) {
-        std::string_view key;
-        if (auto e = field.unescaped_key().get(key)) return e;
-        od::value child;
-        if (auto e = field.value().get(child)) return e;
-        if (auto e = CheckJson(child, depth + 1)) return e;
-      }
-      return simdjson::SUCCESS;
-    }
-    case od::json_type::array: {
-      od::array array;
-      if (auto e = value.get_array().get(array)) return e;
-      for (auto element : array) {
-        od::value child;
-        if (auto e = element.get(child)) return e;
-        if (auto e = CheckJson(child, depth + 1)) return e;
-      }
-      return simdjson::SUCCESS;
-    }
-    case od::json_type::string: {
-      std::string_view s;
-      return value.get_string().get(s);
-    }
-    case od::json_type::number:
-      return IsJsonNumber(TrimRight(value.raw_json_token())) ? simdjson::SUCCESS
-                                                             : simdjson::NUMBER_ERROR;
-    case od::json_type::boolean: {
-      const std::string_view token = TrimRight(value.raw_json_token());
-      return token == "true" || token == "false" ? simdjson::SUCCESS : simdjson::T_ATOM_ERROR;
-    }
-    case od::json_type::null:
-      return TrimRight(value.raw_json_token()) == "null" ? simdjson::SUCCESS
-                                                         : simdjson::N_ATOM_ERROR;
+  bool too_deep = false;
+  if (auto e = atproto::CheckJsonValue(value, depth, simdjson::DEFAULT_MAX_DEPTH, &too_deep)) {
+    return e;
   }
-  return simdjson::TAPE_ERROR;
+  return too_deep ? simdjson::DEPTH_ERROR : simdjson::SUCCESS;
 }
 
 // A record object: its exact text (from '{' to '}') and its top-level createdAt string, read in

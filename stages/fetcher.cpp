@@ -9,6 +9,7 @@
 #include "atproto/cid.hpp"
 #include "atproto/crypto.hpp"
 #include "atproto/json.hpp"
+#include "atproto/json_check.hpp"
 #include "atproto/repo.hpp"
 #include "atproto/syntax.hpp"
 #include "base/bytes.hpp"
@@ -72,89 +73,10 @@ std::string_view TrimRight(std::string_view s) {
 
 std::string Clip(std::string_view s) { return std::string(s.substr(0, kMaxKeyBytes)); }
 
-// The RFC 8259 number grammar: -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?
-bool IsJsonNumber(std::string_view s) {
-  size_t i = 0;
-  const auto digits = [&] {
-    const size_t start = i;
-    while (i < s.size() && s[i] >= '0' && s[i] <= '9') ++i;
-    return i > start;
-  };
-  if (i < s.size() && s[i] == '-') ++i;
-  if (i < s.size() && s[i] == '0') {
-    ++i;
-  } else if (!digits()) {
-    return false;
-  }
-  if (i < s.size() && s[i] == '.') {
-    ++i;
-    if (!digits()) return false;
-  }
-  if (i < s.size() && (s[i] == 'e' || s[i] == 'E')) {
-    ++i;
-    if (i < s.size() && (s[i] == '+' || s[i] == '-')) ++i;
-    if (!digits()) return false;
-  }
-  return i == s.size();
-}
-
-// On Demand only scans the structure of values it skips; this visits every token of `value` so
-// its syntax is fully checked. Nesting of arrays and objects deeper than kJsonMaxDepth sets
-// *too_deep and stops the visit without an error (the rest is skipped by the caller's iterator).
+// The full syntax check of `value` (atproto/json_check.hpp); nesting deeper than kJsonMaxDepth
+// sets *too_deep and stops the visit without an error.
 simdjson::error_code CheckJson(od::value value, size_t depth, bool* too_deep) {
-  od::json_type type;
-  if (auto e = value.type().get(type)) return e;
-  switch (type) {
-    case od::json_type::object: {
-      if (depth >= atproto::kJsonMaxDepth) {
-        *too_deep = true;
-        return simdjson::SUCCESS;
-      }
-      od::object object;
-      if (auto e = value.get_object().get(object)) return e;
-      for (auto field : object) {
-        std::string_view key;
-        if (auto e = field.unescaped_key().get(key)) return e;
-        od::value child;
-        if (auto e = field.value().get(child)) return e;
-        if (auto e = CheckJson(child, depth + 1, too_deep)) return e;
-        if (*too_deep) return simdjson::SUCCESS;
-      }
-      return simdjson::SUCCESS;
-    }
-    case od::json_type::array: {
-      if (depth >= atproto::kJsonMaxDepth) {
-        *too_deep = true;
-        return simdjson::SUCCESS;
-      }
-      od::array array;
-      if (auto e = value.get_array().get(array)) return e;
-      for (auto element : array) {
-        od::value child;
-        if (auto e = element.get(child)) return e;
-        if (auto e = CheckJson(child, depth + 1, too_deep)) return e;
-        if (*too_deep) return simdjson::SUCCESS;
-      }
-      return simdjson::SUCCESS;
-    }
-    case od::json_type::string: {
-      std::string_view s;
-      return value.get_string().get(s);
-    }
-    case od::json_type::number:
-    case od::json_type::boolean:
-    case od::json_type::null: {
-      const std::string_view token = TrimRight(value.raw_json_token());
-      if (type == od::json_type::number) {
-        return IsJsonNumber(token) ? simdjson::SUCCESS : simdjson::NUMBER_ERROR;
-      }
-      if (type == od::json_type::boolean) {
-        return token == "true" || token == "false" ? simdjson::SUCCESS : simdjson::T_ATOM_ERROR;
-      }
-      return token == "null" ? simdjson::SUCCESS : simdjson::N_ATOM_ERROR;
-    }
-  }
-  return simdjson::TAPE_ERROR;
+  return atproto::CheckJsonValue(value, depth, atproto::kJsonMaxDepth, too_deep);
 }
 
 // CheckJson for a value the caller ignores; nesting too deep there is no error.

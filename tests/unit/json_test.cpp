@@ -9,6 +9,7 @@
 #include "atproto/cbor.hpp"
 #include "atproto/cid.hpp"
 #include "atproto/json.hpp"
+#include "atproto/json_check.hpp"
 #include "base/encoding.hpp"
 #include "tests/common/test_util.hpp"
 
@@ -433,6 +434,54 @@ TEST(JsonTest, ThreadsGetTheSameAnswers) {
   }
   for (auto& th : threads) th.join();
   for (int m : mismatches) EXPECT_EQ(m, 0);
+}
+
+TEST(JsonCheckTest, NumbersFollowTheRfc8259Grammar) {
+  for (const char* ok :
+       {"0", "-0", "12", "-3.25", "1e9", "1E+2", "2.5e-3", "123456789012345678901"}) {
+    EXPECT_TRUE(IsJsonNumber(ok)) << ok;
+  }
+  for (const char* bad : {"", "-", "01", "1.", ".5", "1e", "+1", "0x10", "1.2.3", "NaN", "1 "}) {
+    EXPECT_FALSE(IsJsonNumber(bad)) << bad;
+  }
+}
+
+// What On Demand would skip unseen inside a value no decoder reads is an error; nesting past the
+// limit stops the visit and says so.
+TEST(JsonCheckTest, EveryTokenOfAValueIsChecked) {
+  struct Case {
+    const char* json;
+    bool ok;
+  };
+  const Case cases[] = {
+      {R"({"a":[1,{"b":"c"},true,null,-2.5e3]})", true},
+      {R"({"a":[1,%]})", false},
+      {R"({"a":{"b":nul}})", false},
+      {R"({"a":[tru]})", false},
+      {R"({"a":01})", false},
+      {R"({"a":"\q"})", false},
+  };
+  for (const Case& c : cases) {
+    simdjson::padded_string text(std::string_view(c.json));
+    simdjson::ondemand::parser parser;
+    simdjson::ondemand::document doc;
+    ASSERT_EQ(parser.iterate(text).get(doc), simdjson::SUCCESS) << c.json;
+    simdjson::ondemand::value root;
+    ASSERT_EQ(doc.get_value().get(root), simdjson::SUCCESS) << c.json;
+    bool too_deep = false;
+    const simdjson::error_code e = CheckJsonValue(root, 0, kJsonMaxDepth, &too_deep);
+    EXPECT_EQ(e == simdjson::SUCCESS, c.ok) << c.json << ": " << simdjson::error_message(e);
+    EXPECT_FALSE(too_deep) << c.json;
+  }
+  simdjson::padded_string deep(std::string_view(R"({"a":[[["x"]]]})"));
+  simdjson::ondemand::parser parser;
+  simdjson::ondemand::document doc;
+  ASSERT_EQ(parser.iterate(deep).get(doc), simdjson::SUCCESS);
+  simdjson::ondemand::value root;
+  ASSERT_EQ(doc.get_value().get(root), simdjson::SUCCESS);
+  bool too_deep = false;
+  EXPECT_EQ(CheckJsonValue(root, 0, 3, &too_deep), simdjson::SUCCESS);
+  EXPECT_TRUE(too_deep);
 }
 
 }  // namespace

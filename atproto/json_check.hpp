@@ -1,0 +1,24 @@
+// The full syntax check of a JSON value read with simdjson On Demand. On Demand only matches the
+// brackets of a value it skips, so a stray byte, a bad literal or a malformed number inside a
+// value no field reads would otherwise pass; every decoder of JSON from the network (Jetstream
+// frames, listRecords pages, repo listings) checks the values it does not read with this.
+#pragma once
+
+#include <simdjson.h>
+
+#include <cstddef>
+#include <string_view>
+
+namespace atfill::atproto {
+
+// The RFC 8259 number grammar: -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?
+bool IsJsonNumber(std::string_view s);
+
+// Visits every token of `value`, which sits at nesting `depth` (0 = a document's root), and
+// returns the first syntax error. An object or array at `max_depth` or deeper sets *too_deep and
+// ends the visit without an error: the caller decides whether that is one (the rest is then
+// skipped by the caller's iterator).
+simdjson::error_code CheckJsonValue(simdjson::ondemand::value value, size_t depth, size_t max_depth,
+                                    bool* too_deep);
+
+}  // namespace atfill::atproto
