@@ -67,9 +67,21 @@ Status MigrateTo1(PGconn* conn, const std::string& schema) {
   return Exec(conn, WithSchema(kSchemaV1, schema).c_str(), nullptr);
 }
 
+// Version 2: an index for a collection newest first (the query an AppView or a feed runs first;
+// without it, a scan of the whole table and a sort). By DID, by DID and collection and by URI
+// already use the primary key.
+constexpr std::string_view kSchemaV2 = R"sql(
+CREATE INDEX IF NOT EXISTS atfill_record_rows_by_created
+  ON {S}.atfill_record_rows(collection_id, created_at);
+)sql";
+
+Status MigrateTo2(PGconn* conn, const std::string& schema) {
+  return Exec(conn, WithSchema(kSchemaV2, schema).c_str(), nullptr);
+}
+
 // kMigrations[n] takes the tables from version n to n + 1.
 using Migration = Status (*)(PGconn*, const std::string&);
-constexpr std::array<Migration, 1> kMigrations = {MigrateTo1};
+constexpr std::array<Migration, 2> kMigrations = {MigrateTo1, MigrateTo2};
 static_assert(kMigrations.size() == kPostgresSchemaVersion);
 
 // Any key both sides agree on; the second half is the schema's name, so that sinks on different

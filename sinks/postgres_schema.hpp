@@ -9,6 +9,7 @@
 //       indexed_at in unix microseconds; record is the JSON text exactly as received (text, not
 //       jsonb, so the bytes stay exact)
 //   atfill_records                           the view raw SQL reads (see postgres_sink.hpp)
+// Version 2: the index atfill_record_rows_by_created on (collection_id, created_at).
 // Text that is compared or sorted (did, nsid, rkey, rev) uses the "C" collation: byte order, as
 // SQLite compares, whatever the database's locale.
 #pragma once
