@@ -6,7 +6,7 @@
 // same at every table size, so leaving them out shows the part that grows.
 //
 // Benchmarks, in this order:
-//  * BM_RepoOrder: the reference, in a database of its own: one window of rows in repo order
+//  * BM_RepoOrder: the reference, in a database of its own: a window of rows in repo order
 //    (10,000 accounts one after another, each with record keys from all of its history) into an
 //    empty table.
 //  * BM_Interleaved/window:N: rows (N-1)*window .. N*window of the growing table. Counters per
@@ -21,6 +21,7 @@
 //   ATFILL_SCALE_ROWS         rows to write (default 1,000,000)
 //   ATFILL_SCALE_WINDOW       rows per reported window (default 1,000,000)
 //   ATFILL_SCALE_ACCOUNTS     accounts of the stream (default 1,000,000)
+//   ATFILL_SCALE_REPO_ROWS    rows of the repo-order reference (default: one window)
 //   ATFILL_SCALE_MAX_SECONDS  stop after the window in which the Write calls passed this many
 //                             seconds in all (default 0: no limit)
 //   ATFILL_SCALE_DIR          folder for the databases, kept afterwards (default: a scratch
@@ -82,6 +83,7 @@ struct Config {
   uint64_t rows = EnvU64("ATFILL_SCALE_ROWS", 1'000'000);
   uint64_t window = std::max<uint64_t>(1, EnvU64("ATFILL_SCALE_WINDOW", 1'000'000));
   uint32_t accounts = static_cast<uint32_t>(EnvU64("ATFILL_SCALE_ACCOUNTS", 1'000'000));
+  uint64_t repo_rows = EnvU64("ATFILL_SCALE_REPO_ROWS", std::min(rows, window));
   double max_seconds = static_cast<double>(EnvU64("ATFILL_SCALE_MAX_SECONDS", 0));
   uint64_t cache_mb = EnvU64("ATFILL_SCALE_CACHE_MB", 0);
   int64_t page_size = static_cast<int64_t>(EnvU64(
@@ -312,7 +314,7 @@ double& RepoRate() {
 }
 
 void BM_RepoOrder(benchmark::State& state) {
-  const uint64_t rows = std::min(Cfg().rows, Cfg().window);
+  const uint64_t rows = Cfg().repo_rows;
   for (auto _ : state) {
     const fs::path path = Dir() / "repo_order.db";
     auto sink = NewDatabase(path);
