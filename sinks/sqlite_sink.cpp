@@ -179,7 +179,19 @@ Result<std::unique_ptr<pipeline::Sink>> SqliteSink::Open(const SqliteSinkOptions
   std::string pragmas = "PRAGMA synchronous = ";
   pragmas += options.synchronous == SqliteSynchronous::kFull ? "FULL" : "NORMAL";
   pragmas += "; PRAGMA cache_size = -" + std::to_string(options.cache_bytes / 1024 + 1);
-  ATFILL_RETURN_IF_ERROR(sqlite::Exec(raw, pragmas.c_str()));
+  {
+    // Right after another connection made the file a WAL database, this one's first statements
+    // may meet its locks without SQLite's busy handler being asked (seen under load when two
+    // sinks open one new file at once): retried within the busy timeout, like the switch above.
+    const auto deadline = Clock::now() + std::chrono::milliseconds(options.busy_timeout_ms);
+    auto backoff = std::chrono::milliseconds(2);
+    Status st = sqlite::Exec(raw, pragmas.c_str());
+    while (!st.ok() && IsBusyCode(sqlite3_extended_errcode(raw)) &&
+           WaitToRetryBusy(deadline, &backoff)) {
+      st = sqlite::Exec(raw, pragmas.c_str());
+    }
+    ATFILL_RETURN_IF_ERROR(st);
+  }
   ATFILL_RETURN_IF_ERROR(sqlite::MigrateSchema(raw));
 
   int64_t actual_page_size = 0;
