@@ -68,8 +68,8 @@ using pipeline::RecordEvent;
 // The engine's default batch (pipeline/batcher.hpp: max_events).
 constexpr size_t kBatch = 5000;
 constexpr uint32_t kRepoAccounts = 10'000;
-// The stream's clock: the first event's time and the gap between two events (a firehose of
-// ~2,000 events/s).
+// The stream's clock: the first event's time and the gap between two events (one event every
+// 500 us, about the live firehose's pace).
 constexpr int64_t kStreamStartUs = 1'780'000'000'000'000;
 constexpr int64_t kStreamStepUs = 500;
 
