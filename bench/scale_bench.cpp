@@ -31,6 +31,7 @@
 //                             at the sink's version, atfill_schema_version included)
 //   ATFILL_SCALE_CACHE_MB     the sink's page cache (default: SqliteSinkOptions' default)
 //   ATFILL_SCALE_PAGE_SIZE    the page size of the new databases, bytes (default: the sink's)
+//   ATFILL_SCALE_BATCH        events per sink batch (default: the engine's, 5,000)
 //
 //   build/bench/scale_bench                                (Release build)
 //   ATFILL_SCALE_ROWS=10000000 build/bench/scale_bench
@@ -54,6 +55,7 @@
 #include "atproto/cid.hpp"
 #include "base/bytes.hpp"
 #include "bench/bench_util.hpp"
+#include "pipeline/batcher.hpp"
 #include "pipeline/event.hpp"
 #include "pipeline/sink.hpp"
 #include "sinks/sqlite_sink.hpp"
@@ -65,8 +67,9 @@ namespace fs = std::filesystem;
 using pipeline::Event;
 using pipeline::RecordEvent;
 
-// The engine's default batch (pipeline/batcher.hpp: max_events).
-constexpr size_t kBatch = 5000;
+// Events per sink batch: the engine's default (pipeline/batcher.hpp: max_events), or
+// ATFILL_SCALE_BATCH.
+size_t BatchEvents();
 constexpr uint32_t kRepoAccounts = 10'000;
 // The stream's clock: the first event's time and the gap between two events (one event every
 // 500 us, about the live firehose's pace).
@@ -77,6 +80,12 @@ uint64_t EnvU64(const char* name, uint64_t fallback) {
   const char* v = std::getenv(name);
   if (v == nullptr || *v == '\0') return fallback;
   return std::strtoull(v, nullptr, 10);
+}
+
+size_t BatchEvents() {
+  static const size_t events = static_cast<size_t>(
+      std::max<uint64_t>(1, EnvU64("ATFILL_SCALE_BATCH", pipeline::BatcherOptions{}.max_events)));
+  return events;
 }
 
 struct Config {
@@ -290,11 +299,12 @@ struct Span {
   uint64_t body_bytes = 0;
 };
 
-// Writes `rows` events of `stream` into `sink` in batches of kBatch, timing only the Write calls.
+// Writes `rows` events of `stream` into `sink` in batches of BatchEvents(), timing only the Write
+// calls.
 Status WriteRows(pipeline::Sink* sink, Stream* stream, uint64_t rows, Span* span) {
   std::vector<Event> batch;
   for (uint64_t done = 0; done < rows;) {
-    const size_t n = static_cast<size_t>(std::min<uint64_t>(kBatch, rows - done));
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(BatchEvents(), rows - done));
     stream->Fill(n, &batch, &span->body_bytes);
     const double cpu0 = bench::ProcessCpuSeconds();
     const auto t0 = std::chrono::steady_clock::now();

@@ -412,6 +412,7 @@ TEST(CrawlTest, FiveSigkillsAndRestartsEndWithTheGroundTruthAndNoRepoFetchedTwic
                          "\"\ncollections = [\"app.bsky.feed.post\", \"app.bsky.feed.like\"]\n"
                          "mode = \"getRepo\"\nlist_repos_limit = 40\nmax_active_units = 24\n"
                          "allow_loopback_endpoints = true\nretry_delay_ms = 100\n"
+                         "batch_records = 500\nbatch_ms = 50\n"
                          "[net]\nper_host = 2\n[resolver]\nplc = \"" +
                          (*net)->plc_url() + "\"\n");
   const uint64_t seed = testing::TestSeed();

@@ -803,6 +803,7 @@ TEST(LiveTest, ABackfillBesideTheStreamHoldsEachReposEventsUntilItIsWritten) {
           (*net)->relay_url() +
           "\"\ncollections = [\"app.bsky.feed.post\", \"app.bsky.feed.like\"]\n"
           "mode = \"getRepo\"\nmax_active_units = 4\nallow_loopback_endpoints = true\n"
+          "batch_records = 500\nbatch_ms = 50\n"
           "[net]\nper_host = 1\n[resolver]\nplc = \"" +
           (*net)->plc_url() + "\"\n[live]\nhosts = [\"" + (*net)->jetstream_url() +
           "\"]\nallow_private_endpoints = true\nidle_exit_ms = 1500\nstart_seq = 1\n"

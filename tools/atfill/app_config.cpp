@@ -156,6 +156,7 @@ Result<AppConfig> LoadAppConfig(const std::string& path) {
   ATFILL_RETURN_IF_ERROR(file.ReadInt("archive.max_block_mb", &block_mb, 1, 4096));
   c.replay.max_block_bytes = static_cast<uint64_t>(block_mb) << 20;
   ATFILL_RETURN_IF_ERROR(ReadBatch(file, "archive", &c.replay_batch));
+  ATFILL_RETURN_IF_ERROR(ReadBatch(file, "crawl", &c.crawl_batch));
   int64_t replay_wal_mb = c.replay_sqlite_wal_bytes >> 20;
   ATFILL_RETURN_IF_ERROR(file.ReadInt("archive.sqlite_wal_mb", &replay_wal_mb, 1, 65536));
   c.replay_sqlite_wal_bytes = replay_wal_mb << 20;
@@ -257,6 +258,7 @@ Result<AppConfig> LoadAppConfig(const std::string& path) {
   // Cross-field rules; the message names the section.
   if (Status s = c.engine.Validate(); !s.ok()) return s.WithContext(path + ": [engine]");
   if (Status s = c.live_batch.Validate(); !s.ok()) return s.WithContext(path + ": [live]");
+  if (Status s = c.crawl_batch.Validate(); !s.ok()) return s.WithContext(path + ": [crawl]");
   if (Status s = c.sqlite.Validate(); !s.ok()) return s.WithContext(path + ": [sink.sqlite]");
   if (Status s = c.postgres.Validate(); !s.ok()) return s.WithContext(path + ": [sink.postgres]");
   if (Status s = c.state.Validate(); !s.ok()) return s.WithContext(path + ": [state]");

@@ -64,6 +64,12 @@ struct AppConfig {
   bool archive_spool_segments = true;
   uint64_t archive_spool_chunk_kb = 8192;  // [archive] spool_chunk_kb: getSegment range size
   sources::ReplayOptions replay;           // [archive] replay_marker_tail_hours, max_block_mb, ...
+  // [crawl] batch_records, batch_ms, batch_chunks: a crawl's batches, larger than [engine]'s: the
+  // record key leads with the collection and record key, so a crawl's keys (each account's whole
+  // history) land all over it, and fewer, larger commits write each touched index page once for
+  // more records (bench/scale_bench BM_RepoOrder with ATFILL_SCALE_BATCH; docs/performance.md).
+  pipeline::BatcherOptions crawl_batch{
+      .max_events = 50'000, .max_delay_ms = 1000, .max_chunks = 128};
   // [archive] batch_records, batch_ms, batch_chunks: a replay's batches (sources::kReplayBatch).
   pipeline::BatcherOptions replay_batch = sources::kReplayBatch;
   // [archive] sqlite_wal_mb: the SQLite sink's wal_autocheckpoint during a replay job.

@@ -185,6 +185,7 @@ int RunBackfillJob(const char* verb, const AppConfig& config, OpenedState& st, s
   run.sink = sink->get();
   run.cursor_name = "job/" + std::to_string(run.job.id) + "/crawl";
   run.read_noun = "records fetched";
+  run.batch = config.crawl_batch;
   return RunInForeground(run);
 }
 
