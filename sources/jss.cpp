@@ -489,15 +489,37 @@ Result<std::string> DecompressFrame(ByteView frame, uint32_t expected_size, uint
                              std::to_string(want) + " bytes its size says (at most " +
                              std::to_string(most) + ")");
     }
+    // Streamed like a frame of unknown size below, into a buffer of the known size: libzstd's
+    // one-shot and streaming decoders disagree on some malformed frames (a compressed block of
+    // size 0 passes the latter), and a frame must decode alike whether its size is known or not.
     out.resize(want);
-    const size_t r = ZSTD_decompressDCtx(ctx, out.data(), out.size(), frame.data(), size);
-    if (ZSTD_isError(r)) {
-      if (ZSTD_getErrorCode(r) == ZSTD_error_dstSize_tooSmall) {
-        return SizeMismatch(size, "more than " + std::to_string(want), want);
+    ZSTD_inBuffer in{frame.data(), size, 0};
+    ZSTD_outBuffer ob{out.data(), out.size(), 0};
+    for (;;) {
+      const size_t in_before = in.pos;
+      const size_t out_before = ob.pos;
+      const size_t r = ZSTD_decompressStream(ctx, &ob, &in);
+      if (ZSTD_isError(r)) return ZstdError(r, size);
+      if (r == 0) break;
+      if (in.pos == in_before && ob.pos == out_before && ob.pos != ob.size) {
+        return Status::Corrupt("bad zstd frame of " + std::to_string(size) + " bytes: stalled");
       }
-      return ZstdError(r, size);
+      if (ob.pos == ob.size) {
+        // Full: the frame must end here without another byte.
+        char extra = 0;
+        ZSTD_outBuffer more{&extra, 1, 0};
+        const size_t last = ZSTD_decompressStream(ctx, &more, &in);
+        if (ZSTD_isError(last)) return ZstdError(last, size);
+        if (more.pos != 0) return SizeMismatch(size, "more than " + std::to_string(want), want);
+        if (last == 0) break;
+        if (in.pos == in.size || in.pos == in_before) {
+          return Status::Corrupt("bad zstd frame of " + std::to_string(size) + " bytes: truncated");
+        }
+      } else if (in.pos == in.size) {
+        return Status::Corrupt("bad zstd frame of " + std::to_string(size) + " bytes: truncated");
+      }
     }
-    if (r != want) return SizeMismatch(size, std::to_string(r), want);
+    if (ob.pos != want) return SizeMismatch(size, std::to_string(ob.pos), want);
     return out;
   }
   // Size unknown: stream into a growing buffer, one byte past the cap to detect going over it.

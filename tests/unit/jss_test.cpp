@@ -433,6 +433,20 @@ TEST(JssBlockTest, FramesWithoutContentSize) {
 
 // Found by fuzz_jss_segment: a collection index of a few hundred bytes whose header and zstd
 // frame both said ~1 GB made ParseFooter allocate that much before zstd found the lie.
+// Found by fuzz_jss_block: a frame without a content size decompressed when its size was
+// unknown must decompress alike when the index states that size.
+TEST(JssBlockTest, AFrameDecompressesAlikeWithItsSizeKnown) {
+  const unsigned char raw[] = {0x28, 0xb5, 0x2f, 0xfd, 0x00, 0x00, 0x18, 0x00, 0x00,
+                               0x00, 0x00, 0x00, 0x04, 0x00, 0x00, 0x01, 0x00, 0x00};
+  const ByteView frame(raw, sizeof raw);
+  auto unknown = DecompressFrame(frame, 0, uint64_t{8} << 20);
+  ASSERT_TRUE(unknown.ok()) << unknown.status().ToString();
+  ASSERT_FALSE(unknown->empty());
+  auto known = DecompressFrame(frame, static_cast<uint32_t>(unknown->size()), uint64_t{8} << 20);
+  ASSERT_TRUE(known.ok()) << known.status().ToString() << " (" << unknown->size() << " bytes)";
+  EXPECT_EQ(*known, *unknown);
+}
+
 TEST(JssBlockTest, ASizeNoFrameOfItsLengthCanHoldIsCorruptBeforeAllocating) {
   const std::string body(1000, 'a');
   const std::string frame = CompressFrame(body);
