@@ -472,10 +472,9 @@ Result<std::string> DecompressFrame(ByteView frame, uint32_t expected_size, uint
   if (content == ZSTD_CONTENTSIZE_ERROR) {
     return Status::Corrupt("bad zstd frame of " + std::to_string(size) + " bytes: bad header");
   }
-  std::string out;
-  if (content != ZSTD_CONTENTSIZE_UNKNOWN || expected_size != 0) {
-    // One-shot into a buffer of the known size.
-    const uint64_t want = content != ZSTD_CONTENTSIZE_UNKNOWN ? content : expected_size;
+  const bool known = content != ZSTD_CONTENTSIZE_UNKNOWN || expected_size != 0;
+  const uint64_t want = content != ZSTD_CONTENTSIZE_UNKNOWN ? content : expected_size;
+  if (known) {
     if (want > cap) return OverCap(size, std::to_string(want), cap);
     if (expected_size != 0 && want != expected_size) {
       return SizeMismatch(size, std::to_string(want), expected_size);
@@ -489,42 +488,20 @@ Result<std::string> DecompressFrame(ByteView frame, uint32_t expected_size, uint
                              std::to_string(want) + " bytes its size says (at most " +
                              std::to_string(most) + ")");
     }
-    // Streamed like a frame of unknown size below, into a buffer of the known size: libzstd's
-    // one-shot and streaming decoders disagree on some malformed frames (a compressed block of
-    // size 0 passes the latter), and a frame must decode alike whether its size is known or not.
-    out.resize(want);
-    ZSTD_inBuffer in{frame.data(), size, 0};
-    ZSTD_outBuffer ob{out.data(), out.size(), 0};
-    for (;;) {
-      const size_t in_before = in.pos;
-      const size_t out_before = ob.pos;
-      const size_t r = ZSTD_decompressStream(ctx, &ob, &in);
-      if (ZSTD_isError(r)) return ZstdError(r, size);
-      if (r == 0) break;
-      if (in.pos == in_before && ob.pos == out_before && ob.pos != ob.size) {
-        return Status::Corrupt("bad zstd frame of " + std::to_string(size) + " bytes: stalled");
-      }
-      if (ob.pos == ob.size) {
-        // Full: the frame must end here without another byte.
-        char extra = 0;
-        ZSTD_outBuffer more{&extra, 1, 0};
-        const size_t last = ZSTD_decompressStream(ctx, &more, &in);
-        if (ZSTD_isError(last)) return ZstdError(last, size);
-        if (more.pos != 0) return SizeMismatch(size, "more than " + std::to_string(want), want);
-        if (last == 0) break;
-        if (in.pos == in.size || in.pos == in_before) {
-          return Status::Corrupt("bad zstd frame of " + std::to_string(size) + " bytes: truncated");
-        }
-      } else if (in.pos == in.size) {
-        return Status::Corrupt("bad zstd frame of " + std::to_string(size) + " bytes: truncated");
-      }
-    }
-    if (ob.pos != want) return SizeMismatch(size, std::to_string(ob.pos), want);
-    return out;
   }
-  // Size unknown: stream into a growing buffer, one byte past the cap to detect going over it.
-  const uint64_t limit = cap < std::numeric_limits<uint64_t>::max() ? cap + 1 : cap;
-  out.resize(static_cast<size_t>(std::min<uint64_t>(limit, std::max<uint64_t>(4 * size, 1 << 16))));
+  // One streaming decode whether the size is known or not: libzstd's one-shot decoder and its
+  // streaming one disagree on some malformed frames (a compressed block of size 0 passes the
+  // latter), and a frame must decode alike either way. The buffer reaches one byte past the
+  // bound (the known size, or the cap), to see a frame that holds more.
+  const uint64_t bound = known ? want : cap;
+  const uint64_t limit = bound < std::numeric_limits<uint64_t>::max() ? bound + 1 : bound;
+  const auto over = [&] {
+    return known ? SizeMismatch(size, "more than " + std::to_string(want), want)
+                 : OverCap(size, "more than " + std::to_string(cap), cap);
+  };
+  std::string out;
+  out.resize(static_cast<size_t>(
+      known ? limit : std::min<uint64_t>(limit, std::max<uint64_t>(4 * size, 1 << 16))));
   ZSTD_inBuffer in{frame.data(), size, 0};
   size_t pos = 0;
   for (;;) {
@@ -532,16 +509,17 @@ Result<std::string> DecompressFrame(ByteView frame, uint32_t expected_size, uint
     const size_t r = ZSTD_decompressStream(ctx, &ob, &in);
     if (ZSTD_isError(r)) return ZstdError(r, size);
     pos += ob.pos;
-    if (pos > cap) return OverCap(size, "more than " + std::to_string(cap), cap);
+    if (pos > bound) return over();
     if (r == 0) break;
     if (pos == out.size()) {
-      if (out.size() >= limit) return OverCap(size, "more than " + std::to_string(cap), cap);
+      if (out.size() >= limit) return over();
       out.resize(static_cast<size_t>(std::min<uint64_t>(limit, 2 * uint64_t{out.size()})));
     } else if (in.pos == in.size) {
       return Status::Corrupt("bad zstd frame of " + std::to_string(size) + " bytes: truncated");
     }
   }
   out.resize(pos);
+  if (known && pos != want) return SizeMismatch(size, std::to_string(pos), want);
   return out;
 }
 
