@@ -387,6 +387,19 @@ struct PatternCall {
   lua_Integer max_n = 0;  // gsub
 };
 
+// A find of pattern `p` in subject `s` from 1-based position `init`: gmatch and gsub step along
+// the subject with these.
+PatternCall FindFrom(const char* s, size_t len, const char* p, size_t plen, lua_Integer init) {
+  PatternCall call;
+  call.op = PatternOp::kFind;
+  call.subject = s;
+  call.subject_size = len;
+  call.pattern = p;
+  call.pattern_size = plen;
+  call.init = init;
+  return call;
+}
+
 // Where a relative start position (1-based, negative from the end) falls, as the string library
 // counts it.
 lua_Integer StartPosition(lua_Integer pos, size_t len) {
@@ -1242,13 +1255,7 @@ int LuaWorker::GmatchStep(lua_State* L) {
   lua_Integer pos = lua_tointeger(L, lua_upvalueindex(3));
   const lua_Integer last = lua_tointeger(L, lua_upvalueindex(4));
   while (pos <= static_cast<lua_Integer>(len)) {
-    PatternCall call;
-    call.op = PatternOp::kFind;
-    call.subject = s;
-    call.subject_size = len;
-    call.pattern = p;
-    call.pattern_size = plen;
-    call.init = pos + 1;
+    PatternCall call = FindFrom(s, len, p, plen, pos + 1);
     const int n = self->RunPattern(L, lua_upvalueindex(1), lua_upvalueindex(2), &call);
     if (n < 2 || lua_type(self->P_, 1) != LUA_TNUMBER) break;
     const lua_Integer start = lua_tointeger(self->P_, 1) - 1;
@@ -1322,13 +1329,7 @@ int LuaWorker::StringGsub(lua_State* L) {
   lua_Integer last = -1;   // where the last match ended
   lua_Integer count = 0;
   while (count < max_n) {
-    PatternCall call;
-    call.op = PatternOp::kFind;
-    call.subject = s;
-    call.subject_size = len;
-    call.pattern = p;
-    call.pattern_size = plen;
-    call.init = pos + 1;
+    PatternCall call = FindFrom(s, len, p, plen, pos + 1);
     const int n = self->RunPattern(L, 1, 2, &call);
     if (n < 2 || lua_type(self->P_, 1) != LUA_TNUMBER) {
       lua_settop(self->P_, 0);
