@@ -814,8 +814,9 @@ struct CrawlSource::Impl {
     chunk->counters.emplace_back(pipeline::kInputDone, 1);
     ++stats.units_finished;
     // A unit an earlier run deferred has now reached its outcome (logged below if it is an
-    // error): its deferral no longer stands.
-    chunk->resolved_errors.push_back({"unit_deferred", UnitKey(u)});
+    // error): its deferral no longer stands. Only units queued before this run can have one, so
+    // a fresh crawl asks the error log nothing.
+    if (u.position <= resume_upto) chunk->resolved_errors.push_back({"unit_deferred", UnitKey(u)});
     if (!error_kind.empty()) {
       chunk->errors.push_back({error_kind, UnitKey(u), message});
       chunk->counters.emplace_back("units_failed", 1);
