@@ -296,46 +296,70 @@ TEST(EngineTest, InFlightChunksStayBounded) {
 
 // The live consumer's watermark: a gate holds chunk 5 in its worker while the chunks after it
 // complete. The committed cursor never passes chunk 5 and nothing after it reaches the sink; once
-// the gate opens, everything lands in order.
+// the gate opens, everything lands in order. Every commit made while the gate is shut is checked
+// as it happens, and the gate stays shut until the run has done all it can around the held chunk:
+// the chunks before it committed (batches of 2: chunks 0..3) and every chunk the in-flight limit
+// admits after it (16 uncommitted: chunks 4..19) through the stages.
 TEST(EngineTest, TheCursorNeverPassesAChunkStillInAStage) {
+  // What the stages and the commits report, one lock and one condition for the test to wait on.
+  struct Observed {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool held = false;   // chunk 5 is in the gate
+    bool open = false;   // the gate let it go
+    uint64_t later = 0;  // chunks after 5 through the gate
+    uint64_t commits = 0;
+    uint64_t highest = 0;  // the newest cursor committed: chunks [0, highest) are applied
+    std::vector<std::string> violations;  // commits past chunk 5 while it was held
+  };
   class Gate : public Transform {
    public:
+    explicit Gate(Observed* o) : o_(o) {}
     std::string_view name() const override { return "gate"; }
     Status Process(TransformState*, EventChunk* chunk) const override {
+      std::unique_lock<std::mutex> lock(o_->mu);
       if (chunk->seq == 5) {
-        std::unique_lock<std::mutex> lock(mu);
-        held = true;
-        cv.notify_all();
-        cv.wait(lock, [&] { return open; });
+        o_->held = true;
+        o_->cv.notify_all();
+        o_->cv.wait(lock, [&] { return o_->open; });
       } else if (chunk->seq > 5) {
-        later.fetch_add(1);
+        ++o_->later;
+        o_->cv.notify_all();
       }
       return Status::OK();
     }
-    mutable std::mutex mu;
-    mutable std::condition_variable cv;
-    mutable bool held = false;
-    mutable bool open = false;
-    mutable std::atomic<uint64_t> later{0};
+
+   private:
+    Observed* o_;
   };
   class Watermark : public Committer {
    public:
+    explicit Watermark(Observed* o) : o_(o) {}
     Status PrepareCommit(const BatchReport&, state::WriteBatch*) override { return Status::OK(); }
     void OnCommitted(const BatchReport& report) override {
-      std::lock_guard<std::mutex> lock(mu);
-      ++commits;
-      highest =
-          std::max<uint64_t>(highest, std::stoull(report.batch->chunks.back()->resume_cursor));
+      std::lock_guard<std::mutex> lock(o_->mu);
+      ++o_->commits;
+      const uint64_t cursor = std::stoull(report.batch->chunks.back()->resume_cursor);
+      o_->highest = std::max(o_->highest, cursor);
+      if (!o_->open) {
+        if (cursor > 5) o_->violations.push_back("cursor " + std::to_string(cursor));
+        for (const auto& e : report.batch->events) {
+          if (PositionOf(e) > 50)
+            o_->violations.push_back("position " + std::to_string(PositionOf(e)));
+        }
+      }
+      o_->cv.notify_all();
     }
     bool StopRequested() const override { return false; }
-    std::mutex mu;
-    uint64_t commits = 0;
-    uint64_t highest = 0;  // the newest cursor committed: chunks [0, highest) are applied
+
+   private:
+    Observed* o_;
   };
+  Observed observed;
   CountingSource source(40, 10);
-  Gate gate;
+  Gate gate(&observed);
   RecordingSink sink;
-  Watermark committer;
+  Watermark committer(&observed);
   auto kv = state::NewMemoryKvStore();
   EngineOptions options = SmallBatches();
   options.workers = 4;
@@ -344,41 +368,26 @@ TEST(EngineTest, TheCursorNeverPassesAChunkStillInAStage) {
   Engine engine(options, &source, {&gate}, &sink, kv.get(), &committer);
   Result<RunSummary> summary = Status::Internal("not run");
   std::thread run([&] { summary = engine.Run(""); });
-  // Wait (bounded) until the gate holds chunk 5 and later chunks went past it.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (std::chrono::steady_clock::now() < deadline) {
-    {
-      std::lock_guard<std::mutex> lock(gate.mu);
-      if (gate.held && gate.later.load() >= 6) break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // let commits happen if they would
   {
-    std::lock_guard<std::mutex> lock(gate.mu);
-    EXPECT_TRUE(gate.held);
-    EXPECT_GE(gate.later.load(), 6u);
+    std::unique_lock<std::mutex> lock(observed.mu);
+    const bool reached = observed.cv.wait_for(lock, std::chrono::seconds(20), [&] {
+      return observed.held && observed.later >= 14 && observed.commits >= 2;
+    });
+    EXPECT_TRUE(reached) << "held " << observed.held << ", later " << observed.later << ", commits "
+                         << observed.commits;
+    EXPECT_EQ(observed.commits, 2u);  // chunks 0..3; chunk 4 waits for 5 in the batcher
+    EXPECT_EQ(observed.highest, 4u);
+    EXPECT_EQ(observed.later, 14u);  // the in-flight limit admits no chunk past 19
+    EXPECT_TRUE(observed.violations.empty()) << observed.violations.front();
+    observed.open = true;
   }
-  {
-    std::lock_guard<std::mutex> lock(committer.mu);
-    EXPECT_GE(committer.commits, 2u);  // chunks 0..3 at least were committed meanwhile
-    EXPECT_LE(committer.highest, 5u);  // and never a cursor past the held chunk
-  }
-  {
-    std::lock_guard<std::mutex> lock(sink.mu);
-    ASSERT_FALSE(sink.positions.empty());
-    EXPECT_LE(*std::max_element(sink.positions.begin(), sink.positions.end()), 50u);
-  }
-  {
-    std::lock_guard<std::mutex> lock(gate.mu);
-    gate.open = true;
-  }
-  gate.cv.notify_all();
+  observed.cv.notify_all();
   run.join();
   ASSERT_TRUE(summary.ok()) << summary.status().ToString();
+  EXPECT_TRUE(observed.violations.empty());
   ASSERT_EQ(sink.positions.size(), 400u);
   for (size_t i = 0; i < sink.positions.size(); ++i) ASSERT_EQ(sink.positions[i], i + 1);
-  EXPECT_EQ(committer.highest, 40u);
+  EXPECT_EQ(observed.highest, 40u);
 }
 
 }  // namespace

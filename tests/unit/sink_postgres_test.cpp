@@ -6,8 +6,10 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <iostream>
 #include <map>
+#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
@@ -756,16 +758,52 @@ class PostgresOutageTest : public ::testing::Test {
     return batch;
   }
 
-  // Writes until it succeeds (Unavailable is retried for up to 60 s); the attempts made.
+  // Restarts the server, telling WriteThrough (on any thread) while it is down.
+  Status RestartServer() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      restarting_ = true;
+    }
+    Status s = server_->Restart();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      restarting_ = false;
+    }
+    cv_.notify_all();
+    return s;
+  }
+
+  // Writes until it succeeds: a write that fails Unavailable while the server restarts is retried
+  // once the restart is over, one that fails with the server up is retried at once (its
+  // connection died with the last restart) and at most twice more. The attempts made, or -1.
   int WriteThrough(pipeline::Sink* sink, const std::vector<Event>& batch) {
     const auto give_up = Clock::now() + std::chrono::seconds(60);
+    int failed_while_up = 0;
     for (int attempts = 1;; ++attempts) {
       auto stats = sink->Write(batch);
-      if (stats.ok()) return attempts;
+      if (stats.ok()) {
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          ++batches_written_;
+        }
+        cv_.notify_all();
+        return attempts;
+      }
       EXPECT_EQ(stats.status().code(), StatusCode::kUnavailable) << stats.status().ToString();
-      if (stats.status().code() != StatusCode::kUnavailable || Clock::now() > give_up) return -1;
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      if (stats.status().code() != StatusCode::kUnavailable) return -1;
+      std::unique_lock<std::mutex> lock(mu_);
+      if (!restarting_ && ++failed_while_up > 2) {
+        ADD_FAILURE() << "Unavailable with the server up: " << stats.status().ToString();
+        return -1;
+      }
+      if (!cv_.wait_until(lock, give_up, [&] { return !restarting_; })) return -1;
     }
+  }
+
+  // Blocks until WriteThrough has written `count` batches in all.
+  bool WaitForBatches(int count) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, std::chrono::seconds(60), [&] { return batches_written_ >= count; });
   }
 
   void ExpectTable(const std::map<std::string, std::string>& want) {
@@ -781,6 +819,10 @@ class PostgresOutageTest : public ::testing::Test {
 
   std::unique_ptr<PgServer> server_;
   PostgresSinkOptions options_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool restarting_ = false;
+  int batches_written_ = 0;
 };
 
 TEST_F(PostgresOutageTest, RestartsBetweenAndDuringBatchesLoseNothing) {
@@ -793,7 +835,7 @@ TEST_F(PostgresOutageTest, RestartsBetweenAndDuringBatchesLoseNothing) {
   for (; b < 5; ++b) ASSERT_EQ(WriteThrough(sink->get(), Batch(b, &want)), 1);
 
   // Between batches: the dead connection is replaced within the next Write.
-  ASSERT_TRUE(server_->Restart().ok());
+  ASSERT_TRUE(RestartServer().ok());
   auto after_restart = (*sink)->Write(Batch(b++, &want));
   EXPECT_TRUE(after_restart.ok()) << after_restart.status().ToString();
   if (!after_restart.ok()) {
@@ -804,13 +846,19 @@ TEST_F(PostgresOutageTest, RestartsBetweenAndDuringBatchesLoseNothing) {
   ASSERT_TRUE(count.ok()) << count.status().ToString();
   EXPECT_EQ(*count, want.size());
 
-  // During batches: restarts from another thread while batches keep coming.
+  // During batches: restarts from another thread while batches keep coming, each once the
+  // writer has written 5 more batches since the last (so writes fall before, during and after).
   std::atomic<bool> restarted{false};
   std::atomic<int> restarts{0};
   std::thread restarter([&] {
-    for (int i = 0; i < 3; ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(150));
-      if (server_->Restart().ok()) ++restarts;
+    for (int i = 1; i <= 3; ++i) {
+      int written = 0;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        written = batches_written_;
+      }
+      if (!WaitForBatches(written + 5)) break;
+      if (RestartServer().ok()) ++restarts;
     }
     restarted = true;
   });
@@ -837,12 +885,9 @@ TEST_F(PostgresOutageTest, AStoppedServerIsUnavailableFastThenWritesResume) {
   std::map<std::string, std::string> want;
   ASSERT_EQ(WriteThrough(sink->get(), Batch(0, &want)), 1);
   ASSERT_TRUE(server_->Stop().ok());
-  // A few seconds of outage: every Write fails Unavailable within the connect timeout.
-  std::map<std::string, std::string> lost_if_applied = want;
+  // While it is down, every Write fails Unavailable within the connect timeout, however often.
   const std::vector<Event> batch = Batch(1, &want);
-  const auto outage_end = Clock::now() + std::chrono::seconds(3);
-  int failures = 0;
-  while (Clock::now() < outage_end) {
+  for (int failures = 0; failures < 4; ++failures) {
     const auto start = Clock::now();
     auto stats = (*sink)->Write(batch);
     const auto took =
@@ -852,10 +897,9 @@ TEST_F(PostgresOutageTest, AStoppedServerIsUnavailableFastThenWritesResume) {
     EXPECT_NE(stats.status().message().find("nothing of the batch was written"), std::string::npos)
         << stats.status().ToString();
     EXPECT_LT(took, options_.connect_timeout_ms + 1000);
-    ++failures;
   }
-  EXPECT_GE(failures, 2);
   ASSERT_TRUE(server_->Start().ok());
+  // Nothing of the failed attempts was applied: the whole batch is new now.
   auto stats = (*sink)->Write(batch);
   ASSERT_TRUE(stats.ok()) << stats.status().ToString();
   EXPECT_EQ(stats->inserted, 100u);
@@ -879,16 +923,32 @@ TEST_F(PostgresOutageTest, ANeverReachableServerIsUnavailableAtOpen) {
 }
 
 // The engine's own retries carry a batch across an outage: ingest pauses while the server is down
-// and resumes when it returns, with nothing lost or applied twice.
+// and resumes when it returns, with nothing lost or applied twice. The source holds its input at
+// chunk 20 until the server is down, so batches are still to come; the server comes back once the
+// engine has failed two attempts against it.
 TEST_F(PostgresOutageTest, TheEngineRidesOutAnOutage) {
   constexpr uint64_t kChunks = 60;
+  constexpr uint64_t kHoldAt = 20;
   constexpr int kPerChunk = 50;
+  // What the source, the sink and the commits report, for the outage thread to wait on.
+  struct Observed {
+    std::mutex mu;
+    std::condition_variable cv;
+    int committed = 0;
+    int failed_writes = 0;
+    bool server_down = false;
+    bool give_up = false;  // the test is failing: let the source run out
+  };
   class Source : public pipeline::Source {
    public:
+    explicit Source(Observed* o) : o_(o) {}
     Status Seek(const std::string&) override { return Status::OK(); }
     Result<bool> Read(pipeline::EventChunk* chunk) override {
       if (next_ >= kChunks) return false;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));  // input arriving over time
+      if (next_ == kHoldAt) {
+        std::unique_lock<std::mutex> lock(o_->mu);
+        o_->cv.wait(lock, [&] { return o_->server_down || o_->give_up; });
+      }
       for (int i = 0; i < kPerChunk; ++i) {
         const uint64_t n = next_ * kPerChunk + static_cast<uint64_t>(i);
         Event e = MakeCreate("did:plc:e" + std::to_string(n % 11), kPost, "r" + std::to_string(n),
@@ -903,24 +963,52 @@ TEST_F(PostgresOutageTest, TheEngineRidesOutAnOutage) {
     std::string Describe() const override { return "test source"; }
 
    private:
+    Observed* o_;
     uint64_t next_ = 0;
+  };
+  class CountingSink : public pipeline::Sink {
+   public:
+    CountingSink(pipeline::Sink* s, Observed* o) : s_(s), o_(o) {}
+    Result<WriteStats> Write(std::span<const Event> batch) override {
+      auto stats = s_->Write(batch);
+      if (!stats.ok()) {
+        std::lock_guard<std::mutex> lock(o_->mu);
+        ++o_->failed_writes;
+        o_->cv.notify_all();
+      }
+      return stats;
+    }
+    std::string_view name() const override { return s_->name(); }
+
+   private:
+    pipeline::Sink* s_;
+    Observed* o_;
   };
   class Committer : public pipeline::Committer {
    public:
+    explicit Committer(Observed* o) : o_(o) {}
     Status PrepareCommit(const pipeline::BatchReport& report, state::WriteBatch*) override {
       max_attempts = std::max(max_attempts.load(), report.attempts);
       return Status::OK();
     }
-    void OnCommitted(const pipeline::BatchReport&) override { ++committed; }
+    void OnCommitted(const pipeline::BatchReport&) override {
+      std::lock_guard<std::mutex> lock(o_->mu);
+      ++o_->committed;
+      o_->cv.notify_all();
+    }
     bool StopRequested() const override { return false; }
     std::atomic<uint32_t> max_attempts{0};
-    std::atomic<int> committed{0};
+
+   private:
+    Observed* o_;
   };
 
   auto sink = OpenPostgresSink(options_);
   ASSERT_TRUE(sink.ok()) << sink.status().ToString();
-  Source source;
-  Committer committer;
+  Observed observed;
+  Source source(&observed);
+  CountingSink counting(sink->get(), &observed);
+  Committer committer(&observed);
   auto kv = state::NewMemoryKvStore();
   pipeline::EngineOptions engine_options;
   engine_options.batch.max_events = 200;
@@ -928,21 +1016,34 @@ TEST_F(PostgresOutageTest, TheEngineRidesOutAnOutage) {
   engine_options.workers = 2;
   engine_options.sink_retry.initial_delay_ms = 50;
   engine_options.sink_retry.max_delay_ms = 400;
-  pipeline::Engine engine(engine_options, &source, {}, sink->get(), kv.get(), &committer);
-  std::atomic<bool> outage_done{false};
-  Status outage;
+  pipeline::Engine engine(engine_options, &source, {}, &counting, kv.get(), &committer);
+  Status outage = Status::Internal("the outage did not happen");
   std::thread outage_thread([&] {
-    while (committer.committed < 2) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    outage = server_->Stop();
-    std::this_thread::sleep_for(std::chrono::seconds(2));
-    if (outage.ok()) outage = server_->Start();
-    outage_done = true;
+    std::unique_lock<std::mutex> lock(observed.mu);
+    const auto deadline = Clock::now() + std::chrono::seconds(60);
+    if (!observed.cv.wait_until(lock, deadline, [&] { return observed.committed >= 2; })) {
+      outage = Status::Internal("no two batches committed before the outage");
+    } else {
+      lock.unlock();
+      outage = server_->Stop();
+      lock.lock();
+      observed.server_down = outage.ok();
+      observed.cv.notify_all();
+      if (outage.ok() &&
+          !observed.cv.wait_until(lock, deadline, [&] { return observed.failed_writes >= 2; })) {
+        outage = Status::Internal("the engine made no two attempts during the outage");
+      }
+      lock.unlock();
+      if (outage.ok()) outage = server_->Start();
+      lock.lock();
+    }
+    observed.give_up = true;
+    observed.cv.notify_all();
   });
   auto summary = engine.Run("");
   outage_thread.join();
   ASSERT_TRUE(outage.ok()) << outage.ToString();
   ASSERT_TRUE(summary.ok()) << summary.status().ToString();
-  EXPECT_TRUE(outage_done);
   EXPECT_EQ(summary->events, kChunks * kPerChunk);
   // A commit whose acknowledgement the outage swallowed is retried and then counts as unchanged.
   EXPECT_EQ(summary->stats.inserted + summary->stats.unchanged, kChunks * kPerChunk);
