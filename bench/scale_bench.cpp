@@ -9,6 +9,11 @@
 //  * BM_RepoOrder: the reference, in a database of its own: a window of rows in repo order
 //    (10,000 accounts one after another, each with record keys from all of its history) into an
 //    empty table.
+//  * BM_RepoRaw/bulk:B: the raw bound of BM_RepoOrder, in the same run: the same rows in the same
+//    order and batches, written by a bare prepared-statement loop (one row per INSERT, one
+//    transaction per batch, accounts interned beforehand) into the sink's schema: B=0 its final
+//    layout, B=1 the bulk-load layout, whose indexes are built at the end (timed with the loop).
+//    Counters: sink_over_raw (BM_RepoOrder's events/s over this one's).
 //  * BM_Interleaved/window:N: rows (N-1)*window .. N*window of the growing table. Counters per
 //    window: items_per_second (events/s over the Write calls), cpu_s (process CPU during them,
 //    every thread), cpu_us_per_event, peak_rss_mb (VmHWM, reset at the start of the window),
@@ -32,6 +37,8 @@
 //   ATFILL_SCALE_CACHE_MB     the sink's page cache (default: SqliteSinkOptions' default)
 //   ATFILL_SCALE_PAGE_SIZE    the page size of the new databases, bytes (default: the sink's)
 //   ATFILL_SCALE_BATCH        events per sink batch (default: the engine's, 5,000)
+//   ATFILL_SCALE_BULK         1: BM_RepoOrder's sink loads with bulk_load (a fresh backfill's
+//                             layout, indexes built when the sink closes, timed with the writes)
 //
 //   build/bench/scale_bench                                (Release build)
 //   ATFILL_SCALE_ROWS=10000000 build/bench/scale_bench
@@ -50,6 +57,8 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "atproto/cid.hpp"
@@ -97,6 +106,7 @@ struct Config {
   uint64_t cache_mb = EnvU64("ATFILL_SCALE_CACHE_MB", 0);
   int64_t page_size = static_cast<int64_t>(EnvU64(
       "ATFILL_SCALE_PAGE_SIZE", static_cast<uint64_t>(sinks::SqliteSinkOptions{}.page_size_bytes)));
+  bool bulk = EnvU64("ATFILL_SCALE_BULK", 0) != 0;
 };
 
 const Config& Cfg() {
@@ -265,7 +275,7 @@ uint64_t FileSize(const fs::path& p) {
 }
 
 // A new database at `path` (any older one removed), the setup SQL applied, opened by the sink.
-Result<std::unique_ptr<pipeline::Sink>> NewDatabase(const fs::path& path) {
+Result<std::unique_ptr<pipeline::Sink>> NewDatabase(const fs::path& path, bool bulk = false) {
   for (const char* suffix : {"", "-wal", "-shm"}) fs::remove(path.string() + suffix);
   if (const char* setup = std::getenv("ATFILL_SCALE_SETUP_SQL"); setup != nullptr && *setup) {
     std::ifstream in(setup);
@@ -288,6 +298,7 @@ Result<std::unique_ptr<pipeline::Sink>> NewDatabase(const fs::path& path) {
   options.path = path.string();
   options.page_size_bytes = Cfg().page_size;
   if (Cfg().cache_mb > 0) options.cache_bytes = static_cast<int64_t>(Cfg().cache_mb) << 20;
+  options.bulk_load = bulk;
   return sinks::OpenSqliteSink(options);
 }
 
@@ -327,14 +338,24 @@ void BM_RepoOrder(benchmark::State& state) {
   const uint64_t rows = Cfg().repo_rows;
   for (auto _ : state) {
     const fs::path path = Dir() / "repo_order.db";
-    auto sink = NewDatabase(path);
+    auto sink = NewDatabase(path, Cfg().bulk);
     if (!sink.ok()) return state.SkipWithError(sink.status().ToString().c_str());
     Stream stream(kRepoAccounts, /*repo_order=*/true, 7);
     Span span;
     if (Status st = WriteRows(sink->get(), &stream, rows, &span); !st.ok()) {
       return state.SkipWithError(st.ToString().c_str());
     }
+    // A bulk load builds its indexes when the sink closes: part of the load's time.
+    const double cpu0 = bench::ProcessCpuSeconds();
+    const auto t0 = std::chrono::steady_clock::now();
     sink->reset();
+    const double close_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    span.cpu += bench::ProcessCpuSeconds() - cpu0;
+    span.seconds += close_s;
+    state.counters["close_s"] = close_s;
+    state.counters["db_bytes_per_record"] =
+        static_cast<double>(FileSize(path)) / static_cast<double>(rows);
     state.SetIterationTime(span.seconds);
     RepoRate() = static_cast<double>(rows) / span.seconds;
     state.counters["cpu_s"] = span.cpu;
@@ -344,7 +365,119 @@ void BM_RepoOrder(benchmark::State& state) {
     for (const char* suffix : {"", "-wal", "-shm"}) fs::remove(path.string() + suffix);
   }
   state.SetItemsProcessed(static_cast<int64_t>(rows * state.iterations()));
-  state.SetLabel("repo order, empty table");
+  state.SetLabel(Cfg().bulk ? "repo order, empty table, bulk load" : "repo order, empty table");
+}
+
+void BM_RepoRaw(benchmark::State& state) {
+  const bool bulk = state.range(0) != 0;
+  const uint64_t rows = Cfg().repo_rows;
+  for (auto _ : state) {
+    const fs::path path = Dir() / "repo_raw.db";
+    // The sink creates the schema (in the bulk layout when asked) and, closing, builds a bulk
+    // load's indexes; the loop writes between on a connection of its own.
+    auto sink = NewDatabase(path, bulk);
+    if (!sink.ok()) return state.SkipWithError(sink.status().ToString().c_str());
+    sqlite3* db = nullptr;
+    sqlite3_open(path.c_str(), &db);
+    const sinks::SqliteSinkOptions defaults;
+    const int64_t cache =
+        Cfg().cache_mb > 0 ? static_cast<int64_t>(Cfg().cache_mb) << 20 : defaults.cache_bytes;
+    const std::string pragmas = "PRAGMA synchronous = NORMAL; PRAGMA cache_size = -" +
+                                std::to_string(cache / 1024) + "; PRAGMA wal_autocheckpoint = " +
+                                std::to_string(defaults.wal_autocheckpoint_bytes / Cfg().page_size);
+    sqlite3_exec(db, pragmas.c_str(), nullptr, nullptr, nullptr);
+    sqlite3_stmt* did_insert = nullptr;
+    sqlite3_prepare_v2(db, "INSERT INTO atfill_dids(id, did) VALUES (?1, ?2)", -1, &did_insert,
+                       nullptr);
+    sqlite3_stmt* coll_insert = nullptr;
+    sqlite3_prepare_v2(db, "INSERT INTO atfill_collections(id, nsid) VALUES (?1, ?2)", -1,
+                       &coll_insert, nullptr);
+    sqlite3_stmt* s = nullptr;
+    // The stream repeats a few keys (profiles' "self"): kept as the sink keeps the first.
+    const std::string insert =
+        bench::RecordInsertSql(1) + " ON CONFLICT (collection_id, rkey, did_id) DO NOTHING";
+    sqlite3_prepare_v2(db, insert.c_str(), -1, &s, nullptr);
+    std::unordered_map<std::string, int64_t> dids, collections;
+    Stream stream(kRepoAccounts, /*repo_order=*/true, 7);
+    std::vector<Event> batch;
+    std::vector<std::pair<int64_t, int64_t>> ids;
+    std::vector<std::string> cids;
+    uint64_t body_bytes = 0;
+    double seconds = 0;
+    const double cpu0 = bench::ProcessCpuSeconds();
+    double untimed_cpu = 0;
+    for (uint64_t done = 0; done < rows;) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(BatchEvents(), rows - done));
+      const double g0 = bench::ProcessCpuSeconds();
+      stream.Fill(n, &batch, &body_bytes);
+      ids.clear();
+      cids.clear();
+      sqlite3_exec(db, "BEGIN", nullptr, nullptr, nullptr);
+      for (const Event& ev : batch) {
+        const auto& e = std::get<RecordEvent>(ev);
+        auto d = dids.emplace(e.did, static_cast<int64_t>(dids.size()) + 1);
+        if (d.second) {
+          sqlite3_bind_int64(did_insert, 1, d.first->second);
+          sqlite3_bind_text(did_insert, 2, e.did.data(), static_cast<int>(e.did.size()),
+                            SQLITE_STATIC);
+          sqlite3_step(did_insert);
+          sqlite3_reset(did_insert);
+        }
+        auto c = collections.emplace(e.collection, static_cast<int64_t>(collections.size()) + 1);
+        if (c.second) {
+          sqlite3_bind_int64(coll_insert, 1, c.first->second);
+          sqlite3_bind_text(coll_insert, 2, e.collection.data(),
+                            static_cast<int>(e.collection.size()), SQLITE_STATIC);
+          sqlite3_step(coll_insert);
+          sqlite3_reset(coll_insert);
+        }
+        ids.emplace_back(d.first->second, c.first->second);
+        cids.push_back(e.cid.ToString());
+      }
+      sqlite3_exec(db, "COMMIT", nullptr, nullptr, nullptr);
+      untimed_cpu += bench::ProcessCpuSeconds() - g0;
+      const auto t0 = std::chrono::steady_clock::now();
+      sqlite3_exec(db, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr);
+      for (size_t i = 0; i < n; ++i) {
+        const auto& e = std::get<RecordEvent>(batch[i]);
+        sqlite3_bind_int64(s, 1, ids[i].first);
+        sqlite3_bind_int64(s, 2, ids[i].second);
+        sqlite3_bind_text(s, 3, e.rkey.data(), static_cast<int>(e.rkey.size()), SQLITE_STATIC);
+        sqlite3_bind_text(s, 4, cids[i].data(), static_cast<int>(cids[i].size()), SQLITE_STATIC);
+        sqlite3_bind_text(s, 5, e.rev.data(), static_cast<int>(e.rev.size()), SQLITE_STATIC);
+        sqlite3_bind_int64(s, 6, kStreamStartUs);
+        sqlite3_bind_text(s, 7, e.created_at.data(), static_cast<int>(e.created_at.size()),
+                          SQLITE_STATIC);
+        sqlite3_bind_text(s, 8, e.body.data(), static_cast<int>(e.body.size()), SQLITE_STATIC);
+        if (sqlite3_step(s) != SQLITE_DONE) {
+          state.SkipWithError(sqlite3_errmsg(db));
+          break;
+        }
+        sqlite3_reset(s);
+      }
+      sqlite3_exec(db, "COMMIT", nullptr, nullptr, nullptr);
+      seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      done += n;
+    }
+    sqlite3_finalize(s);
+    sqlite3_finalize(did_insert);
+    sqlite3_finalize(coll_insert);
+    sqlite3_close(db);
+    const auto t0 = std::chrono::steady_clock::now();
+    sink->reset();
+    const double close_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    seconds += close_s;
+    const double cpu = bench::ProcessCpuSeconds() - cpu0 - untimed_cpu;
+    state.SetIterationTime(seconds);
+    state.counters["close_s"] = close_s;
+    state.counters["cpu_us_per_event"] = cpu * 1e6 / static_cast<double>(rows);
+    const double rate = static_cast<double>(rows) / seconds;
+    if (RepoRate() > 0) state.counters["sink_over_raw"] = RepoRate() / rate;
+    for (const char* suffix : {"", "-wal", "-shm"}) fs::remove(path.string() + suffix);
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(rows * state.iterations()));
+  state.SetLabel(bulk ? "repo order, bare loop, bulk layout" : "repo order, bare loop");
 }
 
 // The growing table, shared by the windows.
@@ -476,6 +609,13 @@ void BM_Query(benchmark::State& state) {
 int main(int argc, char** argv) {
   using atfill::Cfg;
   benchmark::RegisterBenchmark("BM_RepoOrder", atfill::BM_RepoOrder)
+      ->Iterations(1)
+      ->UseManualTime()
+      ->Unit(benchmark::kSecond);
+  benchmark::RegisterBenchmark("BM_RepoRaw", atfill::BM_RepoRaw)
+      ->ArgName("bulk")
+      ->Arg(0)
+      ->Arg(1)
       ->Iterations(1)
       ->UseManualTime()
       ->Unit(benchmark::kSecond);

@@ -167,7 +167,110 @@ Status MigrateLocked(sqlite3* db) {
   return Status::OK();
 }
 
+// The bulk layout of a fresh backfill (see BeginBulkLoad in sqlite_schema.hpp): the record
+// table's key as (did_id, collection_id, rkey) instead of (collection_id, rkey, did_id), and no
+// (collection_id, created_at) index. A crawl delivers each account's records together, accounts
+// interned in the order they come, so both remaining indexes take its rows at their right edge,
+// whereas the final key and created_at index take them all over (record keys and createdAt span
+// each account's history). The key is unique on the same columns, so the sink's statements (its
+// upsert names the columns, which SQLite matches in any order) behave the same in either layout.
+constexpr const char* kEnterBulk = R"sql(
+CREATE UNIQUE INDEX atfill_record_rows_bulk_key ON atfill_record_rows(did_id, collection_id, rkey);
+DROP INDEX IF EXISTS atfill_record_rows_key;
+DROP INDEX IF EXISTS atfill_record_rows_by_created;
+DELETE FROM sqlite_stat1 WHERE tbl = 'atfill_record_rows' AND
+  idx IN ('atfill_record_rows_key', 'atfill_record_rows_by_created',
+          'atfill_record_rows_bulk_key');
+INSERT INTO sqlite_stat1(tbl, idx, stat) VALUES
+  ('atfill_record_rows', 'atfill_record_rows_bulk_key', '100000000 20 5 1');
+ANALYZE sqlite_schema;
+)sql";
+
+// Back to version 2's indexes, built from the whole table at once (a sort, not one insert per
+// row), and version 2's sqlite_stat1 rows for them.
+constexpr const char* kFinishBulk = R"sql(
+CREATE UNIQUE INDEX atfill_record_rows_key ON atfill_record_rows(collection_id, rkey, did_id);
+CREATE INDEX atfill_record_rows_by_created ON atfill_record_rows(collection_id, created_at);
+DROP INDEX atfill_record_rows_bulk_key;
+DELETE FROM sqlite_stat1 WHERE tbl = 'atfill_record_rows' AND
+  idx IN ('atfill_record_rows_key', 'atfill_record_rows_by_created',
+          'atfill_record_rows_bulk_key');
+INSERT INTO sqlite_stat1(tbl, idx, stat) VALUES
+  ('atfill_record_rows', 'atfill_record_rows_key', '100000000 10000000 10 1'),
+  ('atfill_record_rows', 'atfill_record_rows_by_created', '100000000 10000000 2');
+ANALYZE sqlite_schema;
+)sql";
+
+// Runs `body` in one IMMEDIATE transaction: committed when it succeeds, rolled back when not.
+template <typename Body>
+Status InWriteTransaction(sqlite3* db, Body&& body) {
+  ATFILL_RETURN_IF_ERROR(Exec(db, "BEGIN IMMEDIATE"));
+  Status st = body();
+  if (st.ok()) st = Exec(db, "COMMIT");
+  if (!st.ok() && !sqlite3_get_autocommit(db)) (void)Exec(db, "ROLLBACK");
+  return st;
+}
+
+Result<bool> HasRecordRows(sqlite3* db) {
+  ATFILL_ASSIGN_OR_RETURN(Stmt any, Prepare(db, "SELECT 1 FROM atfill_record_rows LIMIT 1", false));
+  int rc = sqlite3_step(any.get());
+  if (rc == SQLITE_ROW) return true;
+  if (rc == SQLITE_DONE) return false;
+  return ErrorStatus(db, rc, "reading the record table");
+}
+
 }  // namespace
+
+Result<bool> InBulkLayout(sqlite3* db) {
+  ATFILL_ASSIGN_OR_RETURN(Stmt find, Prepare(db,
+                                             "SELECT count(*) FROM sqlite_schema WHERE type = "
+                                             "'index' AND name = 'atfill_record_rows_bulk_key'",
+                                             false));
+  int rc = sqlite3_step(find.get());
+  if (rc != SQLITE_ROW) return ErrorStatus(db, rc, "reading the schema catalogue");
+  return sqlite3_column_int(find.get(), 0) != 0;
+}
+
+bool IsBusy(sqlite3* db) {
+  const int rc = sqlite3_extended_errcode(db) & 0xff;
+  return rc == SQLITE_BUSY || rc == SQLITE_LOCKED;
+}
+
+Result<bool> BeginBulkLoad(sqlite3* db) {
+  ATFILL_ASSIGN_OR_RETURN(bool bulk, InBulkLayout(db));
+  if (bulk) return true;
+  ATFILL_ASSIGN_OR_RETURN(bool has_rows, HasRecordRows(db));
+  if (has_rows) return false;
+  Status st = InWriteTransaction(db, [&]() -> Status {
+    ATFILL_ASSIGN_OR_RETURN(bulk, InBulkLayout(db));
+    if (bulk) return Status::OK();
+    ATFILL_ASSIGN_OR_RETURN(bool has_rows, HasRecordRows(db));
+    if (has_rows) return Status::OK();
+    bulk = true;
+    return Exec(db, kEnterBulk);
+  });
+  // Another writer kept the lock past the busy timeout: the load goes into the final layout,
+  // which is only slower.
+  if (!st.ok() && IsBusy(db)) return false;
+  if (!st.ok()) return st.WithContext("switching to the bulk-load layout");
+  return bulk;
+}
+
+Status FinishBulkLoad(sqlite3* db) {
+  // The common case, a table in the final layout, needs no write lock.
+  ATFILL_ASSIGN_OR_RETURN(bool bulk, InBulkLayout(db));
+  if (!bulk) return Status::OK();
+  Status st = InWriteTransaction(db, [&]() -> Status {
+    // Re-read under the write lock: another connection may have finished it in between.
+    ATFILL_ASSIGN_OR_RETURN(bool still, InBulkLayout(db));
+    return still ? Exec(db, kFinishBulk) : Status::OK();
+  });
+  // Another writer kept the lock past the busy timeout: the table answers every query in either
+  // layout, and the next open (or the loading sink's close) finishes it.
+  if (!st.ok() && IsBusy(db)) return Status::OK();
+  if (!st.ok()) return st.WithContext("building the indexes of a bulk load");
+  return st;
+}
 
 Result<int> ReadSchemaVersion(sqlite3* db) {
   ATFILL_ASSIGN_OR_RETURN(

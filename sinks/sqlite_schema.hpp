@@ -14,6 +14,12 @@
 //   atfill_record_rows_key         unique (collection_id, rkey, did_id)
 //   atfill_record_rows_by_did      (did_epoch, did_id, collection_id)
 //   atfill_record_rows_by_created  (collection_id, created_at)
+//
+// The bulk-load layout (not a version: a state of a version 2 database while a fresh backfill
+// loads it): atfill_record_rows_key and atfill_record_rows_by_created are absent and
+//   atfill_record_rows_bulk_key    unique (did_id, collection_id, rkey)
+// stands in for the key. Every statement of the sink and of readers answers the same in it (by
+// URI and by account through its indexes; by collection newest first by a scan).
 #pragma once
 
 #include <sqlite3.h>
@@ -34,5 +40,20 @@ Status MigrateSchema(sqlite3* db);
 // Fails unless the database is exactly at kSqliteSchemaVersion (used by read-only openers, which
 // never migrate).
 Status CheckSchemaCurrent(sqlite3* db);
+
+// Whether the record table is in the bulk-load layout.
+Result<bool> InBulkLayout(sqlite3* db);
+
+// Switches a database whose record table is empty to the bulk-load layout, in one transaction;
+// true when the table is in that layout afterwards (it was empty, or already in it, as after a
+// load that was killed), false when it holds rows in the final layout (left as it is) or another
+// writer kept the write lock past the busy timeout (the load then goes into the final layout).
+Result<bool> BeginBulkLoad(sqlite3* db);
+
+// Builds the final layout's indexes of a table in the bulk-load layout and drops the bulk key, in
+// one transaction (all or nothing: a kill during it leaves the bulk layout, finished by the next
+// call). Does nothing to a table in the final layout, nor when another writer keeps the write lock
+// past the busy timeout (the table then stays in the bulk layout, which answers the same).
+Status FinishBulkLoad(sqlite3* db);
 
 }  // namespace atfill::sinks::sqlite

@@ -81,6 +81,12 @@ class SqliteSink final : public pipeline::Sink {
   // Errors do not name the database; OpenSqliteSink adds it.
   static Result<std::unique_ptr<pipeline::Sink>> Open(const SqliteSinkOptions& options);
 
+  // Builds the indexes of a bulk load. A failure leaves the load layout, which the next open
+  // finishes (or continues, with bulk_load).
+  ~SqliteSink() override {
+    if (bulk_) (void)sqlite::FinishBulkLoad(db_.get());
+  }
+
   Result<WriteStats> Write(std::span<const Event> batch) override;
   std::string_view name() const override { return "sqlite"; }
 
@@ -131,6 +137,7 @@ class SqliteSink final : public pipeline::Sink {
   InternTable dids_;
   InternTable collections_;
   int last_failure_rc_ = SQLITE_OK;
+  bool bulk_ = false;  // the table is in the bulk-load layout, to be finished by the destructor
   // WriteOnce's order of the batch, grouped by account, and each event's account id.
   static constexpr size_t kGroupMinEvents = 64;
   std::vector<uint32_t> order_;
@@ -193,6 +200,12 @@ Result<std::unique_ptr<pipeline::Sink>> SqliteSink::Open(const SqliteSinkOptions
     ATFILL_RETURN_IF_ERROR(st);
   }
   ATFILL_RETURN_IF_ERROR(sqlite::MigrateSchema(raw));
+  bool bulk = false;
+  if (options.bulk_load) {
+    ATFILL_ASSIGN_OR_RETURN(bulk, sqlite::BeginBulkLoad(raw));
+  } else {
+    ATFILL_RETURN_IF_ERROR(sqlite::FinishBulkLoad(raw));  // a load that was killed
+  }
 
   int64_t actual_page_size = 0;
   {
@@ -227,6 +240,7 @@ Result<std::unique_ptr<pipeline::Sink>> SqliteSink::Open(const SqliteSinkOptions
 
   std::unique_ptr<SqliteSink> sink(new SqliteSink(options, std::move(db)));
   sink->checkpointer_ = std::move(checkpointer);
+  sink->bulk_ = bulk;
   ATFILL_RETURN_IF_ERROR(sink->Prepare());
   return std::unique_ptr<pipeline::Sink>(std::move(sink));
 }

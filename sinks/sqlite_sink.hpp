@@ -69,6 +69,16 @@ struct SqliteSinkOptions {
   // Largest size the database file may reach, in bytes; 0 for no limit. A batch that would grow
   // the file past it fails as Unavailable with nothing applied, exactly like a full disk.
   uint64_t max_database_bytes = 0;
+  // A fresh backfill's load (a crawl: each account's records together). When the record table is
+  // empty at open, the sink loads it in a layout that takes that order at the indexes' right edge
+  // (the key by account instead of by collection and record key, and no created_at index) and
+  // builds the final indexes from the whole table when the sink is destroyed (the job ended or
+  // paused). Every write rule and every query answers the same in either layout; only the query
+  // by collection newest first scans the table until the indexes are built. A process killed
+  // mid-load leaves the load layout: a sink opened again with bulk_load continues the load, one
+  // opened without it (or a later job) builds the indexes first. A table that already holds rows
+  // is written as it is. Wrong for a stream's order (accounts interleaved): leave it off there.
+  bool bulk_load = false;
   // The clock for indexed_at, unix microseconds. Empty: the system clock. Tests pass a fake.
   std::function<int64_t()> now_us;
 

@@ -1,0 +1,366 @@
+// The SQLite sink's bulk load (SqliteSinkOptions::bulk_load, a fresh backfill's layout): the Sink
+// conformance suite on a bulk-loading sink; a bulk-loaded table ends with the same rows, indexes,
+// planner statistics and query plans as one written the ordinary way; a table that holds rows is
+// never switched; a process killed mid-load (SIGKILL) leaves a table that a resumed load, or any
+// later open, brings to the same end as an uninterrupted run.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sqlite3.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "sinks/sqlite_reader.hpp"
+#include "sinks/sqlite_sink.hpp"
+#include "tests/common/sink_conformance.hpp"
+
+namespace atfill::sinks {
+namespace {
+
+using pipeline::AccountStatus;
+using pipeline::Event;
+using testing::MakeAccount;
+using testing::MakeCreate;
+using testing::MakeDelete;
+using testing::MakeUpdate;
+using testing::SinkConformanceTest;
+
+class BulkTempDir {
+ public:
+  BulkTempDir() {
+    std::string pattern = (std::filesystem::temp_directory_path() / "atfill_bulk_XXXXXX").string();
+    if (mkdtemp(pattern.data()) == nullptr) std::abort();
+    path_ = pattern;
+  }
+  ~BulkTempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+// The first column of every row of `sql` on the database at `path`, as text.
+std::vector<std::string> Column(const std::string& path, const std::string& sql) {
+  std::vector<std::string> out;
+  sqlite3* db = nullptr;
+  EXPECT_EQ(sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READONLY, nullptr), SQLITE_OK);
+  sqlite3_stmt* s = nullptr;
+  EXPECT_EQ(sqlite3_prepare_v2(db, sql.c_str(), -1, &s, nullptr), SQLITE_OK)
+      << sql << ": " << sqlite3_errmsg(db);
+  while (s != nullptr && sqlite3_step(s) == SQLITE_ROW) {
+    const unsigned char* t = sqlite3_column_text(s, 0);
+    out.push_back(t == nullptr ? "NULL" : reinterpret_cast<const char*>(t));
+  }
+  sqlite3_finalize(s);
+  sqlite3_close(db);
+  return out;
+}
+
+// The record table's indexes, "name: sql", by name.
+std::vector<std::string> Indexes(const std::string& path) {
+  return Column(path,
+                "SELECT name || ': ' || sql FROM sqlite_schema WHERE type = 'index' AND "
+                "tbl_name = 'atfill_record_rows' AND sql IS NOT NULL ORDER BY name");
+}
+
+std::vector<std::string> Stat1(const std::string& path) {
+  return Column(path,
+                "SELECT idx || ' ' || stat FROM sqlite_stat1 WHERE tbl = 'atfill_record_rows' "
+                "ORDER BY idx");
+}
+
+// The plans of the queries of docs/queries.md, one line per step.
+std::vector<std::string> Plans(const std::string& path) {
+  std::vector<std::string> out;
+  for (const char* q :
+       {"SELECT uri FROM atfill_records WHERE collection = 'app.bsky.feed.post' ORDER BY "
+        "created_at DESC LIMIT 20",
+        "SELECT uri FROM atfill_records WHERE did = 'did:plc:a' LIMIT 20",
+        "SELECT uri FROM atfill_records WHERE did = 'did:plc:a' AND collection = "
+        "'app.bsky.feed.post' LIMIT 20",
+        "SELECT uri FROM atfill_records WHERE did = 'did:plc:a' AND collection = "
+        "'app.bsky.feed.post' AND rkey = 'x'"}) {
+    for (std::string& step : Column(path, std::string("EXPLAIN QUERY PLAN ") + q)) {
+      out.push_back(std::move(step));
+    }
+    out.push_back("--");
+  }
+  return out;
+}
+
+const std::vector<std::string> kFinalIndexes = {
+    "atfill_record_rows_by_created: CREATE INDEX atfill_record_rows_by_created ON "
+    "atfill_record_rows(collection_id, created_at)",
+    "atfill_record_rows_by_did: CREATE INDEX atfill_record_rows_by_did ON "
+    "atfill_record_rows(did_epoch, did_id, collection_id)",
+    "atfill_record_rows_key: CREATE UNIQUE INDEX atfill_record_rows_key ON "
+    "atfill_record_rows(collection_id, rkey, did_id)",
+};
+
+std::vector<std::string> Uris(const std::string& path) {
+  auto rows = ReadAllRecords(path);
+  EXPECT_TRUE(rows.ok()) << rows.status().ToString();
+  std::vector<std::string> out;
+  if (!rows.ok()) return out;
+  for (const RecordRow& r : *rows) {
+    out.push_back(r.uri + " " + r.cid + " " + r.rev + " " + r.created_at + " " + r.record + " " +
+                  r.indexed_at);
+  }
+  return out;
+}
+
+SqliteSinkOptions Options(const std::string& path, bool bulk) {
+  SqliteSinkOptions o;
+  o.path = path;
+  o.bulk_load = bulk;
+  o.now_us = [] { return int64_t{1'796'029'200'000'000}; };
+  return o;
+}
+
+std::string Did(int a) { return "did:plc:acct" + std::to_string(1000 + a); }
+
+// A crawl's batches: accounts one after another, each with records whose keys span its history
+// (not in key order across accounts), plus what a crawl also meets: a record delivered twice, an
+// update, a delete and a resync purge.
+std::vector<std::vector<Event>> CrawlBatches(int batches) {
+  std::vector<std::vector<Event>> out;
+  int account = 0;
+  for (int b = 0; b < batches; ++b) {
+    std::vector<Event> batch;
+    for (int k = 0; k < 3; ++k, ++account) {
+      const std::string did = Did(account);
+      for (int r = 0; r < 30; ++r) {
+        const std::string rkey =
+            "3k" + std::to_string(100 + (r * 37 + account * 11) % 100) + std::to_string(account);
+        const char* coll = r % 3 == 0 ? "app.bsky.feed.post" : "app.bsky.feed.like";
+        batch.push_back(MakeCreate(did, coll, rkey, R"({"text":")" + did + rkey + R"("})",
+                                   "3kaaaaaaaaa2a",
+                                   "2025-0" + std::to_string(1 + r % 9) + "-01T00:00:00Z"));
+      }
+      batch.push_back(batch.back());  // redelivered
+      batch.push_back(MakeUpdate(
+          did, "app.bsky.feed.like",
+          "3k" + std::to_string(100 + (1 * 37 + account * 11) % 100) + std::to_string(account),
+          R"({"text":"updated"})", "3kbbbbbbbbb2a"));
+      batch.push_back(MakeDelete(
+          did, "app.bsky.feed.post",
+          "3k" + std::to_string(100 + (0 * 37 + account * 11) % 100) + std::to_string(account),
+          "3kbbbbbbbbb2a"));
+    }
+    if (b % 4 == 3) batch.push_back(MakeAccount(Did(account - 1), AccountStatus::kDeleted));
+    out.push_back(std::move(batch));
+  }
+  return out;
+}
+
+void WriteAll(const SqliteSinkOptions& o, const std::vector<std::vector<Event>>& batches) {
+  auto sink = OpenSqliteSink(o);
+  ASSERT_TRUE(sink.ok()) << sink.status().ToString();
+  for (const auto& b : batches) {
+    auto st = (*sink)->Write(b);
+    ASSERT_TRUE(st.ok()) << st.status().ToString();
+  }
+}
+
+// The conformance suite on a sink that bulk-loads (its env's databases start empty, so every
+// sink the suite opens finds the load layout and continues it).
+class BulkEnv : public testing::SinkTestEnv {
+ public:
+  explicit BulkEnv(std::function<int64_t()> now_us) : path_((dir_.path() / "atfill.db").string()) {
+    options_.path = path_;
+    options_.now_us = std::move(now_us);
+    options_.busy_timeout_ms = 100;
+    options_.bulk_load = true;
+  }
+  Result<std::unique_ptr<pipeline::Sink>> OpenSink() override { return OpenSqliteSink(options_); }
+  testing::TableReader& reader() override { return reader_; }
+  Result<std::unique_ptr<testing::WriteBlocker>> BlockWrites() override {
+    auto lock = std::make_unique<Lock>(path_);
+    if (lock->rc != SQLITE_OK) return Status::Internal("BEGIN IMMEDIATE failed");
+    return std::unique_ptr<testing::WriteBlocker>(std::move(lock));
+  }
+
+ private:
+  struct Lock : testing::WriteBlocker {
+    explicit Lock(const std::string& path) {
+      sqlite3_open(path.c_str(), &db);
+      rc = sqlite3_exec(db, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr);
+    }
+    ~Lock() override {
+      sqlite3_exec(db, "ROLLBACK", nullptr, nullptr, nullptr);
+      sqlite3_close(db);
+    }
+    sqlite3* db = nullptr;
+    int rc = SQLITE_ERROR;
+  };
+  struct Reader : testing::TableReader {
+    explicit Reader(const std::string* path) : path(path) {}
+    Result<std::vector<testing::TableRow>> ReadAll() override {
+      ATFILL_ASSIGN_OR_RETURN(std::vector<RecordRow> rows, ReadAllRecords(*path));
+      std::vector<testing::TableRow> out;
+      for (RecordRow& r : rows) {
+        out.push_back({std::move(r.uri), std::move(r.cid), std::move(r.rev), std::move(r.record),
+                       std::move(r.created_at)});
+      }
+      return out;
+    }
+    Result<std::optional<int64_t>> IndexedAtUs(std::string_view uri) override {
+      ATFILL_ASSIGN_OR_RETURN(std::optional<RecordRow> row, GetRecord(*path, uri));
+      if (!row) return std::optional<int64_t>();
+      return std::optional<int64_t>(row->indexed_at_us);
+    }
+    Result<std::optional<std::string>> IndexedAtText(std::string_view uri) override {
+      ATFILL_ASSIGN_OR_RETURN(std::optional<RecordRow> row, GetRecord(*path, uri));
+      if (!row) return std::optional<std::string>();
+      return std::optional<std::string>(row->indexed_at);
+    }
+    const std::string* path;
+  };
+
+  BulkTempDir dir_;
+  std::string path_;
+  SqliteSinkOptions options_;
+  Reader reader_{&path_};
+};
+
+INSTANTIATE_TEST_SUITE_P(
+    SqliteBulk, SinkConformanceTest,
+    ::testing::Values(testing::SinkConformanceParam{
+        "SqliteBulkLoad",
+        [](std::function<int64_t()> now_us) -> Result<std::unique_ptr<testing::SinkTestEnv>> {
+          return std::unique_ptr<testing::SinkTestEnv>(
+              std::make_unique<BulkEnv>(std::move(now_us)));
+        }}),
+    testing::SinkConformanceName);
+
+TEST(SqliteBulkLoadTest, LoadsWithoutTheFinalIndexesAndEndsWithTheSameTableIndexesAndPlans) {
+  BulkTempDir dir;
+  const std::string truth = (dir.path() / "truth.db").string();
+  const std::string bulk = (dir.path() / "bulk.db").string();
+  const auto batches = CrawlBatches(12);
+  WriteAll(Options(truth, false), batches);
+  ASSERT_EQ(Indexes(truth), kFinalIndexes);
+  {
+    auto sink = OpenSqliteSink(Options(bulk, true));
+    ASSERT_TRUE(sink.ok()) << sink.status().ToString();
+    for (const auto& b : batches) ASSERT_TRUE((*sink)->Write(b).ok());
+    // While loading: the key by account, no created_at index.
+    EXPECT_EQ(Indexes(bulk),
+              (std::vector<std::string>{
+                  "atfill_record_rows_bulk_key: CREATE UNIQUE INDEX atfill_record_rows_bulk_key "
+                  "ON atfill_record_rows(did_id, collection_id, rkey)",
+                  kFinalIndexes[1]}));
+    // Readers answer the same meanwhile.
+    EXPECT_EQ(Uris(bulk), Uris(truth));
+    const std::string uri = "at://" + Did(4) + "/app.bsky.feed.like/3k" +
+                            std::to_string(100 + (1 * 37 + 4 * 11) % 100) + "4";
+    auto got = GetRecord(bulk, uri);
+    ASSERT_TRUE(got.ok() && got->has_value()) << uri;
+    EXPECT_EQ((*got)->record, R"({"text":"updated"})");
+  }
+  EXPECT_EQ(Indexes(bulk), kFinalIndexes);
+  EXPECT_EQ(Stat1(bulk), Stat1(truth));
+  EXPECT_EQ(Plans(bulk), Plans(truth));
+  EXPECT_EQ(Uris(bulk), Uris(truth));
+  EXPECT_GT(Uris(truth).size(), 700u);
+}
+
+TEST(SqliteBulkLoadTest, ATableThatHoldsRowsIsWrittenInItsLayout) {
+  BulkTempDir dir;
+  const std::string path = (dir.path() / "atfill.db").string();
+  const auto batches = CrawlBatches(2);
+  WriteAll(Options(path, false), {batches[0]});
+  auto sink = OpenSqliteSink(Options(path, true));
+  ASSERT_TRUE(sink.ok()) << sink.status().ToString();
+  EXPECT_EQ(Indexes(path), kFinalIndexes);
+  ASSERT_TRUE((*sink)->Write(batches[1]).ok());
+  EXPECT_EQ(Indexes(path), kFinalIndexes);
+}
+
+// A child process bulk-loads `batches` into `path`, writes a byte to `ready` after the first
+// `gate` batches are committed, and goes on writing the same batches again until it is killed.
+pid_t StartLoader(const std::string& path, const std::vector<std::vector<Event>>& batches,
+                  size_t gate, int ready) {
+  const pid_t pid = fork();
+  if (pid != 0) return pid;
+  auto sink = OpenSqliteSink(Options(path, true));
+  if (!sink.ok()) _exit(2);
+  for (size_t round = 0;; ++round) {
+    for (size_t i = 0; i < batches.size(); ++i) {
+      if (!(*sink)->Write(batches[i]).ok()) _exit(3);
+      if (round == 0 && i + 1 == gate) {
+        const char byte = 1;
+        if (write(ready, &byte, 1) != 1) _exit(4);
+      }
+    }
+  }
+}
+
+// Kills a loader mid-load; the table is left in the load layout, with some of the batches.
+void KillMidLoad(const std::string& path, const std::vector<std::vector<Event>>& batches) {
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  const pid_t pid = StartLoader(path, batches, batches.size() / 2, fds[1]);
+  ASSERT_GT(pid, 0);
+  char byte = 0;
+  ASSERT_EQ(read(fds[0], &byte, 1), 1);
+  ASSERT_EQ(kill(pid, SIGKILL), 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << status;
+  close(fds[0]);
+  close(fds[1]);
+  EXPECT_EQ(
+      Column(path, "SELECT name FROM sqlite_schema WHERE name = 'atfill_record_rows_bulk_key'"),
+      std::vector<std::string>{"atfill_record_rows_bulk_key"});
+  EXPECT_FALSE(Uris(path).empty());
+}
+
+TEST(SqliteBulkLoadTest, SigkillMidLoadThenAResumedLoadEndsEqualToTheTruth) {
+  BulkTempDir dir;
+  const std::string truth = (dir.path() / "truth.db").string();
+  const std::string path = (dir.path() / "atfill.db").string();
+  const auto batches = CrawlBatches(40);
+  WriteAll(Options(truth, false), batches);
+  KillMidLoad(path, batches);
+  // The resumed job redelivers from its last checkpoint: here, everything again.
+  {
+    auto sink = OpenSqliteSink(Options(path, true));
+    ASSERT_TRUE(sink.ok()) << sink.status().ToString();
+    EXPECT_EQ(
+        Column(path, "SELECT name FROM sqlite_schema WHERE name = 'atfill_record_rows_bulk_key'")
+            .size(),
+        1u);
+    for (const auto& b : batches) ASSERT_TRUE((*sink)->Write(b).ok());
+  }
+  EXPECT_EQ(Uris(path), Uris(truth));
+  EXPECT_EQ(Indexes(path), kFinalIndexes);
+  EXPECT_EQ(Stat1(path), Stat1(truth));
+  auto check = OpenSqliteSink(Options(path, false));
+  ASSERT_TRUE(check.ok()) << check.status().ToString();
+}
+
+TEST(SqliteBulkLoadTest, SigkillMidLoadThenAnOrdinaryOpenBuildsTheIndexesFirst) {
+  BulkTempDir dir;
+  const std::string truth = (dir.path() / "truth.db").string();
+  const std::string path = (dir.path() / "atfill.db").string();
+  const auto batches = CrawlBatches(40);
+  WriteAll(Options(truth, false), batches);
+  KillMidLoad(path, batches);
+  auto sink = OpenSqliteSink(Options(path, false));
+  ASSERT_TRUE(sink.ok()) << sink.status().ToString();
+  EXPECT_EQ(Indexes(path), kFinalIndexes);
+  for (const auto& b : batches) ASSERT_TRUE((*sink)->Write(b).ok());
+  EXPECT_EQ(Uris(path), Uris(truth));
+  EXPECT_EQ(Stat1(path), Stat1(truth));
+}
+
+}  // namespace
+}  // namespace atfill::sinks
