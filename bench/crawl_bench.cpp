@@ -71,7 +71,7 @@
 #include "pipeline/plan.hpp"
 #include "sinks/dry_run_sink.hpp"
 #include "sinks/sqlite_sink.hpp"
-#include "sources/crawl.hpp"
+#include "sources/crawl/crawl_source.hpp"
 #include "stages/cid_verify.hpp"
 #include "stages/ingest_guard.hpp"
 #include "stages/resolver.hpp"

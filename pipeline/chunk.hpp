@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -28,11 +29,21 @@ struct ResolvedError {
   std::string key;
 };
 
+// Undecoded input a source hands from its Read to its own Decode as typed values rather than
+// bytes in `raw` (the crawl's fetched answers, say). Each source derives its own; only the source
+// that made a payload reads it.
+struct ChunkPayload {
+  virtual ~ChunkPayload() = default;
+};
+
 struct EventChunk {
   // Assigned by the engine: 0, 1, 2... in the order the source produced the chunks.
   uint64_t seq = 0;
   // Undecoded input the source's Decode turns into events (e.g. JSON lines, '\n'-separated).
   std::string raw;
+  // Undecoded input of the source's own type (see ChunkPayload), beside or instead of `raw`; the
+  // source's Decode may release it. Copies of a chunk share it.
+  std::shared_ptr<ChunkPayload> payload;
   // Source position of the first raw unit (a line number, a byte offset...), for error keys.
   uint64_t raw_first_position = 0;
   std::vector<Event> events;

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "sinks/sqlite_reader.hpp"
-#include "sources/crawl.hpp"
+#include "sources/crawl/crawl_source.hpp"
 #include "state/crawl_log.hpp"
 #include "state/error_log.hpp"
 #include "state/job_store.hpp"

@@ -17,7 +17,7 @@
 
 #include "pipeline/engine.hpp"
 #include "pipeline/job.hpp"
-#include "sources/crawl.hpp"
+#include "sources/crawl/crawl_source.hpp"
 #include "state/resolver_cache.hpp"
 #include "tests/common/http_test_server.hpp"
 #include "tests/common/job_harness.hpp"

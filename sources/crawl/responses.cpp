@@ -1,0 +1,118 @@
+#include "sources/crawl/responses.hpp"
+
+#include <utility>
+
+#include "pipeline/engine.hpp"
+
+namespace atfill::sources {
+
+using stages::ParseListRecordsPage;
+using stages::ReadRepoRecords;
+using stages::RepoFailure;
+using stages::RepoFailureKind;
+
+PageScan ScanRecordsPage(simdjson::ondemand::parser& parser, std::string& body) {
+  PageScan scan;
+  body.reserve(body.size() + simdjson::SIMDJSON_PADDING);
+  simdjson::padded_string_view view(body.data(), body.size(), body.capacity());
+  simdjson::ondemand::document doc;
+  if (parser.iterate(view).get(doc) != simdjson::SUCCESS) {
+    scan.error = "the listRecords answer is not JSON";
+    return scan;
+  }
+  simdjson::ondemand::object obj;
+  if (doc.get_object().get(obj) != simdjson::SUCCESS) {
+    scan.error = "the listRecords answer is not a JSON object";
+    return scan;
+  }
+  bool has_records = false;
+  for (auto field : obj) {
+    std::string_view key;
+    if (field.unescaped_key().get(key) != simdjson::SUCCESS) {
+      scan.error = "the listRecords answer is not valid JSON";
+      return scan;
+    }
+    if (key == "records") {
+      simdjson::ondemand::array arr;
+      if (field.value().get_array().get(arr) != simdjson::SUCCESS) {
+        scan.error = "the listRecords answer's records is not an array";
+        return scan;
+      }
+      size_t n = 0;
+      if (arr.count_elements().get(n) != simdjson::SUCCESS) {
+        scan.error = "the listRecords answer's records array is not valid JSON";
+        return scan;
+      }
+      scan.count = n;
+      has_records = true;
+    } else if (key == "cursor") {
+      std::string_view cursor;
+      if (field.value().get_string().get(cursor) == simdjson::SUCCESS) {
+        scan.cursor = std::string(cursor);
+      }
+    }
+  }
+  if (!has_records) {
+    scan.error = "the listRecords answer has no records array";
+    return scan;
+  }
+  scan.ok = true;
+  return scan;
+}
+
+void ResponseDecoder::Decode(const FetchedResponses& in, pipeline::EventChunk* chunk) const {
+  for (const FetchedResponse& r : in.items) {
+    if (r.kind == FetchedResponse::Kind::kRecordsPage) {
+      auto page = ParseListRecordsPage(r.did, r.collection, r.body, options->limits);
+      if (!page.ok()) {
+        chunk->errors.push_back(
+            {"bad_response", "at://" + r.did + "/" + r.collection, page.status().message()});
+        log->AddHost(&chunk->state_writes, job, r.pds, 0, 0, 1, 0);
+        continue;
+      }
+      chunk->units_read += page->records.size() + page->errors.size();
+      for (auto& e : page->errors) chunk->errors.push_back(std::move(e));
+      log->AddHost(&chunk->state_writes, job, r.pds, 0, 0, 0,
+                   static_cast<int64_t>(page->records.size()));
+      for (auto& rec : page->records) {
+        rec.position = chunk->seq;
+        chunk->events.emplace_back(std::move(rec));
+      }
+      continue;
+    }
+    // A repo CAR: all of its records, or none when it does not verify.
+    state::RecentRepo recent;
+    recent.seq = r.recent_seq;
+    recent.did = r.did;
+    recent.host = r.pds;
+    recent.fetched_at_us = pipeline::NowMicros();
+    RepoFailure failure = RepoFailure::kNone;
+    auto repo = ReadRepoRecords(r.did, r.signing_key, r.body, options->collections, options->limits,
+                                &failure);
+    if (!repo.ok()) {
+      std::string kind_name(RepoFailureKind(failure));
+      if (kind_name.empty()) kind_name = "bad_repo";
+      chunk->errors.push_back({kind_name, r.did, repo.status().message()});
+      chunk->counters.emplace_back("units_failed", 1);
+      log->AddHost(&chunk->state_writes, job, r.pds, 0, 0, 1, 0);
+      recent.outcome = kind_name;
+      log->PutRecent(&chunk->state_writes, job, recent, options->recent_repos);
+      continue;
+    }
+    chunk->units_read += repo->records.size() + repo->errors.size();
+    for (auto& e : repo->errors) chunk->errors.push_back(std::move(e));
+    log->AddHost(&chunk->state_writes, job, r.pds, 0, 1, 0,
+                 static_cast<int64_t>(repo->records.size()));
+    recent.rev = repo->rev;
+    if (options->hold_live) holds->SetCheckpointRev(&chunk->state_writes, r.did, repo->rev);
+    recent.records = repo->records.size();
+    recent.outcome = "ok";
+    log->PutRecent(&chunk->state_writes, job, recent, options->recent_repos);
+    for (auto& rec : repo->records) {
+      rec.position = chunk->seq;
+      chunk->events.emplace_back(std::move(rec));
+    }
+  }
+}
+
+}  // namespace atfill::sources

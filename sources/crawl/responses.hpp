@@ -1,0 +1,64 @@
+// What the crawl's Read hands to its Decode: the fetched answers as typed values in the chunk's
+// payload (pipeline::ChunkPayload), and the decoding of them into records, errors and the state
+// writes that go with them (the crawl log's host counters and recent repos, live-hold checkpoints).
+#pragma once
+
+#include <simdjson.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "pipeline/chunk.hpp"
+#include "sources/crawl/options.hpp"
+#include "state/crawl_log.hpp"
+#include "state/live_holds.hpp"
+
+namespace atfill::sources {
+
+// One answer of a PDS, as Read received it.
+struct FetchedResponse {
+  enum class Kind : uint8_t {
+    kRecordsPage,  // a listRecords page of (did, collection) with at least one record
+    kRepo,         // a getRepo CAR of did, to verify with signing_key
+  };
+  Kind kind = Kind::kRecordsPage;
+  std::string did;
+  std::string collection;   // kRecordsPage
+  std::string pds;          // the PDS endpoint (the crawl log's host)
+  std::string signing_key;  // kRepo
+  uint64_t recent_seq = 0;  // kRepo: the recent-repos entry's sequence number
+  std::string body;
+};
+
+// A chunk's answers, in the order they arrived.
+struct FetchedResponses : pipeline::ChunkPayload {
+  std::vector<FetchedResponse> items;
+  size_t bytes = 0;  // of the bodies
+};
+
+// The count of records and the cursor of a listRecords page, without building the records.
+struct PageScan {
+  bool ok = false;
+  size_t count = 0;
+  std::string cursor;
+  std::string error;
+};
+// `body` gets simdjson's padding as spare capacity (its contents are unchanged).
+PageScan ScanRecordsPage(simdjson::ondemand::parser& parser, std::string& body);
+
+// What decoding needs of the crawl; every pointer outlives the call.
+struct ResponseDecoder {
+  const CrawlOptions* options = nullptr;
+  uint64_t job = 0;
+  const state::CrawlLog* log = nullptr;
+  const state::LiveHolds* holds = nullptr;
+
+  // Turns each answer into chunk events (position = chunk->seq), errors, counters and state
+  // writes. A page that does not parse, or a repo that does not verify, is an error of its own and
+  // yields no record. Thread-safe (the engine decodes chunks in parallel).
+  void Decode(const FetchedResponses& in, pipeline::EventChunk* chunk) const;
+};
+
+}  // namespace atfill::sources
