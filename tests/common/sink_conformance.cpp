@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <random>
+#include <thread>
 #include <utility>
 
 #include "atproto/cid.hpp"
@@ -75,6 +76,19 @@ std::string CidOf(std::string_view body) {
   return atproto::Cid::Compute(atproto::Cid::Codec::kDagCbor, AsBytes(body)).ToString();
 }
 
+Result<std::unique_ptr<pipeline::Sink>> SinkTestEnv::OpenSinkWith(const SinkTweaks&) {
+  return Status::Internal("this sink's test env does not implement OpenSinkWith");
+}
+Status SinkTestEnv::OpenReader() {
+  return Status::Internal("this sink's test env does not implement OpenReader");
+}
+Status SinkTestEnv::Exec(const std::string&) {
+  return Status::Internal("this sink's test env does not implement Exec");
+}
+Result<std::vector<std::string>> SinkTestEnv::Column(const std::string&) {
+  return Status::Internal("this sink's test env does not implement Column");
+}
+
 void SinkConformanceTest::SetUp() {
   auto env = GetParam().make_env([this] { return now_us_; });
   ASSERT_TRUE(env.ok()) << env.status().ToString();
@@ -100,6 +114,12 @@ std::optional<int64_t> SinkConformanceTest::MustIndexedAt(std::string_view uri) 
   auto at = env_->reader().IndexedAtUs(uri);
   EXPECT_TRUE(at.ok()) << at.status().ToString();
   return at.ok() ? *at : std::nullopt;
+}
+
+std::vector<std::string> SinkConformanceTest::MustColumn(const std::string& sql) {
+  auto column = env_->Column(sql);
+  EXPECT_TRUE(column.ok()) << sql << ": " << column.status().ToString();
+  return column.ok() ? *column : std::vector<std::string>{};
 }
 
 namespace {
@@ -646,6 +666,110 @@ TEST_P(SinkConformanceTest, LargeBatchesApplyAsEventByEvent) {
   const std::vector<TableRow> rows = MustReadAll();
   EXPECT_GT(rows.size(), 100u);
   EXPECT_EQ(rows, *other_rows);
+}
+
+// Sinks opening a database nobody has opened yet all at once (a backfill beside the live
+// consumer, sharded processes): all open, and the schema is created once. They wait for each
+// other's locks as long as a sink does by default (the env's short wait is for the cases that
+// block the database on purpose).
+TEST_P(SinkConformanceTest, SinksOpeningAFreshDatabaseAtOnceAllOpen) {
+  SinkTweaks tweaks;
+  tweaks.default_lock_timeout = true;
+  for (int round = 0; round < 8; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    auto fresh = GetParam().make_env([this] { return now_us_; });
+    ASSERT_TRUE(fresh.ok()) << fresh.status().ToString();
+    Status results[3];
+    std::vector<std::thread> threads;
+    for (int i = 0; i < 3; ++i) {
+      threads.emplace_back([&, i] { results[i] = (*fresh)->OpenSinkWith(tweaks).status(); });
+    }
+    for (auto& t : threads) t.join();
+    for (const Status& st : results) EXPECT_TRUE(st.ok()) << st.ToString();
+    auto version = (*fresh)->Column("SELECT count(*) FROM atfill_schema_version");
+    ASSERT_TRUE(version.ok()) << version.status().ToString();
+    EXPECT_EQ(*version, std::vector<std::string>{"1"});
+  }
+}
+
+// Sinks on one database, one after another and side by side, share its rows and its interned
+// DID and collection ids.
+TEST_P(SinkConformanceTest, SinksOnOneDatabaseShareRowsAndIds) {
+  MustWrite({MakeCreate(kAlice, kPost, "a", kBodyA, kRev1)});
+  sink_.reset();
+  auto reopened = env_->OpenSink();
+  ASSERT_TRUE(reopened.ok()) << reopened.status().ToString();
+  auto beside = env_->OpenSink();
+  ASSERT_TRUE(beside.ok()) << beside.status().ToString();
+  auto stats = (*reopened)->Write(std::vector<Event>{MakeCreate(kAlice, kPost, "a", kBodyA, kRev1),
+                                                     MakeCreate(kAlice, kLike, "l", kBodyB)});
+  ASSERT_TRUE(stats.ok()) << stats.status().ToString();
+  ExpectStats(*stats, Stats(1, 0, 1, 0, 0));
+  stats = (*beside)->Write(std::vector<Event>{MakeUpdate(kAlice, kPost, "a", kBodyC, kRev2)});
+  ASSERT_TRUE(stats.ok()) << stats.status().ToString();
+  ExpectStats(*stats, Stats(0, 1, 0, 0, 0));
+  EXPECT_EQ(MustReadAll(), (std::vector<TableRow>{Row(kAlice, kLike, "l", kBodyB, ""),
+                                                  Row(kAlice, kPost, "a", kBodyC, kRev2)}));
+  stats = (*reopened)->Write(std::vector<Event>{MakeAccount(kAlice, AccountStatus::kDeleted)});
+  ASSERT_TRUE(stats.ok()) << stats.status().ToString();
+  EXPECT_TRUE(MustReadAll().empty());
+  EXPECT_EQ(MustColumn("SELECT count(*) FROM atfill_dids"), std::vector<std::string>{"1"});
+  EXPECT_EQ(MustColumn("SELECT count(*) FROM atfill_collections"), std::vector<std::string>{"2"});
+}
+
+// An intern cache far smaller than the ids in use evicts and looks up again, and every row still
+// gets its own DID and collection.
+TEST_P(SinkConformanceTest, SmallInternCacheStaysCorrect) {
+  SinkTweaks tweaks;
+  tweaks.intern_cache_entries = 2;
+  auto small = env_->OpenSinkWith(tweaks);
+  ASSERT_TRUE(small.ok()) << small.status().ToString();
+  std::vector<Event> batch;
+  std::vector<TableRow> want;
+  for (int i = 0; i < 60; ++i) {
+    const std::string did = "did:plc:d" + std::to_string(i % 10);
+    const std::string collection = "com.example.c" + std::to_string(i % 3);
+    const std::string rkey = "r" + std::to_string(i);
+    batch.push_back(MakeCreate(did, collection, rkey, kBodyA, kRev1));
+    want.push_back(Row(did, collection, rkey, kBodyA, kRev1));
+  }
+  std::sort(want.begin(), want.end(),
+            [](const TableRow& x, const TableRow& y) { return x.uri < y.uri; });
+  auto first = (*small)->Write(batch);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  EXPECT_EQ(first->inserted, 60u);
+  auto second = (*small)->Write(batch);
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  EXPECT_EQ(second->unchanged, 60u);
+  EXPECT_EQ(MustReadAll(), want);
+  EXPECT_EQ(MustColumn("SELECT count(*) FROM atfill_dids"), std::vector<std::string>{"10"});
+  EXPECT_EQ(MustColumn("SELECT count(*) FROM atfill_collections"), std::vector<std::string>{"3"});
+}
+
+// A database written by a newer atfill (a higher schema version) is refused by the sink and the
+// reader alike, and refusing it changes nothing.
+TEST_P(SinkConformanceTest, RefusesANewerSchemaVersion) {
+  sink_.reset();
+  ASSERT_TRUE(env_->Exec("UPDATE atfill_schema_version SET version = 99").ok());
+  auto sink = env_->OpenSink();
+  ASSERT_FALSE(sink.ok());
+  EXPECT_EQ(sink.status().code(), StatusCode::kUnsupported) << sink.status().ToString();
+  EXPECT_NE(sink.status().message().find("99"), std::string::npos) << sink.status().ToString();
+  EXPECT_NE(sink.status().message().find("newer"), std::string::npos) << sink.status().ToString();
+  const Status reader = env_->OpenReader();
+  EXPECT_EQ(reader.code(), StatusCode::kUnsupported) << reader.ToString();
+  EXPECT_EQ(MustColumn("SELECT version FROM atfill_schema_version"),
+            std::vector<std::string>{"99"});
+}
+
+// A version table of more than one row is corruption, not a version to guess at.
+TEST_P(SinkConformanceTest, RefusesABrokenVersionTable) {
+  sink_.reset();
+  ASSERT_TRUE(env_->Exec("INSERT INTO atfill_schema_version VALUES (1)").ok());
+  auto sink = env_->OpenSink();
+  ASSERT_FALSE(sink.ok());
+  EXPECT_EQ(sink.status().code(), StatusCode::kCorrupt) << sink.status().ToString();
+  EXPECT_NE(sink.status().message().find("2 rows"), std::string::npos) << sink.status().ToString();
 }
 
 }  // namespace

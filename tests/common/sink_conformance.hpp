@@ -51,6 +51,14 @@ class WriteBlocker {
   virtual ~WriteBlocker() = default;
 };
 
+// Options a case changes on the env's sink.
+struct SinkTweaks {
+  // The intern cache's entries (DID and collection ids); 0 keeps the env's.
+  size_t intern_cache_entries = 0;
+  // The sink's default lock wait (seconds) instead of the env's short one.
+  bool default_lock_timeout = false;
+};
+
 // One empty database for one test.
 class SinkTestEnv {
  public:
@@ -61,6 +69,16 @@ class SinkTestEnv {
   virtual TableReader& reader() = 0;
   // Holds the database's write lock from another connection until the result dies.
   virtual Result<std::unique_ptr<WriteBlocker>> BlockWrites() = 0;
+  // The cases below fail with Internal on an env that does not override them.
+  // OpenSink with some of the sink's options changed.
+  virtual Result<std::unique_ptr<pipeline::Sink>> OpenSinkWith(const SinkTweaks& tweaks);
+  // Opens the backend's own reader (SqliteReader, PostgresReader) on the database, for its status.
+  virtual Status OpenReader();
+  // Runs SQL (the same text on every backend: plain statements on the atfill tables) on a
+  // connection of its own.
+  virtual Status Exec(const std::string& sql);
+  // The first column of every row of a query, as text ("NULL" for NULL).
+  virtual Result<std::vector<std::string>> Column(const std::string& sql);
 };
 
 struct SinkConformanceParam {
@@ -92,6 +110,8 @@ class SinkConformanceTest : public ::testing::TestWithParam<SinkConformanceParam
   pipeline::WriteStats MustWrite(const std::vector<pipeline::Event>& batch);
   std::vector<TableRow> MustReadAll();
   std::optional<int64_t> MustIndexedAt(std::string_view uri);
+  // env_->Column, failing the test on an error.
+  std::vector<std::string> MustColumn(const std::string& sql);
 
   int64_t now_us_ = 1'796'029'200'000'000;  // 2026-11-30T09:00:00Z
   std::unique_ptr<SinkTestEnv> env_;

@@ -113,6 +113,21 @@ class PgEnv : public testing::SinkTestEnv {
   Result<std::unique_ptr<testing::WriteBlocker>> BlockWrites() override {
     return PgLock::Take(db_->conninfo());
   }
+  Result<std::unique_ptr<pipeline::Sink>> OpenSinkWith(const testing::SinkTweaks& t) override {
+    PostgresSinkOptions options = options_;
+    if (t.intern_cache_entries != 0) options.intern_cache_entries = t.intern_cache_entries;
+    if (t.default_lock_timeout) options.lock_timeout_ms = PostgresSinkOptions().lock_timeout_ms;
+    return OpenPostgresSink(options);
+  }
+  Status OpenReader() override { return PostgresReader::Open(db_->conninfo()).status(); }
+  Status Exec(const std::string& sql) override {
+    ATFILL_ASSIGN_OR_RETURN(auto conn, PgConnection::Open(db_->conninfo()));
+    return conn->Exec(sql);
+  }
+  Result<std::vector<std::string>> Column(const std::string& sql) override {
+    ATFILL_ASSIGN_OR_RETURN(auto conn, PgConnection::Open(db_->conninfo()));
+    return conn->Column(sql);
+  }
 
  private:
   std::unique_ptr<PgDatabase> db_;
@@ -329,31 +344,6 @@ TEST_F(PostgresSinkTest, ViewAndStatsEqualSqlitesForTheSameInput) {
   EXPECT_GT(total.resynced_records, 0u);
 }
 
-// Sharded processes start together on a fresh database: exactly one creates the schema.
-TEST_F(PostgresSinkTest, SinksOpeningAFreshDatabaseAtOnceAllOpen) {
-  auto admin = testing::TestServerConninfo();
-  ASSERT_TRUE(admin.ok()) << admin.status().ToString();
-  for (int round = 0; round < 5; ++round) {
-    SCOPED_TRACE("round " + std::to_string(round));
-    auto fresh = PgDatabase::Create(*admin);
-    ASSERT_TRUE(fresh.ok()) << fresh.status().ToString();
-    PostgresSinkOptions options = options_;
-    options.conninfo = (*fresh)->conninfo();
-    Status results[3];
-    std::vector<std::thread> threads;
-    for (int i = 0; i < 3; ++i) {
-      threads.emplace_back([&, i] { results[i] = OpenPostgresSink(options).status(); });
-    }
-    for (auto& t : threads) t.join();
-    for (const Status& st : results) EXPECT_TRUE(st.ok()) << st.ToString();
-    auto conn = PgConnection::Open((*fresh)->conninfo());
-    ASSERT_TRUE(conn.ok());
-    auto version = (*conn)->Column("SELECT version FROM atfill_schema_version");
-    ASSERT_TRUE(version.ok());
-    EXPECT_EQ(*version, std::vector<std::string>{std::to_string(kPostgresSchemaVersion)});
-  }
-}
-
 // Several sinks on one database from several threads (as sharded processes do): each writes its
 // own DIDs, all interning the same collections (some new mid-run) at once.
 TEST_F(PostgresSinkTest, ShardedSinksWriteTheirOwnDidsAtOnce) {
@@ -495,33 +485,6 @@ TEST_F(PostgresSinkTest, TextPostgresCannotStoreIsInvalid) {
   std::vector<RecordRow> rows = MustReadAll();
   ASSERT_EQ(rows.size(), 1u);
   EXPECT_EQ(rows[0].rkey, "keep");
-}
-
-TEST_F(PostgresSinkTest, RefusesANewerSchemaVersion) {
-  ASSERT_NE(MustOpen(), nullptr);
-  auto conn = MustConnect();
-  ASSERT_NE(conn, nullptr);
-  ASSERT_TRUE(conn->Exec("UPDATE atfill_schema_version SET version = 99").ok());
-  auto sink = OpenPostgresSink(options_);
-  ASSERT_FALSE(sink.ok());
-  EXPECT_EQ(sink.status().code(), StatusCode::kUnsupported) << sink.status().ToString();
-  EXPECT_NE(sink.status().message().find("99"), std::string::npos) << sink.status().ToString();
-  EXPECT_NE(sink.status().message().find("newer"), std::string::npos) << sink.status().ToString();
-  auto reader = PostgresReader::Open(db_->conninfo());
-  ASSERT_FALSE(reader.ok());
-  EXPECT_EQ(reader.status().code(), StatusCode::kUnsupported) << reader.status().ToString();
-  EXPECT_EQ(Column("SELECT version FROM atfill_schema_version"), std::vector<std::string>{"99"});
-}
-
-TEST_F(PostgresSinkTest, RefusesABrokenVersionTable) {
-  ASSERT_NE(MustOpen(), nullptr);
-  auto conn = MustConnect();
-  ASSERT_NE(conn, nullptr);
-  ASSERT_TRUE(conn->Exec("INSERT INTO atfill_schema_version VALUES (1)").ok());
-  auto sink = OpenPostgresSink(options_);
-  ASSERT_FALSE(sink.ok());
-  EXPECT_EQ(sink.status().code(), StatusCode::kCorrupt) << sink.status().ToString();
-  EXPECT_NE(sink.status().message().find("2 rows"), std::string::npos) << sink.status().ToString();
 }
 
 TEST_F(PostgresSinkTest, TablesGoInTheConfiguredSchema) {
@@ -669,54 +632,6 @@ TEST_F(PostgresSinkTest, ReaderLookupsUseTheKeyIndex) {
   ASSERT_TRUE(plan.ok()) << plan.status().ToString();
   ASSERT_FALSE(plan->empty());
   for (const std::string& step : *plan) EXPECT_EQ(step.find("Seq Scan"), std::string::npos) << step;
-}
-
-TEST_F(PostgresSinkTest, SinksShareInternedIds) {
-  auto first = MustOpen();
-  auto second = MustOpen();
-  ASSERT_NE(first, nullptr);
-  ASSERT_NE(second, nullptr);
-  ASSERT_TRUE(first->Write(std::vector<Event>{MakeCreate(kAlice, kPost, "a", kBody, kRev1)}).ok());
-  auto stats = second->Write(std::vector<Event>{MakeUpdate(kAlice, kPost, "a", "{\"v\":2}", kRev2),
-                                                MakeCreate(kAlice, kLike, "l", kBody)});
-  ASSERT_TRUE(stats.ok()) << stats.status().ToString();
-  EXPECT_EQ(StatsText(*stats), StatsText([] {
-              WriteStats s;
-              s.updated = 1;
-              s.inserted = 1;
-              return s;
-            }()));
-  ASSERT_TRUE(first->Write(std::vector<Event>{MakeAccount(kAlice, AccountStatus::kDeleted)}).ok());
-  EXPECT_TRUE(MustReadAll().empty());
-  EXPECT_EQ(Column("SELECT count(*) FROM atfill_dids"), std::vector<std::string>{"1"});
-  EXPECT_EQ(Column("SELECT count(*) FROM atfill_collections"), std::vector<std::string>{"2"});
-}
-
-TEST_F(PostgresSinkTest, SmallInternCacheStaysCorrect) {
-  options_.intern_cache_entries = 2;
-  auto sink = MustOpen();
-  ASSERT_NE(sink, nullptr);
-  std::vector<Event> batch;
-  for (int i = 0; i < 60; ++i) {
-    batch.push_back(MakeCreate("did:plc:d" + std::to_string(i % 10),
-                               "com.example.c" + std::to_string(i % 3), "r" + std::to_string(i),
-                               kBody, kRev1));
-  }
-  auto first = sink->Write(batch);
-  ASSERT_TRUE(first.ok()) << first.status().ToString();
-  EXPECT_EQ(first->inserted, 60u);
-  auto second = sink->Write(batch);
-  ASSERT_TRUE(second.ok()) << second.status().ToString();
-  EXPECT_EQ(second->unchanged, 60u);
-  std::vector<RecordRow> rows = MustReadAll();
-  ASSERT_EQ(rows.size(), 60u);
-  for (const RecordRow& row : rows) {
-    const int i = std::stoi(row.rkey.substr(1));
-    EXPECT_EQ(row.did, "did:plc:d" + std::to_string(i % 10));
-    EXPECT_EQ(row.collection, "com.example.c" + std::to_string(i % 3));
-  }
-  EXPECT_EQ(Column("SELECT count(*) FROM atfill_dids"), std::vector<std::string>{"10"});
-  EXPECT_EQ(Column("SELECT count(*) FROM atfill_collections"), std::vector<std::string>{"3"});
 }
 
 // ---------------------------------------------------------------------------------------------

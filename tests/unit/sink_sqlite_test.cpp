@@ -137,6 +137,23 @@ class SqliteEnv : public testing::SinkTestEnv {
     ATFILL_RETURN_IF_ERROR(lock->Lock());
     return std::unique_ptr<testing::WriteBlocker>(std::move(lock));
   }
+  Result<std::unique_ptr<pipeline::Sink>> OpenSinkWith(const testing::SinkTweaks& t) override {
+    SqliteSinkOptions options = options_;
+    if (t.intern_cache_entries != 0) options.intern_cache_entries = t.intern_cache_entries;
+    if (t.default_lock_timeout) options.busy_timeout_ms = SqliteSinkOptions().busy_timeout_ms;
+    return OpenSqliteSink(options);
+  }
+  Status OpenReader() override { return SqliteReader::Open(path_).status(); }
+  Status Exec(const std::string& sql) override {
+    RawDb db(path_);
+    if (db.Exec(sql) != SQLITE_OK) {
+      return Status::Internal(sql + ": " + sqlite3_errmsg(db.get()));
+    }
+    return Status::OK();
+  }
+  Result<std::vector<std::string>> Column(const std::string& sql) override {
+    return RawDb(path_).Column(sql);
+  }
 
  private:
   TempDir dir_;
@@ -203,23 +220,6 @@ TEST_F(SqliteSinkTest, CreatesTheSchemaInAnEmptyFile) {
   EXPECT_EQ(db.Column("PRAGMA journal_mode"), std::vector<std::string>{"wal"});
 }
 
-// A backfill and the live consumer open their sinks on the same new file at once: both open.
-TEST_F(SqliteSinkTest, TwoSinksOpeningOneNewFileAtOnceBothOpen) {
-  for (int round = 0; round < 20; ++round) {
-    std::filesystem::remove(Path());
-    std::filesystem::remove(Path() + "-wal");
-    std::filesystem::remove(Path() + "-shm");
-    Status results[2];
-    std::vector<std::thread> threads;
-    for (int i = 0; i < 2; ++i) {
-      threads.emplace_back([&, i] { results[i] = OpenSqliteSink(options_).status(); });
-    }
-    for (auto& t : threads) t.join();
-    ASSERT_TRUE(results[0].ok()) << "round " << round << ": " << results[0].ToString();
-    ASSERT_TRUE(results[1].ok()) << "round " << round << ": " << results[1].ToString();
-  }
-}
-
 TEST_F(SqliteSinkTest, ViewHasTheDocumentedColumnsAndFormats) {
   auto sink = MustOpen();
   ASSERT_NE(sink, nullptr);
@@ -276,56 +276,6 @@ TEST_F(SqliteSinkTest, HoldsRecordsLooksUpAnAccountsCollection) {
   auto after = holds(kAlice, kPost);
   ASSERT_TRUE(after.ok());
   EXPECT_FALSE(*after);
-}
-
-TEST_F(SqliteSinkTest, ReopeningKeepsDataAndIds) {
-  {
-    auto sink = MustOpen();
-    ASSERT_NE(sink, nullptr);
-    ASSERT_TRUE(sink->Write(std::vector<Event>{MakeCreate(kAlice, kPost, "a", kBody, kRev1)}).ok());
-  }
-  auto sink = MustOpen();
-  ASSERT_NE(sink, nullptr);
-  auto stats = sink->Write(std::vector<Event>{MakeCreate(kAlice, kPost, "a", kBody, kRev1),
-                                              MakeCreate(kAlice, kPost, "b", kBody, kRev2)});
-  ASSERT_TRUE(stats.ok()) << stats.status().ToString();
-  EXPECT_EQ(stats->unchanged, 1u);
-  EXPECT_EQ(stats->inserted, 1u);
-  EXPECT_EQ(MustReadAll().size(), 2u);
-  RawDb db(Path());
-  EXPECT_EQ(db.Column("SELECT count(*) FROM atfill_dids"), std::vector<std::string>{"1"});
-  EXPECT_EQ(db.Column("SELECT count(*) FROM atfill_collections"), std::vector<std::string>{"1"});
-}
-
-TEST_F(SqliteSinkTest, RefusesANewerSchemaVersion) {
-  ASSERT_NE(MustOpen(), nullptr);
-  {
-    RawDb db(Path());
-    ASSERT_EQ(db.Exec("UPDATE atfill_schema_version SET version = 99"), SQLITE_OK);
-  }
-  auto sink = OpenSqliteSink(options_);
-  ASSERT_FALSE(sink.ok());
-  EXPECT_EQ(sink.status().code(), StatusCode::kUnsupported);
-  EXPECT_NE(sink.status().message().find("99"), std::string::npos) << sink.status().ToString();
-  EXPECT_NE(sink.status().message().find("newer"), std::string::npos) << sink.status().ToString();
-  auto reader = SqliteReader::Open(Path());
-  ASSERT_FALSE(reader.ok());
-  EXPECT_EQ(reader.status().code(), StatusCode::kUnsupported);
-  // Refusing changed nothing.
-  RawDb db(Path());
-  EXPECT_EQ(db.Column("SELECT version FROM atfill_schema_version"), std::vector<std::string>{"99"});
-}
-
-TEST_F(SqliteSinkTest, RefusesABrokenVersionTable) {
-  ASSERT_NE(MustOpen(), nullptr);
-  {
-    RawDb db(Path());
-    ASSERT_EQ(db.Exec("INSERT INTO atfill_schema_version VALUES (1)"), SQLITE_OK);
-  }
-  auto sink = OpenSqliteSink(options_);
-  ASSERT_FALSE(sink.ok());
-  EXPECT_EQ(sink.status().code(), StatusCode::kCorrupt) << sink.status().ToString();
-  EXPECT_NE(sink.status().message().find("2 rows"), std::string::npos) << sink.status().ToString();
 }
 
 // The schema atfill wrote at version 1, as it wrote it.
@@ -572,34 +522,6 @@ TEST_F(SqliteSinkTest, FullDatabaseIsUnavailableAndRollsBack) {
   auto again = sink->Write(big);
   ASSERT_TRUE(again.ok()) << again.status().ToString();
   EXPECT_EQ(again->inserted, 1000u);
-}
-
-TEST_F(SqliteSinkTest, SmallInternCacheStaysCorrect) {
-  options_.intern_cache_entries = 2;
-  auto sink = MustOpen();
-  ASSERT_NE(sink, nullptr);
-  std::vector<Event> batch;
-  for (int i = 0; i < 60; ++i) {
-    batch.push_back(MakeCreate("did:plc:d" + std::to_string(i % 10),
-                               "com.example.c" + std::to_string(i % 3), "r" + std::to_string(i),
-                               kBody, kRev1));
-  }
-  auto first = sink->Write(batch);
-  ASSERT_TRUE(first.ok()) << first.status().ToString();
-  EXPECT_EQ(first->inserted, 60u);
-  auto second = sink->Write(batch);
-  ASSERT_TRUE(second.ok()) << second.status().ToString();
-  EXPECT_EQ(second->unchanged, 60u);
-  std::vector<RecordRow> rows = MustReadAll();
-  ASSERT_EQ(rows.size(), 60u);
-  for (const RecordRow& row : rows) {
-    int i = std::stoi(row.rkey.substr(1));
-    EXPECT_EQ(row.did, "did:plc:d" + std::to_string(i % 10));
-    EXPECT_EQ(row.collection, "com.example.c" + std::to_string(i % 3));
-  }
-  RawDb db(Path());
-  EXPECT_EQ(db.Column("SELECT count(*) FROM atfill_dids"), std::vector<std::string>{"10"});
-  EXPECT_EQ(db.Column("SELECT count(*) FROM atfill_collections"), std::vector<std::string>{"3"});
 }
 
 TEST_F(SqliteSinkTest, PageSizeAppliesToNewDatabasesOnly) {
