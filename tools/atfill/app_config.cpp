@@ -157,6 +157,7 @@ Result<AppConfig> LoadAppConfig(const std::string& path) {
   c.replay.max_block_bytes = static_cast<uint64_t>(block_mb) << 20;
   ATFILL_RETURN_IF_ERROR(ReadBatch(file, "archive", &c.replay_batch));
   ATFILL_RETURN_IF_ERROR(ReadBatch(file, "crawl", &c.crawl_batch));
+  ATFILL_RETURN_IF_ERROR(file.ReadBool("crawl.bulk_load", &c.crawl_bulk_load));
   int64_t replay_wal_mb = c.replay_sqlite_wal_bytes >> 20;
   ATFILL_RETURN_IF_ERROR(file.ReadInt("archive.sqlite_wal_mb", &replay_wal_mb, 1, 65536));
   c.replay_sqlite_wal_bytes = replay_wal_mb << 20;

@@ -70,6 +70,10 @@ struct AppConfig {
   // more records (bench/scale_bench BM_RepoOrder with ATFILL_SCALE_BATCH; docs/performance.md).
   pipeline::BatcherOptions crawl_batch{
       .max_events = 50'000, .max_delay_ms = 1000, .max_chunks = 128};
+  // [crawl] bulk_load: a crawl alone into an empty SQLite table loads it with the key by account
+  // and builds the final indexes when it ends (sinks::SqliteSinkOptions::bulk_load). Not with a
+  // live consumer beside it, and never for a replay, whose accounts interleave.
+  bool crawl_bulk_load = true;
   // [archive] batch_records, batch_ms, batch_chunks: a replay's batches (sources::kReplayBatch).
   pipeline::BatcherOptions replay_batch = sources::kReplayBatch;
   // [archive] sqlite_wal_mb: the SQLite sink's wal_autocheckpoint during a replay job.

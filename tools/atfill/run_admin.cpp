@@ -16,9 +16,9 @@
 #include "tools/atfill/admin/admin_server.hpp"
 #include "tools/atfill/admin/metrics.hpp"
 #include "tools/atfill/cli.hpp"
+#include "tools/atfill/job_kinds.hpp"
 #include "tools/atfill/job_run.hpp"
 #include "tools/atfill/job_view.hpp"
-#include "tools/atfill/job_watch.hpp"
 #include "tools/atfill/verb_backfill.hpp"
 
 namespace atfill::cli {
@@ -32,41 +32,34 @@ std::string Name(state::JobStatus status) { return std::string(state::JobStatusN
 }  // namespace
 
 RunAdmin::RunAdmin(const AppConfig& config, OpenedState& st, std::function<bool()> live_running)
-    : config_(config), st_(st), live_running_(std::move(live_running)) {}
+    : config_(config),
+      st_(st),
+      controller_(ControllerOf(config, st)),
+      live_running_(std::move(live_running)),
+      jobs_(&controller_, [this](state::JobRecord job, const pipeline::JobContext& ctx) {
+        return RunAndReport("api", config_, st_, std::move(job), ctx);
+      }) {}
 
 RunAdmin::~RunAdmin() { Shutdown(); }
 
 void RunAdmin::Spawn(state::JobRecord job) {
-  std::lock_guard lock(mu_);
-  if (stopping_) return;
-  ++running_;
-  JobWatch::Get().Starting(job.id);
-  threads_.emplace_back([this, job = std::move(job)] {
-    const bool hold = live_running_ && live_running_();
-    const uint64_t id = job.id;
-    RunBackfillJob("api", config_, st_, job, hold);
-    JobWatch::Get().Detach(id);  // also when the job could not start
-    --running_;
-  });
+  pipeline::JobContext ctx;
+  ctx.hold_live = live_running_ && live_running_();
+  // Refused only while shutting down, when no job starts.
+  static_cast<void>(jobs_.Start({std::move(job)}, ctx));
 }
 
 void RunAdmin::Shutdown() {
-  std::vector<std::thread> threads;
   {
     std::lock_guard lock(mu_);
     stopping_ = true;
-    threads.swap(threads_);
   }
+  jobs_.Close();
   stop_cv_.notify_all();
   // The jobs see the stop signal (Ctrl-C, SIGTERM) at their next checkpoint and pause; a job
   // still running when Shutdown is called without one is asked to pause here.
-  {
-    auto jobs = st_.jobs->List();
-    if (jobs.ok()) {
-      for (const auto& j : *jobs) JobWatch::Get().RequestStop(j.id, pipeline::StopKind::kPause);
-    }
-  }
-  for (auto& t : threads) t.join();
+  controller_.RequestStopAll(pipeline::StopKind::kPause);
+  jobs_.Wait();
   if (retention_.joinable()) retention_.join();
   if (sampler_.joinable()) sampler_.join();
 }
@@ -153,7 +146,11 @@ Result<admin::JobDetails> RunAdmin::GetJob(uint64_t id) {
 
 Result<std::vector<admin::StageChange>> RunAdmin::StageChanges(uint64_t id, uint64_t since) {
   ATFILL_RETURN_IF_ERROR(st_.jobs->Get(id).status());
-  return JobWatch::Get().StageChanges(id, since);
+  std::vector<admin::StageChange> out;
+  for (const pipeline::JobStageChange& c : controller_.StageChanges(id, since)) {
+    out.push_back({c.index, c.from, c.to, c.at_us});
+  }
+  return out;
 }
 
 Result<uint64_t> RunAdmin::StartBackfill(const admin::BackfillRequest& request) {
@@ -167,61 +164,22 @@ Result<uint64_t> RunAdmin::StartBackfill(const admin::BackfillRequest& request) 
   targets.source = request.source;
   targets.mode = request.mode;
   ATFILL_ASSIGN_OR_RETURN(state::JobRecord job, CreateBackfill(config_, st_, targets, "api"));
-  if (JobWatch::Get().Running(job.id)) return job.id;  // those targets' job already runs here
+  if (controller_.Running(job.id)) return job.id;  // those targets' job already runs here
   const uint64_t id = job.id;
   Spawn(std::move(job));
   return id;
 }
 
-Result<state::JobRecord> RunAdmin::Steer(uint64_t id, bool cancel) {
-  std::lock_guard lock(mu_);
-  ATFILL_ASSIGN_OR_RETURN(auto job, st_.jobs->Get(id));
-  const char* verb = cancel ? "cancel" : "pause";
-  if (job.status == state::JobStatus::kCompleted || job.status == state::JobStatus::kCancelled ||
-      (!cancel && job.status == state::JobStatus::kFailed)) {
-    return Status::Unsupported("job " + std::to_string(id) + " is " + Name(job.status) +
-                               "; there is nothing to " + verb);
-  }
-  if (JobWatch::Get().RequestStop(
-          id, cancel ? pipeline::StopKind::kCancel : pipeline::StopKind::kPause)) {
-    // The job shows pausing/cancelling from its next commit; answer it as asked.
-    job.status = cancel ? state::JobStatus::kCancelling : state::JobStatus::kPausing;
-    return job;
-  }
-  if (!cancel && job.status == state::JobStatus::kPaused) return job;  // already paused
-  if (job.status == state::JobStatus::kRunning || job.status == state::JobStatus::kPausing ||
-      job.status == state::JobStatus::kCancelling) {
-    // Not run by this process: the process that holds it (none can; this one holds the state)
-    // died; `atfill run` resumes it at its next start. Cancelling it is final either way.
-    if (!cancel) {
-      return Status::Unsupported("job " + std::to_string(id) +
-                                 " is not running in this process; resume it first");
-    }
-  }
-  const int64_t now = pipeline::NowMicros();
-  job.updated_us = now;
-  if (cancel) {
-    job.status = state::JobStatus::kCancelled;
-    job.stage = state::JobStage::kCancelled;
-    job.finished_us = now;
-    job.stop_reason = {"cancelled", "cancelled on request (admin API)"};
-  } else {
-    job.status = state::JobStatus::kPaused;
-    job.stop_reason = {"paused", "paused on request (admin API)"};
-  }
-  JobWatch::Get().Changed(job, nullptr);
-  state::WriteBatch batch;
-  ATFILL_RETURN_IF_ERROR(st_.jobs->Put(&batch, job));
-  ATFILL_RETURN_IF_ERROR(st_.kv->Write(batch));
-  return job;
+Result<state::JobRecord> RunAdmin::Pause(uint64_t id) {
+  return controller_.Steer(id, pipeline::StopKind::kPause, "admin API");
 }
-
-Result<state::JobRecord> RunAdmin::Pause(uint64_t id) { return Steer(id, false); }
-Result<state::JobRecord> RunAdmin::Cancel(uint64_t id) { return Steer(id, true); }
+Result<state::JobRecord> RunAdmin::Cancel(uint64_t id) {
+  return controller_.Steer(id, pipeline::StopKind::kCancel, "admin API");
+}
 
 Result<state::JobRecord> RunAdmin::Resume(uint64_t id) {
   ATFILL_ASSIGN_OR_RETURN(auto job, st_.jobs->Get(id));
-  if (JobWatch::Get().Running(id)) {
+  if (controller_.Running(id)) {
     return Status::Unsupported("job " + std::to_string(id) + " is already running");
   }
   if (job.status == state::JobStatus::kCompleted || job.status == state::JobStatus::kCancelled) {
@@ -257,7 +215,7 @@ Result<uint64_t> RunAdmin::RetryFailed(uint64_t id) {
     }
     return job.status();
   }
-  if (!JobWatch::Get().Running(job->id)) Spawn(*job);
+  if (!controller_.Running(job->id)) Spawn(*job);
   return job->id;
 }
 
@@ -305,7 +263,7 @@ Result<admin::LiveStatus> RunAdmin::Live() {
     return s;
   }
   s.job_id = live->id;
-  const bool running = JobWatch::Get().Running(live->id);
+  const bool running = controller_.Running(live->id);
   s.status = running ? "streaming" : Name(live->status);
   if (auto p = live->params.find("protocol"); p != live->params.end()) s.protocol = p->second;
   if (!live->stop_reason.empty() && !running) s.error = live->stop_reason.sentence;
@@ -336,28 +294,34 @@ Result<std::vector<admin::LiveSample>> RunAdmin::LiveHistory(int64_t* interval_m
   return std::vector<admin::LiveSample>(history_.begin(), history_.end());
 }
 
-int ServeRun(const AppConfig& config, const std::vector<state::JobRecord>& backfills,
-             bool with_backfill) {
-  CatchStopSignals();
-  auto st = OpenStateForWrite(config);
-  if (!st.ok()) {
-    std::fprintf(stderr, "atfill run: %s\n", st.status().message().c_str());
-    return kExitIo;
-  }
+int ServeRun(const AppConfig& config, OpenedState& st,
+             const std::vector<state::JobRecord>& backfills, bool with_backfill) {
   admin::Metrics metrics;
-  JobWatch::Get().SetMetrics(&metrics);
+  pipeline::JobController& controller = ControllerOf(config, st);
+  controller.SetObserver([&metrics](const state::JobRecord& job, const state::JobCounters* before,
+                                    const pipeline::BatchReport* batch) {
+    if (before != nullptr) metrics.AddJobCounters(*before, job.counters);
+    if (batch != nullptr) {
+      metrics.ObserveSinkBatch(static_cast<double>(batch->write_us) / 1e6);
+      for (const auto& chunk : batch->batch->chunks) {
+        for (const auto& error : chunk->errors) metrics.AddErrors(error.kind);
+      }
+    }
+  });
   static admin::Metrics* g_metrics = nullptr;
   g_metrics = &metrics;
   net::SetResponseObserver([](int status) { g_metrics->CountHttpResponse(status); });
-  std::atomic<bool> live_running{false};
+  const bool live = !config.live.hosts.empty();
+  // Set before the resumed backfills start, so they hold the consumer's events of their repos.
+  std::atomic<bool> live_running{live};
   int rc = kExitOk;
   {
-    RunAdmin backend(config, *st, [&live_running] { return live_running.load(); });
+    RunAdmin backend(config, st, [&live_running] { return live_running.load(); });
     admin::AdminServer server;
     if (Status s = server.Start(config.admin, &backend, &metrics); !s.ok()) {
       std::fprintf(stderr, "atfill run: admin API: %s\n", s.message().c_str());
       net::SetResponseObserver(nullptr);
-      JobWatch::Get().SetMetrics(nullptr);
+      controller.SetObserver(nullptr);
       return kExitUsage;
     }
     std::fprintf(stderr,
@@ -372,23 +336,22 @@ int ServeRun(const AppConfig& config, const std::vector<state::JobRecord>& backf
       backend.Spawn(j);
     }
     if (with_backfill) {
-      auto job = CreateBackfill(config, *st, {}, "cli");
+      auto job = CreateBackfill(config, st, {}, "cli");
       if (!job.ok()) {
         // A usage error: stop at once rather than serve without the backfill asked for.
         std::fprintf(stderr, "atfill run: --backfill: %s\n", job.status().message().c_str());
         rc = kExitUsage;
-      } else if (!JobWatch::Get().Running(job->id)) {
+      } else if (!controller.Running(job->id)) {
         backend.Spawn(*job);
       }
     }
-    if (!config.live.hosts.empty() && rc == kExitOk) {
-      live_running = true;
-      rc = RunLive(config, *st, [&backend] { return backend.BackfillRunning(); });
-      live_running = false;
+    if (live && rc == kExitOk) {
+      rc = RunLive(config, st, [&backend] { return backend.BackfillRunning(); });
       // Paused: the stream went quiet, or Ctrl-C/SIGTERM, this server's normal end (the next
       // atfill run resumes from the saved cursor).
       if (rc == kExitStopped) rc = kExitOk;
     }
+    live_running = false;
     while (rc != kExitUsage && !StopSignalled()) {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
@@ -397,7 +360,7 @@ int ServeRun(const AppConfig& config, const std::vector<state::JobRecord>& backf
     backend.Shutdown();
   }
   net::SetResponseObserver(nullptr);
-  JobWatch::Get().SetMetrics(nullptr);
+  controller.SetObserver(nullptr);
   RestoreSignals();
   return rc;
 }

@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "pipeline/job_controller.hpp"
 #include "tools/atfill/admin/admin_backend.hpp"
 #include "tools/atfill/app_config.hpp"
 #include "tools/atfill/state_access.hpp"
@@ -28,7 +29,7 @@ class RunAdmin : public admin::AdminBackend {
   // Starts backfill `job` on a thread of its own (the API's jobs and `atfill run`'s resumed ones).
   void Spawn(state::JobRecord job);
   // Whether a backfill started by Spawn still runs.
-  bool BackfillRunning() const { return running_.load() > 0; }
+  bool BackfillRunning() const { return jobs_.running(); }
   // Refuses new jobs, asks the running ones to pause and waits for them.
   void Shutdown();
 
@@ -60,16 +61,15 @@ class RunAdmin : public admin::AdminBackend {
   Result<std::vector<admin::LiveSample>> LiveHistory(int64_t* interval_ms) override;
 
  private:
-  Result<state::JobRecord> Steer(uint64_t id, bool cancel);
   Status Clear(state::JobRecord job);
 
   const AppConfig& config_;
   OpenedState& st_;
+  pipeline::JobController& controller_;
   std::function<bool()> live_running_;
-  std::mutex mu_;  // guards threads_, stopping_, and job steering (status changes) here
-  std::vector<std::thread> threads_;
+  pipeline::JobGroup jobs_;  // the backfills started here
+  std::mutex mu_;            // guards stopping_
   bool stopping_ = false;
-  std::atomic<int> running_{0};
   std::thread retention_;
   std::thread sampler_;
   std::condition_variable stop_cv_;  // wakes retention_ and sampler_ at Shutdown
@@ -80,7 +80,7 @@ class RunAdmin : public admin::AdminBackend {
 // `atfill run` with [admin]: serves the admin API and dashboard, starts `backfills` (and, with
 // `with_backfill`, [crawl]'s targets) on threads of their own, runs the live consumer when
 // [live] is set, and keeps serving until Ctrl-C or SIGTERM; then pauses what runs and exits.
-int ServeRun(const AppConfig& config, const std::vector<state::JobRecord>& backfills,
-             bool with_backfill);
+int ServeRun(const AppConfig& config, OpenedState& st,
+             const std::vector<state::JobRecord>& backfills, bool with_backfill);
 
 }  // namespace atfill::cli

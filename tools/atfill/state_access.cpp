@@ -1,8 +1,5 @@
 #include "tools/atfill/state_access.hpp"
 
-#include <unistd.h>
-#include <fstream>
-
 namespace atfill::cli {
 namespace {
 
@@ -11,7 +8,7 @@ const std::filesystem::file_time_type kProcessStart = std::filesystem::file_time
 
 void RemoveStaleRequests(const AppConfig& config) {
   std::error_code ec;
-  const auto dir = std::filesystem::path(config.state.path) / "requests";
+  const auto dir = RequestsDir(config);
   for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
     std::error_code entry_ec;
     const auto written = entry.last_write_time(entry_ec);
@@ -62,32 +59,8 @@ Result<OpenedState> OpenStateForRead(const AppConfig& config) {
   return Wrap(std::move(view), config, true);
 }
 
-std::filesystem::path RequestPath(const AppConfig& config, uint64_t job, std::string_view what) {
-  return std::filesystem::path(config.state.path) / "requests" /
-         (std::to_string(job) + "." + std::string(what));
-}
-
-Status WriteRequest(const AppConfig& config, uint64_t job, std::string_view what) {
-  const auto path = RequestPath(config, job, what);
-  std::error_code ec;
-  std::filesystem::create_directories(path.parent_path(), ec);
-  if (ec)
-    return Status::IoError("cannot create " + path.parent_path().string() + ": " + ec.message());
-  const auto tmp = path.string() + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream out(tmp);
-    out << what << "\n";
-    if (!out) return Status::IoError("cannot write " + tmp);
-  }
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) return Status::IoError("cannot write " + path.string() + ": " + ec.message());
-  return Status::OK();
-}
-
-void ClearRequests(const AppConfig& config, uint64_t job) {
-  std::error_code ec;
-  std::filesystem::remove(RequestPath(config, job, "pause"), ec);
-  std::filesystem::remove(RequestPath(config, job, "cancel"), ec);
+std::filesystem::path RequestsDir(const AppConfig& config) {
+  return std::filesystem::path(config.state.path) / "requests";
 }
 
 }  // namespace atfill::cli

@@ -7,6 +7,7 @@
 #include <string_view>
 
 #include "base/status.hpp"
+#include "pipeline/job_controller.hpp"
 #include "state/error_log.hpp"
 #include "state/job_store.hpp"
 #include "state/kv_store.hpp"
@@ -22,6 +23,8 @@ struct OpenedState {
   std::unique_ptr<state::Tombstones> tombstones;
   // Another process holds the state: this is a read-only view of it.
   bool read_only = false;
+  // The jobs this process runs on it (tools/atfill/job_run.hpp ControllerOf); released first.
+  std::unique_ptr<pipeline::JobController> controller;
 };
 
 // Exclusive: fails with a message naming the holder when another process has the directory.
@@ -29,11 +32,8 @@ Result<OpenedState> OpenStateForWrite(const AppConfig& config);
 // Exclusive when possible; otherwise a read-only view of what the holder has written.
 Result<OpenedState> OpenStateForRead(const AppConfig& config);
 
-// "<state dir>/requests/<job>.<what>", what = "pause" or "cancel".
-std::filesystem::path RequestPath(const AppConfig& config, uint64_t job, std::string_view what);
-// Writes the request atomically (write, then rename).
-Status WriteRequest(const AppConfig& config, uint64_t job, std::string_view what);
-// Removes both request files of a job.
-void ClearRequests(const AppConfig& config, uint64_t job);
+// "<state dir>/requests": where another process asks the holder to pause or cancel a job
+// (pipeline::JobController::WriteRequest).
+std::filesystem::path RequestsDir(const AppConfig& config);
 
 }  // namespace atfill::cli

@@ -1,35 +1,22 @@
-// atfill ingest CONFIG FILE...: Jetstream event files -> CID verify -> ingest guard -> sink, as a
-// job that resumes where it stopped when the same command runs again.
-#include <unistd.h>
+// atfill ingest CONFIG FILE...: Jetstream event files into the sink (the "ingest" job kind,
+// tools/atfill/job_kinds.cpp), as a job that resumes where it stopped when the same command runs
+// again.
 #include <cinttypes>
-#include <condition_variable>
-#include <csignal>
 #include <cstdio>
 #include <filesystem>
 
-#include "pipeline/engine.hpp"
 #include "pipeline/job.hpp"
 #include "pipeline/run.hpp"
-#include "sinks/dry_run_sink.hpp"
-#include "sources/event_file.hpp"
-#include "stages/cid_verify.hpp"
-#include "stages/ingest_guard.hpp"
 #include "tools/atfill/app_config.hpp"
 #include "tools/atfill/args.hpp"
 #include "tools/atfill/cli.hpp"
+#include "tools/atfill/job_kinds.hpp"
 #include "tools/atfill/job_run.hpp"
-#include "tools/atfill/job_view.hpp"
 #include "tools/atfill/sink_access.hpp"
 #include "tools/atfill/state_access.hpp"
 
 namespace atfill::cli {
 namespace {
-
-std::string JoinLines(const std::vector<std::string>& v) {
-  std::string out;
-  for (const auto& s : v) out += (out.empty() ? "" : "\n") + s;
-  return out;
-}
 
 int Fail(const std::string& msg, int code) {
   std::fprintf(stderr, "atfill ingest: %s\n", msg.c_str());
@@ -91,28 +78,7 @@ int RunIngest(std::span<char* const> args) {
                  files.size(), job->params["sink"].c_str());
   }
 
-  auto sink = dry_run ? sinks::NewDryRunSink() : OpenConfiguredSink(*config);
-  if (!sink.ok()) return Fail(sink.status().message(), kExitIo);
-  sources::EventFileOptions file_options = config->files;
-  file_options.paths = files;
-  auto source = sources::EventFileSource::Open(file_options);
-  if (!source.ok()) return Fail(source.status().message(), kExitIo);
-
-  stages::CidVerify verify;
-  stages::IngestGuard guard(st->tombstones.get());
-  ForegroundJob run;
-  run.verb = "ingest";
-  run.config = &*config;
-  run.state = &*st;
-  run.job = *job;
-  run.job.counters.extra[pipeline::kInputTotal] = (*source)->total_bytes();
-  run.source = source->get();
-  if (config->verify_cids) run.stages.cid_verify = &verify;
-  run.stages.ingest_guard = &guard;
-  run.sink = sink->get();
-  run.cursor_name = "job/" + std::to_string(job->id) + "/file";
-  run.dry_run = dry_run;
-  const int rc = RunInForeground(run);
+  const int rc = RunInForeground("ingest", *config, *st, *job);
   RestoreSignals();
   return rc;
 }

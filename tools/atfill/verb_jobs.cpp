@@ -11,9 +11,9 @@
 #include "tools/atfill/app_config.hpp"
 #include "tools/atfill/args.hpp"
 #include "tools/atfill/cli.hpp"
+#include "tools/atfill/job_run.hpp"
 #include "tools/atfill/job_view.hpp"
 #include "tools/atfill/state_access.hpp"
-#include "tools/atfill/verb_backfill.hpp"
 
 namespace atfill::cli {
 namespace {
@@ -305,7 +305,8 @@ int Steer(std::string_view verb, std::span<char* const> args, pipeline::StopKind
       return Fail(verb, st.status().message(), kExitIo);
     }
     // Another process runs jobs from this state: hand it the request.
-    if (Status s = WriteRequest(*config, a.id, what); !s.ok()) {
+    if (Status s = pipeline::JobController::WriteRequest(RequestsDir(*config), a.id, what);
+        !s.ok()) {
       return Fail(verb, s.message(), kExitIo);
     }
     std::printf("asked the running atfill to %s job %" PRIu64 " at its next checkpoint (%s)\n",
@@ -358,40 +359,31 @@ int RunResume(std::span<char* const> args) {
   if (int rc = ParseArgs("resume", args, true, {}, &a); rc >= 0) return rc;
   auto config = LoadAppConfig(a.config);
   if (!config.ok()) return Fail("resume", config.status().message(), kExitUsage);
-  state::JobRecord job;
-  {
-    auto st = OpenStateForWrite(*config);
-    if (!st.ok()) return Fail("resume", st.status().message(), kExitIo);
-    auto got = st->jobs->Get(a.id);
-    if (!got.ok()) return Fail("resume", got.status().message(), kExitUsage);
-    job = *got;
-  }
-  if (job.status == state::JobStatus::kCompleted || job.status == state::JobStatus::kCancelled) {
+  CatchStopSignals();
+  auto st = OpenStateForWrite(*config);
+  if (!st.ok()) return Fail("resume", st.status().message(), kExitIo);
+  auto job = st->jobs->Get(a.id);
+  if (!job.ok()) return Fail("resume", job.status().message(), kExitUsage);
+  if (job->status == state::JobStatus::kCompleted || job->status == state::JobStatus::kCancelled) {
     return Fail("resume",
                 "job " + std::to_string(a.id) + " is " +
-                    std::string(state::JobStatusName(job.status)) + "; there is nothing to resume",
+                    std::string(state::JobStatusName(job->status)) + "; there is nothing to resume",
                 kExitInputInvalid);
   }
-  if (job.kind == "backfill") return ResumeBackfill(a.config, a.id);
-  if (job.kind != "ingest") {
+  if (job->kind != "backfill" && job->kind != "ingest") {
     return Fail("resume",
-                "job " + std::to_string(a.id) + " is a " + job.kind +
+                "job " + std::to_string(a.id) + " is a " + job->kind +
                     " job; this atfill resumes ingest and backfill jobs only",
                 kExitUsage);
   }
-  // An ingest job is resumed by running it again on the same files.
-  std::vector<std::string> argv = {a.config};
-  std::string files = job.params["files"];
-  for (size_t start = 0; start <= files.size();) {
-    size_t nl = files.find('\n', start);
-    if (nl == std::string::npos) nl = files.size();
-    if (nl > start) argv.push_back(files.substr(start, nl - start));
-    start = nl + 1;
+  if (auto swept = st->tombstones->Sweep(pipeline::NowMicros()); !swept.ok()) {
+    return Fail("resume", "sweeping tombstones: " + swept.status().message(), kExitIo);
   }
-  if (job.params["dry_run"] == "true") argv.push_back("--dry-run");
-  std::vector<char*> ptrs;
-  for (auto& s : argv) ptrs.push_back(s.data());
-  return RunIngest(ptrs);
+  std::fprintf(stderr, "atfill resume: resuming %s job %" PRIu64 " (%s)\n", job->kind.c_str(),
+               job->id, std::string(state::JobStatusName(job->status)).c_str());
+  const int rc = RunInForeground("resume", *config, *st, *job);
+  RestoreSignals();
+  return rc;
 }
 
 }  // namespace atfill::cli

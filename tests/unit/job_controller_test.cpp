@@ -1,0 +1,378 @@
+// The job controller (pipeline/job_controller.hpp) with fake kinds over a real RocksDB state:
+// planning, the shard filter, stop requests from files and from the API, restart recovery, groups
+// of jobs beside each other, stage transitions, and the order its plans' pieces are released in.
+#include "pipeline/job_controller.hpp"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <filesystem>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "state/error_log.hpp"
+#include "state/job_store.hpp"
+#include "state/kv_store.hpp"
+
+namespace atfill::pipeline {
+namespace {
+
+RecordEvent Record(uint64_t n) {
+  RecordEvent r;
+  r.did = "did:plc:account" + std::to_string(n % 50);
+  r.collection = "app.bsky.feed.post";
+  r.rkey = "r" + std::to_string(n);
+  r.body = "{}";
+  r.position = n;
+  return r;
+}
+
+// `chunks` chunks of one record each (0: without end); positions count from 1.
+class CountingSource : public Source {
+ public:
+  explicit CountingSource(uint64_t chunks) : chunks_(chunks) {}
+  Status Seek(const std::string& cursor) override {
+    next_ = cursor.empty() ? 0 : std::stoull(cursor);
+    return Status::OK();
+  }
+  Result<bool> Read(EventChunk* chunk) override {
+    if (chunks_ != 0 && next_ >= chunks_) return false;
+    chunk->events.push_back(Record(++next_));
+    chunk->units_read = 1;
+    chunk->resume_cursor = std::to_string(next_);
+    return true;
+  }
+  std::string Describe() const override { return "counting source"; }
+
+ private:
+  uint64_t chunks_;
+  uint64_t next_ = 0;
+};
+
+class RecordingSink : public Sink {
+ public:
+  Result<WriteStats> Write(std::span<const Event> batch) override {
+    std::lock_guard lock(mu);
+    for (const auto& e : batch) dids.insert(std::get<RecordEvent>(e).did);
+    written += batch.size();
+    WriteStats s;
+    s.inserted = batch.size();
+    return s;
+  }
+  std::string_view name() const override { return "recording"; }
+  std::mutex mu;
+  std::set<std::string> dids;
+  uint64_t written = 0;
+};
+
+// A folder of its own for each test, removed after it.
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "atfill-jobctl-XXXXXX").string();
+    path_ = ::mkdtemp(tmpl.data()) != nullptr ? tmpl : std::string();
+  }
+  ~TempDir() {
+    std::error_code ec;
+    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
+  }
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+// Notes when it is destroyed, to check the order a plan's pieces go in.
+struct Piece {
+  Piece(std::vector<int>* log, int n) : log(log), n(n) {}
+  ~Piece() { log->push_back(n); }
+  std::vector<int>* log;
+  int n;
+};
+
+class JobControllerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_FALSE(dir_.path().empty()) << "mkdtemp failed";
+    state::RocksDbOptions o;
+    o.path = (dir_.path() / "state").string();
+    auto kv = state::OpenRocksDb(o);
+    ASSERT_TRUE(kv.ok()) << kv.status().message();
+    kv_ = std::move(*kv);
+    jobs_ = std::make_unique<state::JobStore>(*kv_);
+    errors_ = std::make_unique<state::ErrorLog>(*kv_);
+  }
+
+  std::unique_ptr<JobController> MakeController(JobControllerOptions options = {}) {
+    options.requests_dir = dir_.path() / "requests";
+    auto c = std::make_unique<JobController>(kv_.get(), jobs_.get(), errors_.get(), options);
+    // "count": N records (params "chunks"; 0 = without end) into the shared sink.
+    c->SetPlanner("count", [this](state::JobRecord& job, const JobContext& ctx) {
+      JobPlan plan;
+      auto source = std::make_shared<CountingSource>(std::stoull(job.params["chunks"]));
+      plan.keep.push_back(source);
+      plan.source = source.get();
+      plan.sink = &sink_;
+      plan.cursor_name = "job/" + std::to_string(job.id) + "/count";
+      plan.batch = BatcherOptions{.max_events = 10, .max_delay_ms = 5, .max_chunks = 10};
+      if (ctx.hold_live) job.params["held"] = "1";
+      return Result<JobPlan>(std::move(plan));
+    });
+    return c;
+  }
+
+  state::JobRecord NewJob(const std::string& kind, uint64_t chunks) {
+    state::JobRecord r;
+    r.kind = kind;
+    r.stage = state::JobStage::kReplaying;
+    r.params["chunks"] = std::to_string(chunks);
+    auto created = jobs_->Create(r);
+    EXPECT_TRUE(created.ok()) << created.status().message();
+    return created.ok() ? *created : r;
+  }
+
+  TempDir dir_;
+  std::unique_ptr<state::KvStore> kv_;
+  std::unique_ptr<state::JobStore> jobs_;
+  std::unique_ptr<state::ErrorLog> errors_;
+  RecordingSink sink_;
+};
+
+TEST_F(JobControllerTest, RunsAJobOfARegisteredKindToItsEnd) {
+  auto c = MakeController();
+  auto outcome = c->Run(NewJob("count", 120));
+  ASSERT_TRUE(outcome.ok()) << outcome.status().message();
+  EXPECT_EQ(outcome->job.status, state::JobStatus::kCompleted);
+  EXPECT_EQ(outcome->job.counters.events_read, 120u);
+  EXPECT_FALSE(outcome->unresolved_errors);
+  EXPECT_EQ(sink_.written, 120u);
+  auto stored = jobs_->Get(outcome->job.id);
+  ASSERT_TRUE(stored.ok());
+  EXPECT_EQ(stored->status, state::JobStatus::kCompleted);
+  EXPECT_FALSE(c->Running(outcome->job.id));
+}
+
+TEST_F(JobControllerTest, AKindWithoutAPlannerIsRefusedByName) {
+  auto c = MakeController();
+  auto outcome = c->Run(NewJob("firehose", 1));
+  ASSERT_FALSE(outcome.ok());
+  EXPECT_EQ(outcome.status().code(), StatusCode::kUnsupported);
+  EXPECT_NE(outcome.status().message().find("firehose"), std::string::npos);
+}
+
+TEST_F(JobControllerTest, APlannersErrorIsTheRunsError) {
+  auto c = MakeController();
+  c->SetPlanner("broken", [](state::JobRecord&, const JobContext&) -> Result<JobPlan> {
+    return Status::Invalid("no relay is configured");
+  });
+  auto outcome = c->Run(NewJob("broken", 1));
+  ASSERT_FALSE(outcome.ok());
+  EXPECT_EQ(outcome.status().code(), StatusCode::kInvalid);
+  EXPECT_EQ(outcome.status().message(), "no relay is configured");
+}
+
+TEST_F(JobControllerTest, AShardedControllerWritesOnlyItsShardsAccounts) {
+  JobControllerOptions options;
+  options.shard = *Shard::Parse("1/3");
+  auto c = MakeController(options);
+  auto outcome = c->Run(NewJob("count", 300));
+  ASSERT_TRUE(outcome.ok()) << outcome.status().message();
+  EXPECT_EQ(outcome->job.params["shard"], "1/3");
+  ASSERT_FALSE(sink_.dids.empty());
+  EXPECT_LT(sink_.written, 300u);
+  for (const auto& did : sink_.dids) EXPECT_TRUE(options.shard.Owns(did)) << did;
+}
+
+TEST_F(JobControllerTest, APauseRequestFileFromAnotherProcessPausesTheJob) {
+  auto c = MakeController();
+  const auto dir = dir_.path() / "requests";
+  state::JobRecord job = NewJob("count", 0);  // runs until stopped
+  // The first committed batch is the gate: the request is written once the job runs.
+  std::atomic<bool> asked{false};
+  c->SetObserver([&](const state::JobRecord& j, const state::JobCounters*, const BatchReport* b) {
+    if (b != nullptr && !asked.exchange(true)) {
+      ASSERT_TRUE(JobController::WriteRequest(dir, j.id, "pause").ok());
+    }
+  });
+  auto outcome = c->Run(job);
+  ASSERT_TRUE(outcome.ok()) << outcome.status().message();
+  EXPECT_TRUE(asked.load());
+  EXPECT_EQ(outcome->job.status, state::JobStatus::kPaused);
+  EXPECT_GT(outcome->job.counters.events_read, 0u);
+  // The request was served: a later run of the job is not paused by it again.
+  EXPECT_FALSE(std::filesystem::exists(JobController::RequestPath(dir, job.id, "pause")));
+}
+
+TEST_F(JobControllerTest, ACancelRequestOutranksAPause) {
+  auto c = MakeController();
+  const auto dir = dir_.path() / "requests";
+  state::JobRecord job = NewJob("count", 0);
+  std::atomic<bool> asked{false};
+  c->SetObserver([&](const state::JobRecord& j, const state::JobCounters*, const BatchReport* b) {
+    if (b != nullptr && !asked.exchange(true)) {
+      ASSERT_TRUE(JobController::WriteRequest(dir, j.id, "pause").ok());
+      ASSERT_TRUE(JobController::WriteRequest(dir, j.id, "cancel").ok());
+    }
+  });
+  auto outcome = c->Run(job);
+  ASSERT_TRUE(outcome.ok()) << outcome.status().message();
+  EXPECT_EQ(outcome->job.status, state::JobStatus::kCancelled);
+}
+
+TEST_F(JobControllerTest, AnInterruptPausesEveryRunningJob) {
+  std::atomic<bool> interrupted{false};
+  JobControllerOptions options;
+  options.interrupted = [&] { return interrupted.load(); };
+  auto c = MakeController(options);
+  c->SetObserver([&](const state::JobRecord&, const state::JobCounters*, const BatchReport* b) {
+    if (b != nullptr) interrupted = true;
+  });
+  auto outcome = c->Run(NewJob("count", 0));
+  ASSERT_TRUE(outcome.ok()) << outcome.status().message();
+  EXPECT_EQ(outcome->job.status, state::JobStatus::kPaused);
+}
+
+TEST_F(JobControllerTest, SteeringAJobNoProcessRunsMarksItAtOnce) {
+  auto c = MakeController();
+  // Marked running by a process that died: a pause waits for the restart that resumes it, a
+  // cancel is final at once.
+  state::JobRecord orphan = NewJob("count", 5);
+  auto p = c->Steer(orphan.id, StopKind::kPause, "admin API");
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().code(), StatusCode::kUnsupported);
+  EXPECT_NE(p.status().message().find("not running in this process"), std::string::npos);
+  auto x = c->Steer(orphan.id, StopKind::kCancel, "admin API");
+  ASSERT_TRUE(x.ok()) << x.status().message();
+  EXPECT_EQ(x->status, state::JobStatus::kCancelled);
+  EXPECT_EQ(x->stop_reason.sentence, "cancelled on request (admin API)");
+  EXPECT_EQ(jobs_->Get(orphan.id)->status, state::JobStatus::kCancelled);
+  // Nothing is left to do to a cancelled job.
+  auto again = c->Steer(orphan.id, StopKind::kPause, "admin API");
+  ASSERT_FALSE(again.ok());
+  EXPECT_EQ(again.status().code(), StatusCode::kUnsupported);
+  // The transitions this process made are in its stage history.
+  auto changes = c->StageChanges(orphan.id, 0);
+  ASSERT_FALSE(changes.empty());
+  EXPECT_EQ(changes.back().to, state::JobStage::kCancelled);
+
+  // Paused already (work was left): a pause answers it as it is.
+  state::JobRecord deferred = NewJob("count", 5);
+  deferred.status = state::JobStatus::kPaused;
+  deferred.stop_reason = {"hosts_unavailable", "some hosts were down"};
+  state::WriteBatch b;
+  ASSERT_TRUE(jobs_->Put(&b, deferred).ok());
+  ASSERT_TRUE(kv_->Write(b).ok());
+  auto paused = c->Steer(deferred.id, StopKind::kPause, "admin API");
+  ASSERT_TRUE(paused.ok()) << paused.status().message();
+  EXPECT_EQ(paused->stop_reason.code, "hosts_unavailable");
+}
+
+TEST_F(JobControllerTest, ARunningJobIsAskedAndAnsweredAsPausing) {
+  auto c = MakeController();
+  state::JobRecord job = NewJob("count", 0);
+  Result<state::JobRecord> steered = Status::Internal("not steered");
+  std::atomic<bool> asked{false};
+  c->SetObserver([&](const state::JobRecord& j, const state::JobCounters*, const BatchReport* b) {
+    if (b != nullptr && !asked.exchange(true)) steered = c->Steer(j.id, StopKind::kPause, "test");
+  });
+  auto outcome = c->Run(job);
+  ASSERT_TRUE(outcome.ok()) << outcome.status().message();
+  ASSERT_TRUE(steered.ok()) << steered.status().message();
+  EXPECT_EQ(steered->status, state::JobStatus::kPausing);
+  EXPECT_EQ(outcome->job.status, state::JobStatus::kPaused);
+}
+
+TEST_F(JobControllerTest, RecoverFinishesCancellationsAndReturnsWhatARestartResumes) {
+  auto c = MakeController();
+  auto put = [&](state::JobStatus status, std::string code) {
+    state::JobRecord j = NewJob("count", 1);
+    j.status = status;
+    j.stop_reason.code = std::move(code);
+    state::WriteBatch b;
+    EXPECT_TRUE(jobs_->Put(&b, j).ok());
+    EXPECT_TRUE(kv_->Write(b).ok());
+    return j.id;
+  };
+  const uint64_t running = put(state::JobStatus::kRunning, "");
+  const uint64_t pausing = put(state::JobStatus::kPausing, "");
+  const uint64_t asked = put(state::JobStatus::kPaused, "paused");
+  const uint64_t deferred = put(state::JobStatus::kPaused, "hosts_unavailable");
+  const uint64_t cancelling = put(state::JobStatus::kCancelling, "");
+  const uint64_t done = put(state::JobStatus::kCompleted, "");
+  auto resumable = c->Recover();
+  ASSERT_TRUE(resumable.ok()) << resumable.status().message();
+  std::vector<uint64_t> ids;
+  for (const auto& j : *resumable) ids.push_back(j.id);
+  EXPECT_EQ(ids, (std::vector<uint64_t>{running, pausing, deferred}));
+  EXPECT_EQ(jobs_->Get(cancelling)->status, state::JobStatus::kCancelled);
+  EXPECT_EQ(jobs_->Get(asked)->status, state::JobStatus::kPaused);
+  EXPECT_EQ(jobs_->Get(done)->status, state::JobStatus::kCompleted);
+}
+
+TEST_F(JobControllerTest, AGroupRunsItsJobsBesideTheCallerAndStopsASequenceAtAPause) {
+  auto c = MakeController();
+  state::JobRecord first = NewJob("count", 50);
+  state::JobRecord endless = NewJob("count", 0);
+  state::JobRecord never = NewJob("count", 50);
+  std::mutex mu;
+  std::vector<std::pair<uint64_t, state::JobStatus>> ended;
+  JobGroup group(c.get());
+  // A stop asked for before the job has started is handed to it when it starts.
+  JobContext ctx;
+  ctx.hold_live = true;
+  ASSERT_TRUE(group
+                  .Start({first, endless, never}, ctx,
+                         [&](const state::JobRecord& j, const Result<JobOutcome>& o) {
+                           std::lock_guard lock(mu);
+                           ended.emplace_back(j.id,
+                                              o.ok() ? o->job.status : state::JobStatus::kFailed);
+                         })
+                  .ok());
+  EXPECT_TRUE(group.started());
+  EXPECT_TRUE(c->Running(never.id));  // waiting for its turn counts as running
+  EXPECT_TRUE(c->RequestStop(endless.id, StopKind::kPause));
+  group.Wait();
+  EXPECT_FALSE(group.running());
+  EXPECT_TRUE(group.unfinished());
+  EXPECT_FALSE(c->Running(never.id));
+  std::lock_guard lock(mu);
+  ASSERT_EQ(ended.size(), 2u);  // the third never ran
+  EXPECT_EQ(ended[0], std::make_pair(first.id, state::JobStatus::kCompleted));
+  EXPECT_EQ(ended[1], std::make_pair(endless.id, state::JobStatus::kPaused));
+  EXPECT_EQ(jobs_->Get(first.id)->params["held"], "1");       // the context reached the planner
+  EXPECT_EQ(jobs_->Get(never.id)->counters.events_read, 0u);  // it never ran
+  group.Close();
+  EXPECT_EQ(group.Start({never}).code(), StatusCode::kUnavailable);
+}
+
+TEST_F(JobControllerTest, APlansPiecesAreReleasedLastToFirstAfterItsEndHook) {
+  auto c = MakeController();
+  std::vector<int> log;
+  bool after_ran_first = false;
+  c->SetPlanner("pieces", [&](state::JobRecord&, const JobContext&) {
+    JobPlan plan;
+    auto source = std::make_shared<CountingSource>(3);
+    plan.keep.push_back(std::make_shared<Piece>(&log, 1));
+    plan.keep.push_back(source);
+    plan.keep.push_back(std::make_shared<Piece>(&log, 2));
+    plan.source = source.get();
+    plan.sink = &sink_;
+    plan.cursor_name = "pieces";
+    plan.after = [&](const state::JobRecord& ended) {
+      after_ran_first = log.empty() && ended.status == state::JobStatus::kCompleted;
+    };
+    return Result<JobPlan>(std::move(plan));
+  });
+  auto outcome = c->Run(NewJob("pieces", 3));
+  ASSERT_TRUE(outcome.ok()) << outcome.status().message();
+  EXPECT_TRUE(after_ran_first);
+  EXPECT_EQ(log, (std::vector<int>{2, 1}));
+}
+
+}  // namespace
+}  // namespace atfill::pipeline
