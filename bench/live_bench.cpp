@@ -49,6 +49,7 @@
 #include "sinks/sqlite_reader.hpp"
 #include "sinks/sqlite_sink.hpp"
 #include "sources/jetstream.hpp"
+#include "sources/pds_account_status.hpp"
 #include "stages/account_check.hpp"
 #include "stages/cid_verify.hpp"
 #include "stages/ingest_guard.hpp"
@@ -174,7 +175,8 @@ LiveRun RunLive(const simnet::Simnet& net, bool compress,
   resolver_options.allow_loopback_endpoints = true;
   state::ResolverCache resolver_cache(**kv);
   stages::DidResolver resolver(check_http->get(), &resolver_cache, resolver_options);
-  stages::AccountCheck check(&resolver, check_http->get());
+  sources::PdsAccountStatus lookup(&resolver, check_http->get());
+  stages::AccountCheck check(&lookup);
   pipeline::JobOptions job_options;
   job_options.record_batches = true;  // to count the batches
   pipeline::JobRunner runner(kv->get(), &jobs, &errors, *job, "live", job_options);

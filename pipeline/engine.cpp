@@ -198,9 +198,18 @@ class EngineRun : public internal::GraphBodies {
       HappensAfter(&work_token_);
       HappensAfter(&order_token_);
       HappensAfter(&write_token_);
+      HappensAfter(&answer_token_);
     }
     graph_ = graph;
     latch_.Attach(graph);
+    if (graph != nullptr) {
+      // Everything before the run (this object, the stages, the caller's objects, and stack
+      // memory an earlier run used) happens before every body: oneTBB starts them in its
+      // uninstrumented library.
+      HappensBefore(&source_token_);
+      HappensBefore(&order_token_);
+      HappensBefore(&write_token_);
+    }
   }
 
   EventChunk* Read() override {
@@ -227,21 +236,57 @@ class EngineRun : public internal::GraphBodies {
     return out;
   }
 
-  void Work(EventChunk* chunk) override {
+  bool Work(EventChunk* chunk) override {
     HappensAfter(chunk);
+    bool ready = true;
     Guarded(&latch_, "decode", [&] {
       if (latch_.failed()) return;
-      source_->Decode(chunk);
-      for (auto& states : unordered_) {
-        Status s = states->transform()->Process(states->Local(), chunk);
+      // A chunk an asynchronous stage gave back resumes after that stage.
+      size_t first = 0;
+      if (resuming_.load(std::memory_order_acquire) != 0) {
+        std::lock_guard<std::mutex> lock(resume_mu_);
+        if (auto it = resume_at_.find(chunk); it != resume_at_.end()) {
+          first = it->second;
+          resume_at_.erase(it);
+          resuming_.fetch_sub(1, std::memory_order_relaxed);
+        }
+      }
+      if (first == 0) source_->Decode(chunk);
+      for (size_t i = first; i < unordered_.size(); ++i) {
+        const Transform* t = unordered_[i]->transform();
+        if (const AsyncTransform* async = t->AsAsync()) {
+          const internal::GraphHandle::Resumer resume = graph_->Hold();
+          HappensBefore(chunk);
+          const bool handed_off =
+              async->Start(unordered_[i]->Local(), chunk, [this, resume, chunk, t, i](Status s) {
+                if (!s.ok()) latch_.Fail(s.WithContext(std::string(t->name())));
+                {
+                  std::lock_guard<std::mutex> lock(resume_mu_);
+                  resume_at_[chunk] = i + 1;
+                  resuming_.fetch_add(1, std::memory_order_release);
+                }
+                HappensBefore(chunk);
+                // The graph ends (and Attach(nullptr) runs) once the last hold is released.
+                HappensBefore(&answer_token_);
+                resume(chunk);
+              });
+          if (handed_off) {
+            ready = false;
+            return;
+          }
+          graph_->Unhold();  // it finished at once
+          continue;
+        }
+        Status s = t->Process(unordered_[i]->Local(), chunk);
         if (!s.ok()) {
-          latch_.Fail(s.WithContext(std::string(states->transform()->name())));
+          latch_.Fail(s.WithContext(std::string(t->name())));
           return;
         }
       }
     });
-    HappensBefore(chunk);
+    if (ready) HappensBefore(chunk);
     HappensBefore(&work_token_);
+    return ready;
   }
 
   internal::SealedBatch* Order(EventChunk* chunk) override {
@@ -417,6 +462,12 @@ class EngineRun : public internal::GraphBodies {
   RunSummary summary_;
   char write_token_ = 0;
   char work_token_ = 0;
+  // Released by every answer of an asynchronous stage.
+  char answer_token_ = 0;
+  // Chunks an asynchronous stage gave back, with the index of the unordered stage after it.
+  std::mutex resume_mu_;
+  std::unordered_map<const EventChunk*, size_t> resume_at_;
+  std::atomic<size_t> resuming_{0};
   // Sealed batches not yet written, oldest first.
   std::mutex sealed_mu_;
   std::deque<std::unique_ptr<internal::SealedBatch>> sealed_;

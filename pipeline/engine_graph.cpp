@@ -11,11 +11,14 @@
 #include <deque>
 #include <mutex>
 #include <thread>
+#include <tuple>
 
 namespace atfill::pipeline::internal {
 namespace {
 
 namespace flow = tbb::flow;
+
+using WorkNode = flow::multifunction_node<EventChunk*, std::tuple<EventChunk*>>;
 
 class Graph : public GraphHandle {
  public:
@@ -24,13 +27,28 @@ class Graph : public GraphHandle {
   void Release(size_t chunks) override {
     for (size_t i = 0; i < chunks; ++i) limiter_.decrementer().try_put(flow::continue_msg());
   }
+  Resumer Hold() override {
+    g_.reserve_wait();
+    return Resumer{&Graph::ResumeChunk, this};
+  }
+  void Unhold() override { g_.release_wait(); }
   flow::graph& g() { return g_; }
   flow::limiter_node<EventChunk*>& limiter() { return limiter_; }
+  void set_work(WorkNode* work) { work_ = work; }
 
  private:
+  static void ResumeChunk(void* graph, EventChunk* chunk) {
+    auto* self = static_cast<Graph*>(graph);
+    // The chunk queues at the work node like a new one; the hold keeps wait_for_all from
+    // returning until the put is done.
+    self->work_->try_put(chunk);
+    self->g_.release_wait();
+  }
+
   tbb::task_group_context ctx_;
   flow::graph g_;
   flow::limiter_node<EventChunk*> limiter_;
+  WorkNode* work_ = nullptr;
 };
 
 using WriteNode = flow::async_node<SealedBatch*, flow::continue_msg>;
@@ -88,10 +106,12 @@ void RunGraph(GraphBodies* bodies, uint32_t workers, uint32_t in_flight) {
     if (chunk == nullptr) fc.stop();
     return chunk;
   });
-  flow::function_node<EventChunk*, EventChunk*> work(g, workers, [bodies](EventChunk* chunk) {
-    bodies->Work(chunk);
-    return chunk;
+  // A chunk an asynchronous stage took leaves the node without an output and frees its worker;
+  // it comes back through Graph::ResumeChunk to the same node.
+  WorkNode work(g, workers, [bodies](EventChunk* chunk, WorkNode::output_ports_type& out) {
+    if (bodies->Work(chunk)) std::get<0>(out).try_put(chunk);
   });
+  graph.set_work(&work);
   flow::sequencer_node<EventChunk*> sequencer(g, [](EventChunk* const& c) { return c->seq; });
   using OrderNode = flow::multifunction_node<EventChunk*, std::tuple<SealedBatch*>>;
   OrderNode order(g, flow::serial, [bodies](EventChunk* chunk, OrderNode::output_ports_type& out) {
@@ -108,7 +128,7 @@ void RunGraph(GraphBodies* bodies, uint32_t workers, uint32_t in_flight) {
   });
   flow::make_edge(reader, graph.limiter());
   flow::make_edge(graph.limiter(), work);
-  flow::make_edge(work, sequencer);
+  flow::make_edge(flow::output_port<0>(work), sequencer);
   flow::make_edge(sequencer, order);
   flow::make_edge(flow::output_port<0>(order), write);
   bodies->Attach(&graph);

@@ -1,7 +1,9 @@
 // A Transform turns a chunk into a chunk: verifies, rewrites, drops, or annotates events.
 #pragma once
 
+#include <functional>
 #include <memory>
+#include <string>
 #include <string_view>
 
 #include "base/status.hpp"
@@ -15,6 +17,8 @@ class TransformState {
  public:
   virtual ~TransformState() = default;
 };
+
+class AsyncTransform;
 
 class Transform {
  public:
@@ -48,6 +52,36 @@ class Transform {
     return Status::OK();
   }
   virtual void OnCommitted(TransformState* /*state*/, bool /*durable*/) const {}
+
+  // Non-null when the transform is asynchronous (see AsyncTransform): the engine calls its Start
+  // instead of Process.
+  virtual const AsyncTransform* AsAsync() const { return nullptr; }
+};
+
+// A transform that waits on I/O (an account check asks a PDS) without holding a flow-graph
+// thread: Start hands the chunk to the I/O side and returns; the answer re-enters the graph
+// through `done`, and the chunk goes on to the next stage. Meanwhile the worker takes other chunks.
+// The engine's in-flight limit bounds how many chunks wait at once, and the sequencer after the
+// unordered stages keeps the commit order: a chunk that waits holds back the commits of the
+// chunks after it, never their processing. Unordered only (ordered() must stay false).
+class AsyncTransform : public Transform {
+ public:
+  // Called once per handed-off chunk, from any thread (an I/O thread: it must be cheap and must
+  // not block), with Process's meaning of the Status.
+  using Done = std::function<void(Status)>;
+
+  // Starts processing `chunk` (in place, with Process's rules); thread-safe, must not block.
+  // Returns false when the chunk needed no waiting: it is processed already and `done` is never
+  // called. Returns true when the chunk was handed off: `done` runs exactly once, possibly before
+  // Start returns, and the chunk is the transform's until then. `state` is the calling worker's
+  // (it must not be used after Start returns).
+  virtual bool Start(TransformState* state, EventChunk* chunk, Done done) const = 0;
+
+  // The engine never calls it; a caller outside the engine (a bench, a test) uses Start.
+  Status Process(TransformState*, EventChunk*) const final {
+    return Status::Internal(std::string(name()) + " is asynchronous: run it with Start");
+  }
+  const AsyncTransform* AsAsync() const final { return this; }
 };
 
 }  // namespace atfill::pipeline

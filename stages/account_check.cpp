@@ -1,28 +1,15 @@
 #include "stages/account_check.hpp"
 
-#include <chrono>
-#include <future>
 #include <memory>
 #include <utility>
-
-#include "net/xrpc_error.hpp"
-#include "stages/fetcher.hpp"
+#include <vector>
 
 namespace atfill::stages {
-namespace {
 
 using pipeline::AccountEvent;
 using pipeline::AccountStatus;
-using Clock = std::chrono::steady_clock;
-
-enum class Verdict { kActive, kGone, kUnknown };
-
-struct Answer {
-  Verdict verdict = Verdict::kUnknown;
-  std::string detail;  // why, for the log
-};
-
-}  // namespace
+using pipeline::AccountStatusAnswer;
+using Verdict = pipeline::AccountStatusAnswer::Verdict;
 
 Status AccountCheckOptions::Validate() const {
   if (timeout_ms < 1 || timeout_ms > 600'000) {
@@ -32,97 +19,88 @@ Status AccountCheckOptions::Validate() const {
   return Status::OK();
 }
 
-AccountCheck::AccountCheck(DidResolver* resolver, net::HttpClient* http,
-                           AccountCheckOptions options)
-    : resolver_(resolver), http_(http), options_(options) {}
+AccountCheck::AccountCheck(const pipeline::AccountStatusLookup* lookup, AccountCheckOptions options)
+    : lookup_(lookup), options_(options) {}
 
 AccountCheckStats AccountCheck::stats() const {
   return {checks_.load(), refused_.load(), unconfirmed_.load()};
 }
 
-namespace {
+// One chunk's questions: the answers land in their slots from the lookup's threads; the last one
+// in applies them all to the chunk.
+struct AccountCheck::Pending {
+  pipeline::EventChunk* chunk = nullptr;
+  Done done;
+  std::vector<size_t> asked;  // indexes of the deleted accounts' events, in chunk order
+  std::vector<AccountStatusAnswer> answers;
+  std::atomic<size_t> left{0};
+};
 
-// Asks the PDS of `did` for its status, within `deadline`.
-Answer Ask(DidResolver* resolver, net::HttpClient* http, const std::string& did,
-           Clock::time_point deadline) {
-  auto resolved = std::make_shared<std::promise<ResolveOutcome>>();
-  auto resolved_future = resolved->get_future();
-  resolver->Resolve(did, [resolved](ResolveOutcome o) { resolved->set_value(std::move(o)); });
-  if (resolved_future.wait_until(deadline) != std::future_status::ready) {
-    return {Verdict::kUnknown, "resolving the DID took too long"};
+bool AccountCheck::Start(pipeline::TransformState*, pipeline::EventChunk* chunk, Done done) const {
+  std::vector<size_t> asked;
+  for (size_t i = 0; i < chunk->events.size(); ++i) {
+    const auto* a = std::get_if<AccountEvent>(&chunk->events[i]);
+    if (a != nullptr && !a->resync && a->status == AccountStatus::kDeleted) asked.push_back(i);
   }
-  const ResolveOutcome outcome = resolved_future.get();
-  if (!outcome.ok()) return {Verdict::kUnknown, "cannot resolve the DID: " + outcome.message};
-
-  const auto left =
-      std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-  if (left <= 0) return {Verdict::kUnknown, "resolving the DID took too long"};
-  net::HttpRequest request;
-  request.url = GetRepoStatusUrl(outcome.doc->pds_endpoint, did);
-  request.timeout_ms = left;
-  request.retry = net::RetryPolicy{.max_attempts = 1};
-  auto answered = std::make_shared<std::promise<Result<net::HttpResponse>>>();
-  auto answered_future = answered->get_future();
-  http->Submit(std::move(request),
-               [answered](Result<net::HttpResponse> r) { answered->set_value(std::move(r)); });
-  // The request carries its own timeout; wait a little past it for the callback.
-  const Result<net::HttpResponse> response = answered_future.get();
-  const std::string pds = outcome.doc->pds_endpoint;
-  if (!response.ok()) {
-    return {Verdict::kUnknown, "cannot ask " + pds + ": " + response.status().message()};
+  if (asked.empty()) return false;
+  auto pending = std::make_shared<Pending>();
+  pending->chunk = chunk;
+  pending->done = std::move(done);
+  pending->answers.resize(asked.size());
+  pending->left.store(asked.size());
+  pending->asked = std::move(asked);
+  // Copied first: once the last answer is in, the chunk is no longer ours to read.
+  std::vector<std::string> dids;
+  for (size_t i : pending->asked) dids.push_back(std::get<AccountEvent>(chunk->events[i]).did);
+  for (size_t n = 0; n < dids.size(); ++n) {
+    lookup_->Lookup(dids[n], options_.timeout_ms, [this, pending, n](AccountStatusAnswer answer) {
+      pending->answers[n] = std::move(answer);
+      // acq_rel: the last one sees every other slot written.
+      if (pending->left.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        Finish(pending.get());
+      }
+    });
   }
-  if (response->status == 200) {
-    auto parsed = ParseRepoStatus(did, response->body);
-    if (!parsed.ok()) return {Verdict::kUnknown, parsed.status().message()};
-    if (parsed->active) return {Verdict::kActive, pds + " says the repo is active"};
-    return {Verdict::kGone,
-            pds + " says " + (parsed->status.empty() ? "inactive" : parsed->status)};
-  }
-  const net::XrpcError error = net::ParseXrpcError(*response);
-  if (response->status == 400 && error.error == "RepoNotFound") {
-    return {Verdict::kGone, pds + " does not have the repo"};
-  }
-  return {Verdict::kUnknown, pds + " answered HTTP " + std::to_string(response->status) +
-                                 (error.error.empty() ? "" : " " + error.error)};
+  return true;
 }
 
-}  // namespace
-
-Status AccountCheck::Process(pipeline::TransformState*, pipeline::EventChunk* chunk) const {
+void AccountCheck::Finish(Pending* pending) const {
+  pipeline::EventChunk* chunk = pending->chunk;
   std::vector<pipeline::Event>& events = chunk->events;
-  size_t kept = 0;
-  int64_t checks = 0, refused = 0, unconfirmed = 0;
-  for (size_t i = 0; i < events.size(); ++i) {
-    const auto* a = std::get_if<AccountEvent>(&events[i]);
-    bool keep = true;
-    if (a != nullptr && !a->resync && a->status == AccountStatus::kDeleted) {
-      ++checks;
-      const Answer answer = Ask(resolver_, http_, a->did,
-                                Clock::now() + std::chrono::milliseconds(options_.timeout_ms));
-      if (answer.verdict == Verdict::kActive) {
-        keep = false;
-        ++refused;
-        chunk->errors.push_back({"account_status_mismatch", a->did,
-                                 "the stream says " + a->did + " was deleted but " + answer.detail +
-                                     "; its records are kept"});
-      } else if (answer.verdict == Verdict::kUnknown) {
-        ++unconfirmed;
-      }
-    }
-    if (keep) {
-      if (kept != i) events[kept] = std::move(events[i]);
-      ++kept;
+  int64_t refused = 0, unconfirmed = 0;
+  std::vector<bool> drop(events.size(), false);
+  for (size_t n = 0; n < pending->asked.size(); ++n) {
+    const AccountStatusAnswer& answer = pending->answers[n];
+    const size_t i = pending->asked[n];
+    if (answer.verdict == Verdict::kActive) {
+      drop[i] = true;
+      ++refused;
+      const std::string& did = std::get<AccountEvent>(events[i]).did;
+      chunk->errors.push_back({"account_status_mismatch", did,
+                               "the stream says " + did + " was deleted but " + answer.detail +
+                                   "; its records are kept"});
+    } else if (answer.verdict == Verdict::kUnknown) {
+      ++unconfirmed;
     }
   }
+  size_t kept = 0;
+  for (size_t i = 0; i < events.size(); ++i) {
+    if (drop[i]) continue;
+    if (kept != i) events[kept] = std::move(events[i]);
+    ++kept;
+  }
   events.resize(kept);
+  const auto checks = static_cast<int64_t>(pending->asked.size());
   chunk->dropped += static_cast<uint64_t>(refused);
-  if (checks != 0) chunk->counters.emplace_back("account_checks", checks);
+  chunk->counters.emplace_back("account_checks", checks);
   if (refused != 0) chunk->counters.emplace_back("account_purges_refused", refused);
   if (unconfirmed != 0) chunk->counters.emplace_back("account_purges_unconfirmed", unconfirmed);
   checks_ += static_cast<uint64_t>(checks);
   refused_ += static_cast<uint64_t>(refused);
   unconfirmed_ += static_cast<uint64_t>(unconfirmed);
-  return Status::OK();
+  // Moved out first: `done` gives the chunk back, and `pending` may die with the last callback.
+  Done done = std::move(pending->done);
+  done(Status::OK());
 }
 
 }  // namespace atfill::stages

@@ -1,6 +1,6 @@
 // The account check: before a live #account "deleted" event purges an account, its PDS is asked
-// (com.atproto.sync.getRepoStatus, within AccountCheckOptions::timeout_ms, the DID resolution
-// included):
+// (through a pipeline::AccountStatusLookup: com.atproto.sync.getRepoStatus, within
+// AccountCheckOptions::timeout_ms, the DID resolution included):
 //  * the PDS says the repo is active: nothing is purged and no account tombstone is left; the event
 //    is removed from the chunk and the mismatch is logged (error kind account_status_mismatch,
 //    keyed by the DID);
@@ -13,6 +13,10 @@
 // request each costs little). Takedowns and suspensions come from the relay's moderation and purge
 // without asking. Counters (committed with the batch): account_checks, account_purges_refused,
 // account_purges_unconfirmed.
+//
+// The stage is asynchronous: a chunk with deletions is handed to the lookup (its questions asked
+// at once) and re-enters the graph when every answer is in, so no flow-graph thread waits on a
+// PDS. The chunk's events keep their order, and the engine commits it in its place.
 #pragma once
 
 #include <atomic>
@@ -20,9 +24,8 @@
 #include <string>
 
 #include "base/status.hpp"
-#include "net/http_client.hpp"
+#include "pipeline/account_status.hpp"
 #include "pipeline/transform.hpp"
-#include "stages/resolver.hpp"
 
 namespace atfill::stages {
 
@@ -38,22 +41,26 @@ struct AccountCheckStats {
   uint64_t unconfirmed = 0;  // purges applied because the PDS could not be asked
 };
 
-class AccountCheck : public pipeline::Transform {
+class AccountCheck : public pipeline::AsyncTransform {
  public:
-  // `resolver` and `http` must outlive the stage.
-  AccountCheck(DidResolver* resolver, net::HttpClient* http, AccountCheckOptions options = {});
+  // `lookup` must outlive the stage and every chunk it holds.
+  explicit AccountCheck(const pipeline::AccountStatusLookup* lookup,
+                        AccountCheckOptions options = {});
 
   std::string_view name() const override { return "account_check"; }
-  // Unordered, and an exception to "must not block": a chunk with a deleted account waits for its
-  // PDS (at most timeout_ms). Later chunks are still decoded meanwhile; they
-  // commit after this one in any case, since the purge must precede them.
-  Status Process(pipeline::TransformState* state, pipeline::EventChunk* chunk) const override;
+  // Unordered. A chunk without deletions is done at once (false); one with deletions is handed
+  // off (true) and `done` runs on the lookup's thread once the last answer is applied.
+  bool Start(pipeline::TransformState* state, pipeline::EventChunk* chunk,
+             Done done) const override;
 
+  // Thread-safe.
   AccountCheckStats stats() const;
 
  private:
-  DidResolver* resolver_;
-  net::HttpClient* http_;
+  struct Pending;
+  void Finish(Pending* pending) const;
+
+  const pipeline::AccountStatusLookup* lookup_;
   AccountCheckOptions options_;
   mutable std::atomic<uint64_t> checks_{0}, refused_{0}, unconfirmed_{0};
 };

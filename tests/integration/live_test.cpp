@@ -21,6 +21,7 @@
 #include "sources/jetstream.hpp"
 #include "sources/jetstream_frames.hpp"
 #include "sources/jss.hpp"
+#include "sources/pds_account_status.hpp"
 #include "stages/account_check.hpp"
 #include "stages/cid_verify.hpp"
 #include "stages/ingest_guard.hpp"
@@ -380,6 +381,7 @@ TEST(LiveTest, AHostThatNumbersItsEventsAnewIsResumedByWitnessedTime) {
 struct Checker {
   std::unique_ptr<net::HttpClient> http;
   std::unique_ptr<stages::DidResolver> resolver;
+  std::unique_ptr<sources::PdsAccountStatus> lookup;
   std::unique_ptr<stages::AccountCheck> check;
   explicit Checker(const std::string& plc_url, int64_t timeout_ms = 5000) {
     net::HttpClientOptions ho;
@@ -393,7 +395,8 @@ struct Checker {
     ro.allow_loopback_endpoints = true;
     ro.timeout_ms = timeout_ms;
     resolver = std::make_unique<stages::DidResolver>(http.get(), nullptr, ro);
-    check = std::make_unique<stages::AccountCheck>(resolver.get(), http.get(),
+    lookup = std::make_unique<sources::PdsAccountStatus>(resolver.get(), http.get());
+    check = std::make_unique<stages::AccountCheck>(lookup.get(),
                                                    stages::AccountCheckOptions{timeout_ms});
   }
 };
