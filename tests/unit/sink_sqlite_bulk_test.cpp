@@ -1,8 +1,8 @@
-// The SQLite sink's bulk load (SqliteSinkOptions::bulk_load, a fresh backfill's layout): the Sink
-// conformance suite on a bulk-loading sink; a bulk-loaded table ends with the same rows, indexes,
-// planner statistics and query plans as one written the ordinary way; a table that holds rows is
-// never switched; a process killed mid-load (SIGKILL) leaves a table that a resumed load, or any
-// later open, brings to the same end as an uninterrupted run.
+// The SQLite sink's bulk load (SqliteSinkOptions::bulk_load, a fresh backfill's layout): a
+// bulk-loaded table ends with the same rows, indexes, planner statistics and query plans as one
+// written the ordinary way; a table that holds rows is never switched; a process killed mid-load
+// (SIGKILL) leaves a table that a resumed load, or any later open, brings to the same end as an
+// uninterrupted run.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sqlite3.h>
@@ -27,7 +27,6 @@ using testing::MakeAccount;
 using testing::MakeCreate;
 using testing::MakeDelete;
 using testing::MakeUpdate;
-using testing::SinkConformanceTest;
 
 class BulkTempDir {
  public:
@@ -168,77 +167,6 @@ void WriteAll(const SqliteSinkOptions& o, const std::vector<std::vector<Event>>&
     ASSERT_TRUE(st.ok()) << st.status().ToString();
   }
 }
-
-// The conformance suite on a sink that bulk-loads (its env's databases start empty, so every
-// sink the suite opens finds the load layout and continues it).
-class BulkEnv : public testing::SinkTestEnv {
- public:
-  explicit BulkEnv(std::function<int64_t()> now_us) : path_((dir_.path() / "atfill.db").string()) {
-    options_.path = path_;
-    options_.now_us = std::move(now_us);
-    options_.busy_timeout_ms = 100;
-    options_.bulk_load = true;
-  }
-  Result<std::unique_ptr<pipeline::Sink>> OpenSink() override { return OpenSqliteSink(options_); }
-  testing::TableReader& reader() override { return reader_; }
-  Result<std::unique_ptr<testing::WriteBlocker>> BlockWrites() override {
-    auto lock = std::make_unique<Lock>(path_);
-    if (lock->rc != SQLITE_OK) return Status::Internal("BEGIN IMMEDIATE failed");
-    return std::unique_ptr<testing::WriteBlocker>(std::move(lock));
-  }
-
- private:
-  struct Lock : testing::WriteBlocker {
-    explicit Lock(const std::string& path) {
-      sqlite3_open(path.c_str(), &db);
-      rc = sqlite3_exec(db, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr);
-    }
-    ~Lock() override {
-      sqlite3_exec(db, "ROLLBACK", nullptr, nullptr, nullptr);
-      sqlite3_close(db);
-    }
-    sqlite3* db = nullptr;
-    int rc = SQLITE_ERROR;
-  };
-  struct Reader : testing::TableReader {
-    explicit Reader(const std::string* path) : path(path) {}
-    Result<std::vector<testing::TableRow>> ReadAll() override {
-      ATFILL_ASSIGN_OR_RETURN(std::vector<RecordRow> rows, ReadAllRecords(*path));
-      std::vector<testing::TableRow> out;
-      for (RecordRow& r : rows) {
-        out.push_back({std::move(r.uri), std::move(r.cid), std::move(r.rev), std::move(r.record),
-                       std::move(r.created_at)});
-      }
-      return out;
-    }
-    Result<std::optional<int64_t>> IndexedAtUs(std::string_view uri) override {
-      ATFILL_ASSIGN_OR_RETURN(std::optional<RecordRow> row, GetRecord(*path, uri));
-      if (!row) return std::optional<int64_t>();
-      return std::optional<int64_t>(row->indexed_at_us);
-    }
-    Result<std::optional<std::string>> IndexedAtText(std::string_view uri) override {
-      ATFILL_ASSIGN_OR_RETURN(std::optional<RecordRow> row, GetRecord(*path, uri));
-      if (!row) return std::optional<std::string>();
-      return std::optional<std::string>(row->indexed_at);
-    }
-    const std::string* path;
-  };
-
-  BulkTempDir dir_;
-  std::string path_;
-  SqliteSinkOptions options_;
-  Reader reader_{&path_};
-};
-
-INSTANTIATE_TEST_SUITE_P(
-    SqliteBulk, SinkConformanceTest,
-    ::testing::Values(testing::SinkConformanceParam{
-        "SqliteBulkLoad",
-        [](std::function<int64_t()> now_us) -> Result<std::unique_ptr<testing::SinkTestEnv>> {
-          return std::unique_ptr<testing::SinkTestEnv>(
-              std::make_unique<BulkEnv>(std::move(now_us)));
-        }}),
-    testing::SinkConformanceName);
 
 TEST(SqliteBulkLoadTest, LoadsWithoutTheFinalIndexesAndEndsWithTheSameTableIndexesAndPlans) {
   BulkTempDir dir;
