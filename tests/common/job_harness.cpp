@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
-#include <thread>
 
 #include "sinks/sqlite_reader.hpp"
 #include "sinks/sqlite_sink.hpp"
@@ -14,6 +13,7 @@
 #include "stages/ingest_guard.hpp"
 #include "state/tombstones.hpp"
 #include "tests/common/process.hpp"
+#include "tests/common/test_util.hpp"
 
 namespace atfill::testing {
 
@@ -94,14 +94,16 @@ int KillAtRowCounts(const std::vector<std::string>& argv, const std::filesystem:
   int kills = 0;
   for (uint64_t target : targets) {
     Child child(argv, dir);
-    // Polls the table (WAL readers never block the writer) until it holds `target` rows.
-    uint64_t rows = 0;
-    while (child.Running() && rows < target) {
-      if (auto reader = sinks::SqliteReader::Open(db); reader.ok()) {
-        if (auto n = (*reader)->Count(); n.ok()) rows = *n;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
+    // Until the table (WAL readers never block the writer) holds `target` rows, or the run ends.
+    WaitUntil(
+        [&] {
+          uint64_t rows = 0;
+          if (auto reader = sinks::SqliteReader::Open(db); reader.ok()) {
+            if (auto n = (*reader)->Count(); n.ok()) rows = *n;
+          }
+          return rows >= target || !child.Running();
+        },
+        std::chrono::seconds(120), std::chrono::milliseconds(2));
     if (child.Kill(SIGKILL)) {
       auto r = child.Wait();
       EXPECT_EQ(r.signal, SIGKILL) << r.err;

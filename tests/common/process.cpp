@@ -1,15 +1,21 @@
 #include "tests/common/process.hpp"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <random>
 #include <sstream>
-#include <thread>
 
 namespace atfill::testing {
 namespace {
@@ -70,22 +76,31 @@ bool Child::Running() {
 
 ProcessResult Child::Wait(std::chrono::milliseconds timeout) {
   ProcessResult result;
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
   bool timed_out = false;
-  while (!reaped_) {
-    const pid_t r = ::waitpid(pid_, &status_, WNOHANG);
-    if (r == pid_) {
-      reaped_ = true;
+  if (!reaped_) {
+    // A pidfd becomes readable when the child exits: one bounded wait, no polling.
+    const int fd = static_cast<int>(::syscall(SYS_pidfd_open, pid_, 0));
+    if (fd < 0) {
+      std::fprintf(stderr, "[test harness] pidfd_open(%d): %s\n", static_cast<int>(pid_),
+                   std::strerror(errno));
+      std::abort();
+    }
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      pollfd p{fd, POLLIN, 0};
+      const int r = ::poll(&p, 1, static_cast<int>(std::max<int64_t>(0, left.count())));
+      if (r < 0 && errno == EINTR) continue;
       break;
     }
-    if (std::chrono::steady_clock::now() > deadline) {
+    ::close(fd);
+    if (::waitpid(pid_, &status_, WNOHANG) != pid_) {
       ::kill(pid_, SIGKILL);
       ::waitpid(pid_, &status_, 0);
-      reaped_ = true;
       timed_out = true;
-      break;
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    reaped_ = true;
   }
   if (WIFEXITED(status_)) result.exit_code = WEXITSTATUS(status_);
   if (WIFSIGNALED(status_)) result.signal = WTERMSIG(status_);

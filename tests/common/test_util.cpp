@@ -1,10 +1,12 @@
 #include "tests/common/test_util.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
+#include <thread>
 
 namespace atfill::testing {
 
@@ -34,6 +36,20 @@ std::string ReadFileOrDie(const std::filesystem::path& path) {
   std::ostringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+bool WaitUntil(const std::function<bool()>& condition, std::chrono::milliseconds timeout,
+               std::chrono::milliseconds max_step) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto step = std::chrono::milliseconds(1);
+  for (;;) {
+    if (condition()) return true;
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) return false;
+    std::this_thread::sleep_for(
+        std::min<std::chrono::steady_clock::duration>(step, deadline - now));
+    step = std::min(step * 2, max_step);
+  }
 }
 
 }  // namespace atfill::testing

@@ -1,7 +1,9 @@
 // Helpers shared by the test programs: the third-party data folder and file reading.
 #pragma once
 
+#include <chrono>
 #include <filesystem>
+#include <functional>
 #include <string>
 
 namespace atfill::testing {
@@ -18,6 +20,12 @@ bool SharedAvailable(const std::filesystem::path& relative, std::filesystem::pat
 bool SharedRequired();
 
 std::string ReadFileOrDie(const std::filesystem::path& path);
+
+// A gate on a condition the code under test offers no hook to wait on (a file appearing, a row
+// count, an endpoint's answer, another process's progress): checks `condition` until it holds or
+// `timeout` has passed, and says which. The checks start 1 ms apart and spread to `max_step`.
+bool WaitUntil(const std::function<bool()>& condition, std::chrono::milliseconds timeout,
+               std::chrono::milliseconds max_step = std::chrono::milliseconds(20));
 
 }  // namespace atfill::testing
 

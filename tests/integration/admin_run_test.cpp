@@ -15,11 +15,11 @@
 #include <regex>
 #include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "sinks/sqlite_reader.hpp"
 #include "tests/common/process.hpp"
+#include "tests/common/test_util.hpp"
 #include "tools/simnet/simnet.hpp"
 
 namespace atfill {
@@ -73,22 +73,19 @@ class Server {
     if (backfill_first) {
       auto before = testing::RunProcess({ATFILL_BINARY, "backfill", config_}, dir_.path());
       EXPECT_EQ(before.exit_code, 0) << before.err;
-      std::this_thread::sleep_for(std::chrono::milliseconds(1500));
     }
     child_ = std::make_unique<Child>(std::vector<std::string>{ATFILL_BINARY, "run", config_},
                                      dir_.path());
     // The port it listens on, from its first lines.
     const std::regex listening(R"(dashboard on http://127\.0\.0\.1:(\d+)/)");
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    while (std::chrono::steady_clock::now() < deadline && child_->Running()) {
-      std::smatch m;
-      const std::string err = Slurp(child_->err_path());
-      if (std::regex_search(err, m, listening)) {
-        port_ = std::stoi(m[1]);
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
+    testing::WaitUntil(
+        [&] {
+          std::smatch m;
+          const std::string err = Slurp(child_->err_path());
+          if (std::regex_search(err, m, listening)) port_ = std::stoi(m[1]);
+          return port_ != 0 || !child_->Running();
+        },
+        std::chrono::seconds(30));
   }
   ~Server() { Stop(); }
 
@@ -180,21 +177,19 @@ uint64_t RowsOf(const std::filesystem::path& db, const std::string& collection) 
       rows->begin(), rows->end(), [&](const auto& r) { return r.collection == collection; }));
 }
 
-// GETs `path` every 50 ms until `done` holds for the answer (or `seconds` pass: a test failure);
-// returns the last answer's body.
+// GETs `path` until `done` holds for the answer (or `seconds` pass: a test failure); returns the
+// last answer's body.
 std::string Poll(const Server& server, const std::string& path,
                  const std::function<bool(const std::string&)>& done, int seconds = 90) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
   std::string body;
-  while (std::chrono::steady_clock::now() < deadline) {
-    auto r = server.Client().Get(path);
-    if (r && r->status == 200) {
-      body = r->body;
-      if (done(body)) return body;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  ADD_FAILURE() << "GET " << path << " never showed what was awaited: " << body;
+  const bool shown = testing::WaitUntil(
+      [&] {
+        auto r = server.Client().Get(path);
+        if (r && r->status == 200) body = r->body;
+        return r && r->status == 200 && done(body);
+      },
+      std::chrono::seconds(seconds), std::chrono::milliseconds(50));
+  if (!shown) ADD_FAILURE() << "GET " << path << " never showed what was awaited: " << body;
   return body;
 }
 
@@ -423,8 +418,9 @@ TEST(AdminRunTest, TheLiveConsumersStateIsServed) {
 TEST(AdminRunTest, RetentionClearsTheDetailsOfOldFinishedJobs) {
   auto net = simnet::Simnet::Start(Network(0));
   ASSERT_TRUE(net.ok()) << net.status().ToString();
-  // 0.00001 days is under a second: the job finished before the server started is old enough.
-  Server server(**net, "[jobs]\nbackfill_retention_days = 0.00001\n", /*backfill_first=*/true);
+  // 0.000000001 days is under 0.1 ms: the job finished before the server process started is old
+  // enough by the time its retention task runs.
+  Server server(**net, "[jobs]\nbackfill_retention_days = 0.000000001\n", /*backfill_first=*/true);
   ASSERT_NE(server.port(), 0) << server.log();
   const std::string job = Poll(server, "/admin/backfill/1", [](const std::string& body) {
     return body.find("details_cleared") != std::string::npos;

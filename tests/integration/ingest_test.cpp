@@ -7,7 +7,6 @@
 #include <chrono>
 #include <cstdlib>
 #include <random>
-#include <thread>
 
 #include "atproto/json.hpp"
 #include "sinks/sqlite_reader.hpp"
@@ -265,13 +264,35 @@ TEST(IngestTest, BatchAuditTrailListsEveryBatch) {
   EXPECT_THAT(b.out, HasSubstr(":3000\""));
 }
 
-// Waits until the child has opened the state (its OWNER file exists) or exited.
-bool WaitForState(Child& child, const std::filesystem::path& state_dir) {
-  for (int i = 0; i < 2000 && child.Running(); ++i) {
-    if (std::filesystem::exists(state_dir / "OWNER")) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+// The row count of the table at `db` (0 while it does not exist yet). WAL readers never block
+// the writer.
+uint64_t RowCount(const std::string& db) {
+  if (auto reader = sinks::SqliteReader::Open(db); reader.ok()) {
+    if (auto n = (*reader)->Count(); n.ok()) return *n;
   }
-  return false;
+  return 0;
+}
+
+// Waits until the child has opened the state (its OWNER file exists); false when it exited first
+// or took over 10 s.
+bool WaitForState(Child& child, const std::filesystem::path& state_dir) {
+  const auto owner = state_dir / "OWNER";
+  return testing::WaitUntil([&] { return std::filesystem::exists(owner) || !child.Running(); },
+                            std::chrono::seconds(10)) &&
+         std::filesystem::exists(owner);
+}
+
+// Waits until the child's table holds at least `rows` rows; false when it exited first or took
+// over 60 s.
+bool WaitForRows(Child& child, const std::string& db, uint64_t rows) {
+  bool reached = false;
+  testing::WaitUntil(
+      [&] {
+        reached = RowCount(db) >= rows;
+        return reached || !child.Running();
+      },
+      std::chrono::seconds(60));
+  return reached;
 }
 
 TEST(IngestTest, ASecondProcessOnTheSameStateFailsAtOnceNamingTheHolder) {
@@ -372,15 +393,7 @@ TEST(IngestCrashTest, FiveKillsAtRandomPointsConvergeToTheUninterruptedTable) {
   int kills = 0;
   for (uint64_t target : targets) {
     Child child({kAtfill, "ingest", crashed.config, events}, crashed.dir.path());
-    // Polls the table (WAL readers never block the writer) until it holds `target` rows.
-    uint64_t rows = 0;
-    while (child.Running()) {
-      if (auto reader = sinks::SqliteReader::Open(crashed.db()); reader.ok()) {
-        if (auto n = (*reader)->Count(); n.ok()) rows = *n;
-      }
-      if (rows >= target) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
+    WaitForRows(child, crashed.db(), target);
     if (child.Kill(SIGKILL)) {
       auto r = child.Wait();
       EXPECT_EQ(r.signal, SIGKILL) << Describe(r);
@@ -423,6 +436,65 @@ TEST(EmbedExampleTest, BuildsAGraphInAFewLinesAndRunsIt) {
   EXPECT_GT(rows->size(), 2000u);
 }
 
+// The example and the launcher on one event file write equal tables: the embedded graph takes
+// the launcher's stages in the launcher's order, so its write rules are the same. The file holds
+// updates, deletes, account events and bad lines, and by hand a stale update (an older rev after a
+// newer one) and a create replayed after its record's delete, which only the ingest guard refuses.
+TEST(EmbedExampleTest, WritesTheSameTableAsAtfillIngestOnOneEventFile) {
+  gen::EventGenOptions o;
+  o.dids = 40;
+  o.update_ratio = 0.2;
+  o.delete_ratio = 0.1;
+  o.account_ratio = 0.01;
+  o.bad_ratio = 0.01;
+  o.seed = 23;
+  TempDir dir;
+  const std::string events = (dir / "e.jsonl").string();
+  ASSERT_TRUE(gen::EventGenerator::WriteFile(o, 5000, events).ok());
+  const std::string did = "did:plc:embedcompare000000000";
+  auto line = [&](const std::string& rev, const std::string& op, const std::string& text) {
+    std::string l = "{\"did\":\"" + did +
+                    "\",\"time_us\":1790000000000000,\"kind\":\"commit\",\"commit\":{\"rev\":\"" +
+                    rev + "\",\"operation\":\"" + op +
+                    "\",\"collection\":\"app.bsky.feed.post\",\"rkey\":\"3lbqzbaaaaa2a\"";
+    if (!text.empty()) {
+      const std::string record = "{\"$type\":\"app.bsky.feed.post\",\"text\":\"" + text +
+                                 "\",\"createdAt\":\"2026-01-01T00:00:00.000Z\"}";
+      l +=
+          ",\"record\":" + record + ",\"cid\":\"" + atproto::CidOfRecord(record)->ToString() + "\"";
+    }
+    return l + "}}\n";
+  };
+  std::string extra = line("3lbqzbaaaab2a", "create", "kept") +
+                      line("3lbqzbaaaaa2a", "update", "stale") +  // older rev: refused
+                      line("3lbqzbaaaac2a", "create", "second") +
+                      line("3lbqzbaaaad2a", "delete", "") +
+                      line("3lbqzbaaaac2a", "create", "second");  // before the delete: refused
+  {
+    std::string text = testing::ReadFileOrDie(events);
+    WriteFile(events, text + extra);
+  }
+
+  TempDir embedded;
+  auto r = RunProcess(
+      {EMBED_BATCH_BINARY, events, (embedded / "out.db").string(), (embedded / "state").string()},
+      embedded.path());
+  ASSERT_EQ(r.exit_code, 0) << Describe(r);
+  Workspace launcher;
+  auto cli = launcher.Atfill({"ingest", launcher.config, events});
+  ASSERT_EQ(cli.exit_code, 1) << Describe(cli);  // 1: the bad lines were skipped and logged
+
+  const auto want = Content(launcher.db());
+  const auto got = Content((embedded / "out.db").string());
+  ASSERT_GT(want.size(), 1000u);
+  EXPECT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < std::min(got.size(), want.size()); ++i) {
+    ASSERT_EQ(got[i], want[i]) << "row " << i;
+  }
+  // The hand-written record ended deleted in both (the refused create did not bring it back).
+  for (const auto& row : want) EXPECT_THAT(row, ::testing::Not(HasSubstr(did)));
+}
+
 }  // namespace
 }  // namespace atfill
 
@@ -451,8 +523,8 @@ TEST(IngestTest, CancelWithNoProcessRunningEndsTheJobForGood) {
   ASSERT_TRUE(gen::EventGenerator::WriteFile(o, 300'000, events).ok());
   // A job left unfinished by a killed process.
   Child child({kAtfill, "ingest", ws.config, events}, ws.dir.path());
-  ASSERT_TRUE(WaitForState(child, ws.dir / "state"));
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  // Killed once its job has committed a batch.
+  ASSERT_TRUE(WaitForRows(child, ws.db(), 1)) << "the ingest ended before it wrote a row";
   ASSERT_TRUE(child.Kill(SIGKILL)) << "the ingest finished before it could be killed";
   child.Wait();
 

@@ -4,17 +4,27 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <chrono>
+#include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
+#include <regex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "sinks/postgres_reader.hpp"
 #include "sinks/sqlite_reader.hpp"
 #include "tests/common/pg_server.hpp"
 #include "tests/common/process.hpp"
+#include "tests/common/test_util.hpp"
 #include "tools/gen/event_gen.hpp"
 #include "tools/simnet/simnet.hpp"
 
@@ -115,6 +125,48 @@ TEST(PostgresRunTest, IngestIntoPostgresGivesTheTableIngestIntoSqliteGives) {
   EXPECT_THAT(job.out, Not(HasSubstr("hunter2")));
 }
 
+// The port of a key=value connection string, 0 when it names none.
+int PortOf(const std::string& conninfo) {
+  std::smatch m;
+  static const std::regex port(R"((?:^|\s)port=(\d+))");
+  return std::regex_search(conninfo, m, port) ? std::stoi(m[1]) : 0;
+}
+
+// Stands in for a stopped server on 127.0.0.1:`port`: accepts each connection and closes it at
+// once, as a host whose server is gone would refuse it, and counts them. Returns once `count`
+// came, `give_up` says so (checked every 100 ms) or `timeout` passed; the connections taken.
+int TakeConnectionAttempts(int port, int count, std::chrono::milliseconds timeout,
+                           const std::function<bool()>& give_up) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  EXPECT_GE(fd, 0) << std::strerror(errno);
+  if (fd < 0) return 0;
+  const int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  int taken = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::listen(fd, 8) != 0) {
+    ADD_FAILURE() << "listening on the stopped server's port " << port << ": "
+                  << std::strerror(errno);
+  } else {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (taken < count && !give_up() && std::chrono::steady_clock::now() < deadline) {
+      pollfd p{fd, POLLIN, 0};
+      if (::poll(&p, 1, 100) == 1) {
+        const int c = ::accept4(fd, nullptr, nullptr, SOCK_CLOEXEC);
+        if (c >= 0) {
+          ::close(c);
+          ++taken;
+        }
+      }
+    }
+  }
+  ::close(fd);
+  return taken;
+}
+
 TEST(PostgresRunTest, AServerStoppedAndRestartedMidRunLosesNothing) {
   auto server = testing::PgServer::StartPrivate();
   ASSERT_TRUE(server.ok()) << server.status().ToString();
@@ -132,23 +184,24 @@ TEST(PostgresRunTest, AServerStoppedAndRestartedMidRunLosesNothing) {
       pg.path(), (*db)->conninfo(),
       "[engine]\nbatch_records = 1000\nsink_retry_initial_ms = 50\nsink_retry_max_ms = 400\n");
   testing::Child run({ATFILL_BINARY, "ingest", config, events}, pg.path());
-  // Once some batches are in, the server goes away for two seconds, then comes back.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  // Once some batches are in, the server goes away until the run has tried to reconnect three
+  // times (each attempt refused), then comes back.
   size_t before = 0;
-  while (std::chrono::steady_clock::now() < deadline && run.Running()) {
-    auto reader = sinks::PostgresReader::Open((*db)->conninfo());
-    if (reader.ok()) {
-      auto n = (*reader)->Count();
-      if (n.ok() && *n >= 5'000) {
-        before = *n;
-        break;
-      }
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  testing::WaitUntil(
+      [&] {
+        if (auto reader = sinks::PostgresReader::Open((*db)->conninfo()); reader.ok()) {
+          if (auto n = (*reader)->Count(); n.ok()) before = *n;
+        }
+        return before >= 5'000 || !run.Running();
+      },
+      std::chrono::seconds(60));
   ASSERT_GE(before, 5'000u) << "the run ended (or never wrote) before the outage";
   ASSERT_TRUE((*server)->Stop().ok());
-  std::this_thread::sleep_for(std::chrono::seconds(2));
+  const int port = PortOf((*server)->admin_conninfo());
+  ASSERT_NE(port, 0) << (*server)->admin_conninfo();
+  const int attempts =
+      TakeConnectionAttempts(port, 3, std::chrono::seconds(60), [&] { return !run.Running(); });
+  EXPECT_EQ(attempts, 3) << "the run did not keep trying to reach the server";
   EXPECT_TRUE(run.Running()) << "the run must wait for the server, not fail";
   ASSERT_TRUE((*server)->Start().ok());
   auto done = run.Wait(std::chrono::seconds(180));

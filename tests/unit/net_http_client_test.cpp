@@ -18,6 +18,7 @@
 #include "net/endpoint.hpp"
 #include "net/xrpc_error.hpp"
 #include "tests/common/http_test_server.hpp"
+#include "tests/common/test_util.hpp"
 
 namespace atfill::net {
 namespace {
@@ -542,11 +543,10 @@ TEST(HttpClientTest, HostDownDefersQueuedRequestsAndRecoversAfterSuccess) {
   server.SetHold(true);
   for (size_t i = 0; i < kRequests; ++i) client->Submit(Get(server.Url()), outcomes.At(i));
   ASSERT_TRUE(server.WaitForHeld(1, kWait));
-  const auto deadline = std::chrono::steady_clock::now() + kWait;
-  while (client->HostState(server.HostKey()).queued != static_cast<int>(kRequests) - 1) {
-    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "requests never queued";
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
+  ASSERT_TRUE(testing::WaitUntil(
+      [&] { return client->HostState(server.HostKey()).queued == static_cast<int>(kRequests) - 1; },
+      kWait))
+      << "requests never queued";
   server.SetHold(false);
   ASSERT_TRUE(outcomes.WaitAll());
   for (size_t i = 0; i < 5; ++i) {
