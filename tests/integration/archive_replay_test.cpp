@@ -14,6 +14,7 @@
 #include "sources/jss.hpp"
 #include "state/failed_blocks.hpp"
 #include "tests/common/process.hpp"
+#include "tests/common/test_util.hpp"
 #include "tools/gen/event_gen.hpp"
 
 namespace atfill {
@@ -179,11 +180,13 @@ TEST(ArchiveReplayTest, ASigkilledReplayResumesToTheSameTable) {
   Child child({kAtfill, "backfill", ws.Config("replay")}, ws.dir.path());
   // Killed once records are landing.
   bool landed = false;
-  for (int i = 0; i < 2000 && !landed; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    auto rows = sinks::ReadAllRecords((ws.dir / "replay.db").string());
-    landed = rows.ok() && rows->size() > 1000;
-  }
+  testing::WaitUntil(
+      [&] {
+        auto rows = sinks::ReadAllRecords((ws.dir / "replay.db").string());
+        landed = rows.ok() && rows->size() > 1000;
+        return landed || !child.Running();
+      },
+      std::chrono::seconds(10));
   ASSERT_TRUE(landed) << "no record landed";
   ASSERT_TRUE(child.Kill(SIGKILL)) << "the replay finished before it could be killed";
   auto killed = child.Wait();

@@ -17,6 +17,7 @@
 #include "atproto/json.hpp"
 #include "sinks/sqlite_reader.hpp"
 #include "tests/common/process.hpp"
+#include "tests/common/test_util.hpp"
 
 namespace atfill {
 namespace {
@@ -236,11 +237,8 @@ TEST(ScriptRunTest, SigtermStopsAnIngestWithinFiveSecondsWhateverItsScriptDoes) 
                          ws.dir.path());
     // The gate: the process is inside the script once it has used half a second of CPU (without
     // the script, these 2000 lines take a few milliseconds).
-    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-    while (child.Running() && CpuSeconds(child.pid()) < 0.5 &&
-           std::chrono::steady_clock::now() < give_up) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
+    testing::WaitUntil([&] { return !child.Running() || CpuSeconds(child.pid()) >= 0.5; },
+                       std::chrono::seconds(60));
     ASSERT_TRUE(child.Running()) << name << ": ended before the signal";
     const auto signalled = std::chrono::steady_clock::now();
     ASSERT_TRUE(child.Kill(SIGTERM)) << name;
