@@ -22,11 +22,12 @@ void Batcher::Add(EventChunk* chunk, int64_t now_us) {
   }
   chunk->events.clear();
   pending_.chunks.push_back(chunk);
+  if (chunk->seal) seal_ = true;
 }
 
 bool Batcher::ShouldFlush(int64_t now_us) const {
   if (pending_.chunks.empty()) return false;
-  return pending_.events.size() >= options_.max_events ||
+  return seal_ || pending_.events.size() >= options_.max_events ||
          pending_.chunks.size() >= options_.max_chunks ||
          now_us - pending_.first_added_us >= options_.max_delay_ms * 1000;
 }
@@ -34,6 +35,7 @@ bool Batcher::ShouldFlush(int64_t now_us) const {
 PendingBatch Batcher::Take() {
   PendingBatch out = std::move(pending_);
   pending_ = PendingBatch();
+  seal_ = false;
   return out;
 }
 

@@ -34,7 +34,8 @@ class Batcher {
  public:
   explicit Batcher(BatcherOptions options) : options_(options) {}
 
-  // Takes the chunk's events (moves them out) and keeps the chunk for its cursor and counters.
+  // Takes the chunk's events (moves them out) and keeps the chunk for its cursor and counters. A
+  // chunk with `seal` set makes ShouldFlush true.
   void Add(EventChunk* chunk, int64_t now_us);
   bool ShouldFlush(int64_t now_us) const;
   bool empty() const { return pending_.empty(); }
@@ -44,6 +45,7 @@ class Batcher {
  private:
   BatcherOptions options_;
   PendingBatch pending_;
+  bool seal_ = false;  // a pending chunk asked for the batch to be sealed
 };
 
 }  // namespace atfill::pipeline

@@ -64,6 +64,9 @@ struct EventChunk {
   uint64_t refused = 0;
   // An empty chunk a waiting source emits so the batcher can flush on time.
   bool tick = false;
+  // The batch this chunk joins is sealed at once, whatever the batch limits: the source waits for
+  // its earlier chunks to commit before it reads on (the replay's account sweep).
+  bool seal = false;
   // State writes that belong to this chunk's input (a crawl unit leaving the queue, a listing
   // cursor and the units its page queued...). They are committed in the same state write as the
   // batch holding the chunk, after the sink made its events durable; chunks commit in order.

@@ -109,7 +109,8 @@ class ChunkPool {
     c->resume_cursor.clear();
     c->seq = c->raw_first_position = c->units_read = c->bytes_read = c->input_done = 0;
     c->dropped = c->refused = 0;
-    c->tick = false;
+    c->tick = c->seal = false;
+    c->payload.reset();
     c->state_writes.Clear();
     c->counters.clear();
     c->stage.reset();

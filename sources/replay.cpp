@@ -4,7 +4,6 @@
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
-#include <thread>
 #include <unordered_map>
 
 #include <xxhash.h>
@@ -19,6 +18,9 @@
 
 namespace atfill::sources {
 namespace {
+
+// How long the account sweep waits for the records sweep's commit between two ticks.
+constexpr auto kCommitWait = std::chrono::milliseconds(100);
 
 using pipeline::AccountEvent;
 using pipeline::Event;
@@ -205,8 +207,11 @@ ReplayStats ReplaySource::stats() const {
 }
 
 void ReplaySource::Committed(uint64_t through_seq) {
+  // Under the lock, so a waiting Read cannot miss the notification between its check and its wait.
+  std::lock_guard lock(commit_mu_);
   committed_.store(through_seq, std::memory_order_release);
   any_committed_.store(true, std::memory_order_release);
+  commit_cv_.notify_all();
 }
 
 std::string ReplaySource::CursorText(uint64_t seq) const {
@@ -570,11 +575,24 @@ Status ReplaySource::Refold(const std::string& did, uint64_t after_seq, EventChu
 
 Result<bool> ReplaySource::ReadAccounts(EventChunk* chunk) {
   // The DIDs that hold records are read from state: wait until the records sweep is durable.
-  if (last_records_chunk_ && (!any_committed_.load(std::memory_order_acquire) ||
-                              committed_.load(std::memory_order_acquire) < *last_records_chunk_)) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  // First a tick that seals the batch holding the sweep's last chunks (no waiting for the batch's
+  // delay), then a wait that Committed() ends. The wait is bounded so that the engine, between
+  // two reads, notices a stop or a failure that means the commit never comes.
+  const auto durable = [&] {
+    return !last_records_chunk_ ||
+           (any_committed_.load(std::memory_order_acquire) &&
+            committed_.load(std::memory_order_acquire) >= *last_records_chunk_);
+  };
+  if (!durable()) {
     chunk->tick = true;
-    return true;
+    if (!seal_asked_) {
+      seal_asked_ = true;
+      chunk->seal = true;
+      return true;
+    }
+    std::unique_lock lock(commit_mu_);
+    if (!commit_cv_.wait_for(lock, kCommitWait, durable)) return true;
+    chunk->tick = false;
   }
   if (done_seq_ == UINT64_MAX) ATFILL_RETURN_IF_ERROR(StartAccounts());
   while (true) {

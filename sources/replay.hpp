@@ -23,6 +23,7 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -156,6 +157,10 @@ class ReplaySource : public pipeline::Source {
   std::optional<uint64_t> last_records_chunk_;
   std::atomic<uint64_t> committed_{0};
   std::atomic<bool> any_committed_{false};
+  // Committed() notifies the account sweep's wait for the records sweep.
+  std::mutex commit_mu_;
+  std::condition_variable commit_cv_;
+  bool seal_asked_ = false;  // the chunk that seals the records sweep's last batch went out
   std::set<std::string> refolded_;
 
   mutable std::mutex stats_mu_;

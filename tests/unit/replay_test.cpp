@@ -9,11 +9,13 @@
 #include <fstream>
 #include <random>
 #include <set>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "atproto/cid.hpp"
 #include "atproto/json.hpp"
+#include "pipeline/engine.hpp"
 #include "sources/archive.hpp"
 #include "sources/archive_writer.hpp"
 #include "sources/jss.hpp"
@@ -480,6 +482,60 @@ TEST(ReplayTest, AResumedReplayReadsOnlyRowsAfterItsCursorAndKeepsItsTip) {
   EXPECT_EQ(pipeline::PositionOf(run.events.front()), 13u);
   EXPECT_EQ(pipeline::PositionOf(run.events.back()), 30u);
   EXPECT_FALSE(source.Seek("records x").ok());
+}
+
+// In the engine, the account sweep waits for the records sweep's commit without polling: it seals
+// the records sweep's last batch at once (the batch's delay and chunk limit are out of reach
+// here) and is woken by the commit, so it sends out at most a tick or two, where a poll would send
+// a tick every few milliseconds until a batch of ticks filled up.
+TEST(ReplayTest, TheAccountSweepWaitsForTheRecordsCommitWithoutPolling) {
+  const fs::path dir = Scratch("engine");
+  using S = pipeline::AccountStatus;
+  std::vector<std::pair<JetstreamFrame::Payload, int64_t>> events;
+  for (int i = 0; i < 20; ++i) {
+    events.emplace_back(Create(kA, kPost, "r" + std::to_string(i), "3l3qo2vuowo21", "t"), kT0 + i);
+  }
+  events.emplace_back(Account(kA, false, S::kTakendown), kT0 + 50);
+  WriteArchive(dir, events, 4);
+  auto archive = LocalArchive::Open(dir.string());
+  ASSERT_TRUE(archive.ok()) << archive.status().message();
+  auto kv = state::NewMemoryKvStore();
+  ReplayOptions o;
+  o.collections = {kPost};
+  o.marker_tail_hours = 0;
+  ReplaySource source(archive->get(), o, 1, kv.get());
+
+  class Events : public pipeline::Sink {
+   public:
+    Result<pipeline::WriteStats> Write(std::span<const Event> batch) override {
+      for (const auto& e : batch) described.push_back(Describe(e));
+      return pipeline::WriteStats{};
+    }
+    std::string_view name() const override { return "events"; }
+    std::vector<std::string> described;  // the sink node's alone
+  };
+  class Ticks : public pipeline::Committer {
+   public:
+    Status PrepareCommit(const pipeline::BatchReport& r, state::WriteBatch*) override {
+      for (const pipeline::EventChunk* c : r.batch->chunks) ticks += c->tick ? 1 : 0;
+      return Status::OK();
+    }
+    void OnCommitted(const pipeline::BatchReport&) override {}
+    bool StopRequested() const override { return false; }
+    uint64_t ticks = 0;
+  };
+  Events sink;
+  Ticks committer;
+  pipeline::EngineOptions eo;
+  eo.workers = 2;
+  eo.batch = {.max_events = 1'000'000, .max_delay_ms = 600'000, .max_chunks = 1000};
+  pipeline::Engine engine(eo, &source, {}, &sink, kv.get(), &committer);
+  auto summary = engine.Run("");
+  ASSERT_TRUE(summary.ok()) << summary.status().ToString();
+  ASSERT_EQ(sink.described.size(), 21u);  // the 20 creates, then the takedown
+  EXPECT_EQ(sink.described[20], "account takendown " + kA);
+  EXPECT_GE(committer.ticks, 1u);  // the tick that sealed the records sweep
+  EXPECT_LE(committer.ticks, 3u);
 }
 
 }  // namespace
