@@ -218,6 +218,56 @@ Result<JobOutcome> JobController::Run(state::JobRecord job, const JobContext& ct
   return outcome;
 }
 
+Result<JobOutcome> JobController::RunLive(LiveService service) {
+  const auto run = [this, &service](state::JobRecord job, const JobContext& ctx) {
+    return service.run ? service.run(std::move(job), ctx) : Run(std::move(job), ctx);
+  };
+  JobGroup backfills(this, service.run);
+  JobContext hold;
+  hold.hold_live = true;
+  ATFILL_RETURN_IF_ERROR(backfills.Start(service.backfills, hold, service.backfill_done));
+  bool waited_for_backfills = false;
+  Result<JobOutcome> outcome = Status::Internal("the live consumer did not run");
+  for (;;) {
+    auto job = service.live_job ? service.live_job()
+                                : Result<state::JobRecord>(Status::Invalid("no live job"));
+    if (!job.ok()) {
+      outcome = job.status();
+      break;
+    }
+    JobGroup gaps(this, service.run);
+    JobContext ctx;
+    ctx.beside = &gaps;
+    if (waited_for_backfills) {
+      ctx.backfill_running = [] { return false; };
+    } else if (service.backfill_running) {
+      ctx.backfill_running = service.backfill_running;
+    } else {
+      ctx.backfill_running = [&backfills] { return backfills.running(); };
+    }
+    outcome = run(std::move(*job), ctx);
+    const bool idle = outcome.ok() && outcome->job.stop_reason.code == "stream_idle";
+    if (idle && gaps.started()) {
+      // Its events waited for the gap: once the gap is written, the next run applies them.
+      if (gaps.running() && service.waiting) service.waiting("gap");
+      gaps.Wait();
+      continue;
+    }
+    const bool interrupted = options_.interrupted && options_.interrupted();
+    if (idle && !waited_for_backfills && backfills.running() && !interrupted) {
+      // The stream went quiet before the backfills ended: once they have, the consumer runs
+      // again and applies what it held for their repos.
+      if (service.waiting) service.waiting("backfill");
+      backfills.Wait();
+      waited_for_backfills = true;
+      continue;
+    }
+    break;
+  }
+  backfills.Wait();
+  return outcome;
+}
+
 Result<state::JobRecord> JobController::Steer(uint64_t id, StopKind kind, std::string_view by) {
   std::lock_guard steer_lock(steer_mu_);
   const bool cancel = kind == StopKind::kCancel;

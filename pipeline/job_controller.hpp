@@ -107,6 +107,25 @@ struct JobControllerOptions {
   std::function<bool()> interrupted;
 };
 
+// The live consumer as `atfill run` keeps it: see JobController::RunLive.
+struct LiveService {
+  // The live job's record, found (its cursor continues) or made anew each time the consumer
+  // starts.
+  std::function<Result<state::JobRecord>()> live_job;
+  // Backfills run one after another on a thread of their own beside the consumer, which holds
+  // their repos' events until each repo's checkpoint.
+  std::vector<state::JobRecord> backfills;
+  // Backfills run elsewhere (an admin API's group): the consumer holds their repos' events while
+  // this answers true. Not waited for when the stream goes idle.
+  std::function<bool()> backfill_running;
+  // How each job runs (the live consumer, its gap replays, the backfills); Run when not set.
+  std::function<Result<JobOutcome>(state::JobRecord job, const JobContext& ctx)> run;
+  // Told of each backfill's end.
+  std::function<void(const state::JobRecord& job, const Result<JobOutcome>& outcome)> backfill_done;
+  // Told why the consumer waits before it runs again ("gap" or "backfill").
+  std::function<void(std::string_view waiting_for)> waiting;
+};
+
 class JobController {
  public:
   // The stores must outlive the controller.
@@ -129,6 +148,13 @@ class JobController {
   // Runs `job` on this thread to its end. An error: the job could not be planned (the planner's
   // status) or its state could not be written.
   Result<JobOutcome> Run(state::JobRecord job, const JobContext& ctx = {});
+
+  // Runs the live consumer on this thread with `service`'s backfills beside it. When the stream
+  // goes quiet (the consumer pauses with "stream_idle") while events it held wait for a gap replay
+  // it started, or for the backfills beside it (unless interrupted), it waits for them and runs
+  // again from its cursor, which applies what it held. Returns the consumer's last outcome, once
+  // the backfills have ended.
+  Result<JobOutcome> RunLive(LiveService service);
 
   // A job that is about to run on another thread counts as running from now on, and a stop asked
   // for before it starts is handed to it when it does. Ended(id) when it will not run after all.

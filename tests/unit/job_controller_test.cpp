@@ -54,6 +54,33 @@ class CountingSource : public Source {
   uint64_t next_ = 0;
 };
 
+// `chunks` chunks, then the end of a stream that went quiet (the consumer pauses "stream_idle").
+class IdleStream : public CountingSource {
+ public:
+  explicit IdleStream(uint64_t chunks) : CountingSource(chunks) {}
+  state::StopReason Unfinished() const override {
+    return {"stream_idle", "no message for a while"};
+  }
+};
+
+// Chunks until its gate opens (a backfill that outlasts the stream's first run).
+class GatedSource : public CountingSource {
+ public:
+  GatedSource(std::mutex* mu, std::condition_variable* cv, bool* open)
+      : CountingSource(0), mu_(mu), cv_(cv), open_(open) {}
+  Result<bool> Read(EventChunk* chunk) override {
+    std::unique_lock lock(*mu_);
+    if (cv_->wait_for(lock, std::chrono::milliseconds(5), [this] { return *open_; })) return false;
+    lock.unlock();
+    return CountingSource::Read(chunk);
+  }
+
+ private:
+  std::mutex* mu_;
+  std::condition_variable* cv_;
+  bool* open_;
+};
+
 class RecordingSink : public Sink {
  public:
   Result<WriteStats> Write(std::span<const Event> batch) override {
@@ -372,6 +399,86 @@ TEST_F(JobControllerTest, APlansPiecesAreReleasedLastToFirstAfterItsEndHook) {
   ASSERT_TRUE(outcome.ok()) << outcome.status().message();
   EXPECT_TRUE(after_ran_first);
   EXPECT_EQ(log, (std::vector<int>{2, 1}));
+}
+
+TEST_F(JobControllerTest, AnIdleStreamWaitsForTheBackfillsBesideItThenRunsAgain) {
+  auto c = MakeController();
+  std::mutex mu;
+  std::condition_variable cv;
+  bool open = false;
+  c->SetPlanner("gated", [&](state::JobRecord& job, const JobContext&) {
+    JobPlan plan;
+    auto source = std::make_shared<GatedSource>(&mu, &cv, &open);
+    plan.keep.push_back(source);
+    plan.source = source.get();
+    plan.sink = &sink_;
+    plan.cursor_name = "job/" + std::to_string(job.id) + "/gated";
+    return Result<JobPlan>(std::move(plan));
+  });
+  std::vector<bool> held_at_start;  // per run of the consumer: did it hold for a backfill?
+  c->SetPlanner("live", [&](state::JobRecord&, const JobContext& ctx) {
+    held_at_start.push_back(ctx.backfill_running && ctx.backfill_running());
+    JobPlan plan;
+    auto source = std::make_shared<IdleStream>(3);
+    plan.keep.push_back(source);
+    plan.source = source.get();
+    plan.sink = &sink_;
+    plan.cursor_name = "live";
+    return Result<JobPlan>(std::move(plan));
+  });
+  state::JobRecord live = NewJob("live", 0);
+  LiveService service;
+  service.live_job = [&]() -> Result<state::JobRecord> { return jobs_->Get(live.id); };
+  service.backfills = {NewJob("gated", 0)};
+  std::vector<std::string> waits;
+  service.waiting = [&](std::string_view what) {
+    waits.emplace_back(what);
+    // The consumer waits now: the backfill may end.
+    std::lock_guard lock(mu);
+    open = true;
+    cv.notify_all();
+  };
+  std::vector<state::JobStatus> backfills_ended;
+  service.backfill_done = [&](const state::JobRecord&, const Result<JobOutcome>& o) {
+    backfills_ended.push_back(o.ok() ? o->job.status : state::JobStatus::kFailed);
+  };
+  auto outcome = c->RunLive(std::move(service));
+  ASSERT_TRUE(outcome.ok()) << outcome.status().message();
+  EXPECT_EQ(outcome->job.stop_reason.code, "stream_idle");
+  EXPECT_EQ(waits, (std::vector<std::string>{"backfill"}));
+  EXPECT_EQ(held_at_start, (std::vector<bool>{true, false}));
+  EXPECT_EQ(backfills_ended, (std::vector<state::JobStatus>{state::JobStatus::kCompleted}));
+}
+
+TEST_F(JobControllerTest, AnIdleStreamWaitsForTheGapReplayItStartedThenRunsAgain) {
+  auto c = MakeController();
+  int runs = 0;
+  uint64_t gap_id = 0;
+  c->SetPlanner("live", [&](state::JobRecord&, const JobContext& ctx) -> Result<JobPlan> {
+    // The first run finds its cursor too old and replays the gap beside itself.
+    if (runs++ == 0) {
+      if (ctx.beside == nullptr) return Status::Internal("no group for the gap");
+      state::JobRecord gap = NewJob("count", 40);
+      gap_id = gap.id;
+      ATFILL_RETURN_IF_ERROR(ctx.beside->Start({gap}));
+    }
+    JobPlan plan;
+    auto source = std::make_shared<IdleStream>(2);
+    plan.keep.push_back(source);
+    plan.source = source.get();
+    plan.sink = &sink_;
+    plan.cursor_name = "live";
+    return plan;
+  });
+  state::JobRecord live = NewJob("live", 0);
+  LiveService service;
+  service.live_job = [&]() -> Result<state::JobRecord> { return jobs_->Get(live.id); };
+  auto outcome = c->RunLive(std::move(service));
+  ASSERT_TRUE(outcome.ok()) << outcome.status().message();
+  EXPECT_EQ(runs, 2);
+  ASSERT_NE(gap_id, 0u);
+  EXPECT_EQ(jobs_->Get(gap_id)->status, state::JobStatus::kCompleted);
+  EXPECT_EQ(outcome->job.stop_reason.code, "stream_idle");
 }
 
 }  // namespace

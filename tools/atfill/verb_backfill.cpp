@@ -8,7 +8,7 @@
 
 #include "pipeline/job.hpp"
 #include "pipeline/run.hpp"
-#include "sources/crawl.hpp"
+#include "sources/crawl/crawl_source.hpp"
 #include "state/failed_blocks.hpp"
 #include "tools/atfill/app_config.hpp"
 #include "tools/atfill/args.hpp"
@@ -340,31 +340,8 @@ int RunRun(std::span<char* const> args) {
   if (!live) return worst;
   // The backfills run on a thread of their own while this one keeps the database current from
   // the Jetstream, holding the live events of each repo until the crawl has written it.
-  int backfill_rc = kExitOk;  // read after the group's thread is joined
-  pipeline::JobGroup crawls(&controller, [&](state::JobRecord job, const pipeline::JobContext& c) {
-    std::fprintf(stderr, "atfill run: backfill job %" PRIu64 " runs beside the live consumer\n",
-                 job.id);
-    auto outcome = RunAndReport("run", *config, *st, std::move(job), c);
-    backfill_rc = std::max(backfill_rc, ExitCodeOf(outcome));
-    return outcome;
-  });
-  pipeline::JobContext hold;
-  hold.hold_live = true;
-  if (Status s = crawls.Start(beside, hold); !s.ok()) return Fail("run", s.message(), kExitIo);
-  state::StopReason stopped;
-  int rc = RunLive(
-      *config, *st, [&crawls] { return crawls.running(); }, &stopped);
-  if (stopped.code == "stream_idle" && crawls.running() && !StopSignalled()) {
-    // The stream went quiet before the backfills ended: once they have, the live consumer runs
-    // again from its cursor and applies what it held.
-    std::fprintf(stderr,
-                 "atfill run: the stream is idle; waiting for the backfill to finish, then "
-                 "applying the live events held for its repos\n");
-    crawls.Wait();
-    rc = RunLive(
-        *config, *st, [] { return false; }, &stopped);
-  }
-  crawls.Wait();
+  int backfill_rc = kExitOk;
+  const int rc = RunLive(*config, *st, nullptr, nullptr, beside, &backfill_rc);
   RestoreSignals();
   return std::max({worst, rc, backfill_rc});
 }

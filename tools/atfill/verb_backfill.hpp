@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "base/status.hpp"
-#include "sources/crawl.hpp"
+#include "sources/crawl/crawl_source.hpp"
 #include "state/job_store.hpp"
 
 namespace atfill::cli {
@@ -39,10 +39,13 @@ Result<state::JobRecord> CreateBackfill(const AppConfig& config, OpenedState& st
 Result<state::JobRecord> CreateRetryJob(OpenedState& st, uint64_t id, const std::string& started_by,
                                         bool* resumed);
 
-// Runs the live consumer of the config ([live]) as the job "live" until it stops.
-// While `backfill_running` answers true, the live events of repos a crawl marked are held until
-// their checkpoint (stages::LiveHold); `stop` receives the live job's stop reason.
+// Runs the live consumer of the config ([live]) as the job "live" until it stops
+// (pipeline::JobController::RunLive), with `backfills` one after another beside it; their exit
+// codes' worst goes to `backfill_rc`. While `backfill_running` (or those backfills) answers true,
+// the live events of repos a crawl marked are held until their checkpoint (stages::LiveHold);
+// `stop` receives the live job's stop reason.
 int RunLive(const AppConfig& config, OpenedState& st,
-            std::function<bool()> backfill_running = nullptr, state::StopReason* stop = nullptr);
+            std::function<bool()> backfill_running = nullptr, state::StopReason* stop = nullptr,
+            std::vector<state::JobRecord> backfills = {}, int* backfill_rc = nullptr);
 
 }  // namespace atfill::cli

@@ -1,6 +1,7 @@
 // The live consumer for `atfill run` ([live] hosts set): a Jetstream into the sink, as the job
 // "live", until it is paused (Ctrl-C) or, with [live] idle_exit_ms, the stream goes quiet.
 // `atfill status CONFIG` shows it from another process.
+#include <algorithm>
 #include <cinttypes>
 #include <cstdio>
 
@@ -29,8 +30,9 @@ int Fail(const char* verb, const std::string& msg, int code) {
 }  // namespace
 
 int RunLive(const AppConfig& config, OpenedState& st, std::function<bool()> backfill_running,
-            state::StopReason* stop) {
-  for (;;) {
+            state::StopReason* stop, std::vector<state::JobRecord> backfills, int* backfill_rc) {
+  pipeline::LiveService service;
+  service.live_job = [&config, &st]() -> Result<state::JobRecord> {
     state::JobRecord prototype;
     prototype.kind = "live";
     prototype.stage = state::JobStage::kReplaying;
@@ -42,32 +44,43 @@ int RunLive(const AppConfig& config, OpenedState& st, std::function<bool()> back
         {"sink", SinkLocation(config)}};
     bool resumed = false;
     auto job = pipeline::FindOrCreateJob(st.jobs.get(), prototype, {}, &resumed);
-    if (!job.ok()) return Fail("run", job.status().message(), kExitIo);
+    if (!job.ok()) return Status::IoError(job.status().message());
     std::fprintf(stderr, "atfill run: live job %" PRIu64 " from %s (%s)\n", job->id,
                  config.live.hosts.front().c_str(),
                  std::string(sources::JetstreamProtocolName(config.live.protocol)).c_str());
-    // The stream's gaps replayed from the archive ([crawl] source = auto or replay) run beside
-    // the consumer; their summaries are printed like the consumer's.
-    pipeline::JobGroup gaps(&ControllerOf(config, st),
-                            [&](state::JobRecord gap, const pipeline::JobContext& c) {
-                              return RunAndReport("run", config, st, std::move(gap), c);
-                            });
-    pipeline::JobContext ctx;
-    ctx.backfill_running = backfill_running;
-    ctx.beside = &gaps;
-    state::StopReason stopped;
-    const int rc = RunInForeground("run", config, st, *job, ctx, &stopped);
-    if (stop != nullptr) *stop = stopped;
-    if (!gaps.started() || stopped.code != "stream_idle") return rc;
-    // The stream went quiet while its events waited for the gap: once the gap is replayed, the
-    // consumer runs again from its cursor and applies them.
-    if (gaps.running()) {
+    return job;
+  };
+  service.backfills = std::move(backfills);
+  service.backfill_running = std::move(backfill_running);
+  service.run = [&config, &st](state::JobRecord job, const pipeline::JobContext& ctx) {
+    if (job.kind == "backfill" && ctx.hold_live) {
+      std::fprintf(stderr, "atfill run: backfill job %" PRIu64 " runs beside the live consumer\n",
+                   job.id);
+    }
+    return RunAndReport("run", config, st, std::move(job), ctx);
+  };
+  service.backfill_done = [backfill_rc](const state::JobRecord&,
+                                        const Result<pipeline::JobOutcome>& outcome) {
+    if (backfill_rc != nullptr) *backfill_rc = std::max(*backfill_rc, ExitCodeOf(outcome));
+  };
+  service.waiting = [](std::string_view what) {
+    if (what == "gap") {
       std::fprintf(stderr,
                    "atfill run: the stream is idle; waiting for the gap replay to finish, then "
                    "applying the live events held meanwhile\n");
+    } else {
+      std::fprintf(stderr,
+                   "atfill run: the stream is idle; waiting for the backfill to finish, then "
+                   "applying the live events held for its repos\n");
     }
-    gaps.Wait();
+  };
+  auto outcome = ControllerOf(config, st).RunLive(std::move(service));
+  if (stop != nullptr) *stop = outcome.ok() ? outcome->job.stop_reason : state::StopReason{};
+  // A failed run printed its reason; a live job that could not be found or made did not.
+  if (!outcome.ok() && outcome.status().code() == StatusCode::kIoError) {
+    std::fprintf(stderr, "atfill run: %s\n", outcome.status().message().c_str());
   }
+  return ExitCodeOf(outcome);
 }
 
 int RunStatus(std::span<char* const> args) {
