@@ -37,6 +37,8 @@
 //   ATFILL_SCALE_CACHE_MB     the sink's page cache (default: SqliteSinkOptions' default)
 //   ATFILL_SCALE_PAGE_SIZE    the page size of the new databases, bytes (default: the sink's)
 //   ATFILL_SCALE_BATCH        events per sink batch (default: the engine's, 5,000)
+//   ATFILL_SCALE_CHECKPOINT   inline: the sinks checkpoint inside their COMMIT instead of on
+//                             their checkpoint thread
 //   ATFILL_SCALE_BULK         1: BM_RepoOrder's sink loads with bulk_load (a fresh backfill's
 //                             layout, indexes built when the sink closes, timed with the writes)
 //
@@ -299,6 +301,9 @@ Result<std::unique_ptr<pipeline::Sink>> NewDatabase(const fs::path& path, bool b
   options.page_size_bytes = Cfg().page_size;
   if (Cfg().cache_mb > 0) options.cache_bytes = static_cast<int64_t>(Cfg().cache_mb) << 20;
   options.bulk_load = bulk;
+  if (const char* c = std::getenv("ATFILL_SCALE_CHECKPOINT")) {
+    options.background_checkpoint = std::string(c) != "inline";
+  }
   return sinks::OpenSqliteSink(options);
 }
 
