@@ -72,9 +72,9 @@
 #include "sinks/dry_run_sink.hpp"
 #include "sinks/sqlite_sink.hpp"
 #include "sources/crawl/crawl_source.hpp"
+#include "sources/crawl/resolver.hpp"
 #include "stages/cid_verify.hpp"
 #include "stages/ingest_guard.hpp"
-#include "stages/resolver.hpp"
 #include "state/error_log.hpp"
 #include "state/job_store.hpp"
 #include "state/kv_store.hpp"
@@ -290,16 +290,16 @@ Status WarmResolverCache(const simnet::Simnet& net, state::KvStore& kv) {
   http.max_in_flight = 1000;
   ATFILL_ASSIGN_OR_RETURN(auto client, net::HttpClient::Start(http));
   state::ResolverCache cache(kv);
-  stages::ResolverOptions options;
+  sources::ResolverOptions options;
   options.plc_url = net.plc_url();
   options.allow_loopback_endpoints = true;
-  stages::DidResolver resolver(client.get(), &cache, options);
+  sources::DidResolver resolver(client.get(), &cache, options);
   std::mutex mu;
   std::condition_variable cv;
   size_t left = net.network().accounts().size(), failed = 0;
   std::string first_error;
   for (const auto& account : net.network().accounts()) {
-    resolver.Resolve(account.did, [&](stages::ResolveOutcome outcome) {
+    resolver.Resolve(account.did, [&](sources::ResolveOutcome outcome) {
       std::lock_guard<std::mutex> lock(mu);
       if (!outcome.ok() && failed++ == 0) first_error = outcome.message;
       if (--left == 0) cv.notify_one();

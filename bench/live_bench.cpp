@@ -48,13 +48,13 @@
 #include "sinks/dry_run_sink.hpp"
 #include "sinks/sqlite_reader.hpp"
 #include "sinks/sqlite_sink.hpp"
+#include "sources/crawl/resolver.hpp"
 #include "sources/jetstream.hpp"
 #include "sources/pds_account_status.hpp"
 #include "stages/account_check.hpp"
 #include "stages/cid_verify.hpp"
 #include "stages/ingest_guard.hpp"
 #include "stages/live_hold.hpp"
-#include "stages/resolver.hpp"
 #include "state/error_log.hpp"
 #include "state/job_store.hpp"
 #include "state/kv_store.hpp"
@@ -170,11 +170,11 @@ LiveRun RunLive(const simnet::Simnet& net, bool compress,
     out.error = check_http.status().ToString();
     return out;
   }
-  stages::ResolverOptions resolver_options;
+  sources::ResolverOptions resolver_options;
   resolver_options.plc_url = net.plc_url();
   resolver_options.allow_loopback_endpoints = true;
   state::ResolverCache resolver_cache(**kv);
-  stages::DidResolver resolver(check_http->get(), &resolver_cache, resolver_options);
+  sources::DidResolver resolver(check_http->get(), &resolver_cache, resolver_options);
   sources::PdsAccountStatus lookup(&resolver, check_http->get());
   stages::AccountCheck check(&lookup);
   pipeline::JobOptions job_options;

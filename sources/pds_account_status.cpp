@@ -5,7 +5,7 @@
 #include <utility>
 
 #include "net/xrpc_error.hpp"
-#include "stages/fetcher.hpp"
+#include "sources/crawl/fetcher.hpp"
 
 namespace atfill::sources {
 namespace {
@@ -20,7 +20,7 @@ AccountStatusAnswer Classify(const std::string& did, const std::string& pds,
     return {Verdict::kUnknown, "cannot ask " + pds + ": " + response.status().message()};
   }
   if (response->status == 200) {
-    auto parsed = stages::ParseRepoStatus(did, response->body);
+    auto parsed = sources::ParseRepoStatus(did, response->body);
     if (!parsed.ok()) return {Verdict::kUnknown, parsed.status().message()};
     if (parsed->active) return {Verdict::kActive, pds + " says the repo is active"};
     return {Verdict::kGone,
@@ -40,7 +40,7 @@ void PdsAccountStatus::Lookup(const std::string& did, int64_t timeout_ms, Done d
   const Clock::time_point deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
   net::HttpClient* http = http_;
   resolver_->Resolve(
-      did, [http, did, deadline, done = std::move(done)](stages::ResolveOutcome outcome) mutable {
+      did, [http, did, deadline, done = std::move(done)](sources::ResolveOutcome outcome) mutable {
         if (!outcome.ok()) {
           done({Verdict::kUnknown, "cannot resolve the DID: " + outcome.message});
           return;
@@ -52,7 +52,7 @@ void PdsAccountStatus::Lookup(const std::string& did, int64_t timeout_ms, Done d
           return;
         }
         net::HttpRequest request;
-        request.url = stages::GetRepoStatusUrl(outcome.doc->pds_endpoint, did);
+        request.url = sources::GetRepoStatusUrl(outcome.doc->pds_endpoint, did);
         request.timeout_ms = left;
         request.retry = net::RetryPolicy{.max_attempts = 1};
         http->Submit(std::move(request),

@@ -8,14 +8,14 @@
 
 #include "net/http_client.hpp"
 #include "pipeline/account_status.hpp"
-#include "stages/resolver.hpp"
+#include "sources/crawl/resolver.hpp"
 
 namespace atfill::sources {
 
 class PdsAccountStatus : public pipeline::AccountStatusLookup {
  public:
   // `resolver` and `http` must outlive every lookup in flight.
-  PdsAccountStatus(stages::DidResolver* resolver, net::HttpClient* http)
+  PdsAccountStatus(sources::DidResolver* resolver, net::HttpClient* http)
       : resolver_(resolver), http_(http) {}
 
   // The answer comes on the HttpClient's loop thread (inline for a DID that cannot resolve).
@@ -23,7 +23,7 @@ class PdsAccountStatus : public pipeline::AccountStatusLookup {
   void Lookup(const std::string& did, int64_t timeout_ms, Done done) const override;
 
  private:
-  stages::DidResolver* resolver_;
+  sources::DidResolver* resolver_;
   net::HttpClient* http_;
 };
 

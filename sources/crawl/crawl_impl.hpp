@@ -24,7 +24,9 @@
 #include "pipeline/engine.hpp"
 #include "pipeline/job.hpp"
 #include "sources/crawl/discovery.hpp"
+#include "sources/crawl/fetcher.hpp"
 #include "sources/crawl/host_scheduler.hpp"
+#include "sources/crawl/resolver.hpp"
 #include "sources/crawl/responses.hpp"
 #include "state/crawl_log.hpp"
 #include "state/cursors.hpp"
@@ -39,7 +41,6 @@ int64_t SteadyMs();
 
 struct CrawlSource::Impl {
   using EventChunk = pipeline::EventChunk;
-  using ResolveOutcome = stages::ResolveOutcome;
 
   // What the I/O callbacks hand back to Read.
   struct Completion {
@@ -86,7 +87,7 @@ struct CrawlSource::Impl {
   state::ResolverCache cache;
   std::unique_ptr<net::HttpClient> http;
   std::unique_ptr<net::HttpClient> resolver_http;
-  std::unique_ptr<stages::DidResolver> resolver;
+  std::unique_ptr<DidResolver> resolver;
   std::shared_ptr<Channel> channel = std::make_shared<Channel>();
   simdjson::ondemand::parser parser;
   RepoDiscovery discovery;

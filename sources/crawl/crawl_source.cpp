@@ -14,10 +14,6 @@ int64_t SteadyMs() {
 }
 
 using pipeline::EventChunk;
-using stages::DidResolver;
-using stages::GetRepoUrl;
-using stages::ListRecordsUrl;
-using stages::ResolveOutcome;
 
 std::string CrawlSource::ListingCursorName(uint64_t job_id, std::string_view listing) {
   return CrawlCursorName(job_id, listing);

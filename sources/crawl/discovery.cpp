@@ -2,13 +2,9 @@
 
 #include "base/strings.hpp"
 #include "net/xrpc_error.hpp"
+#include "sources/crawl/fetcher.hpp"
 
 namespace atfill::sources {
-
-using stages::ListReposByCollectionUrl;
-using stages::ListReposUrl;
-using stages::ParseListRepos;
-using stages::ParseListReposByCollection;
 
 namespace {
 constexpr std::string_view kCursorDone = "done";

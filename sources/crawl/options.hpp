@@ -10,8 +10,8 @@
 #include "base/status.hpp"
 #include "net/http_client.hpp"
 #include "pipeline/shard.hpp"
-#include "stages/fetcher.hpp"
-#include "stages/resolver.hpp"
+#include "sources/crawl/fetcher.hpp"
+#include "sources/crawl/resolver.hpp"
 
 namespace atfill::sources {
 
@@ -72,8 +72,8 @@ struct CrawlOptions {
   // This process's shard of the DID space (--shard i/n): discovery queues only the DIDs it owns
   // (counted in "repos_other_shards"), so nothing else of another shard is resolved or fetched.
   pipeline::Shard shard;
-  stages::FetchLimits limits;
-  stages::ResolverOptions resolver;
+  FetchLimits limits;
+  ResolverOptions resolver;
   // The fetch client (PDS hosts and the relay): per-host and host limits, retries, 429 cooldowns.
   net::HttpClientOptions http;
   // The resolver's client (the PLC directory is one host, so it gets its own per-host limit).

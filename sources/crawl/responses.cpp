@@ -3,13 +3,9 @@
 #include <utility>
 
 #include "pipeline/engine.hpp"
+#include "sources/crawl/fetcher.hpp"
 
 namespace atfill::sources {
-
-using stages::ParseListRecordsPage;
-using stages::ReadRepoRecords;
-using stages::RepoFailure;
-using stages::RepoFailureKind;
 
 PageScan ScanRecordsPage(simdjson::ondemand::parser& parser, std::string& body) {
   PageScan scan;

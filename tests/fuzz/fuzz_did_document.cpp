@@ -1,4 +1,4 @@
-// DID documents as the PLC directory or a did:web host serves them (stages::ParseDidDocument).
+// DID documents as the PLC directory or a did:web host serves them (sources::ParseDidDocument).
 // Each input is parsed for the DID its own "id" names (so accepted documents are reachable) and
 // for a fixed DID, under the default endpoint rules and with loopback endpoints allowed. An
 // outcome is either a document or an error with a kind and a sentence; an accepted endpoint
@@ -15,20 +15,20 @@
 #include <string_view>
 
 #include "atproto/syntax.hpp"
-#include "stages/resolver.hpp"
+#include "sources/crawl/resolver.hpp"
 #include "state/kv_store.hpp"
 #include "state/resolver_cache.hpp"
 #include "tests/fuzz/fuzz_util.hpp"
 
 namespace {
 
-namespace stages = atfill::stages;
+namespace sources = atfill::sources;
 using atfill::fuzz::Check;
 
 constexpr int64_t kNowUs = 1'700'000'000'000'000;
 
-void Resolve(std::string_view did, std::string_view json, const stages::ResolverOptions& options) {
-  const stages::ResolveOutcome out = stages::ParseDidDocument(did, json, options, kNowUs);
+void Resolve(std::string_view did, std::string_view json, const sources::ResolverOptions& options) {
+  const sources::ResolveOutcome out = sources::ParseDidDocument(did, json, options, kNowUs);
   if (!out.ok()) {
     Check(!out.error_kind.empty() && !out.message.empty(), "a failure has a kind and a sentence");
     Check(out.error_kind == "bad_did_document" || out.error_kind == "no_pds_endpoint" ||
@@ -40,7 +40,7 @@ void Resolve(std::string_view did, std::string_view json, const stages::Resolver
   Check(atfill::fuzz::IsJson(json), "an accepted document is valid JSON");
   const atfill::state::ResolvedDid& doc = *out.doc;
   Check(!doc.pds_endpoint.ends_with('/'), "the endpoint loses its trailing '/'");
-  Check(stages::CheckResolvedEndpoint(doc.pds_endpoint, options).ok(),
+  Check(sources::CheckResolvedEndpoint(doc.pds_endpoint, options).ok(),
         "the endpoint passes the endpoint rules");
   Check(doc.handle.empty() || atfill::atproto::ValidateHandle(doc.handle).ok(),
         "the handle is valid");
@@ -81,10 +81,10 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view json(reinterpret_cast<const char*>(data), size);
-  stages::ResolverOptions strict;
-  stages::ResolverOptions loopback;
+  sources::ResolverOptions strict;
+  sources::ResolverOptions loopback;
   loopback.allow_loopback_endpoints = true;
-  stages::ResolverOptions open;
+  sources::ResolverOptions open;
   open.allow_private_endpoints = true;
 
   std::string did = "did:plc:abcdefghijklmnopqrstuvwx";

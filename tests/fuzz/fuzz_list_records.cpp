@@ -1,7 +1,7 @@
-// The crawl's response parsers (stages/fetcher.hpp), on the same input: a listRecords page, the
-// repo listings (listRepos, listReposByCollection) and a getRepoStatus answer. A page that parses
-// was valid JSON throughout; every record it keeps is the repo and collection asked for, with a
-// valid rkey, a dag-cbor CID and a body that is one JSON object within the size limit. Each
+// The crawl's response parsers (sources/crawl/fetcher.hpp), on the same input: a listRecords page,
+// the repo listings (listRepos, listReposByCollection) and a getRepoStatus answer. A page that
+// parses was valid JSON throughout; every record it keeps is the repo and collection asked for,
+// with a valid rkey, a dag-cbor CID and a body that is one JSON object within the size limit. Each
 // record of the page is either kept or reported, whatever the limit.
 #include <cstddef>
 #include <cstdint>
@@ -9,19 +9,19 @@
 
 #include "atproto/cid.hpp"
 #include "atproto/syntax.hpp"
-#include "stages/fetcher.hpp"
+#include "sources/crawl/fetcher.hpp"
 #include "tests/fuzz/fuzz_util.hpp"
 
 namespace {
 
-namespace stages = atfill::stages;
+namespace sources = atfill::sources;
 using atfill::fuzz::Check;
 using atfill::fuzz::IsJson;
 
 constexpr std::string_view kDid = "did:plc:abcdefghijklmnopqrstuvwx";
 constexpr std::string_view kCollection = "app.bsky.feed.post";
 
-void CheckPage(const stages::RecordsPage& page, const stages::FetchLimits& limits) {
+void CheckPage(const sources::RecordsPage& page, const sources::FetchLimits& limits) {
   for (const auto& r : page.records) {
     Check(r.did == kDid && r.collection == kCollection, "a record is of the repo asked for");
     Check(atfill::atproto::ValidateRecordKey(r.rkey).ok(), "a record has a valid rkey");
@@ -35,7 +35,7 @@ void CheckPage(const stages::RecordsPage& page, const stages::FetchLimits& limit
   }
 }
 
-void CheckRepos(const atfill::Result<stages::ReposPage>& page, std::string_view body) {
+void CheckRepos(const atfill::Result<sources::ReposPage>& page, std::string_view body) {
   if (!page.ok()) return;
   Check(IsJson(body), "a repo listing that parses is valid JSON");
   for (const auto& repo : page->repos) {
@@ -47,11 +47,11 @@ void CheckRepos(const atfill::Result<stages::ReposPage>& page, std::string_view 
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view body(reinterpret_cast<const char*>(data), size);
-  const stages::FetchLimits wide;
-  stages::FetchLimits narrow;
+  const sources::FetchLimits wide;
+  sources::FetchLimits narrow;
   narrow.max_record_bytes = 64;
-  auto page = stages::ParseListRecordsPage(kDid, kCollection, body, wide);
-  auto small = stages::ParseListRecordsPage(kDid, kCollection, body, narrow);
+  auto page = sources::ParseListRecordsPage(kDid, kCollection, body, wide);
+  auto small = sources::ParseListRecordsPage(kDid, kCollection, body, narrow);
   Check(page.ok() == small.ok(), "the record limit does not change whether a page parses");
   if (page.ok()) {
     Check(IsJson(body), "a page that parses is valid JSON");
@@ -63,8 +63,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         "each record is kept or reported");
     Check(small->records.size() <= page->records.size(), "a lower limit keeps no more records");
   }
-  CheckRepos(stages::ParseListRepos(body), body);
-  CheckRepos(stages::ParseListReposByCollection(body), body);
-  (void)stages::ParseRepoStatus(kDid, body);
+  CheckRepos(sources::ParseListRepos(body), body);
+  CheckRepos(sources::ParseListReposByCollection(body), body);
+  (void)sources::ParseRepoStatus(kDid, body);
   return 0;
 }

@@ -18,6 +18,7 @@
 #include "sinks/sqlite_reader.hpp"
 #include "sinks/sqlite_sink.hpp"
 #include "sources/archive_writer.hpp"
+#include "sources/crawl/resolver.hpp"
 #include "sources/jetstream.hpp"
 #include "sources/jetstream_frames.hpp"
 #include "sources/jss.hpp"
@@ -25,7 +26,6 @@
 #include "stages/account_check.hpp"
 #include "stages/cid_verify.hpp"
 #include "stages/ingest_guard.hpp"
-#include "stages/resolver.hpp"
 #include "state/cursors.hpp"
 #include "state/error_log.hpp"
 #include "state/live_holds.hpp"
@@ -380,7 +380,7 @@ TEST(LiveTest, AHostThatNumbersItsEventsAnewIsResumedByWitnessedTime) {
 // truth, which keeps those accounts' records; without it they are purged.
 struct Checker {
   std::unique_ptr<net::HttpClient> http;
-  std::unique_ptr<stages::DidResolver> resolver;
+  std::unique_ptr<sources::DidResolver> resolver;
   std::unique_ptr<sources::PdsAccountStatus> lookup;
   std::unique_ptr<stages::AccountCheck> check;
   explicit Checker(const std::string& plc_url, int64_t timeout_ms = 5000) {
@@ -390,11 +390,11 @@ struct Checker {
     EXPECT_TRUE(started.ok()) << started.status().ToString();
     if (!started.ok()) return;
     http = std::move(*started);
-    stages::ResolverOptions ro;
+    sources::ResolverOptions ro;
     ro.plc_url = plc_url;
     ro.allow_loopback_endpoints = true;
     ro.timeout_ms = timeout_ms;
-    resolver = std::make_unique<stages::DidResolver>(http.get(), nullptr, ro);
+    resolver = std::make_unique<sources::DidResolver>(http.get(), nullptr, ro);
     lookup = std::make_unique<sources::PdsAccountStatus>(resolver.get(), http.get());
     check = std::make_unique<stages::AccountCheck>(lookup.get(),
                                                    stages::AccountCheckOptions{timeout_ms});

@@ -2,7 +2,7 @@
 // in-process simnet (PLC and did:web hosts over "*.localhost" names) and against loopback test
 // servers for the answers simnet does not give (5xx, holds, odd statuses). Synchronisation is by
 // futures, condition variables and server-side holds, each wait bounded.
-#include "stages/resolver.hpp"
+#include "sources/crawl/resolver.hpp"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -26,7 +26,7 @@
 #include "tests/common/http_test_server.hpp"
 #include "tools/simnet/simnet.hpp"
 
-namespace atfill::stages {
+namespace atfill::sources {
 namespace {
 
 using std::chrono::milliseconds;
@@ -846,4 +846,4 @@ TEST(DidResolverTest, InvalidOptionsFailEveryResolutionInline) {
 }
 
 }  // namespace
-}  // namespace atfill::stages
+}  // namespace atfill::sources

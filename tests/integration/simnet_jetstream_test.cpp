@@ -24,8 +24,8 @@
 
 #include "atproto/json.hpp"
 #include "net/http_client.hpp"
+#include "sources/crawl/fetcher.hpp"
 #include "sources/jetstream_frames.hpp"
-#include "stages/fetcher.hpp"
 #include "tools/simnet/jetstream.hpp"
 #include "tools/simnet/simnet.hpp"
 
@@ -418,7 +418,7 @@ TEST(SimnetJetstreamTest, FalseDeletionsLeaveTheAccountActiveOnItsPds) {
   const auto& accounts = net->network().accounts();
   const auto ask = [&](const Account& a) {
     net::HttpRequest request;
-    request.url = stages::GetRepoStatusUrl(net->pds_url(a.pds), a.did);
+    request.url = sources::GetRepoStatusUrl(net->pds_url(a.pds), a.did);
     return (*http)->Fetch(request);
   };
   uint64_t kept_records = 0;
@@ -427,7 +427,7 @@ TEST(SimnetJetstreamTest, FalseDeletionsLeaveTheAccountActiveOnItsPds) {
     auto got = ask(a);
     ASSERT_TRUE(got.ok()) << got.status().ToString();
     ASSERT_EQ(got->status, 200) << got->body;
-    auto status = stages::ParseRepoStatus(a.did, got->body);
+    auto status = sources::ParseRepoStatus(a.did, got->body);
     ASSERT_TRUE(status.ok()) << status.status().ToString();
     EXPECT_TRUE(status->active) << a.did;
     // Its records created before the false report (and after the last purge by a genuine
@@ -463,7 +463,7 @@ TEST(SimnetJetstreamTest, FalseDeletionsLeaveTheAccountActiveOnItsPds) {
     const Account& a = accounts[e.account];
     auto got = ask(a);
     ASSERT_TRUE(got.ok());
-    auto status = stages::ParseRepoStatus(a.did, got->body);
+    auto status = sources::ParseRepoStatus(a.did, got->body);
     ASSERT_TRUE(status.ok()) << got->body;
     EXPECT_FALSE(status->active);
     EXPECT_EQ(status->status, "deleted");

@@ -1,6 +1,6 @@
 // The crawl's pure parts: URL builders, repo listings, listRecords pages and getRepo CARs, fed
 // with records, keys and repositories from simnet's generator (no sockets).
-#include "stages/fetcher.hpp"
+#include "sources/crawl/fetcher.hpp"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -24,7 +24,7 @@
 #include "base/json_writer.hpp"
 #include "tools/simnet/simnet.hpp"
 
-namespace atfill::stages {
+namespace atfill::sources {
 namespace {
 
 using pipeline::EventError;
@@ -902,4 +902,4 @@ TEST(FetcherDamage, MutatedBodiesAndCarsFailCleanly) {
 }
 
 }  // namespace
-}  // namespace atfill::stages
+}  // namespace atfill::sources

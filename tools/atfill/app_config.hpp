@@ -13,7 +13,7 @@
 #include "pipeline/shard.hpp"
 #include "sinks/postgres_sink.hpp"
 #include "sinks/sqlite_sink.hpp"
-#include "sources/crawl.hpp"
+#include "sources/crawl/crawl_source.hpp"
 #include "sources/event_file.hpp"
 #include "sources/jetstream.hpp"
 #include "sources/replay.hpp"

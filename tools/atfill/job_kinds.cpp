@@ -10,6 +10,7 @@
 #include "sinks/dry_run_sink.hpp"
 #include "sources/archive_http.hpp"
 #include "sources/crawl/crawl_source.hpp"
+#include "sources/crawl/resolver.hpp"
 #include "sources/event_file.hpp"
 #include "sources/jetstream.hpp"
 #include "sources/pds_account_status.hpp"
@@ -18,7 +19,6 @@
 #include "stages/cid_verify.hpp"
 #include "stages/ingest_guard.hpp"
 #include "stages/live_hold.hpp"
-#include "stages/resolver.hpp"
 #include "stages/script.hpp"
 #include "state/live_holds.hpp"
 #include "state/resolver_cache.hpp"
@@ -323,7 +323,7 @@ Result<JobPlan> PlanLive(const AppConfig& config, OpenedState& st, state::JobRec
   // The account check asks PDSs with the crawl's resolver settings ([resolver], [net]).
   if (config.check_deleted_accounts) {
     net::HttpClientOptions http = config.crawl.resolver_http;
-    stages::ResolverOptions resolver = config.crawl.resolver;
+    sources::ResolverOptions resolver = config.crawl.resolver;
     const bool loopback = config.live_allow_private_endpoints ||
                           config.crawl.allow_loopback_endpoints ||
                           config.crawl.allow_private_endpoints;
@@ -336,7 +336,7 @@ Result<JobPlan> PlanLive(const AppConfig& config, OpenedState& st, state::JobRec
     // Declared in this order, released in the reverse: the cache outlives the client's callbacks.
     auto* cache = Keep(plan, std::make_unique<state::ResolverCache>(*st.kv));
     auto* client = Keep(plan, std::move(*started));
-    auto* resolve = Keep(plan, std::make_unique<stages::DidResolver>(client, cache, resolver));
+    auto* resolve = Keep(plan, std::make_unique<sources::DidResolver>(client, cache, resolver));
     auto* lookup = Keep(plan, std::make_unique<sources::PdsAccountStatus>(resolve, client));
     plan.stages.account_check =
         Keep(plan, std::make_unique<stages::AccountCheck>(lookup, config.account_check));

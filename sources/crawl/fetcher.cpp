@@ -1,4 +1,4 @@
-#include "stages/fetcher.hpp"
+#include "sources/crawl/fetcher.hpp"
 
 #include <simdjson.h>
 
@@ -16,7 +16,7 @@
 #include "base/strings.hpp"
 #include "net/endpoint.hpp"
 
-namespace atfill::stages {
+namespace atfill::sources {
 namespace {
 
 namespace od = simdjson::ondemand;
@@ -622,4 +622,4 @@ Result<RepoRecords> ReadRepoRecords(std::string_view did, std::string_view signi
   return out;
 }
 
-}  // namespace atfill::stages
+}  // namespace atfill::sources

@@ -1,4 +1,4 @@
-#include "stages/resolver.hpp"
+#include "sources/crawl/resolver.hpp"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -16,7 +16,7 @@
 #include "atproto/syntax.hpp"
 #include "net/endpoint.hpp"
 
-namespace atfill::stages {
+namespace atfill::sources {
 namespace {
 
 constexpr int64_t kMicrosPerSecond = 1'000'000;
@@ -525,4 +525,4 @@ ResolverStats DidResolver::stats() const { return core_->stats(); }
 
 const ResolverOptions& DidResolver::options() const { return core_->options(); }
 
-}  // namespace atfill::stages
+}  // namespace atfill::sources

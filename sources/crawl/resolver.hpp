@@ -36,7 +36,7 @@
 #include "net/http_client.hpp"
 #include "state/resolver_cache.hpp"
 
-namespace atfill::stages {
+namespace atfill::sources {
 
 struct ResolverOptions {
   // The PLC directory's base URL (http or https, no query); a trailing '/' is ignored.
@@ -150,4 +150,4 @@ class DidResolver {
   const std::shared_ptr<Core> core_;
 };
 
-}  // namespace atfill::stages
+}  // namespace atfill::sources

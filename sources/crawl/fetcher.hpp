@@ -13,7 +13,7 @@
 #include "pipeline/chunk.hpp"
 #include "pipeline/event.hpp"
 
-namespace atfill::stages {
+namespace atfill::sources {
 
 // --- URLs ---------------------------------------------------------------------------------------
 // `base` is a host URL ("https://pds.example", "http://pds-0001.localhost:1234"); trailing '/'s are
@@ -142,4 +142,4 @@ Result<RepoRecords> ReadRepoRecords(std::string_view did, std::string_view signi
                                     const std::vector<std::string>& collections,
                                     const FetchLimits& limits, RepoFailure* failure = nullptr);
 
-}  // namespace atfill::stages
+}  // namespace atfill::sources
