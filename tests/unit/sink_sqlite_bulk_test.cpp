@@ -290,5 +290,51 @@ TEST(SqliteBulkLoadTest, SigkillMidLoadThenAnOrdinaryOpenBuildsTheIndexesFirst) 
   EXPECT_EQ(Stat1(path), Stat1(truth));
 }
 
+// Another job opening the file (a live consumer beside the crawl) builds the final indexes; the
+// loading sink goes on writing into them, and its close finds nothing left to build.
+TEST(SqliteBulkLoadTest, AnOrdinaryOpenBesideALoadFinishesItAndTheLoadGoesOnCorrectly) {
+  BulkTempDir dir;
+  const std::string truth = (dir.path() / "truth.db").string();
+  const std::string path = (dir.path() / "atfill.db").string();
+  const auto batches = CrawlBatches(8);
+  WriteAll(Options(truth, false), batches);
+  auto loader = OpenSqliteSink(Options(path, true));
+  ASSERT_TRUE(loader.ok()) << loader.status().ToString();
+  for (size_t i = 0; i < 4; ++i) ASSERT_TRUE((*loader)->Write(batches[i]).ok());
+  {
+    auto other = OpenSqliteSink(Options(path, false));
+    ASSERT_TRUE(other.ok()) << other.status().ToString();
+    EXPECT_EQ(Indexes(path), kFinalIndexes);
+  }
+  for (size_t i = 4; i < batches.size(); ++i) ASSERT_TRUE((*loader)->Write(batches[i]).ok());
+  loader->reset();
+  EXPECT_EQ(Indexes(path), kFinalIndexes);
+  EXPECT_EQ(Stat1(path), Stat1(truth));
+  EXPECT_EQ(Uris(path), Uris(truth));
+}
+
+// The switch to the load layout needs the write lock; when another connection keeps it past the
+// busy timeout the sink opens anyway and loads into the final layout.
+TEST(SqliteBulkLoadTest, ALockedDatabaseLoadsInTheFinalLayout) {
+  BulkTempDir dir;
+  const std::string path = (dir.path() / "atfill.db").string();
+  { ASSERT_TRUE(OpenSqliteSink(Options(path, false)).ok()); }
+  sqlite3* lock = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &lock), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(lock, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr), SQLITE_OK);
+  SqliteSinkOptions o = Options(path, true);
+  o.busy_timeout_ms = 50;
+  auto sink = OpenSqliteSink(o);
+  ASSERT_TRUE(sink.ok()) << sink.status().ToString();
+  EXPECT_EQ(Indexes(path), kFinalIndexes);
+  sqlite3_exec(lock, "ROLLBACK", nullptr, nullptr, nullptr);
+  sqlite3_close(lock);
+  const auto batches = CrawlBatches(1);
+  ASSERT_TRUE((*sink)->Write(batches[0]).ok());
+  sink->reset();
+  EXPECT_EQ(Indexes(path), kFinalIndexes);
+  EXPECT_FALSE(Uris(path).empty());
+}
+
 }  // namespace
 }  // namespace atfill::sinks
