@@ -57,16 +57,15 @@ try {
   // Its row shows up and is followed live until it completes.
   const status = page.getByTestId(`job-status-${id}`);
   await status.waitFor({ state: 'visible', timeout: 20_000 });
-  const seen = new Set();
-  const deadline = Date.now() + 120_000;
-  for (;;) {
-    const s = (await status.innerText()).trim();
-    seen.add(s);
-    if (s === 'completed' || s === 'failed' || s === 'cancelled') break;
-    if (Date.now() > deadline) throw new Error(`job ${id} still ${s} after 120 s`);
-    await page.waitForTimeout(100);
-  }
-  out.statuses_seen = [...seen];
+  // Checked at every frame the page renders, so each status it shows is seen; done once the job
+  // has ended.
+  const seen = await page.waitForFunction((testid) => {
+    const s = (document.querySelector(`[data-testid="${testid}"]`)?.innerText || '').trim();
+    window.atfillStatusesSeen = window.atfillStatusesSeen || [];
+    if (s && !window.atfillStatusesSeen.includes(s)) window.atfillStatusesSeen.push(s);
+    return ['completed', 'failed', 'cancelled'].includes(s) && window.atfillStatusesSeen;
+  }, `job-status-${id}`, { polling: 'raf', timeout: 120_000 });
+  out.statuses_seen = await seen.jsonValue();
   out.status = (await status.innerText()).trim();
   out.records = (await page.getByTestId(`job-records-${id}`).innerText()).trim();
   out.progress = (await page.getByTestId(`job-progress-${id}`).innerText()).trim();
