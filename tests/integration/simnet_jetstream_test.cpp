@@ -26,6 +26,7 @@
 #include "net/http_client.hpp"
 #include "sources/crawl/fetcher.hpp"
 #include "sources/jetstream_frames.hpp"
+#include "tests/common/test_util.hpp"
 #include "tools/simnet/jetstream.hpp"
 #include "tools/simnet/simnet.hpp"
 
@@ -1064,12 +1065,7 @@ TEST(SimnetJetstreamTest, LiveStreamFollowsTheRateAndBursts) {
 
 // Waits (bounded) until the server has dropped `count` slow consumers.
 bool WaitForSlowDrops(const Simnet& net, uint64_t count) {
-  const auto deadline = std::chrono::steady_clock::now() + 10s;
-  while (net.stats().jetstream_slow_drops < count) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(5ms);
-  }
-  return true;
+  return testing::WaitUntil([&] { return net.stats().jetstream_slow_drops >= count; }, 10s);
 }
 
 TEST(SimnetJetstreamTest, SlowConsumersAreDropped) {
