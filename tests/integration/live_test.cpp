@@ -33,6 +33,7 @@
 #include "tests/common/http_test_server.hpp"
 #include "tests/common/job_harness.hpp"
 #include "tests/common/process.hpp"
+#include "tests/common/test_util.hpp"
 #include "tools/simnet/jetstream.hpp"
 #include "tools/simnet/simnet.hpp"
 
@@ -265,9 +266,8 @@ TEST(LiveTest, FailoverToAnotherHostResumesByTime) {
   TempDir dir;
   std::unique_ptr<simnet::Simnet> dying = std::move(*first);
   std::thread killer([&] {
-    for (int i = 0; i < 2000 && dying->stats().jetstream_frames < 1000; ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
+    testing::WaitUntil([&] { return dying->stats().jetstream_frames >= 1000; },
+                       std::chrono::seconds(4), std::chrono::milliseconds(2));
     dying.reset();  // the first host goes away
   });
   LiveRun run = RunLive(dir.path(), o);
@@ -666,11 +666,13 @@ TEST(LiveTest, AnArchiveWrittenFromTheStreamHoldsEveryEventOnceAndReplaysToTheLo
   {
     testing::Child child(write, dir.path());
     bool sealed = false;
-    for (int i = 0; i < 1000 && !sealed; ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-      std::error_code ec;
-      sealed = std::filesystem::exists(dir.path() / "archive" / "seg_0000000001.jss", ec);
-    }
+    testing::WaitUntil(
+        [&] {
+          std::error_code ec;
+          sealed = std::filesystem::exists(dir.path() / "archive" / "seg_0000000001.jss", ec);
+          return sealed || !child.Running();
+        },
+        std::chrono::seconds(5));
     ASSERT_TRUE(sealed) << "no segment was sealed";
     ASSERT_TRUE(child.Kill(SIGKILL)) << "the writer finished before it could be killed";
     EXPECT_EQ(child.Wait().signal, SIGKILL);
