@@ -27,6 +27,8 @@
 //   ATFILL_SCALE_WINDOW       rows per reported window (default 1,000,000)
 //   ATFILL_SCALE_ACCOUNTS     accounts of the stream (default 1,000,000)
 //   ATFILL_SCALE_REPO_ROWS    rows of the repo-order reference (default: one window)
+//   ATFILL_SCALE_REPO_ACCOUNTS  accounts of the repo-order reference, 100 records each, then
+//                             the same accounts again (default 10,000)
 //   ATFILL_SCALE_MAX_SECONDS  stop after the window in which the Write calls passed this many
 //                             seconds in all (default 0: no limit)
 //   ATFILL_SCALE_DIR          folder for the databases, kept afterwards (default: a scratch
@@ -81,7 +83,7 @@ using pipeline::RecordEvent;
 // Events per sink batch: the engine's default (pipeline/batcher.hpp: max_events), or
 // ATFILL_SCALE_BATCH.
 size_t BatchEvents();
-constexpr uint32_t kRepoAccounts = 10'000;
+uint32_t RepoAccounts();
 // The stream's clock: the first event's time and the gap between two events (one event every
 // 500 us, about the live firehose's pace).
 constexpr int64_t kStreamStartUs = 1'780'000'000'000'000;
@@ -114,6 +116,12 @@ struct Config {
 const Config& Cfg() {
   static const Config config;
   return config;
+}
+
+uint32_t RepoAccounts() {
+  static const auto accounts =
+      static_cast<uint32_t>(std::max<uint64_t>(1, EnvU64("ATFILL_SCALE_REPO_ACCOUNTS", 10'000)));
+  return accounts;
 }
 
 fs::path Dir() {
@@ -345,7 +353,7 @@ void BM_RepoOrder(benchmark::State& state) {
     const fs::path path = Dir() / "repo_order.db";
     auto sink = NewDatabase(path, Cfg().bulk);
     if (!sink.ok()) return state.SkipWithError(sink.status().ToString().c_str());
-    Stream stream(kRepoAccounts, /*repo_order=*/true, 7);
+    Stream stream(RepoAccounts(), /*repo_order=*/true, 7);
     Span span;
     if (Status st = WriteRows(sink->get(), &stream, rows, &span); !st.ok()) {
       return state.SkipWithError(st.ToString().c_str());
@@ -403,7 +411,7 @@ void BM_RepoRaw(benchmark::State& state) {
         bench::RecordInsertSql(1) + " ON CONFLICT (collection_id, rkey, did_id) DO NOTHING";
     sqlite3_prepare_v2(db, insert.c_str(), -1, &s, nullptr);
     std::unordered_map<std::string, int64_t> dids, collections;
-    Stream stream(kRepoAccounts, /*repo_order=*/true, 7);
+    Stream stream(RepoAccounts(), /*repo_order=*/true, 7);
     std::vector<Event> batch;
     std::vector<std::pair<int64_t, int64_t>> ids;
     std::vector<std::string> cids;

@@ -211,6 +211,8 @@ Status InWriteTransaction(sqlite3* db, Body&& body) {
   return st;
 }
 
+}  // namespace
+
 Result<bool> HasRecordRows(sqlite3* db) {
   ATFILL_ASSIGN_OR_RETURN(Stmt any, Prepare(db, "SELECT 1 FROM atfill_record_rows LIMIT 1", false));
   int rc = sqlite3_step(any.get());
@@ -218,8 +220,6 @@ Result<bool> HasRecordRows(sqlite3* db) {
   if (rc == SQLITE_DONE) return false;
   return ErrorStatus(db, rc, "reading the record table");
 }
-
-}  // namespace
 
 Result<bool> InBulkLayout(sqlite3* db) {
   ATFILL_ASSIGN_OR_RETURN(Stmt find, Prepare(db,

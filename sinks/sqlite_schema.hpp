@@ -41,6 +41,9 @@ Status MigrateSchema(sqlite3* db);
 // never migrate).
 Status CheckSchemaCurrent(sqlite3* db);
 
+// Whether the record table holds any row.
+Result<bool> HasRecordRows(sqlite3* db);
+
 // Whether the record table is in the bulk-load layout.
 Result<bool> InBulkLayout(sqlite3* db);
 

@@ -1,5 +1,9 @@
 #include "sinks/sqlite_sink.hpp"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -69,6 +73,54 @@ int BindRow(sqlite3_stmt* s, int first, const RecordEvent& e, int64_t did_id, in
   return BindText(s, first + 8, e.body);
 }
 
+// The owner lock of a bulk load: flock(2) on a file beside the database, held by the loading
+// sink while it lives (flock, unlike fcntl locks, also excludes a second open in the same
+// process).
+class BulkOwnerLock {
+ public:
+  BulkOwnerLock() = default;
+  BulkOwnerLock(const BulkOwnerLock&) = delete;
+  BulkOwnerLock& operator=(const BulkOwnerLock&) = delete;
+  BulkOwnerLock(BulkOwnerLock&& o) noexcept : fd_(std::exchange(o.fd_, -1)), path_(o.path_) {}
+  BulkOwnerLock& operator=(BulkOwnerLock&& o) noexcept {
+    if (this != &o) {
+      Release();
+      fd_ = std::exchange(o.fd_, -1);
+      path_ = o.path_;
+    }
+    return *this;
+  }
+  ~BulkOwnerLock() { Release(); }
+
+  // True when this now holds the lock; false when another holder has it (or the file cannot be
+  // made: a load then goes on without an owner, as a killed one does).
+  bool TryLock(const std::string& path) {
+    Release();
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return false;
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      ::close(fd);
+      return false;
+    }
+    fd_ = fd;
+    path_ = path;
+    return true;
+  }
+  bool held() const { return fd_ >= 0; }
+  // Removes the file (the load is finished), still holding the lock until Release.
+  void Remove() {
+    if (held()) ::unlink(path_.c_str());
+  }
+  void Release() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  int fd_ = -1;
+  std::string path_;
+};
+
 // The statements of one interned table.
 struct InternTable {
   Stmt find;    // SELECT id WHERE key = ?1
@@ -81,10 +133,10 @@ class SqliteSink final : public pipeline::Sink {
   // Errors do not name the database; OpenSqliteSink adds it.
   static Result<std::unique_ptr<pipeline::Sink>> Open(const SqliteSinkOptions& options);
 
-  // Builds the indexes of a bulk load. A failure leaves the load layout, which the next open
-  // finishes (or continues, with bulk_load).
+  // Builds the indexes of a bulk load this sink owns. A failure leaves the load layout, which
+  // the next open finishes (or continues, with bulk_load).
   ~SqliteSink() override {
-    if (bulk_) (void)sqlite::FinishBulkLoad(db_.get());
+    if (bulk_owner_.held() && sqlite::FinishBulkLoad(db_.get()).ok()) bulk_owner_.Remove();
   }
 
   Result<WriteStats> Write(std::span<const Event> batch) override;
@@ -137,7 +189,8 @@ class SqliteSink final : public pipeline::Sink {
   InternTable dids_;
   InternTable collections_;
   int last_failure_rc_ = SQLITE_OK;
-  bool bulk_ = false;  // the table is in the bulk-load layout, to be finished by the destructor
+  // Held while this sink owns a bulk load, to be finished by the destructor.
+  BulkOwnerLock bulk_owner_;
   // WriteOnce's order of the batch, grouped by account, and each event's account id.
   static constexpr size_t kGroupMinEvents = 64;
   std::vector<uint32_t> order_;
@@ -200,11 +253,28 @@ Result<std::unique_ptr<pipeline::Sink>> SqliteSink::Open(const SqliteSinkOptions
     ATFILL_RETURN_IF_ERROR(st);
   }
   ATFILL_RETURN_IF_ERROR(sqlite::MigrateSchema(raw));
-  bool bulk = false;
-  if (options.bulk_load) {
-    ATFILL_ASSIGN_OR_RETURN(bulk, sqlite::BeginBulkLoad(raw));
-  } else {
-    ATFILL_RETURN_IF_ERROR(sqlite::FinishBulkLoad(raw));  // a load that was killed
+  // A bulk load belongs to the sink holding its owner lock; the kernel releases the lock of a
+  // process that dies. Only a load without an owner (killed) is taken over: continued by a
+  // bulk_load sink, finished by any other. A load whose owner is alive is left to it.
+  BulkOwnerLock owner;
+  {
+    ATFILL_ASSIGN_OR_RETURN(bool in_bulk, sqlite::InBulkLayout(raw));
+    bool empty = false;
+    if (options.bulk_load && !in_bulk) {
+      ATFILL_ASSIGN_OR_RETURN(bool has_rows, sqlite::HasRecordRows(raw));
+      empty = !has_rows;
+    }
+    if ((in_bulk || empty) && owner.TryLock(options.path + "-bulkload")) {
+      if (options.bulk_load) {
+        ATFILL_ASSIGN_OR_RETURN(bool bulk, sqlite::BeginBulkLoad(raw));
+        if (!bulk) owner.Release();
+      } else {
+        ATFILL_RETURN_IF_ERROR(sqlite::FinishBulkLoad(raw));
+        ATFILL_ASSIGN_OR_RETURN(bool still, sqlite::InBulkLayout(raw));
+        if (!still) owner.Remove();
+        owner.Release();
+      }
+    }
   }
 
   int64_t actual_page_size = 0;
@@ -240,7 +310,7 @@ Result<std::unique_ptr<pipeline::Sink>> SqliteSink::Open(const SqliteSinkOptions
 
   std::unique_ptr<SqliteSink> sink(new SqliteSink(options, std::move(db)));
   sink->checkpointer_ = std::move(checkpointer);
-  sink->bulk_ = bulk;
+  sink->bulk_owner_ = std::move(owner);
   ATFILL_RETURN_IF_ERROR(sink->Prepare());
   return std::unique_ptr<pipeline::Sink>(std::move(sink));
 }

@@ -74,10 +74,13 @@ struct SqliteSinkOptions {
   // (the key by account instead of by collection and record key, and no created_at index) and
   // builds the final indexes from the whole table when the sink is destroyed (the job ended or
   // paused). Every write rule and every query answers the same in either layout; only the query
-  // by collection newest first scans the table until the indexes are built. A process killed
-  // mid-load leaves the load layout: a sink opened again with bulk_load continues the load, one
-  // opened without it (or a later job) builds the indexes first. A table that already holds rows
-  // is written as it is. Wrong for a stream's order (accounts interleaved): leave it off there.
+  // by collection newest first scans the table until the indexes are built. The load belongs to
+  // its sink (a lock on the file `path`-bulkload, removed when the indexes are built): other sinks
+  // opened meanwhile, in this process or another, write into the load layout and leave the load
+  // to it. A process killed mid-load leaves the load layout and no owner: a sink opened again with
+  // bulk_load takes the load over and continues it, one opened without it builds the indexes
+  // first. A table that already holds rows is written as it is. Wrong for a stream's order
+  // (accounts interleaved): leave it off there.
   bool bulk_load = false;
   // The clock for indexed_at, unix microseconds. Empty: the system clock. Tests pass a fake.
   std::function<int64_t()> now_us;

@@ -271,6 +271,7 @@ TEST(SqliteBulkLoadTest, SigkillMidLoadThenAResumedLoadEndsEqualToTheTruth) {
   EXPECT_EQ(Uris(path), Uris(truth));
   EXPECT_EQ(Indexes(path), kFinalIndexes);
   EXPECT_EQ(Stat1(path), Stat1(truth));
+  EXPECT_FALSE(std::filesystem::exists(path + "-bulkload"));
   auto check = OpenSqliteSink(Options(path, false));
   ASSERT_TRUE(check.ok()) << check.status().ToString();
 }
@@ -282,17 +283,21 @@ TEST(SqliteBulkLoadTest, SigkillMidLoadThenAnOrdinaryOpenBuildsTheIndexesFirst) 
   const auto batches = CrawlBatches(40);
   WriteAll(Options(truth, false), batches);
   KillMidLoad(path, batches);
+  // The killed owner's lock file is left; the kernel released its lock.
+  EXPECT_TRUE(std::filesystem::exists(path + "-bulkload"));
   auto sink = OpenSqliteSink(Options(path, false));
   ASSERT_TRUE(sink.ok()) << sink.status().ToString();
   EXPECT_EQ(Indexes(path), kFinalIndexes);
+  EXPECT_FALSE(std::filesystem::exists(path + "-bulkload"));
   for (const auto& b : batches) ASSERT_TRUE((*sink)->Write(b).ok());
   EXPECT_EQ(Uris(path), Uris(truth));
   EXPECT_EQ(Stat1(path), Stat1(truth));
 }
 
-// Another job opening the file (a live consumer beside the crawl) builds the final indexes; the
-// loading sink goes on writing into them, and its close finds nothing left to build.
-TEST(SqliteBulkLoadTest, AnOrdinaryOpenBesideALoadFinishesItAndTheLoadGoesOnCorrectly) {
+// Another sink opening the file while the loading sink lives (another job, in this process or
+// another) leaves the load to it: it writes into the load layout, and the loader's close builds
+// the indexes. A second bulk-loading sink joins the load without owning it.
+TEST(SqliteBulkLoadTest, OpensBesideALiveLoadLeaveItToItsOwner) {
   BulkTempDir dir;
   const std::string truth = (dir.path() / "truth.db").string();
   const std::string path = (dir.path() / "atfill.db").string();
@@ -300,17 +305,26 @@ TEST(SqliteBulkLoadTest, AnOrdinaryOpenBesideALoadFinishesItAndTheLoadGoesOnCorr
   WriteAll(Options(truth, false), batches);
   auto loader = OpenSqliteSink(Options(path, true));
   ASSERT_TRUE(loader.ok()) << loader.status().ToString();
+  EXPECT_TRUE(std::filesystem::exists(path + "-bulkload"));
   for (size_t i = 0; i < 4; ++i) ASSERT_TRUE((*loader)->Write(batches[i]).ok());
   {
     auto other = OpenSqliteSink(Options(path, false));
     ASSERT_TRUE(other.ok()) << other.status().ToString();
-    EXPECT_EQ(Indexes(path), kFinalIndexes);
+    auto joiner = OpenSqliteSink(Options(path, true));
+    ASSERT_TRUE(joiner.ok()) << joiner.status().ToString();
+    ASSERT_TRUE((*other)->Write(batches[4]).ok());
+    ASSERT_TRUE((*joiner)->Write(batches[5]).ok());
   }
-  for (size_t i = 4; i < batches.size(); ++i) ASSERT_TRUE((*loader)->Write(batches[i]).ok());
+  EXPECT_EQ(Column(path,
+                   "SELECT count(*) FROM sqlite_schema WHERE name = "
+                   "'atfill_record_rows_bulk_key'"),
+            std::vector<std::string>{"1"});
+  for (size_t i = 6; i < batches.size(); ++i) ASSERT_TRUE((*loader)->Write(batches[i]).ok());
   loader->reset();
   EXPECT_EQ(Indexes(path), kFinalIndexes);
   EXPECT_EQ(Stat1(path), Stat1(truth));
   EXPECT_EQ(Uris(path), Uris(truth));
+  EXPECT_FALSE(std::filesystem::exists(path + "-bulkload"));
 }
 
 // The switch to the load layout needs the write lock; when another connection keeps it past the
