@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cinttypes>
 #include <csignal>
+#include <mutex>
 #include <cstdio>
 
 #include "tools/atfill/cli.hpp"
@@ -63,6 +64,9 @@ void RestoreSignals() {
 }
 
 pipeline::JobController& ControllerOf(const AppConfig& config, OpenedState& st) {
+  // Jobs beside the caller's ask for it from their own threads.
+  static std::mutex mu;
+  std::lock_guard lock(mu);
   if (!st.controller) {
     pipeline::JobControllerOptions options;
     options.engine = config.engine;
