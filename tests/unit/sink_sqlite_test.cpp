@@ -123,12 +123,13 @@ class SqliteLock : public testing::WriteBlocker {
 
 class SqliteEnv : public testing::SinkTestEnv {
  public:
-  SqliteEnv(std::function<int64_t()> now_us, bool background_checkpoint)
+  SqliteEnv(std::function<int64_t()> now_us, bool background_checkpoint, bool bulk_load)
       : path_((dir_.path() / "atfill.db").string()), reader_(path_) {
     options_.path = path_;
     options_.now_us = std::move(now_us);
     options_.busy_timeout_ms = 100;
     options_.background_checkpoint = background_checkpoint;
+    options_.bulk_load = bulk_load;
   }
   Result<std::unique_ptr<pipeline::Sink>> OpenSink() override { return OpenSqliteSink(options_); }
   testing::TableReader& reader() override { return reader_; }
@@ -162,18 +163,23 @@ class SqliteEnv : public testing::SinkTestEnv {
   SqliteTableReader reader_;
 };
 
-// The writer checkpoints on a thread of the sink's own (the default), or inside its COMMIT.
-testing::SinkConformanceParam SqliteParam(bool background_checkpoint) {
-  return {background_checkpoint ? "Sqlite" : "SqliteInlineCheckpoint",
-          [background_checkpoint](
+// The writer checkpoints on a thread of the sink's own (the default), or inside its COMMIT; a
+// bulk-loading sink (a fresh backfill's) writes in the load layout and builds the final indexes
+// when it closes.
+testing::SinkConformanceParam SqliteParam(std::string name, bool background_checkpoint,
+                                          bool bulk_load) {
+  return {std::move(name),
+          [background_checkpoint, bulk_load](
               std::function<int64_t()> now_us) -> Result<std::unique_ptr<testing::SinkTestEnv>> {
             return std::unique_ptr<testing::SinkTestEnv>(
-                std::make_unique<SqliteEnv>(std::move(now_us), background_checkpoint));
+                std::make_unique<SqliteEnv>(std::move(now_us), background_checkpoint, bulk_load));
           }};
 }
 
 INSTANTIATE_TEST_SUITE_P(Sqlite, SinkConformanceTest,
-                         ::testing::Values(SqliteParam(true), SqliteParam(false)),
+                         ::testing::Values(SqliteParam("Sqlite", true, false),
+                                           SqliteParam("SqliteInlineCheckpoint", false, false),
+                                           SqliteParam("SqliteBulkLoad", true, true)),
                          testing::SinkConformanceName);
 
 constexpr const char* kAlice = "did:plc:alice2ixhq5mvvcy4ygqtfp";
