@@ -1,6 +1,7 @@
 // The crawl's request URLs and response parsing: repo listings (listReposByCollection,
 // listRepos), listRecords pages and getRepo CARs, turned into events and per-item errors. Pure
 // functions, no network: the crawl source fetches with net::HttpClient and hands the bodies here.
+// (fetcher.cpp: URLs, listings and pages; repo_records.cpp: getRepo CARs.)
 // All functions are thread-safe (JSON parsing reuses one parser and buffer per thread).
 #pragma once
 
