@@ -7,10 +7,12 @@ namespace atfill::sinks::sqlite {
 
 Result<std::unique_ptr<Checkpointer>> Checkpointer::Start(sqlite3* writer, const std::string& path,
                                                           const char* synchronous,
-                                                          int64_t cap_frames) {
+                                                          int64_t cap_frames,
+                                                          int64_t busy_timeout_ms) {
   ATFILL_ASSIGN_OR_RETURN(Db db, Open(path, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX));
+  sqlite3_busy_timeout(db.get(), static_cast<int>(busy_timeout_ms));
   const std::string pragma = std::string("PRAGMA synchronous = ") + synchronous;
-  ATFILL_RETURN_IF_ERROR(Exec(db.get(), pragma.c_str()));
+  ATFILL_RETURN_IF_ERROR(ExecRetryingBusy(db.get(), pragma.c_str(), busy_timeout_ms));
   // Its own automatic checkpoints would never run (it writes nothing), but say so.
   sqlite3_wal_autocheckpoint(db.get(), 0);
   std::unique_ptr<Checkpointer> c(new Checkpointer(writer, std::move(db), cap_frames));

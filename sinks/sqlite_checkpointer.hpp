@@ -34,9 +34,11 @@ class Checkpointer {
   // Opens its own connection to `path` (already in WAL mode) and starts the thread; installs a
   // WAL hook on `writer`, which replaces the writer's automatic checkpoints.
   // `synchronous` is the writer's PRAGMA synchronous value ("NORMAL" or "FULL"): a checkpoint
-  // syncs the WAL before it overwrites the database file, as the writer's own would.
+  // syncs the WAL before it overwrites the database file, as the writer's own would. Waits for
+  // other connections' locks up to `busy_timeout_ms`, as the writer does.
   static Result<std::unique_ptr<Checkpointer>> Start(sqlite3* writer, const std::string& path,
-                                                     const char* synchronous, int64_t cap_frames);
+                                                     const char* synchronous, int64_t cap_frames,
+                                                     int64_t busy_timeout_ms);
   // Stops the thread (after the round in progress) and closes its connection.
   ~Checkpointer();
   Checkpointer(const Checkpointer&) = delete;

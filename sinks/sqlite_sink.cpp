@@ -239,19 +239,8 @@ Result<std::unique_ptr<pipeline::Sink>> SqliteSink::Open(const SqliteSinkOptions
   std::string pragmas = "PRAGMA synchronous = ";
   pragmas += options.synchronous == SqliteSynchronous::kFull ? "FULL" : "NORMAL";
   pragmas += "; PRAGMA cache_size = -" + std::to_string(options.cache_bytes / 1024 + 1);
-  {
-    // Right after another connection made the file a WAL database, this one's first statements
-    // may meet its locks without SQLite's busy handler being asked (seen under load when two
-    // sinks open one new file at once): retried within the busy timeout, like the switch above.
-    const auto deadline = Clock::now() + std::chrono::milliseconds(options.busy_timeout_ms);
-    auto backoff = std::chrono::milliseconds(2);
-    Status st = sqlite::Exec(raw, pragmas.c_str());
-    while (!st.ok() && IsBusyCode(sqlite3_extended_errcode(raw)) &&
-           WaitToRetryBusy(deadline, &backoff)) {
-      st = sqlite::Exec(raw, pragmas.c_str());
-    }
-    ATFILL_RETURN_IF_ERROR(st);
-  }
+  // Retried within the busy timeout, like the switch above.
+  ATFILL_RETURN_IF_ERROR(sqlite::ExecRetryingBusy(raw, pragmas.c_str(), options.busy_timeout_ms));
   ATFILL_RETURN_IF_ERROR(sqlite::MigrateSchema(raw));
   // A bulk load belongs to the sink holding its owner lock; the kernel releases the lock of a
   // process that dies. Only a load without an owner (killed) is taken over: continued by a
@@ -295,7 +284,7 @@ Result<std::unique_ptr<pipeline::Sink>> SqliteSink::Open(const SqliteSinkOptions
         checkpointer,
         sqlite::Checkpointer::Start(
             raw, options.path, options.synchronous == SqliteSynchronous::kFull ? "FULL" : "NORMAL",
-            checkpoint_frames));
+            checkpoint_frames, options.busy_timeout_ms));
   } else {
     std::string checkpoint = "PRAGMA wal_autocheckpoint = " + std::to_string(checkpoint_frames);
     ATFILL_RETURN_IF_ERROR(sqlite::Exec(raw, checkpoint.c_str()));

@@ -1,5 +1,9 @@
 #include "sinks/sqlite_util.hpp"
 
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
 namespace atfill::sinks::sqlite {
 
 Status ErrorStatus(sqlite3* db, int rc, std::string_view what) {
@@ -56,6 +60,21 @@ Status Exec(sqlite3* db, const char* sql) {
   int rc = sqlite3_exec(db, sql, nullptr, nullptr, nullptr);
   if (rc != SQLITE_OK) return ErrorStatus(db, rc, std::string("executing `") + sql + "`");
   return Status::OK();
+}
+
+Status ExecRetryingBusy(sqlite3* db, const char* sql, int64_t timeout_ms) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  auto backoff = std::chrono::milliseconds(2);
+  for (;;) {
+    Status st = Exec(db, sql);
+    const int rc = sqlite3_extended_errcode(db) & 0xff;
+    if (st.ok() || (rc != SQLITE_BUSY && rc != SQLITE_LOCKED)) return st;
+    const auto remaining = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (remaining.count() <= 0) return st;
+    std::this_thread::sleep_for(std::min(backoff, remaining));
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(100));
+  }
 }
 
 Result<Stmt> Prepare(sqlite3* db, std::string_view sql, bool persistent) {

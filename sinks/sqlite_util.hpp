@@ -36,6 +36,11 @@ Result<Db> Open(const std::string& path, int flags);
 // Runs one or more statements that return no rows we need.
 Status Exec(sqlite3* db, const char* sql);
 
+// Exec, tried again while the database is busy, for up to `timeout_ms`. Right after another
+// connection made a new file a WAL database, a connection's first statements may meet its locks
+// without SQLite's busy handler being asked (seen when sinks open one new file at once).
+Status ExecRetryingBusy(sqlite3* db, const char* sql, int64_t timeout_ms);
+
 // Prepares one statement; `persistent` hints SQLite that it is reused many times.
 Result<Stmt> Prepare(sqlite3* db, std::string_view sql, bool persistent);
 
