@@ -244,33 +244,39 @@ class EngineRun : public internal::GraphBodies {
       if (latch_.failed()) return;
       // A chunk an asynchronous stage gave back resumes after that stage.
       size_t first = 0;
+      bool resumed = false;
+      bool again = false;  // back to the same stage's Start
       if (resuming_.load(std::memory_order_acquire) != 0) {
         std::lock_guard<std::mutex> lock(resume_mu_);
         if (auto it = resume_at_.find(chunk); it != resume_at_.end()) {
-          first = it->second;
+          first = it->second.stage;
+          again = it->second.again;
+          resumed = true;
           resume_at_.erase(it);
           resuming_.fetch_sub(1, std::memory_order_relaxed);
         }
       }
-      if (first == 0) source_->Decode(chunk);
+      if (!resumed) source_->Decode(chunk);
       for (size_t i = first; i < unordered_.size(); ++i) {
         const Transform* t = unordered_[i]->transform();
         if (const AsyncTransform* async = t->AsAsync()) {
           const internal::GraphHandle::Resumer resume = graph_->Hold();
           HappensBefore(chunk);
           const bool handed_off =
-              async->Start(unordered_[i]->Local(), chunk, [this, resume, chunk, t, i](Status s) {
-                if (!s.ok()) latch_.Fail(s.WithContext(std::string(t->name())));
-                {
-                  std::lock_guard<std::mutex> lock(resume_mu_);
-                  resume_at_[chunk] = i + 1;
-                  resuming_.fetch_add(1, std::memory_order_release);
-                }
-                HappensBefore(chunk);
-                // The graph ends (and Attach(nullptr) runs) once the last hold is released.
-                HappensBefore(&answer_token_);
-                resume(chunk);
-              });
+              async->Start(unordered_[i]->Local(), chunk, again && i == first,
+                           [this, resume, chunk, t, i](Status s, bool again) {
+                             if (!s.ok()) latch_.Fail(s.WithContext(std::string(t->name())));
+                             {
+                               std::lock_guard<std::mutex> lock(resume_mu_);
+                               resume_at_[chunk] = {again ? i : i + 1, again};
+                               resuming_.fetch_add(1, std::memory_order_release);
+                             }
+                             HappensBefore(chunk);
+                             // The graph ends (and Attach(nullptr) runs) once the last hold is
+                             // released.
+                             HappensBefore(&answer_token_);
+                             resume(chunk);
+                           });
           if (handed_off) {
             ready = false;
             return;
@@ -465,9 +471,14 @@ class EngineRun : public internal::GraphBodies {
   char work_token_ = 0;
   // Released by every answer of an asynchronous stage.
   char answer_token_ = 0;
-  // Chunks an asynchronous stage gave back, with the index of the unordered stage after it.
+  // Chunks an asynchronous stage gave back, with the index of the unordered stage they resume at
+  // (the one after it, or the same one after done.Again()).
   std::mutex resume_mu_;
-  std::unordered_map<const EventChunk*, size_t> resume_at_;
+  struct ResumeAt {
+    size_t stage = 0;
+    bool again = false;
+  };
+  std::unordered_map<const EventChunk*, ResumeAt> resume_at_;
   std::atomic<size_t> resuming_{0};
   // Sealed batches not yet written, oldest first.
   std::mutex sealed_mu_;

@@ -13,6 +13,8 @@
 #include <thread>
 #include <tuple>
 
+#include "pipeline/tsan.hpp"
+
 namespace atfill::pipeline::internal {
 namespace {
 
@@ -123,6 +125,8 @@ void RunGraph(GraphBodies* bodies, uint32_t workers, uint32_t in_flight) {
   // is still being written. Serial, so batches reach the thread in the order they were sealed.
   SinkThread sink(bodies);
   WriteNode write(g, flow::serial, [&sink](SealedBatch* batch, WriteNode::gateway_type& gw) {
+    // The sink thread's queue was built before the graph started, on this thread's caller.
+    HappensAfter(&sink);
     gw.reserve_wait();
     sink.Push(batch, &gw);
   });
@@ -131,6 +135,7 @@ void RunGraph(GraphBodies* bodies, uint32_t workers, uint32_t in_flight) {
   flow::make_edge(flow::output_port<0>(work), sequencer);
   flow::make_edge(sequencer, order);
   flow::make_edge(flow::output_port<0>(order), write);
+  HappensBefore(&sink);
   bodies->Attach(&graph);
   reader.activate();
   g.wait_for_all();

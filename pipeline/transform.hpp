@@ -5,6 +5,8 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <type_traits>
+#include <utility>
 
 #include "base/status.hpp"
 #include "pipeline/chunk.hpp"
@@ -66,16 +68,35 @@ class Transform {
 // chunks after it, never their processing. Unordered only (ordered() must stay false).
 class AsyncTransform : public Transform {
  public:
-  // Called once per handed-off chunk, from any thread (an I/O thread: it must be cheap and must
-  // not block), with Process's meaning of the Status.
-  using Done = std::function<void(Status)>;
+  // How a handed-off chunk comes back: call it once, from any thread (an I/O or timer thread: it
+  // must be cheap and must not block).
+  class Done {
+   public:
+    // `again` false: the transform is through with the chunk (`status` as Process's). True: the
+    // chunk comes back to this transform's Start, on whichever worker is free (the rest of its
+    // work after a wait, such as a retry's backoff).
+    using Fn = std::function<void(Status status, bool again)>;
+    Done() = default;
+    template <typename F,
+              typename = std::enable_if_t<std::is_invocable_r_v<void, F&, Status, bool>>>
+    Done(F fn) : fn_(std::move(fn)) {}
+    // Through: the chunk goes on to the next stage.
+    void operator()(Status status) const { fn_(std::move(status), false); }
+    // Not through: Start runs again on the chunk.
+    void Again() const { fn_(Status::OK(), true); }
 
-  // Starts processing `chunk` (in place, with Process's rules); thread-safe, must not block.
-  // Returns false when the chunk needed no waiting: it is processed already and `done` is never
-  // called. Returns true when the chunk was handed off: `done` runs exactly once, possibly before
-  // Start returns, and the chunk is the transform's until then. `state` is the calling worker's
-  // (it must not be used after Start returns).
-  virtual bool Start(TransformState* state, EventChunk* chunk, Done done) const = 0;
+   private:
+    Fn fn_;
+  };
+
+  // Starts (or, after done.Again(), continues) processing `chunk` in place, with Process's
+  // rules; thread-safe, must not block. Returns false when the chunk needed no waiting: it is
+  // processed already and `done` is never called. Returns true when the chunk was handed off:
+  // `done` is called exactly once, possibly before Start returns, and the chunk is the
+  // transform's until then. `state` is the calling worker's (it must not be used after Start
+  // returns).
+  // `again` is true when the engine calls it again on a chunk after done.Again().
+  virtual bool Start(TransformState* state, EventChunk* chunk, bool again, Done done) const = 0;
 
   // The engine never calls it; a caller outside the engine (a bench, a test) uses Start.
   Status Process(TransformState*, EventChunk*) const final {

@@ -3,11 +3,15 @@
 // TSan; the engine states it at each hand-off instead (see engine_graph.cpp).
 #pragma once
 
+// ATFILL_TSAN may also be defined by the build, for a file of a TSan build compiled without
+// instrumentation (engine_graph.cpp): its annotations still reach the TSan runtime.
+#if !defined(ATFILL_TSAN)
 #if defined(__SANITIZE_THREAD__)
 #define ATFILL_TSAN 1
 #elif defined(__has_feature)
 #if __has_feature(thread_sanitizer)
 #define ATFILL_TSAN 1
+#endif
 #endif
 #endif
 

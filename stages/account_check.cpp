@@ -36,7 +36,8 @@ struct AccountCheck::Pending {
   std::atomic<size_t> left{0};
 };
 
-bool AccountCheck::Start(pipeline::TransformState*, pipeline::EventChunk* chunk, Done done) const {
+bool AccountCheck::Start(pipeline::TransformState*, pipeline::EventChunk* chunk, bool /*again*/,
+                         Done done) const {
   std::vector<size_t> asked;
   for (size_t i = 0; i < chunk->events.size(); ++i) {
     const auto* a = std::get_if<AccountEvent>(&chunk->events[i]);

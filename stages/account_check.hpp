@@ -50,7 +50,7 @@ class AccountCheck : public pipeline::AsyncTransform {
   std::string_view name() const override { return "account_check"; }
   // Unordered. A chunk without deletions is done at once (false); one with deletions is handed
   // off (true) and `done` runs on the lookup's thread once the last answer is applied.
-  bool Start(pipeline::TransformState* state, pipeline::EventChunk* chunk,
+  bool Start(pipeline::TransformState* state, pipeline::EventChunk* chunk, bool again,
              Done done) const override;
 
   // Thread-safe.

@@ -29,6 +29,7 @@
 #include "atproto/syntax.hpp"
 #include "base/json_writer.hpp"
 #include "base/strings.hpp"
+#include "pipeline/delay_queue.hpp"
 
 // Lua reports errors with longjmp (the Debian library is built as C), which skips C++
 // destructors. So every function Lua calls, and every stretch of C++ that calls a Lua function
@@ -110,6 +111,17 @@ class PatternWatchdog {
 
 }  // namespace
 
+// How far a chunk got, kept while it waits for a retry.
+struct ScriptStage::Progress {
+  size_t next = 0;                      // the event being run
+  size_t keep = 0;                      // events kept so far, moved to the front
+  int attempt = 1;                      // of the event being run
+  std::chrono::microseconds wait{0};    // before its next retry
+  std::chrono::microseconds waited{0};  // by this chunk so far
+  int64_t changed = 0, script_dropped = 0, errors = 0, retries = 0;
+  bool resumed = false;  // the chunk came back after a wait: it ends through `done`
+};
+
 struct ScriptStage::Program {
   struct Script {
     std::string collection;
@@ -126,6 +138,11 @@ struct ScriptStage::Program {
   };
   std::unordered_map<std::string, size_t, Hash, std::equal_to<>> index;
   std::shared_ptr<PatternWatchdog> watchdog;
+  // Retry backoffs wait here, off the workers.
+  std::unique_ptr<pipeline::DelayQueue> delays;
+  // The chunks waiting for a retry, and where each goes on.
+  mutable std::mutex progress_mu;
+  mutable std::unordered_map<const pipeline::EventChunk*, Progress> progress;
 
   static constexpr size_t kNone = static_cast<size_t>(-1);
   size_t Find(std::string_view collection) const {
@@ -2221,6 +2238,10 @@ Result<std::unique_ptr<ScriptStage>> ScriptStage::Create(ScriptOptions options) 
                                                          std::chrono::milliseconds(1),
                                                          std::chrono::milliseconds(100));
   program->watchdog = std::make_shared<PatternWatchdog>(tick);
+  if (program->options.max_attempts > 1 && program->options.retry_backoff.count() > 0 &&
+      program->options.max_backoff_per_chunk >= program->options.retry_backoff) {
+    program->delays = std::make_unique<pipeline::DelayQueue>();
+  }
   // Compile and load everything once, so a broken script is a config error before the run.
   LuaWorker probe(program.get());
   ATFILL_RETURN_IF_ERROR(probe.Init());
@@ -2238,28 +2259,36 @@ bool ScriptStage::HasScript(std::string_view collection) const {
   return program_->Find(collection) != Program::kNone;
 }
 
-Status ScriptStage::Process(pipeline::TransformState* state, pipeline::EventChunk* chunk) const {
+bool ScriptStage::Start(pipeline::TransformState* state, pipeline::EventChunk* chunk, bool again,
+                        Done done) const {
   auto* worker = dynamic_cast<LuaWorker*>(state);
-  if (worker == nullptr)
-    return Status::Internal("script stage: Process needs a state from NewState");
-  if (!worker->init_status().ok()) return worker->init_status();
+  if (worker == nullptr || !worker->init_status().ok()) {
+    done(worker == nullptr ? Status::Internal("script stage: Start needs a state from NewState")
+                           : worker->init_status());
+    return true;
+  }
   const ScriptOptions& opt = program_->options;
 
+  // Where the chunk stands: fresh, or back after a retry's wait.
+  Progress p;
+  p.wait = opt.retry_backoff;
+  {
+    // A fresh chunk drops what a run that ended while a chunk at this address waited left.
+    std::lock_guard<std::mutex> lock(program_->progress_mu);
+    if (auto it = program_->progress.find(chunk); it != program_->progress.end()) {
+      if (again) p = it->second;
+      program_->progress.erase(it);
+    }
+  }
   auto& events = chunk->events;
-  int64_t changed = 0;
-  int64_t script_dropped = 0;
-  int64_t errors = 0;
-  int64_t retries = 0;
-  std::chrono::microseconds waited{0};
   // Events of one collection come in runs: the last lookup is reused.
   std::string last_collection;
   size_t last_script = Program::kNone;
   bool have_last = false;
 
-  size_t keep = 0;
-  for (size_t i = 0; i < events.size(); ++i) {
+  for (; p.next < events.size(); ++p.next) {
     bool kept = true;
-    if (auto* record = std::get_if<pipeline::RecordEvent>(&events[i])) {
+    if (auto* record = std::get_if<pipeline::RecordEvent>(&events[p.next])) {
       if (!have_last || record->collection != last_collection) {
         last_collection = record->collection;
         last_script = program_->Find(record->collection);
@@ -2267,53 +2296,70 @@ Status ScriptStage::Process(pipeline::TransformState* state, pipeline::EventChun
       }
       if (last_script != Program::kNone) {
         Outcome outcome = Outcome::kError;
-        auto wait = opt.retry_backoff;
-        for (int attempt = 1;; ++attempt) {
+        for (;; ++p.attempt) {
           outcome = worker->Run(last_script, *record);
-          if (outcome != Outcome::kError || attempt >= opt.max_attempts) break;
-          ++retries;
-          if (wait.count() > 0 && waited + wait <= opt.max_backoff_per_chunk) {
-            std::this_thread::sleep_for(wait);
-            waited += wait;
-            wait *= 2;
+          if (outcome != Outcome::kError || p.attempt >= opt.max_attempts) break;
+          ++p.retries;
+          if (program_->delays && p.wait.count() > 0 &&
+              p.waited + p.wait <= opt.max_backoff_per_chunk) {
+            // The wait runs on the delay queue; the chunk comes back to this record's next
+            // attempt on whichever worker is free.
+            const auto wait = p.wait;
+            p.waited += p.wait;
+            p.wait *= 2;
+            ++p.attempt;
+            p.resumed = true;
+            {
+              std::lock_guard<std::mutex> lock(program_->progress_mu);
+              program_->progress[chunk] = p;
+            }
+            program_->delays->After(wait, [done = std::move(done)] { done.Again(); });
+            return true;
           }
         }
+        // The next record starts over; the chunk's waiting so far still counts.
+        p.attempt = 1;
+        p.wait = opt.retry_backoff;
         switch (outcome) {
           case Outcome::kKeep:
             break;
           case Outcome::kChanged:
             record->body.swap(*worker->encoded());
             record->created_at = worker->created_at();
-            ++changed;
+            ++p.changed;
             break;
           case Outcome::kDrop:
             kept = false;
-            ++script_dropped;
+            ++p.script_dropped;
             break;
           case Outcome::kError:
             chunk->errors.push_back({"script_error", record->Uri(), worker->error()});
-            ++errors;
+            ++p.errors;
             kept = opt.fail_open;
             break;
         }
       }
     }
     if (kept) {
-      if (keep != i) events[keep] = std::move(events[i]);
-      ++keep;
+      if (p.keep != p.next) events[p.keep] = std::move(events[p.next]);
+      ++p.keep;
     } else {
       ++chunk->dropped;
     }
   }
-  events.resize(keep);
-  const std::pair<const char*, int64_t> counters[] = {{"script_changed", changed},
-                                                      {"script_dropped", script_dropped},
-                                                      {"script_errors", errors},
-                                                      {"script_retries", retries}};
+  events.resize(p.keep);
+  const std::pair<const char*, int64_t> counters[] = {{"script_changed", p.changed},
+                                                      {"script_dropped", p.script_dropped},
+                                                      {"script_errors", p.errors},
+                                                      {"script_retries", p.retries}};
   for (const auto& [name, value] : counters) {
     if (value != 0) chunk->counters.emplace_back(name, value);
   }
-  return Status::OK();
+  if (p.resumed) {
+    done(Status::OK());
+    return true;
+  }
+  return false;
 }
 
 }  // namespace atfill::stages

@@ -73,8 +73,9 @@ struct ScriptOptions {
   int max_attempts = 4;
   // Wait before the first retry, doubling for each next one; 0 = retry at once.
   std::chrono::microseconds retry_backoff{1000};
-  // Most waiting one Process call does in total for retries (it must not block long): once spent,
-  // the remaining retries of that chunk run without waiting.
+  // Most waiting for retries one chunk does in total: once spent, the remaining retries of that
+  // chunk run without waiting. The waits happen off the flow-graph workers (the chunk is handed
+  // off and comes back when its wait is over).
   std::chrono::microseconds max_backoff_per_chunk{10000};
   // After the last attempt fails, the record is logged in the chunk's errors and then dropped
   // (false, fail closed) or kept as received (true, fail open).
@@ -88,12 +89,14 @@ struct ScriptOptions {
   Status Validate() const;
 };
 
-// Unordered: runs on several chunks at once, each worker with its own Lua state (NewState).
-// Process keeps events of collections without a script and account events untouched. Counters
+// Unordered and asynchronous: runs on several chunks at once, each worker with its own Lua state
+// (NewState); a chunk whose record waits before a retry is handed off for the wait and resumed on
+// whichever worker is free. Events of collections without a script and account events are left
+// untouched. Counters
 // (when non-zero): script_changed (bodies rewritten), script_dropped (records the script
 // dropped), script_errors (records whose last attempt failed), script_retries (attempts after
 // a failure).
-class ScriptStage : public pipeline::Transform {
+class ScriptStage : public pipeline::AsyncTransform {
  public:
   // Reads the files, checks the options and compiles every script once in a throwaway Lua state:
   // a script that does not compile, fails while loading or defines no global function `record`
@@ -105,16 +108,20 @@ class ScriptStage : public pipeline::Transform {
   // A fresh Lua state with every script loaded. Thread-safe (each call builds its own state).
   // When the state cannot be built, the returned state holds the error and Process returns it.
   std::unique_ptr<pipeline::TransformState> NewState() const override;
-  // `state` must come from this stage's NewState and be used by one thread at a time. May sleep
-  // for retry backoff, at most max_backoff_per_chunk per call. Returns an error only for a state
-  // that could not be built.
-  Status Process(pipeline::TransformState* state, pipeline::EventChunk* chunk) const override;
+  // `state` must come from this stage's NewState and be used by one thread at a time. Returns
+  // false when the chunk is done; true when a retry's backoff is due: the chunk waits on the
+  // stage's delay queue, then `done.Again()` asks for Start to be called on it again, which goes
+  // on where it stopped. Fails (through `done`, at once) only for a state that could not be
+  // built.
+  bool Start(pipeline::TransformState* state, pipeline::EventChunk* chunk, bool again,
+             Done done) const override;
 
   // Whether `collection` has a script.
   bool HasScript(std::string_view collection) const;
 
   // The per-stage data every worker reads (options and script texts); defined in script.cpp.
   struct Program;
+  struct Progress;
 
  private:
   explicit ScriptStage(std::shared_ptr<const Program> program);

@@ -107,7 +107,7 @@ TEST(AccountCheckTest, AChunkWithoutDeletionsIsDoneAtOnce) {
   resync.resync = true;
   chunk.events.push_back(resync);
   bool called = false;
-  EXPECT_FALSE(check.Start(nullptr, &chunk, [&](Status) { called = true; }));
+  EXPECT_FALSE(check.Start(nullptr, &chunk, false, [&](Status, bool) { called = true; }));
   EXPECT_FALSE(called);
   EXPECT_TRUE(lookup.asked.empty());
   EXPECT_EQ(chunk.events.size(), 3u);
@@ -132,7 +132,7 @@ TEST(AccountCheckTest, AsksEveryDeletionAndAppliesTheAnswersInOrder) {
   std::condition_variable cv;
   int calls = 0;
   Status result = Status::Internal("not called");
-  ASSERT_TRUE(check.Start(nullptr, &chunk, [&](Status s) {
+  ASSERT_TRUE(check.Start(nullptr, &chunk, false, [&](Status s, bool) {
     std::lock_guard<std::mutex> lock(mu);
     ++calls;
     result = s;

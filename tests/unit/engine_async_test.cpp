@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "pipeline/delay_queue.hpp"
 #include "pipeline/engine.hpp"
 
 namespace atfill::pipeline {
@@ -75,7 +76,7 @@ class Parking : public AsyncTransform {
  public:
   explicit Parking(std::vector<uint64_t> parked) : parked_(std::move(parked)) {}
   std::string_view name() const override { return "parking"; }
-  bool Start(TransformState*, EventChunk* chunk, Done done) const override {
+  bool Start(TransformState*, EventChunk* chunk, bool, Done done) const override {
     if (std::find(parked_.begin(), parked_.end(), chunk->seq) != parked_.end()) {
       std::lock_guard<std::mutex> lock(mu);
       waiting.push_back(std::move(done));
@@ -223,6 +224,33 @@ TEST(EngineAsyncTest, ProcessOnAnAsyncStageFails) {
   EventChunk chunk;
   EXPECT_FALSE(parking.Process(nullptr, &chunk).ok());
   EXPECT_EQ(parking.AsAsync(), &parking);
+}
+
+// The delay queue runs callbacks by due time (ties in the order given), and its destructor runs
+// what still waits at once rather than dropping it (a chunk waiting on it would never come back).
+TEST(DelayQueueTest, RunsByDueTimeAndFlushesOnDestruction) {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<int> ran;
+  auto note = [&](int n) {
+    return [&, n] {
+      std::lock_guard<std::mutex> lock(mu);
+      ran.push_back(n);
+      cv.notify_all();
+    };
+  };
+  {
+    DelayQueue q;
+    q.After(std::chrono::milliseconds(30), note(3));
+    q.After(std::chrono::milliseconds(0), note(1));
+    q.After(std::chrono::milliseconds(0), note(2));
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      ASSERT_TRUE(cv.wait_for(lock, kPatience, [&] { return ran.size() == 3; }));
+    }
+    q.After(std::chrono::hours(1), note(4));
+  }
+  EXPECT_EQ(ran, (std::vector<int>{1, 2, 3, 4}));
 }
 
 }  // namespace

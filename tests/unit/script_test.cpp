@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <climits>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -17,12 +18,14 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include <lua.hpp>
 
 #include "atproto/json.hpp"
+#include "pipeline/engine.hpp"
 
 namespace atfill::stages {
 namespace {
@@ -66,6 +69,32 @@ ScriptOptions Options(const std::string& source) {
   return options;
 }
 
+// Runs the stage on a chunk as the engine would: Start, and Start again after each
+// done.Again() (a retry's wait, run on the stage's delay queue).
+Status RunStage(const ScriptStage& stage, pipeline::TransformState* state, EventChunk* chunk) {
+  bool again = false;
+  for (;;) {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool called = false, more = false;
+    Status result;
+    const bool handed_off = stage.Start(state, chunk, again, [&](Status s, bool a) {
+      std::lock_guard<std::mutex> lock(mu);
+      called = true;
+      more = a;
+      result = std::move(s);
+      cv.notify_all();
+    });
+    if (!handed_off) return Status::OK();
+    std::unique_lock<std::mutex> lock(mu);
+    if (!cv.wait_for(lock, std::chrono::seconds(20), [&] { return called; })) {
+      return Status::Internal("the stage never gave the chunk back");
+    }
+    if (!more) return result;
+    again = true;
+  }
+}
+
 // A stage and one worker state.
 struct Harness {
   std::unique_ptr<ScriptStage> stage;
@@ -86,7 +115,7 @@ struct Harness {
     EventChunk chunk;
     chunk.events = std::move(events);
     if (stage == nullptr) return chunk;
-    Status st = stage->Process(state.get(), &chunk);
+    Status st = RunStage(*stage, state.get(), &chunk);
     EXPECT_TRUE(st.ok()) << st.ToString();
     return chunk;
   }
@@ -674,16 +703,16 @@ TEST(ScriptTest, EachWorkerStateIsIndependent) {
   auto b = stage->NewState();
   EventChunk first;
   first.events = {Record("1"), Record("2")};
-  ASSERT_TRUE(stage->Process(a.get(), &first).ok());
+  ASSERT_TRUE(RunStage(*stage, a.get(), &first).ok());
   EventChunk second;
   second.events = {Record("3")};
-  ASSERT_TRUE(stage->Process(b.get(), &second).ok());
+  ASSERT_TRUE(RunStage(*stage, b.get(), &second).ok());
   EXPECT_THAT(RecordAt(first, 1).body, HasSubstr("\"seen\":2"));
   EXPECT_THAT(RecordAt(second, 0).body, HasSubstr("\"seen\":1"));
   // A state from elsewhere is refused.
   EventChunk third;
   third.events = {Record("4")};
-  EXPECT_FALSE(stage->Process(nullptr, &third).ok());
+  EXPECT_FALSE(RunStage(*stage, nullptr, &third).ok());
 }
 
 TEST(ScriptTest, ValidateRejectsBadOptions) {
@@ -1071,6 +1100,82 @@ TEST(ScriptTest, StringFunctionsGiveTheStringLibrarysResults) {
   EventChunk out = h.Run({Record("a")});
   for (const auto& error : out.errors) ADD_FAILURE() << error.message;
   EXPECT_EQ(out.events.size(), 1u);
+}
+
+// A retry's wait does not hold a worker: with one worker, the first chunk's record fails and waits
+// a second before its retry, and meanwhile the chunks after it pass the script and the stage after
+// it. They still commit after the first chunk, in source order.
+TEST(ScriptTest, ARetryWaitDoesNotHoldAWorker) {
+  class Posts : public pipeline::Source {
+   public:
+    Status Seek(const std::string&) override { return Status::OK(); }
+    Result<bool> Read(EventChunk* chunk) override {
+      if (next_ >= 6) return false;
+      chunk->events.push_back(Record(next_ == 0 ? "fail" : "ok" + std::to_string(next_)));
+      chunk->resume_cursor = std::to_string(++next_);
+      return true;
+    }
+    std::string Describe() const override { return "posts"; }
+
+   private:
+    int next_ = 0;
+  };
+  class Seen : public pipeline::Transform {
+   public:
+    std::string_view name() const override { return "seen"; }
+    Status Process(pipeline::TransformState*, EventChunk* chunk) const override {
+      std::lock_guard<std::mutex> lock(mu);
+      order.push_back(chunk->seq);
+      return Status::OK();
+    }
+    mutable std::mutex mu;
+    mutable std::vector<uint64_t> order;
+  };
+  class Rkeys : public pipeline::Sink {
+   public:
+    Result<pipeline::WriteStats> Write(std::span<const Event> batch) override {
+      for (const auto& e : batch) rkeys.push_back(std::get<RecordEvent>(e).rkey);
+      return pipeline::WriteStats{};
+    }
+    std::string_view name() const override { return "rkeys"; }
+    std::vector<std::string> rkeys;  // the sink node's alone
+  };
+  class Counters : public pipeline::Committer {
+   public:
+    Status PrepareCommit(const pipeline::BatchReport& r, state::WriteBatch*) override {
+      for (const EventChunk* c : r.batch->chunks) {
+        for (const auto& [name, n] : c->counters) counters[name] += n;
+      }
+      return Status::OK();
+    }
+    void OnCommitted(const pipeline::BatchReport&) override {}
+    bool StopRequested() const override { return false; }
+    std::map<std::string, int64_t> counters;
+  };
+  ScriptOptions options =
+      Options("function record(e) if e.rkey == 'fail' then error('no') end return e end");
+  options.max_attempts = 2;
+  options.retry_backoff = std::chrono::seconds(1);
+  options.max_backoff_per_chunk = std::chrono::seconds(1);
+  auto stage = ScriptStage::Create(options);
+  ASSERT_TRUE(stage.ok()) << stage.status().ToString();
+  Posts source;
+  Seen seen;
+  Rkeys sink;
+  Counters committer;
+  auto kv = state::NewMemoryKvStore();
+  pipeline::EngineOptions eo;
+  eo.workers = 1;
+  eo.batch = {.max_events = 2, .max_delay_ms = 60'000, .max_chunks = 2};
+  eo.max_chunks_in_flight = 8;
+  pipeline::Engine engine(eo, &source, {stage->get(), &seen}, &sink, kv.get(), &committer);
+  auto summary = engine.Run("");
+  ASSERT_TRUE(summary.ok()) << summary.status().ToString();
+  // Every later chunk went through while the first waited for its retry.
+  EXPECT_EQ(seen.order, (std::vector<uint64_t>{1, 2, 3, 4, 5, 0}));
+  EXPECT_EQ(sink.rkeys, (std::vector<std::string>{"ok1", "ok2", "ok3", "ok4", "ok5"}));
+  EXPECT_EQ(committer.counters["script_retries"], 1);
+  EXPECT_EQ(committer.counters["script_errors"], 1);
 }
 
 }  // namespace

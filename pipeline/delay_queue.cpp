@@ -1,0 +1,45 @@
+#include "pipeline/delay_queue.hpp"
+
+#include <utility>
+
+namespace atfill::pipeline {
+
+DelayQueue::DelayQueue() : thread_([this] { Loop(); }) {}
+
+DelayQueue::~DelayQueue() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    done_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void DelayQueue::After(std::chrono::microseconds delay, std::function<void()> fn) {
+  std::lock_guard<std::mutex> lock(mu_);
+  queue_.push(Entry{Clock::now() + delay, next_order_++, std::move(fn)});
+  // Under the lock: the destructor takes it before the condition variable dies.
+  cv_.notify_all();
+}
+
+void DelayQueue::Loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    if (queue_.empty()) {
+      if (done_) return;
+      cv_.wait(lock);
+      continue;
+    }
+    if (!done_ && Clock::now() < queue_.top().due) {
+      cv_.wait_until(lock, queue_.top().due);
+      continue;
+    }
+    std::function<void()> fn = std::move(const_cast<Entry&>(queue_.top()).fn);
+    queue_.pop();
+    lock.unlock();
+    fn();
+    lock.lock();
+  }
+}
+
+}  // namespace atfill::pipeline
