@@ -401,57 +401,6 @@ TEST_F(PostgresSinkTest, ShardedSinksWriteTheirOwnDidsAtOnce) {
             std::vector<std::string>{std::to_string(kShards * 40)});
 }
 
-// Two writers of the same records at once (a backfill beside the live consumer): conflicts are
-// retried, never half-applied, and the newest version of every record wins.
-TEST_F(PostgresSinkTest, ConcurrentWritersOfTheSameRecordsConverge) {
-  auto first = MustOpen();
-  auto second = MustOpen();
-  ASSERT_NE(first, nullptr);
-  ASSERT_NE(second, nullptr);
-  const std::vector<std::string> revs = {"3kaaaaaaaaa2a", "3kbbbbbbbbb2a", "3kccccccccc2a",
-                                         "3kddddddddd2a"};
-  auto body = [](int version, int k) {
-    return R"({"v":)" + std::to_string(version) + R"(,"k":)" + std::to_string(k) + "}";
-  };
-  std::atomic<int> unavailable{0};
-  auto writer = [&](pipeline::Sink* sink, std::vector<int> versions, std::string* failure) {
-    for (int round = 0; round < 30; ++round) {
-      for (int version : versions) {
-        std::vector<Event> batch;
-        for (int k = 0; k < 200; ++k) {
-          batch.push_back(MakeCreate(kAlice, kPost, "k" + std::to_string(k), body(version, k),
-                                     revs[static_cast<size_t>(version)]));
-        }
-        for (;;) {
-          auto stats = sink->Write(batch);
-          if (stats.ok()) break;
-          if (stats.status().code() != StatusCode::kUnavailable) {
-            *failure = stats.status().ToString();
-            return;
-          }
-          ++unavailable;
-        }
-      }
-    }
-  };
-  std::string f1, f2;
-  std::thread a(writer, first.get(), std::vector<int>{0, 2}, &f1);
-  std::thread b(writer, second.get(), std::vector<int>{1, 3}, &f2);
-  a.join();
-  b.join();
-  EXPECT_EQ(f1, "");
-  EXPECT_EQ(f2, "");
-  std::vector<RecordRow> rows = MustReadAll();
-  ASSERT_EQ(rows.size(), 200u);
-  for (const RecordRow& r : rows) {
-    const int k = std::stoi(r.rkey.substr(1));
-    EXPECT_EQ(r.record, body(3, k)) << r.uri;
-    EXPECT_EQ(r.rev, revs[3]) << r.uri;
-  }
-  std::cout << "[ info ] Unavailable results retried by the writers: " << unavailable.load()
-            << "\n";
-}
-
 TEST_F(PostgresSinkTest, TextPostgresCannotStoreIsInvalid) {
   auto sink = MustOpen();
   ASSERT_NE(sink, nullptr);

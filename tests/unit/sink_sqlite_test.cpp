@@ -749,25 +749,5 @@ TEST_F(SqliteSinkTest, ReaderHoldingTheWalDoesNotStopTheWriter) {
             std::vector<std::string>{"6010"});
 }
 
-TEST_F(SqliteSinkTest, TwoSinksOnOneFileSerialise) {
-  auto first = MustOpen();
-  auto second = MustOpen();
-  ASSERT_NE(first, nullptr);
-  ASSERT_NE(second, nullptr);
-  ASSERT_TRUE(first->Write(std::vector<Event>{MakeCreate(kAlice, kPost, "a", kBody, kRev1)}).ok());
-  // The second sink never saw this DID; it must find the id the first one interned.
-  auto stats =
-      second->Write(std::vector<Event>{MakeUpdate(kAlice, kPost, "a", "{\"v\":2}", kRev2),
-                                       MakeCreate(kAlice, "app.bsky.feed.like", "l", kBody)});
-  ASSERT_TRUE(stats.ok()) << stats.status().ToString();
-  EXPECT_EQ(stats->updated, 1u);
-  EXPECT_EQ(stats->inserted, 1u);
-  ASSERT_TRUE(first->Write(std::vector<Event>{MakeAccount(kAlice, AccountStatus::kDeleted)}).ok());
-  EXPECT_TRUE(MustReadAll().empty());
-  RawDb db(Path());
-  EXPECT_EQ(db.Column("SELECT count(*) FROM atfill_dids"), std::vector<std::string>{"1"});
-  EXPECT_EQ(db.Column("SELECT count(*) FROM atfill_collections"), std::vector<std::string>{"2"});
-}
-
 }  // namespace
 }  // namespace atfill::sinks
