@@ -101,6 +101,7 @@ class ChunkPool {
       free_.pop_back();
     }
     c->raw.clear();
+    c->payload.reset();
     c->events.clear();
     // A batch's worth of events came back on this chunk: keep a chunk's worth of capacity only.
     if (c->events.capacity() > kKeptEventCapacity) std::vector<Event>().swap(c->events);
