@@ -111,7 +111,6 @@ class ChunkPool {
     c->seq = c->raw_first_position = c->units_read = c->bytes_read = c->input_done = 0;
     c->dropped = c->refused = 0;
     c->tick = c->seal = false;
-    c->payload.reset();
     c->state_writes.Clear();
     c->counters.clear();
     c->stage.reset();
