@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "state/kv_store.hpp"
-#include "tests/unit/state_test_util.hpp"
+#include "tests/state/state_test_util.hpp"
 
 namespace atfill::state {
 namespace {

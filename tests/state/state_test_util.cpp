@@ -1,4 +1,4 @@
-#include "tests/unit/state_test_util.hpp"
+#include "tests/state/state_test_util.hpp"
 
 #include <poll.h>
 #include <signal.h>

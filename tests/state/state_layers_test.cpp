@@ -15,7 +15,7 @@
 #include "state/resolver_cache.hpp"
 #include "state/tombstones.hpp"
 #include "state/work_queue.hpp"
-#include "tests/unit/state_test_util.hpp"
+#include "tests/state/state_test_util.hpp"
 
 namespace atfill::state {
 namespace {
