@@ -10,10 +10,10 @@
 //    (10,000 accounts one after another, each with record keys from all of its history) into an
 //    empty table.
 //  * BM_RepoRaw/bulk:B: the raw bound of BM_RepoOrder, in the same run: the same rows in the same
-//    order and batches, written by a bare prepared-statement loop (one row per INSERT, one
-//    transaction per batch, accounts interned beforehand) into the sink's schema: B=0 its final
-//    layout, B=1 the bulk-load layout, whose indexes are built at the end (timed with the loop).
-//    Counters: sink_over_raw (BM_RepoOrder's events/s over this one's).
+//    order and batches, written by a bare prepared-statement loop (one row per INSERT, or
+//    ATFILL_SCALE_RAW_PER_INSERT, one transaction per batch, accounts interned beforehand) into the
+//    sink's schema: B=0 its final layout, B=1 the bulk-load layout, whose indexes are built at the
+//    end (timed with the loop). Counters: sink_over_raw (BM_RepoOrder's events/s over this one's).
 //  * BM_Interleaved/window:N: rows (N-1)*window .. N*window of the growing table. Counters per
 //    window: items_per_second (events/s over the Write calls), cpu_s (process CPU during them,
 //    every thread), cpu_us_per_event, peak_rss_mb (VmHWM, reset at the start of the window),
@@ -410,11 +410,32 @@ void BM_RepoRaw(benchmark::State& state) {
     const std::string insert =
         bench::RecordInsertSql(1) + " ON CONFLICT (collection_id, rkey, did_id) DO NOTHING";
     sqlite3_prepare_v2(db, insert.c_str(), -1, &s, nullptr);
+    // ATFILL_SCALE_RAW_PER_INSERT rows per INSERT (default 1): the sink inserts 32.
+    const size_t per_insert = std::max<uint64_t>(1, EnvU64("ATFILL_SCALE_RAW_PER_INSERT", 1));
+    sqlite3_stmt* multi = nullptr;
+    const std::string multi_sql = bench::RecordInsertSql(per_insert) +
+                                  " ON CONFLICT (collection_id, rkey, did_id) DO NOTHING";
+    sqlite3_prepare_v2(db, multi_sql.c_str(), -1, &multi, nullptr);
     std::unordered_map<std::string, int64_t> dids, collections;
     Stream stream(RepoAccounts(), /*repo_order=*/true, 7);
     std::vector<Event> batch;
     std::vector<std::pair<int64_t, int64_t>> ids;
     std::vector<std::string> cids;
+    auto bind = [&](sqlite3_stmt* st, int first, size_t i) {
+      const auto& e = std::get<RecordEvent>(batch[i]);
+      sqlite3_bind_int64(st, first + 1, ids[i].first);
+      sqlite3_bind_int64(st, first + 2, ids[i].second);
+      sqlite3_bind_text(st, first + 3, e.rkey.data(), static_cast<int>(e.rkey.size()),
+                        SQLITE_STATIC);
+      sqlite3_bind_text(st, first + 4, cids[i].data(), static_cast<int>(cids[i].size()),
+                        SQLITE_STATIC);
+      sqlite3_bind_text(st, first + 5, e.rev.data(), static_cast<int>(e.rev.size()), SQLITE_STATIC);
+      sqlite3_bind_int64(st, first + 6, kStreamStartUs);
+      sqlite3_bind_text(st, first + 7, e.created_at.data(), static_cast<int>(e.created_at.size()),
+                        SQLITE_STATIC);
+      sqlite3_bind_text(st, first + 8, e.body.data(), static_cast<int>(e.body.size()),
+                        SQLITE_STATIC);
+    };
     uint64_t body_bytes = 0;
     double seconds = 0;
     const double cpu0 = bench::ProcessCpuSeconds();
@@ -451,17 +472,17 @@ void BM_RepoRaw(benchmark::State& state) {
       untimed_cpu += bench::ProcessCpuSeconds() - g0;
       const auto t0 = std::chrono::steady_clock::now();
       sqlite3_exec(db, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr);
-      for (size_t i = 0; i < n; ++i) {
-        const auto& e = std::get<RecordEvent>(batch[i]);
-        sqlite3_bind_int64(s, 1, ids[i].first);
-        sqlite3_bind_int64(s, 2, ids[i].second);
-        sqlite3_bind_text(s, 3, e.rkey.data(), static_cast<int>(e.rkey.size()), SQLITE_STATIC);
-        sqlite3_bind_text(s, 4, cids[i].data(), static_cast<int>(cids[i].size()), SQLITE_STATIC);
-        sqlite3_bind_text(s, 5, e.rev.data(), static_cast<int>(e.rev.size()), SQLITE_STATIC);
-        sqlite3_bind_int64(s, 6, kStreamStartUs);
-        sqlite3_bind_text(s, 7, e.created_at.data(), static_cast<int>(e.created_at.size()),
-                          SQLITE_STATIC);
-        sqlite3_bind_text(s, 8, e.body.data(), static_cast<int>(e.body.size()), SQLITE_STATIC);
+      size_t i = 0;
+      for (; per_insert > 1 && i + per_insert <= n; i += per_insert) {
+        for (size_t k = 0; k < per_insert; ++k) bind(multi, static_cast<int>(k) * 8, i + k);
+        if (sqlite3_step(multi) != SQLITE_DONE) {
+          state.SkipWithError(sqlite3_errmsg(db));
+          break;
+        }
+        sqlite3_reset(multi);
+      }
+      for (; i < n; ++i) {
+        bind(s, 0, i);
         if (sqlite3_step(s) != SQLITE_DONE) {
           state.SkipWithError(sqlite3_errmsg(db));
           break;
@@ -473,6 +494,7 @@ void BM_RepoRaw(benchmark::State& state) {
       done += n;
     }
     sqlite3_finalize(s);
+    sqlite3_finalize(multi);
     sqlite3_finalize(did_insert);
     sqlite3_finalize(coll_insert);
     sqlite3_close(db);

@@ -195,10 +195,11 @@ class SqliteSink final : public pipeline::Sink {
   static constexpr size_t kGroupMinEvents = 64;
   std::vector<uint32_t> order_;
   std::vector<int64_t> group_keys_;
-  // Consecutive creates/updates are inserted kGroupRows at a time by one statement: the
-  // statement's setup, cursors and VDBE dispatch are then paid once per group. Measured on
-  // `atfill ingest` of 1M creates: ~13% less user CPU, ~7% less CPU in all and ~7% less wall time.
-  static constexpr size_t kGroupRows = 32;
+  // Consecutive creates/updates are inserted kGroupRows at a time by one statement. Several rows
+  // per statement paid off with schema version 1's one index; with version 2's three indexes a
+  // multi-row INSERT costs more per row than one-row INSERTs in every order measured (stream,
+  // crawl, both layouts: docs/performance.md), so a group is one row.
+  static constexpr size_t kGroupRows = 1;
   std::vector<uint32_t> pending_;  // the group being gathered (indexes into the batch)
   std::array<std::string, kGroupRows> group_cids_;  // bound as SQLITE_STATIC until the step
   // Null when the writer checkpoints itself (background_checkpoint off). Declared last: it goes
