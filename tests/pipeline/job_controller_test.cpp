@@ -4,7 +4,6 @@
 #include "pipeline/job_controller.hpp"
 
 #include <gtest/gtest.h>
-#include <stdlib.h>
 
 #include <atomic>
 #include <chrono>
@@ -18,6 +17,7 @@
 #include "state/error_log.hpp"
 #include "state/job_store.hpp"
 #include "state/kv_store.hpp"
+#include "tests/common/process.hpp"
 
 namespace atfill::pipeline {
 namespace {
@@ -97,23 +97,6 @@ class RecordingSink : public Sink {
   uint64_t written = 0;
 };
 
-// A folder of its own for each test, removed after it.
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "atfill-jobctl-XXXXXX").string();
-    path_ = ::mkdtemp(tmpl.data()) != nullptr ? tmpl : std::string();
-  }
-  ~TempDir() {
-    std::error_code ec;
-    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
-  }
-  const std::filesystem::path& path() const { return path_; }
-
- private:
-  std::filesystem::path path_;
-};
-
 // Notes when it is destroyed, to check the order a plan's pieces go in.
 struct Piece {
   Piece(std::vector<int>* log, int n) : log(log), n(n) {}
@@ -125,7 +108,6 @@ struct Piece {
 class JobControllerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    ASSERT_FALSE(dir_.path().empty()) << "mkdtemp failed";
     state::RocksDbOptions o;
     o.path = (dir_.path() / "state").string();
     auto kv = state::OpenRocksDb(o);
@@ -163,7 +145,7 @@ class JobControllerTest : public ::testing::Test {
     return created.ok() ? *created : r;
   }
 
-  TempDir dir_;
+  testing::TempDir dir_;
   std::unique_ptr<state::KvStore> kv_;
   std::unique_ptr<state::JobStore> jobs_;
   std::unique_ptr<state::ErrorLog> errors_;

@@ -16,6 +16,7 @@
 
 #include "sinks/sqlite_reader.hpp"
 #include "sinks/sqlite_sink.hpp"
+#include "tests/common/process.hpp"
 #include "tests/common/sink_conformance.hpp"
 
 namespace atfill::sinks {
@@ -27,23 +28,6 @@ using testing::MakeAccount;
 using testing::MakeCreate;
 using testing::MakeDelete;
 using testing::MakeUpdate;
-
-class BulkTempDir {
- public:
-  BulkTempDir() {
-    std::string pattern = (std::filesystem::temp_directory_path() / "atfill_bulk_XXXXXX").string();
-    if (mkdtemp(pattern.data()) == nullptr) std::abort();
-    path_ = pattern;
-  }
-  ~BulkTempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  const std::filesystem::path& path() const { return path_; }
-
- private:
-  std::filesystem::path path_;
-};
 
 // The first column of every row of `sql` on the database at `path`, as text.
 std::vector<std::string> Column(const std::string& path, const std::string& sql) {
@@ -169,7 +153,7 @@ void WriteAll(const SqliteSinkOptions& o, const std::vector<std::vector<Event>>&
 }
 
 TEST(SqliteBulkLoadTest, LoadsWithoutTheFinalIndexesAndEndsWithTheSameTableIndexesAndPlans) {
-  BulkTempDir dir;
+  testing::TempDir dir;
   const std::string truth = (dir.path() / "truth.db").string();
   const std::string bulk = (dir.path() / "bulk.db").string();
   const auto batches = CrawlBatches(12);
@@ -201,7 +185,7 @@ TEST(SqliteBulkLoadTest, LoadsWithoutTheFinalIndexesAndEndsWithTheSameTableIndex
 }
 
 TEST(SqliteBulkLoadTest, ATableThatHoldsRowsIsWrittenInItsLayout) {
-  BulkTempDir dir;
+  testing::TempDir dir;
   const std::string path = (dir.path() / "atfill.db").string();
   const auto batches = CrawlBatches(2);
   WriteAll(Options(path, false), {batches[0]});
@@ -252,7 +236,7 @@ void KillMidLoad(const std::string& path, const std::vector<std::vector<Event>>&
 }
 
 TEST(SqliteBulkLoadTest, SigkillMidLoadThenAResumedLoadEndsEqualToTheTruth) {
-  BulkTempDir dir;
+  testing::TempDir dir;
   const std::string truth = (dir.path() / "truth.db").string();
   const std::string path = (dir.path() / "atfill.db").string();
   const auto batches = CrawlBatches(40);
@@ -277,7 +261,7 @@ TEST(SqliteBulkLoadTest, SigkillMidLoadThenAResumedLoadEndsEqualToTheTruth) {
 }
 
 TEST(SqliteBulkLoadTest, SigkillMidLoadThenAnOrdinaryOpenBuildsTheIndexesFirst) {
-  BulkTempDir dir;
+  testing::TempDir dir;
   const std::string truth = (dir.path() / "truth.db").string();
   const std::string path = (dir.path() / "atfill.db").string();
   const auto batches = CrawlBatches(40);
@@ -298,7 +282,7 @@ TEST(SqliteBulkLoadTest, SigkillMidLoadThenAnOrdinaryOpenBuildsTheIndexesFirst) 
 // another) leaves the load to it: it writes into the load layout, and the loader's close builds
 // the indexes. A second bulk-loading sink joins the load without owning it.
 TEST(SqliteBulkLoadTest, OpensBesideALiveLoadLeaveItToItsOwner) {
-  BulkTempDir dir;
+  testing::TempDir dir;
   const std::string truth = (dir.path() / "truth.db").string();
   const std::string path = (dir.path() / "atfill.db").string();
   const auto batches = CrawlBatches(8);
@@ -330,7 +314,7 @@ TEST(SqliteBulkLoadTest, OpensBesideALiveLoadLeaveItToItsOwner) {
 // The switch to the load layout needs the write lock; when another connection keeps it past the
 // busy timeout the sink opens anyway and loads into the final layout.
 TEST(SqliteBulkLoadTest, ALockedDatabaseLoadsInTheFinalLayout) {
-  BulkTempDir dir;
+  testing::TempDir dir;
   const std::string path = (dir.path() / "atfill.db").string();
   { ASSERT_TRUE(OpenSqliteSink(Options(path, false)).ok()); }
   sqlite3* lock = nullptr;

@@ -15,6 +15,7 @@
 
 #include "sinks/sqlite_reader.hpp"
 #include "sinks/sqlite_sink.hpp"
+#include "tests/common/process.hpp"
 #include "tests/common/sink_conformance.hpp"
 
 namespace atfill::sinks {
@@ -27,24 +28,7 @@ using testing::MakeCreate;
 using testing::MakeDelete;
 using testing::MakeUpdate;
 using testing::SinkConformanceTest;
-
-// A fresh folder under the system temp folder, removed with everything in it.
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (std::filesystem::temp_directory_path() / "atfill_sink_XXXXXX").string();
-    if (mkdtemp(pattern.data()) == nullptr) std::abort();
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  const std::filesystem::path& path() const { return path_; }
-
- private:
-  std::filesystem::path path_;
-};
+using testing::TempDir;
 
 // A raw connection for what the sink API does not offer (inspecting the schema, holding locks).
 class RawDb {

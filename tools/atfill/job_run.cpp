@@ -5,8 +5,8 @@
 #include <atomic>
 #include <cinttypes>
 #include <csignal>
-#include <mutex>
 #include <cstdio>
+#include <mutex>
 
 #include "tools/atfill/cli.hpp"
 #include "tools/atfill/job_kinds.hpp"
