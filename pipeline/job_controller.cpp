@@ -219,10 +219,11 @@ Result<JobOutcome> JobController::Run(state::JobRecord job, const JobContext& ct
 }
 
 Result<JobOutcome> JobController::RunLive(LiveService service) {
-  const auto run = [this, &service](state::JobRecord job, const JobContext& ctx) {
-    return service.run ? service.run(std::move(job), ctx) : Run(std::move(job), ctx);
-  };
-  JobGroup backfills(this, service.run);
+  const JobGroup::RunFn run =
+      service.run ? service.run : [this](state::JobRecord job, const JobContext& ctx) {
+        return Run(std::move(job), ctx);
+      };
+  JobGroup backfills(this, run);
   JobContext hold;
   hold.hold_live = true;
   ATFILL_RETURN_IF_ERROR(backfills.Start(service.backfills, hold, service.backfill_done));
@@ -235,7 +236,7 @@ Result<JobOutcome> JobController::RunLive(LiveService service) {
       outcome = job.status();
       break;
     }
-    JobGroup gaps(this, service.run);
+    JobGroup gaps(this, run);
     JobContext ctx;
     ctx.beside = &gaps;
     if (waited_for_backfills) {

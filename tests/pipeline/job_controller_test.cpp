@@ -122,17 +122,23 @@ class JobControllerTest : public ::testing::Test {
     auto c = std::make_unique<JobController>(kv_.get(), jobs_.get(), errors_.get(), options);
     // "count": N records (params "chunks"; 0 = without end) into the shared sink.
     c->SetPlanner("count", [this](state::JobRecord& job, const JobContext& ctx) {
-      JobPlan plan;
-      auto source = std::make_shared<CountingSource>(std::stoull(job.params["chunks"]));
-      plan.keep.push_back(source);
-      plan.source = source.get();
-      plan.sink = &sink_;
-      plan.cursor_name = "job/" + std::to_string(job.id) + "/count";
+      JobPlan plan = PlanOf(std::make_shared<CountingSource>(std::stoull(job.params["chunks"])),
+                            "job/" + std::to_string(job.id) + "/count");
       plan.batch = BatcherOptions{.max_events = 10, .max_delay_ms = 5, .max_chunks = 10};
       if (ctx.hold_live) job.params["held"] = "1";
       return Result<JobPlan>(std::move(plan));
     });
     return c;
+  }
+
+  // A plan of `source` (owned by it) into the shared sink.
+  JobPlan PlanOf(std::shared_ptr<Source> source, std::string cursor) {
+    JobPlan plan;
+    plan.source = source.get();
+    plan.keep.push_back(std::move(source));
+    plan.sink = &sink_;
+    plan.cursor_name = std::move(cursor);
+    return plan;
   }
 
   state::JobRecord NewJob(const std::string& kind, uint64_t chunks) {
@@ -389,24 +395,13 @@ TEST_F(JobControllerTest, AnIdleStreamWaitsForTheBackfillsBesideItThenRunsAgain)
   std::condition_variable cv;
   bool open = false;
   c->SetPlanner("gated", [&](state::JobRecord& job, const JobContext&) {
-    JobPlan plan;
-    auto source = std::make_shared<GatedSource>(&mu, &cv, &open);
-    plan.keep.push_back(source);
-    plan.source = source.get();
-    plan.sink = &sink_;
-    plan.cursor_name = "job/" + std::to_string(job.id) + "/gated";
-    return Result<JobPlan>(std::move(plan));
+    return Result<JobPlan>(PlanOf(std::make_shared<GatedSource>(&mu, &cv, &open),
+                                  "job/" + std::to_string(job.id) + "/gated"));
   });
   std::vector<bool> held_at_start;  // per run of the consumer: did it hold for a backfill?
   c->SetPlanner("live", [&](state::JobRecord&, const JobContext& ctx) {
     held_at_start.push_back(ctx.backfill_running && ctx.backfill_running());
-    JobPlan plan;
-    auto source = std::make_shared<IdleStream>(3);
-    plan.keep.push_back(source);
-    plan.source = source.get();
-    plan.sink = &sink_;
-    plan.cursor_name = "live";
-    return Result<JobPlan>(std::move(plan));
+    return Result<JobPlan>(PlanOf(std::make_shared<IdleStream>(3), "live"));
   });
   state::JobRecord live = NewJob("live", 0);
   LiveService service;
@@ -444,13 +439,7 @@ TEST_F(JobControllerTest, AnIdleStreamWaitsForTheGapReplayItStartedThenRunsAgain
       gap_id = gap.id;
       ATFILL_RETURN_IF_ERROR(ctx.beside->Start({gap}));
     }
-    JobPlan plan;
-    auto source = std::make_shared<IdleStream>(2);
-    plan.keep.push_back(source);
-    plan.source = source.get();
-    plan.sink = &sink_;
-    plan.cursor_name = "live";
-    return plan;
+    return PlanOf(std::make_shared<IdleStream>(2), "live");
   });
   state::JobRecord live = NewJob("live", 0);
   LiveService service;

@@ -100,7 +100,6 @@ T* Keep(JobPlan& plan, std::unique_ptr<T> piece) {
 // ([scripts]) and the ingest guard (revs and tombstones; `rule` decides which deletes leave a
 // tombstone, none: every one does).
 Status AddCommonStages(const AppConfig& config, OpenedState& st, JobPlan& plan,
-                       const state::JobRecord& job,
                        std::optional<stages::DeleteTombstoneRule> rule = std::nullopt) {
   if (config.verify_cids)
     plan.stages.cid_verify = Keep(plan, std::make_unique<stages::CidVerify>());
@@ -113,7 +112,6 @@ Status AddCommonStages(const AppConfig& config, OpenedState& st, JobPlan& plan,
     }
     plan.stages.script = Keep(plan, std::move(*made));
   }
-  static_cast<void>(job);
   plan.stages.ingest_guard = Keep(
       plan, std::make_unique<stages::IngestGuard>(st.tombstones.get(), nullptr, std::move(rule)));
   return Status::OK();
@@ -143,7 +141,7 @@ Result<JobPlan> PlanReplay(const AppConfig& config, OpenedState& st, state::JobR
   plan.sink = Keep(plan, std::move(*sink));
   plan.source =
       Keep(plan, std::make_unique<sources::ReplaySource>(reader, options, job.id, st.kv.get()));
-  ATFILL_RETURN_IF_ERROR(AddCommonStages(config, st, plan, job));
+  ATFILL_RETURN_IF_ERROR(AddCommonStages(config, st, plan));
   plan.cursor_name = "job/" + std::to_string(job.id) + "/replay";
   plan.batch = config.replay_batch;
   plan.after = [reader](const state::JobRecord&) {
@@ -183,7 +181,7 @@ Result<JobPlan> PlanCrawl(const AppConfig& config, OpenedState& st, state::JobRe
   auto source = sources::CrawlSource::Create(crawl, job.id, st.kv.get());
   if (!source.ok()) return Status::Invalid(source.status().message());
   plan.source = Keep(plan, std::move(*source));
-  ATFILL_RETURN_IF_ERROR(AddCommonStages(config, st, plan, job));
+  ATFILL_RETURN_IF_ERROR(AddCommonStages(config, st, plan));
   plan.cursor_name = "job/" + std::to_string(job.id) + "/crawl";
   plan.batch = config.crawl_batch;
   return plan;
@@ -202,7 +200,7 @@ Result<JobPlan> PlanIngest(const AppConfig& config, OpenedState& st, state::JobR
   if (!source.ok()) return Unavailable(source.status());
   job.counters.extra[pipeline::kInputTotal] = (*source)->total_bytes();
   plan.source = Keep(plan, std::move(*source));
-  ATFILL_RETURN_IF_ERROR(AddCommonStages(config, st, plan, job));
+  ATFILL_RETURN_IF_ERROR(AddCommonStages(config, st, plan));
   plan.cursor_name = "job/" + std::to_string(job.id) + "/file";
   return plan;
 }
@@ -280,8 +278,7 @@ Result<sources::JetstreamOptions::GapReplay> StartGapReplay(const AppConfig& con
 }
 
 // The live consumer ([live]): a Jetstream into the sink.
-Result<JobPlan> PlanLive(const AppConfig& config, OpenedState& st, state::JobRecord& job,
-                         const JobContext& ctx) {
+Result<JobPlan> PlanLive(const AppConfig& config, OpenedState& st, const JobContext& ctx) {
   JobPlan plan;
   auto sink = OpenConfiguredSink(config);
   if (!sink.ok()) return Unavailable(sink.status());
@@ -341,7 +338,7 @@ Result<JobPlan> PlanLive(const AppConfig& config, OpenedState& st, state::JobRec
     plan.stages.account_check =
         Keep(plan, std::make_unique<stages::AccountCheck>(lookup, config.account_check));
   }
-  ATFILL_RETURN_IF_ERROR(AddCommonStages(config, st, plan, job, std::move(rule)));
+  ATFILL_RETURN_IF_ERROR(AddCommonStages(config, st, plan, std::move(rule)));
   plan.cursor_name = kLiveCursor;
   plan.batch = config.live_batch;
   plan.after = [stream](const state::JobRecord&) {
@@ -371,8 +368,8 @@ void RegisterJobKinds(pipeline::JobController& controller, const AppConfig& conf
   controller.SetPlanner("ingest", [&config, &st](state::JobRecord& job, const JobContext&) {
     return PlanIngest(config, st, job);
   });
-  controller.SetPlanner("live", [&config, &st](state::JobRecord& job, const JobContext& ctx) {
-    return PlanLive(config, st, job, ctx);
+  controller.SetPlanner("live", [&config, &st](state::JobRecord&, const JobContext& ctx) {
+    return PlanLive(config, st, ctx);
   });
 }
 
