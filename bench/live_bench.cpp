@@ -182,7 +182,7 @@ LiveRun RunLive(const simnet::Simnet& net, bool compress,
   pipeline::JobRunner runner(kv->get(), &jobs, &errors, *job, "live", job_options);
   pipeline::EngineOptions engine_options;
   engine_options.workers = 4;
-  // `atfill run`'s [live] batch defaults (tools/atfill/app_config.hpp). ATFILL_LIVE_BENCH_BATCH
+  // `atfill run`'s [live] batch defaults (sources::SourceSettings::live_batch). ATFILL_LIVE_BENCH_BATCH
   // = "events,chunks,ms" tries others.
   engine_options.batch = {.max_events = 50'000, .max_delay_ms = 1000, .max_chunks = 128};
   if (const char* e = std::getenv("ATFILL_LIVE_BENCH_BATCH")) {

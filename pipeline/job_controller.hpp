@@ -7,8 +7,9 @@
 // What a job of each kind runs is not known here: pipeline/ knows no source, stage or sink. A
 // kind's planner (registered with SetPlanner) builds the job's plan from its record, from the
 // pieces the program links (sources/, stages/, sinks/); the controller assembles the standard
-// graph from it (pipeline/plan.hpp, adding the shard filter) and runs it. The launcher's planners
-// are in tools/atfill/job_kinds.cpp; a program that embeds atfill registers its own.
+// graph from it (pipeline/plan.hpp, adding the shard filter) and runs it. The component registry
+// (pipeline/components.hpp) registers a planner for each kind the library's components provide;
+// a program may register its own beside them.
 #pragma once
 
 #include <atomic>

@@ -495,6 +495,60 @@ TEST(EmbedExampleTest, WritesTheSameTableAsAtfillIngestOnOneEventFile) {
   for (const auto& row : want) EXPECT_THAT(row, ::testing::Not(HasSubstr(did)));
 }
 
+// A program that embeds the library's components (examples/embed_config.cpp) runs the launcher's
+// job kinds from the launcher's config: the same config file (here with a record script that drops
+// the likes of even-numbered accounts, which only the config brings in) gives the same table as
+// `atfill ingest`, and a second run resumes nothing new.
+TEST(EmbedExampleTest, TheLaunchersJobKindsFromTheLibraryWriteTheSameTable) {
+  gen::EventGenOptions o;
+  o.dids = 30;
+  o.update_ratio = 0.1;
+  o.delete_ratio = 0.05;
+  o.bad_ratio = 0.01;
+  o.seed = 29;
+  TempDir input;
+  const std::string events = (input / "e.jsonl").string();
+  ASSERT_TRUE(gen::EventGenerator::WriteFile(o, 3000, events).ok());
+  const std::string script =
+      "function record(e)\n"
+      "  if tonumber(e.did:sub(-1)) ~= nil and tonumber(e.did:sub(-1)) % 2 == 0 then\n"
+      "    return nil\n"
+      "  end\n"
+      "  return e\n"
+      "end\n";
+  const std::string extra = "[scripts.collections]\n\"app.bsky.feed.like\" = \"like.lua\"\n";
+  Workspace launcher(extra), embedded(extra);
+  WriteFile(launcher.dir / "like.lua", script);
+  WriteFile(embedded.dir / "like.lua", script);
+
+  auto cli = launcher.Atfill({"ingest", launcher.config, events});
+  ASSERT_EQ(cli.exit_code, 1) << Describe(cli);  // 1: the bad lines were skipped and logged
+  auto r = RunProcess({EMBED_CONFIG_BINARY, embedded.config, events}, embedded.dir.path());
+  ASSERT_EQ(r.exit_code, 0) << Describe(r);
+  EXPECT_THAT(r.out, HasSubstr("job 1 completed: 3000 events"));
+
+  const auto want = Content(launcher.db());
+  const auto got = Content(embedded.db());
+  ASSERT_GT(want.size(), 500u);
+  EXPECT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < std::min(got.size(), want.size()); ++i) {
+    ASSERT_EQ(got[i], want[i]) << "row " << i;
+  }
+  // The script ran in both: no like of an even-numbered account was written.
+  size_t likes = 0;
+  for (const auto& row : Rows(embedded.db())) {
+    if (row.collection != "app.bsky.feed.like") continue;
+    ++likes;
+    const char last = row.did.back();
+    EXPECT_FALSE(last >= '0' && last <= '9' && (last - '0') % 2 == 0) << row.uri;
+  }
+  EXPECT_GT(likes, 0u);
+  // The same files again: the finished job is found, nothing new is read.
+  auto again = RunProcess({EMBED_CONFIG_BINARY, embedded.config, events}, embedded.dir.path());
+  EXPECT_EQ(again.exit_code, 0) << Describe(again);
+  EXPECT_EQ(Content(embedded.db()), got);
+}
+
 }  // namespace
 }  // namespace atfill
 

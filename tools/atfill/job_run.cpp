@@ -6,10 +6,8 @@
 #include <cinttypes>
 #include <csignal>
 #include <cstdio>
-#include <mutex>
 
 #include "tools/atfill/cli.hpp"
-#include "tools/atfill/job_kinds.hpp"
 #include "tools/atfill/job_view.hpp"
 
 namespace atfill::cli {
@@ -64,21 +62,8 @@ void RestoreSignals() {
 }
 
 pipeline::JobController& ControllerOf(const AppConfig& config, OpenedState& st) {
-  // Jobs beside the caller's ask for it from their own threads.
-  static std::mutex mu;
-  std::lock_guard lock(mu);
-  if (!st.controller) {
-    pipeline::JobControllerOptions options;
-    options.engine = config.engine;
-    options.jobs = config.jobs;
-    options.shard = config.shard;
-    options.requests_dir = RequestsDir(config);
-    options.interrupted = [] { return StopSignalled(); };
-    st.controller = std::make_unique<pipeline::JobController>(st.kv.get(), st.jobs.get(),
-                                                              st.errors.get(), options);
-    RegisterJobKinds(*st.controller, config, st);
-  }
-  return *st.controller;
+  return pipeline::MakeController(st, LauncherComponents(), config.settings,
+                                  [] { return StopSignalled(); });
 }
 
 int ExitCodeOf(const Result<pipeline::JobOutcome>& outcome) {

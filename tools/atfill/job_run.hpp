@@ -9,7 +9,6 @@
 #include "pipeline/job_controller.hpp"
 #include "state/job_store.hpp"
 #include "tools/atfill/app_config.hpp"
-#include "tools/atfill/state_access.hpp"
 
 namespace atfill::cli {
 
@@ -21,7 +20,7 @@ void RestoreSignals();
 // A SIGINT/SIGTERM arrived since CatchStopSignals.
 bool StopSignalled();
 
-// The job controller of `st` (made at the first call, with the launcher's job kinds, request files
+// The job controller of `st` (made at the first call, with the library's job kinds, request files
 // and Ctrl-C); `config` and `st` must outlive it (it is released with `st`).
 pipeline::JobController& ControllerOf(const AppConfig& config, OpenedState& st);
 

@@ -9,14 +9,9 @@
 
 #include "net/http_client.hpp"
 #include "pipeline/job.hpp"
-#include "state/crawl_log.hpp"
-#include "state/cursors.hpp"
-#include "state/failed_blocks.hpp"
-#include "state/work_queue.hpp"
 #include "tools/atfill/admin/admin_server.hpp"
 #include "tools/atfill/admin/metrics.hpp"
 #include "tools/atfill/cli.hpp"
-#include "tools/atfill/job_kinds.hpp"
 #include "tools/atfill/job_run.hpp"
 #include "tools/atfill/job_view.hpp"
 #include "tools/atfill/verb_backfill.hpp"
@@ -24,8 +19,6 @@
 namespace atfill::cli {
 
 namespace {
-
-constexpr const char* kDetailsCleared = "details_cleared";
 
 std::string Name(state::JobStatus status) { return std::string(state::JobStatusName(status)); }
 
@@ -35,6 +28,7 @@ RunAdmin::RunAdmin(const AppConfig& config, OpenedState& st, std::function<bool(
     : config_(config),
       st_(st),
       controller_(ControllerOf(config, st)),
+      details_(st.kv.get(), st.jobs.get(), st.errors.get()),
       live_running_(std::move(live_running)),
       jobs_(&controller_, [this](state::JobRecord job, const pipeline::JobContext& ctx) {
         return RunAndReport("api", config_, st_, std::move(job), ctx);
@@ -64,27 +58,14 @@ void RunAdmin::Shutdown() {
   if (sampler_.joinable()) sampler_.join();
 }
 
-Result<uint64_t> RunAdmin::ApplyRetention(double days, int64_t now_us) {
-  if (days <= 0) return uint64_t{0};
-  const int64_t before = now_us - static_cast<int64_t>(days * 86'400'000'000.0);
-  ATFILL_ASSIGN_OR_RETURN(auto jobs, st_.jobs->List());
-  uint64_t cleared = 0;
-  for (auto& j : jobs) {
-    if (j.kind != "backfill" || !state::IsTerminal(j.status)) continue;
-    if (j.finished_us == 0 || j.finished_us >= before || j.params.count(kDetailsCleared)) continue;
-    ATFILL_RETURN_IF_ERROR(Clear(j));
-    ++cleared;
-  }
-  return cleared;
-}
-
 void RunAdmin::StartRetention() {
   if (config_.backfill_retention_days <= 0) return;
   retention_ = std::thread([this] {
     std::unique_lock lock(mu_);
     while (!stopping_) {
       lock.unlock();
-      auto cleared = ApplyRetention(config_.backfill_retention_days, pipeline::NowMicros());
+      auto cleared = details_.ClearBackfillsFinishedBefore(config_.backfill_retention_days,
+                                                           pipeline::NowMicros());
       if (!cleared.ok()) {
         std::fprintf(stderr, "atfill run: retention: %s\n", cleared.status().message().c_str());
       } else if (*cleared > 0) {
@@ -100,7 +81,7 @@ void RunAdmin::StartRetention() {
 }
 
 void RunAdmin::StartLiveHistory() {
-  if (config_.live.hosts.empty()) return;
+  if (config_.sources().live.hosts.empty()) return;
   sampler_ = std::thread([this] {
     std::unique_lock lock(mu_);
     while (!stopping_) {
@@ -121,28 +102,17 @@ void RunAdmin::StartLiveHistory() {
 Result<std::vector<admin::JobSummary>> RunAdmin::ListJobs() {
   ATFILL_ASSIGN_OR_RETURN(auto jobs, st_.jobs->List());
   std::sort(jobs.begin(), jobs.end(), [](const auto& a, const auto& b) { return a.id > b.id; });
-  state::WorkQueue queue(*st_.kv);
   std::vector<admin::JobSummary> out;
   for (auto& j : jobs) {
     admin::JobSummary s;
-    ATFILL_ASSIGN_OR_RETURN(s.queued_units, queue.Count(j.id));
+    ATFILL_ASSIGN_OR_RETURN(s.queued_units, details_.QueuedUnits(j.id));
     s.job = std::move(j);
     out.push_back(std::move(s));
   }
   return out;
 }
 
-Result<admin::JobDetails> RunAdmin::GetJob(uint64_t id) {
-  admin::JobDetails d;
-  ATFILL_ASSIGN_OR_RETURN(d.job, st_.jobs->Get(id));
-  ATFILL_ASSIGN_OR_RETURN(d.queued_units, state::WorkQueue(*st_.kv).Count(id));
-  state::CrawlLog log(*st_.kv);
-  ATFILL_ASSIGN_OR_RETURN(d.hosts, log.Hosts(id));
-  ATFILL_ASSIGN_OR_RETURN(d.recent, log.Recent(id));
-  ATFILL_ASSIGN_OR_RETURN(d.failed_blocks, state::FailedBlocks(*st_.kv).Count(id));
-  ATFILL_ASSIGN_OR_RETURN(d.errors_by_kind, st_.errors->CountsByKind(id));
-  return d;
-}
+Result<admin::JobDetails> RunAdmin::GetJob(uint64_t id) { return details_.Get(id); }
 
 Result<std::vector<admin::StageChange>> RunAdmin::StageChanges(uint64_t id, uint64_t since) {
   ATFILL_RETURN_IF_ERROR(st_.jobs->Get(id).status());
@@ -158,7 +128,7 @@ Result<uint64_t> RunAdmin::StartBackfill(const admin::BackfillRequest& request) 
     std::lock_guard lock(mu_);
     if (stopping_) return Status::Unavailable("atfill is shutting down; no job starts now");
   }
-  BackfillTargets targets;
+  sources::BackfillTargets targets;
   targets.collections = request.collections;
   targets.dids = request.dids;
   targets.source = request.source;
@@ -207,7 +177,7 @@ Result<uint64_t> RunAdmin::RetryFailed(uint64_t id) {
                                "; retry its failed blocks once it has stopped");
   }
   bool resumed = false;
-  auto job = CreateRetryJob(st_, id, "api", &resumed);
+  auto job = sources::CreateRetryJob(EnvOf(config_, st_), id, "api", &resumed);
   if (!job.ok()) {
     // Nothing failed: the request cannot be served in this state of the job.
     if (job.status().code() == StatusCode::kNotFound) {
@@ -219,62 +189,28 @@ Result<uint64_t> RunAdmin::RetryFailed(uint64_t id) {
   return job->id;
 }
 
-Status RunAdmin::Clear(state::JobRecord job) {
-  ATFILL_RETURN_IF_ERROR(state::WorkQueue(*st_.kv).Clear(job.id));
-  ATFILL_RETURN_IF_ERROR(state::CrawlLog(*st_.kv).ClearRecent(job.id).status());
-  job.params[kDetailsCleared] = FormatTime(pipeline::NowMicros());
-  state::WriteBatch batch;
-  ATFILL_RETURN_IF_ERROR(st_.jobs->Put(&batch, job));
-  return st_.kv->Write(batch);
-}
+Status RunAdmin::ClearDetails(uint64_t id) { return details_.Clear(id); }
 
-Status RunAdmin::ClearDetails(uint64_t id) {
-  ATFILL_ASSIGN_OR_RETURN(auto job, st_.jobs->Get(id));
-  if (!state::IsTerminal(job.status)) {
-    return Status::Unsupported("job " + std::to_string(id) + " is " + Name(job.status) +
-                               "; only a finished job's details can be cleared");
-  }
-  return Clear(std::move(job));
-}
-
-Result<uint64_t> RunAdmin::ClearAllDetails() {
-  ATFILL_ASSIGN_OR_RETURN(auto jobs, st_.jobs->List());
-  uint64_t n = 0;
-  for (auto& j : jobs) {
-    if (!state::IsTerminal(j.status)) continue;
-    ATFILL_RETURN_IF_ERROR(Clear(std::move(j)));
-    ++n;
-  }
-  return n;
-}
+Result<uint64_t> RunAdmin::ClearAllDetails() { return details_.ClearAll(); }
 
 Result<admin::LiveStatus> RunAdmin::Live() {
   admin::LiveStatus s;
-  if (config_.live.hosts.empty()) return s;
+  if (config_.sources().live.hosts.empty()) return s;
   s.configured = true;
-  s.host = config_.live.hosts.front();
-  ATFILL_ASSIGN_OR_RETURN(auto jobs, st_.jobs->List());
-  const state::JobRecord* live = nullptr;
-  for (const auto& j : jobs) {
-    if (j.kind == "live" && (live == nullptr || j.id > live->id)) live = &j;
-  }
-  if (live == nullptr) {
+  s.host = config_.sources().live.hosts.front();
+  ATFILL_ASSIGN_OR_RETURN(sources::LiveView view, sources::ReadLiveView(EnvOf(config_, st_)));
+  if (!view.job) {
     s.status = "not started";
     return s;
   }
+  const state::JobRecord* live = &*view.job;
   s.job_id = live->id;
   const bool running = controller_.Running(live->id);
   s.status = running ? "streaming" : Name(live->status);
   if (auto p = live->params.find("protocol"); p != live->params.end()) s.protocol = p->second;
   if (!live->stop_reason.empty() && !running) s.error = live->stop_reason.sentence;
-  state::Cursors cursors(*st_.kv);
-  ATFILL_ASSIGN_OR_RETURN(auto cursor, cursors.Get(kLiveCursor));
-  if (cursor) {
-    s.cursor = std::strtoull(cursor->c_str(), nullptr, 10);
-    const size_t colon = cursor->find(':');
-    if (colon != std::string::npos)
-      s.witnessed_us = std::strtoll(cursor->c_str() + colon + 1, nullptr, 10);
-  }
+  s.cursor = view.seq;
+  s.witnessed_us = view.witnessed_us;
   const int64_t now = pipeline::NowMicros();
   if (s.witnessed_us > 0) s.lag_s = static_cast<double>(now - s.witnessed_us) / 1e6;
   const auto p = pipeline::DeriveProgress(*live, now);
@@ -311,7 +247,7 @@ int ServeRun(const AppConfig& config, OpenedState& st,
   static admin::Metrics* g_metrics = nullptr;
   g_metrics = &metrics;
   net::SetResponseObserver([](int status) { g_metrics->CountHttpResponse(status); });
-  const bool live = !config.live.hosts.empty();
+  const bool live = !config.sources().live.hosts.empty();
   // Set before the resumed backfills start, so they hold the consumer's events of their repos.
   std::atomic<bool> live_running{live};
   int rc = kExitOk;

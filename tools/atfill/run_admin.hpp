@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "pipeline/job_controller.hpp"
+#include "pipeline/job_details.hpp"
 #include "tools/atfill/admin/admin_backend.hpp"
 #include "tools/atfill/app_config.hpp"
-#include "tools/atfill/state_access.hpp"
 
 namespace atfill::cli {
 
@@ -33,9 +33,6 @@ class RunAdmin : public admin::AdminBackend {
   // Refuses new jobs, asks the running ones to pause and waits for them.
   void Shutdown();
 
-  // Clears the details of backfill jobs finished more than `days` ago (not yet cleared);
-  // returns how many. Run at start and daily by the retention thread.
-  Result<uint64_t> ApplyRetention(double days, int64_t now_us);
   // Starts the daily retention task (nothing when [jobs] backfill_retention_days is 0).
   void StartRetention();
   // Starts sampling the live consumer's lag every kLiveSampleMs for LiveHistory (nothing when
@@ -61,11 +58,10 @@ class RunAdmin : public admin::AdminBackend {
   Result<std::vector<admin::LiveSample>> LiveHistory(int64_t* interval_ms) override;
 
  private:
-  Status Clear(state::JobRecord job);
-
   const AppConfig& config_;
   OpenedState& st_;
   pipeline::JobController& controller_;
+  pipeline::JobDetailsReader details_;
   std::function<bool()> live_running_;
   pipeline::JobGroup jobs_;  // the backfills started here
   std::mutex mu_;            // guards stopping_

@@ -1,18 +1,13 @@
 // atfill archive write CONFIG DIR FILE... | --live: keeps a Jetstream v2 archive of one's own,
 // `.jss` segments written from Jetstream event files or from [live]'s host, which a replay
 // (`[archive] dir`) reads back.
-#include <algorithm>
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
 
-#include "sources/archive_writer.hpp"
-#include "sources/event_file.hpp"
-#include "sources/jetstream.hpp"
-#include "sources/jetstream_frames.hpp"
-#include "state/kv_store.hpp"
+#include "sources/archive_fill.hpp"
 #include "tools/atfill/app_config.hpp"
 #include "tools/atfill/args.hpp"
 #include "tools/atfill/cli.hpp"
@@ -30,80 +25,40 @@ constexpr const char* kUsage =
     "usage: atfill archive write CONFIG DIR (FILE... | --live) [--rows-per-block N] "
     "[--segment-kb N]";
 
-// The stream of [live]'s host into `dir`, each row under the host's own seq, until the stream
-// goes quiet ([live] idle_exit_ms) or SIGINT/SIGTERM. The archive is its own cursor: a run
-// continues after its newest sealed seq (the open segment of a killed run is written again).
+// Prints the first few of a run's skipped events.
+sources::ArchiveNote Noter() {
+  return [printed = 0](std::string_view sentence) mutable {
+    const bool gap = sentence.starts_with("gap:");
+    if (!gap && ++printed > 10) return;
+    std::fprintf(stderr, "atfill archive: %.*s\n", static_cast<int>(sentence.size()),
+                 sentence.data());
+  };
+}
+
+// The stream of [live]'s host into `dir` until the stream goes quiet ([live] idle_exit_ms) or
+// SIGINT/SIGTERM (sources::ArchiveStream).
 int WriteLive(const AppConfig& config, const std::string& dir,
               const sources::ArchiveWriterOptions& options) {
-  if (config.live.hosts.empty()) return Fail("--live needs [live] hosts", kExitUsage);
+  const sources::JetstreamOptions& live = config.sources().live;
+  if (live.hosts.empty()) return Fail("--live needs [live] hosts", kExitUsage);
   auto writer = sources::ArchiveWriter::Open(dir, options);
   if (!writer.ok()) return Fail(writer.status().message(), kExitIo);
   const uint64_t after = (*writer)->next_seq() - 1;
-  sources::JetstreamOptions live = config.live;
-  if (after > 0) live.start_seq = 0;  // the archive's newest seq decides
-  auto kv = state::NewMemoryKvStore();
-  auto source = sources::JetstreamSource::Create(live, kv.get());
-  if (!source.ok()) return Fail(source.status().message(), kExitUsage);
-  if (Status s = (*source)->Seek(after > 0 ? std::to_string(after) : ""); !s.ok()) {
-    return Fail(s.message(), kExitIo);
-  }
   std::fprintf(stderr, "atfill archive: writing the stream of %s to %s %s\n",
                live.hosts.front().c_str(), dir.c_str(),
                after > 0            ? ("after seq " + std::to_string(after)).c_str()
                : live.start_seq > 0 ? ("from seq " + std::to_string(live.start_seq)).c_str()
                                     : "from the live tip");
   CatchStopSignals();
-  uint64_t rows = 0, bad = 0, first = 0, last = after;
-  Status failed = Status::OK();
-  pipeline::EventChunk chunk;
-  while (failed.ok() && !StopSignalled()) {
-    chunk = pipeline::EventChunk();
-    auto more = (*source)->Read(&chunk);
-    if (!more.ok()) {
-      failed = more.status();
-      break;
-    }
-    (*source)->DecodeFrames(&chunk, [&](sources::JetstreamFrame& frame) {
-      if (!failed.ok() || (frame.seq != 0 && frame.seq <= last)) return;  // written already
-      auto seq = (*writer)->Append(frame.payload, frame.time_us, frame.seq);
-      if (!seq.ok()) {
-        if (++bad <= 10) {
-          std::fprintf(stderr, "atfill archive: seq %" PRIu64 " skipped: %s\n", frame.seq,
-                       seq.status().message().c_str());
-        }
-        return;
-      }
-      if (*seq == 0) return;  // an info or error frame
-      if (first == 0 && after > 0 && *seq > after + 1 && live.collections.empty() &&
-          live.dids.empty()) {
-        // An unfiltered stream numbers every event: the host no longer kept these.
-        std::fprintf(stderr,
-                     "atfill archive: gap: the host no longer keeps seqs %" PRIu64 "..%" PRIu64
-                     " (after the archive's newest, %" PRIu64
-                     "); the archive goes on from seq %" PRIu64 " without them\n",
-                     after + 1, *seq - 1, after, *seq);
-      }
-      if (first == 0) first = *seq;
-      last = *seq;
-      ++rows;
-    });
-    for (const auto& e : chunk.errors) {
-      if (++bad <= 10) {
-        std::fprintf(stderr, "atfill archive: %s %s: %s\n", e.kind.c_str(), e.key.c_str(),
-                     e.message.c_str());
-      }
-    }
-    if (!*more) break;
-  }
+  sources::ArchiveFillReport r;
+  Status s = sources::ArchiveStream(live, **writer, StopSignalled, Noter(), &r);
   RestoreSignals();
-  Status sealed = (*writer)->Finish();
   std::fprintf(stderr,
                "atfill archive: wrote %" PRIu64 " rows (seq %" PRIu64 "..%" PRIu64 ") in %" PRIu64
                " segment(s) to %s; %" PRIu64 " event(s) skipped\n",
-               rows, first, last, (*writer)->segments_written(), dir.c_str(), bad);
-  if (!failed.ok()) return Fail(failed.message(), kExitIo);
-  if (!sealed.ok()) return Fail(sealed.message(), kExitIo);
-  return kExitOk;
+               r.rows, r.first_seq, r.last_seq, (*writer)->segments_written(), dir.c_str(),
+               r.skipped);
+  return s.ok() ? kExitOk : Fail(s.message(), kExitIo);
 }
 
 }  // namespace
@@ -132,51 +87,19 @@ int RunArchive(std::span<char* const> args) {
     return WriteLive(*config, dir, options);
   }
   if (positional.size() == 2) return Fail("give the event files to archive, or --live", kExitUsage);
-  sources::EventFileOptions files = config->files;
+  sources::EventFileOptions files = config->sources().files;
   files.paths.assign(positional.begin() + 2, positional.end());
-  auto source = sources::EventFileSource::Open(files);
-  if (!source.ok()) return Fail(source.status().message(), kExitIo);
-  if (Status s = (*source)->Seek(""); !s.ok()) return Fail(s.message(), kExitIo);
   auto writer = sources::ArchiveWriter::Open(dir, options);
   if (!writer.ok()) return Fail(writer.status().message(), kExitIo);
   const uint64_t first_seq = (*writer)->next_seq();
-  uint64_t bad = 0;
-  pipeline::EventChunk chunk;
-  while (true) {
-    chunk.raw.clear();
-    auto more = (*source)->Read(&chunk);
-    if (!more.ok()) return Fail(more.status().message(), kExitIo);
-    if (!*more) break;
-    std::string_view raw = chunk.raw;
-    uint64_t line = chunk.raw_first_position - 1;
-    while (!raw.empty()) {
-      size_t nl = raw.find('\n');
-      if (nl == std::string_view::npos) nl = raw.size();
-      const std::string_view text = raw.substr(0, nl);
-      raw.remove_prefix(std::min(nl + 1, raw.size()));
-      ++line;
-      if (text.empty()) continue;
-      sources::JetstreamFrame frame;
-      std::string kind;
-      Status s =
-          sources::DecodeJetstreamV1(text, text.size(), pipeline::Origin::kReplay, &frame, &kind);
-      if (s.ok()) s = (*writer)->Append(frame.payload, frame.time_us).status();
-      if (!s.ok()) {
-        if (++bad <= 10) {
-          std::fprintf(stderr, "atfill archive: line %" PRIu64 " skipped (%s): %s\n", line,
-                       kind.empty() ? "bad_event" : kind.c_str(), s.message().c_str());
-        }
-      }
-    }
-  }
-  if (Status s = (*writer)->Finish(); !s.ok()) return Fail(s.message(), kExitIo);
-  const uint64_t rows = (*writer)->rows_written();
+  auto r = sources::ArchiveEventFiles(files, **writer, Noter());
+  if (!r.ok()) return Fail(r.status().message(), kExitIo);
   std::fprintf(stderr,
                "atfill archive: wrote %" PRIu64 " rows (seq %" PRIu64 "..%" PRIu64 ") in %" PRIu64
                " segment(s) to %s; %" PRIu64 " line(s) skipped\n",
-               rows, first_seq, first_seq + rows - (rows > 0 ? 1 : 0),
-               (*writer)->segments_written(), dir.c_str(), bad);
-  return bad > 0 ? kExitInputInvalid : kExitOk;
+               r->rows, first_seq, first_seq + r->rows - (r->rows > 0 ? 1 : 0),
+               (*writer)->segments_written(), dir.c_str(), r->skipped);
+  return r->skipped > 0 ? kExitInputInvalid : kExitOk;
 }
 
 }  // namespace atfill::cli

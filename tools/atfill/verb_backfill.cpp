@@ -13,11 +13,8 @@
 #include "tools/atfill/app_config.hpp"
 #include "tools/atfill/args.hpp"
 #include "tools/atfill/cli.hpp"
-#include "tools/atfill/job_kinds.hpp"
 #include "tools/atfill/job_run.hpp"
 #include "tools/atfill/run_admin.hpp"
-#include "tools/atfill/sink_access.hpp"
-#include "tools/atfill/state_access.hpp"
 #include "tools/atfill/verb_backfill.hpp"
 
 namespace atfill::cli {
@@ -26,40 +23,6 @@ namespace {
 int Fail(const char* verb, const std::string& msg, int code) {
   std::fprintf(stderr, "atfill %s: %s\n", verb, msg.c_str());
   return code;
-}
-
-// The job that crawls these targets: the unfinished one, or a new one.
-Result<state::JobRecord> FindOrCreateBackfillJob(const AppConfig& config, OpenedState& st,
-                                                 const sources::CrawlOptions& crawl, bool* resumed,
-                                                 const std::string& source = "crawl",
-                                                 const std::string& started_by = "cli") {
-  const int64_t now = pipeline::NowMicros();
-  ATFILL_RETURN_IF_ERROR(st.tombstones->Sweep(now).status().WithContext("sweeping tombstones"));
-  // The same targets resume the unfinished job that crawls them.
-  state::JobRecord prototype;
-  prototype.kind = "backfill";
-  prototype.stage = state::JobStage::kDiscovering;
-  prototype.created_us = now;
-  prototype.started_by = started_by;
-  prototype.params = {{"config", std::filesystem::absolute(config.path).string()},
-                      {"relay", crawl.relay_url},
-                      {"discovery", std::string(sources::DiscoveryName(crawl.discovery))},
-                      {"mode", std::string(sources::FetchModeName(crawl.mode))},
-                      {"collections", JoinLines(crawl.collections)},
-                      {"dids", JoinLines(crawl.dids)},
-                      {"sink", SinkLocation(config)}};
-  if (source == "replay") {
-    // A replay reads the archive, not the relay: its targets are the collections.
-    prototype.params.erase("relay");
-    prototype.params.erase("discovery");
-    prototype.params.erase("mode");
-    prototype.params["source"] = "replay";
-    prototype.params["archive"] = ArchiveLocation(config);
-    prototype.stage = state::JobStage::kReplaying;
-  }
-  return pipeline::FindOrCreateJob(
-      st.jobs.get(), prototype,
-      {"source", "archive", "relay", "discovery", "mode", "collections", "dids"}, resumed);
 }
 
 void AnnounceBackfill(const char* verb, const sources::CrawlOptions& crawl,
@@ -85,97 +48,15 @@ void AnnounceBackfill(const char* verb, const sources::CrawlOptions& crawl,
   }
 }
 
-// Where a backfill of these targets reads from: "crawl" or "replay" (source is the config's or
-// --source's crawl, auto or replay). A replay of given accounts is refused; auto crawls them.
-Result<std::string> ChooseSource(const AppConfig& config, const sources::CrawlOptions& crawl,
-                                 const std::string& source) {
-  if (source != "crawl" && source != "auto" && source != "replay") {
-    return Status::Invalid("--source: '" + source + "' is not crawl, auto or replay");
-  }
-  const bool accounts = crawl.discovery == sources::Discovery::kDidList;
-  if (source == "crawl") return std::string("crawl");
-  if (accounts) {
-    if (source == "replay") {
-      return Status::Invalid(
-          "a replay cannot backfill given accounts (--did, discovery = \"dids\"): account "
-          "backfills always crawl their PDS; use --source crawl");
-    }
-    return std::string("crawl");
-  }
-  const std::string location = ArchiveLocation(config);
-  if (location.empty()) {
-    if (source == "replay") {
-      return Status::Invalid(config.path + ": a replay needs an archive: set [archive] url or dir");
-    }
-    std::fprintf(stderr,
-                 "atfill: no archive is configured ([archive] url or dir); the backfill crawls\n");
-    return std::string("crawl");
-  }
-  if (source == "auto") {
-    // Is there an archive that answers? A plan of the collections asks (key-gated, like a
-    // replay's requests).
-    auto archive = OpenArchive(config, location, /*probe=*/true);
-    Status answer = archive.status();
-    if (archive.ok()) {
-      sources::PlanRequest request;
-      request.collections = crawl.collections;
-      request.markers = false;
-      answer = (*archive)->PlanSnapshot(request).status();
-    }
-    if (!answer.ok()) {
-      const bool refused_key = !config.archive_key.empty() &&
-                               answer.code() == StatusCode::kInvalid &&
-                               answer.message().find("key") != std::string::npos;
-      if (refused_key) {
-        return Status::Invalid("the archive " + location +
-                               " refused the configured key: " + answer.message());
-      }
-      std::fprintf(stderr, "atfill: no archive to replay from (%s); the backfill crawls\n",
-                   answer.message().c_str());
-      return std::string("crawl");
-    }
-  }
-  return std::string("replay");
-}
-
 }  // namespace
 
-Result<std::pair<sources::CrawlOptions, std::string>> PlanBackfill(const AppConfig& config,
-                                                                   const BackfillTargets& t) {
-  sources::CrawlOptions crawl = config.crawl;
-  if (!t.collections.empty()) crawl.collections = t.collections;
-  if (!t.dids.empty()) {
-    crawl.dids = t.dids;
-    crawl.discovery = sources::Discovery::kDidList;
-  }
-  if (!t.relay.empty()) crawl.relay_url = t.relay;
-  if (!t.mode.empty()) {
-    auto m = sources::ParseFetchMode(t.mode);
-    if (!m.ok()) return m.status().WithContext("--mode");
-    crawl.mode = *m;
-  }
-  if (!t.discovery.empty()) {
-    auto d = sources::ParseDiscovery(t.discovery);
-    if (!d.ok()) return d.status().WithContext("--discovery");
-    crawl.discovery = *d;
-  }
-  if (crawl.discovery != sources::Discovery::kDidList) crawl.dids.clear();
-  ATFILL_ASSIGN_OR_RETURN(
-      std::string chosen,
-      ChooseSource(config, crawl, t.source.empty() ? config.backfill_source : t.source));
-  if (chosen == "crawl") ATFILL_RETURN_IF_ERROR(crawl.Validate().WithContext(config.path));
-  return std::make_pair(std::move(crawl), std::move(chosen));
-}
-
 Result<state::JobRecord> CreateBackfill(const AppConfig& config, OpenedState& st,
-                                        const BackfillTargets& targets,
+                                        const sources::BackfillTargets& targets,
                                         const std::string& started_by) {
-  ATFILL_ASSIGN_OR_RETURN(auto planned, PlanBackfill(config, targets));
-  bool resumed = false;
-  ATFILL_ASSIGN_OR_RETURN(auto job, FindOrCreateBackfillJob(config, st, planned.first, &resumed,
-                                                            planned.second, started_by));
-  AnnounceBackfill(started_by.c_str(), planned.first, job, resumed);
-  return job;
+  ATFILL_ASSIGN_OR_RETURN(auto made,
+                          sources::CreateBackfill(EnvOf(config, st), targets, started_by));
+  AnnounceBackfill(started_by.c_str(), made.crawl, made.job, made.resumed);
+  return made.job;
 }
 
 int RunBackfill(std::span<char* const> args) {
@@ -194,48 +75,24 @@ int RunBackfill(std::span<char* const> args) {
   if (auto rc = ParseVerbArgs(app, args)) return *rc;
   auto config = LoadAppConfig(config_path);
   if (!config.ok()) return Fail("backfill", config.status().message(), kExitUsage);
-  auto planned = PlanBackfill(*config, {collections, dids, mode, discovery, relay, source});
+  // Planned before the state opens: a backfill the config cannot serve is a usage error.
+  pipeline::Environment unopened;
+  unopened.components = &LauncherComponents();
+  unopened.settings = &config->settings;
+  auto planned =
+      sources::PlanBackfill(unopened, {collections, dids, mode, discovery, relay, source});
   if (!planned.ok()) return Fail("backfill", planned.status().message(), kExitUsage);
-  const sources::CrawlOptions& crawl = planned->first;
-  const std::string* chosen = &planned->second;
 
   CatchStopSignals();
   auto st = OpenStateForWrite(*config);
   if (!st.ok()) return Fail("backfill", st.status().message(), kExitIo);
-  bool resumed = false;
-  auto job = FindOrCreateBackfillJob(*config, *st, crawl, &resumed, *chosen);
-  if (!job.ok()) return Fail("backfill", job.status().message(), kExitIo);
-  AnnounceBackfill("backfill", crawl, *job, resumed);
-  const int rc = RunInForeground("backfill", *config, *st, *job);
+  auto made =
+      sources::FindOrCreateBackfill(EnvOf(*config, *st), planned->first, planned->second, "cli");
+  if (!made.ok()) return Fail("backfill", made.status().message(), kExitIo);
+  AnnounceBackfill("backfill", made->crawl, made->job, made->resumed);
+  const int rc = RunInForeground("backfill", *config, *st, made->job);
   RestoreSignals();
   return rc;
-}
-
-Result<state::JobRecord> CreateRetryJob(OpenedState& st, uint64_t id, const std::string& started_by,
-                                        bool* resumed) {
-  ATFILL_ASSIGN_OR_RETURN(auto original, st.jobs->Get(id));
-  if (original.params["source"] != "replay") {
-    return Status::Unsupported("job " + std::to_string(id) +
-                               " is not a replay job: only archive replays have failed blocks");
-  }
-  std::vector<std::string> blocks;
-  state::FailedBlocks failed(*st.kv);
-  ATFILL_RETURN_IF_ERROR(failed.Scan(id, [&](const state::FailedBlock& b) {
-    blocks.push_back(b.block_id);
-    return true;
-  }));
-  if (blocks.empty()) {
-    return Status::NotFound("job " + std::to_string(id) + " has no failed block");
-  }
-  state::JobRecord prototype;
-  prototype.kind = "backfill";
-  prototype.stage = state::JobStage::kRetryingBlocks;
-  prototype.created_us = pipeline::NowMicros();
-  prototype.started_by = started_by;
-  prototype.params = original.params;
-  prototype.params["retry_of"] = std::to_string(id);
-  prototype.params["blocks"] = JoinLines(blocks);
-  return pipeline::FindOrCreateJob(st.jobs.get(), prototype, {"source", "retry_of"}, resumed);
 }
 
 int RunRetryFailed(std::span<char* const> args) {
@@ -252,7 +109,7 @@ int RunRetryFailed(std::span<char* const> args) {
   auto st = OpenStateForWrite(*config);
   if (!st.ok()) return Fail("retry-failed", st.status().message(), kExitIo);
   bool resumed = false;
-  auto job = CreateRetryJob(*st, id, "cli", &resumed);
+  auto job = sources::CreateRetryJob(EnvOf(*config, *st), id, "cli", &resumed);
   if (!job.ok()) {
     const bool nothing = job.status().code() == StatusCode::kNotFound &&
                          job.status().message().find("no failed block") != std::string::npos;
@@ -263,11 +120,12 @@ int RunRetryFailed(std::span<char* const> args) {
     return Fail("retry-failed", job.status().message(),
                 job.status().code() == StatusCode::kIoError ? kExitIo : kExitUsage);
   }
-  std::fprintf(
-      stderr,
-      "atfill retry-failed: %s job %" PRIu64 " fetching the %zu failed block(s) of job %" PRIu64
-      ", then the account events of the accounts they hold records of\n",
-      resumed ? "resuming" : "started", job->id, SplitLines(job->params["blocks"]).size(), id);
+  std::fprintf(stderr,
+               "atfill retry-failed: %s job %" PRIu64
+               " fetching the %zu failed block(s) of job %" PRIu64
+               ", then the account events of the accounts they hold records of\n",
+               resumed ? "resuming" : "started", job->id,
+               pipeline::SplitLines(job->params["blocks"]).size(), id);
   const int rc = RunInForeground("retry-failed", *config, *st, *job);
   RestoreSignals();
   return rc;
@@ -283,7 +141,7 @@ int RunRun(std::span<char* const> args) {
   if (auto rc = ParseVerbArgs(app, args)) return *rc;
   auto config = LoadAppConfig(config_path);
   if (!config.ok()) return Fail("run", config.status().message(), kExitUsage);
-  const bool live = !config->live.hosts.empty();
+  const bool live = !config->sources().live.hosts.empty();
   CatchStopSignals();
   auto st = OpenStateForWrite(*config);
   if (!st.ok()) return Fail("run", st.status().message(), kExitIo);
@@ -319,15 +177,13 @@ int RunRun(std::span<char* const> args) {
   }
   if (with_backfill) {
     // The backfill of [crawl]'s targets: the unfinished job that crawls them, or a new one.
-    auto chosen = ChooseSource(*config, config->crawl, config->backfill_source);
-    if (!chosen.ok()) return Fail("run", "--backfill: " + chosen.status().message(), kExitUsage);
-    if (Status s = config->crawl.Validate(); *chosen == "crawl" && !s.ok()) {
-      return Fail("run", config->path + ": --backfill: " + s.message(), kExitUsage);
-    }
-    bool resumed = false;
-    auto job = FindOrCreateBackfillJob(*config, *st, config->crawl, &resumed, *chosen);
-    if (!job.ok()) return Fail("run", job.status().message(), kExitIo);
-    AnnounceBackfill("run", config->crawl, *job, resumed);
+    const pipeline::Environment env = EnvOf(*config, *st);
+    auto planned = sources::PlanBackfill(env, {});
+    if (!planned.ok()) return Fail("run", "--backfill: " + planned.status().message(), kExitUsage);
+    auto made = sources::FindOrCreateBackfill(env, planned->first, planned->second, "cli");
+    if (!made.ok()) return Fail("run", made.status().message(), kExitIo);
+    AnnounceBackfill("run", made->crawl, made->job, made->resumed);
+    const state::JobRecord* job = &made->job;
     const bool listed = std::any_of(beside.begin(), beside.end(),
                                     [&](const state::JobRecord& j) { return j.id == job->id; });
     if (!listed) beside.push_back(*job);

@@ -1,5 +1,5 @@
 // atfill ingest CONFIG FILE...: Jetstream event files into the sink (the "ingest" job kind,
-// tools/atfill/job_kinds.cpp), as a job that resumes where it stopped when the same command runs
+// sources/components.hpp), as a job that resumes where it stopped when the same command runs
 // again.
 #include <cinttypes>
 #include <cstdio>
@@ -10,10 +10,7 @@
 #include "tools/atfill/app_config.hpp"
 #include "tools/atfill/args.hpp"
 #include "tools/atfill/cli.hpp"
-#include "tools/atfill/job_kinds.hpp"
 #include "tools/atfill/job_run.hpp"
-#include "tools/atfill/sink_access.hpp"
-#include "tools/atfill/state_access.hpp"
 
 namespace atfill::cli {
 namespace {
@@ -51,23 +48,8 @@ int RunIngest(std::span<char* const> args) {
   CatchStopSignals();
   auto st = OpenStateForWrite(*config);
   if (!st.ok()) return Fail(st.status().message(), kExitIo);
-  const int64_t now = pipeline::NowMicros();
-  if (auto swept = st->tombstones->Sweep(now); !swept.ok()) {
-    return Fail("sweeping tombstones: " + swept.status().message(), kExitIo);
-  }
-
-  // The same files (and mode) resume the unfinished job that read them.
-  state::JobRecord prototype;
-  prototype.kind = "ingest";
-  prototype.stage = state::JobStage::kReplaying;
-  prototype.created_us = now;
-  prototype.started_by = "cli";
-  prototype.params = {{"config", std::filesystem::absolute(config->path).string()},
-                      {"files", JoinLines(files)},
-                      {"dry_run", dry_run ? "true" : "false"},
-                      {"sink", dry_run ? "dry-run" : SinkLocation(*config)}};
   bool resumed = false;
-  auto found = pipeline::FindOrCreateJob(st->jobs.get(), prototype, {"files", "dry_run"}, &resumed);
+  auto found = sources::FindOrCreateIngestJob(EnvOf(*config, *st), files, dry_run, "cli", &resumed);
   if (!found.ok()) return Fail(found.status().message(), kExitIo);
   std::optional<state::JobRecord> job = std::move(*found);
   if (resumed) {

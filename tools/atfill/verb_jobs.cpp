@@ -6,14 +6,13 @@
 #include "base/json_writer.hpp"
 #include "pipeline/engine.hpp"
 #include "pipeline/job.hpp"
-#include "state/crawl_log.hpp"
+#include "pipeline/job_details.hpp"
 #include "state/failed_blocks.hpp"
 #include "tools/atfill/app_config.hpp"
 #include "tools/atfill/args.hpp"
 #include "tools/atfill/cli.hpp"
 #include "tools/atfill/job_run.hpp"
 #include "tools/atfill/job_view.hpp"
-#include "tools/atfill/state_access.hpp"
 
 namespace atfill::cli {
 namespace {
@@ -112,11 +111,17 @@ int RunJob(std::span<char* const> args) {
   if (!config.ok()) return Fail("job", config.status().message(), kExitUsage);
   auto st = OpenStateForRead(*config);
   if (!st.ok()) return Fail("job", st.status().message(), kExitIo);
-  auto job = st->jobs->Get(a.id);
-  if (!job.ok()) return Fail("job", job.status().message(), kExitUsage);
+  auto details =
+      pipeline::JobDetailsReader(st->kv.get(), st->jobs.get(), st->errors.get()).Get(a.id);
+  if (!details.ok()) {
+    const bool missing = details.status().code() == StatusCode::kNotFound;
+    return Fail("job", details.status().message(), missing ? kExitUsage : kExitIo);
+  }
+  const state::JobRecord* job = &details->job;
   const int64_t now = pipeline::NowMicros();
-  auto counts = st->errors->CountsByKind(a.id);
-  if (!counts.ok()) return Fail("job", counts.status().message(), kExitIo);
+  const auto* counts = &details->errors_by_kind;
+  const std::vector<state::HostSummary>& hosts = details->hosts;
+  const std::vector<state::RecentRepo>& recent = details->recent;
 
   std::vector<state::BatchAudit> audit;
   if (a.batches) {
@@ -129,19 +134,6 @@ int RunJob(std::span<char* const> args) {
     auto listed = st->errors->List(a.id, 0, UINT64_MAX);
     if (!listed.ok()) return Fail("job", listed.status().message(), kExitIo);
     errors = std::move(*listed);
-  }
-  state::CrawlLog crawl_log(*st->kv);
-  std::vector<state::HostSummary> hosts;
-  std::vector<state::RecentRepo> recent;
-  if (a.hosts) {
-    auto listed = crawl_log.Hosts(a.id);
-    if (!listed.ok()) return Fail("job", listed.status().message(), kExitIo);
-    hosts = std::move(*listed);
-  }
-  if (a.recent) {
-    auto listed = crawl_log.Recent(a.id);
-    if (!listed.ok()) return Fail("job", listed.status().message(), kExitIo);
-    recent = std::move(*listed);
   }
 
   if (a.json) {
@@ -305,7 +297,8 @@ int Steer(std::string_view verb, std::span<char* const> args, pipeline::StopKind
       return Fail(verb, st.status().message(), kExitIo);
     }
     // Another process runs jobs from this state: hand it the request.
-    if (Status s = pipeline::JobController::WriteRequest(RequestsDir(*config), a.id, what);
+    if (Status s = pipeline::JobController::WriteRequest(pipeline::RequestsDir(config->settings),
+                                                         a.id, what);
         !s.ok()) {
       return Fail(verb, s.message(), kExitIo);
     }

@@ -8,15 +8,11 @@
 #include "pipeline/job.hpp"
 #include "pipeline/run.hpp"
 #include "sources/jetstream.hpp"
-#include "state/cursors.hpp"
 #include "tools/atfill/app_config.hpp"
 #include "tools/atfill/args.hpp"
 #include "tools/atfill/cli.hpp"
-#include "tools/atfill/job_kinds.hpp"
 #include "tools/atfill/job_run.hpp"
 #include "tools/atfill/job_view.hpp"
-#include "tools/atfill/sink_access.hpp"
-#include "tools/atfill/state_access.hpp"
 #include "tools/atfill/verb_backfill.hpp"
 
 namespace atfill::cli {
@@ -33,21 +29,12 @@ int RunLive(const AppConfig& config, OpenedState& st, std::function<bool()> back
             state::StopReason* stop, std::vector<state::JobRecord> backfills, int* backfill_rc) {
   pipeline::LiveService service;
   service.live_job = [&config, &st]() -> Result<state::JobRecord> {
-    state::JobRecord prototype;
-    prototype.kind = "live";
-    prototype.stage = state::JobStage::kReplaying;
-    prototype.created_us = pipeline::NowMicros();
-    prototype.started_by = "cli";
-    prototype.params = {
-        {"hosts", JoinLines(config.live.hosts)},
-        {"protocol", std::string(sources::JetstreamProtocolName(config.live.protocol))},
-        {"sink", SinkLocation(config)}};
-    bool resumed = false;
-    auto job = pipeline::FindOrCreateJob(st.jobs.get(), prototype, {}, &resumed);
+    auto job = sources::FindOrCreateLiveJob(EnvOf(config, st), "cli");
     if (!job.ok()) return Status::IoError(job.status().message());
-    std::fprintf(stderr, "atfill run: live job %" PRIu64 " from %s (%s)\n", job->id,
-                 config.live.hosts.front().c_str(),
-                 std::string(sources::JetstreamProtocolName(config.live.protocol)).c_str());
+    std::fprintf(
+        stderr, "atfill run: live job %" PRIu64 " from %s (%s)\n", job->id,
+        config.sources().live.hosts.front().c_str(),
+        std::string(sources::JetstreamProtocolName(config.sources().live.protocol)).c_str());
     return job;
   };
   service.backfills = std::move(backfills);
@@ -93,28 +80,16 @@ int RunStatus(std::span<char* const> args) {
   if (!config.ok()) return Fail("status", config.status().message(), kExitUsage);
   auto st = OpenStateForRead(*config);
   if (!st.ok()) return Fail("status", st.status().message(), kExitIo);
-  auto jobs = st->jobs->List();
-  if (!jobs.ok()) return Fail("status", jobs.status().message(), kExitIo);
-  const state::JobRecord* live = nullptr;
-  for (const auto& j : *jobs) {
-    if (j.kind == "live" && (live == nullptr || j.id > live->id)) live = &j;
-  }
-  if (config->live.hosts.empty()) std::printf("live: not configured ([live] hosts)\n");
-  if (live == nullptr) {
+  auto view = sources::ReadLiveView(EnvOf(*config, *st));
+  if (!view.ok()) return Fail("status", view.status().message(), kExitIo);
+  if (config->sources().live.hosts.empty()) std::printf("live: not configured ([live] hosts)\n");
+  if (!view->job) {
     std::printf("live: no live job has run yet\n");
     return kExitOk;
   }
-  state::Cursors cursors(*st->kv);
-  auto cursor = cursors.Get(kLiveCursor);
-  if (!cursor.ok()) return Fail("status", cursor.status().message(), kExitIo);
-  uint64_t seq = 0;
-  int64_t time_us = 0;
-  if (*cursor) {
-    const size_t colon = (*cursor)->find(':');
-    seq = std::strtoull((*cursor)->c_str(), nullptr, 10);
-    if (colon != std::string::npos)
-      time_us = std::strtoll((*cursor)->c_str() + colon + 1, nullptr, 10);
-  }
+  const state::JobRecord* live = &*view->job;
+  const uint64_t seq = view->seq;
+  const int64_t time_us = view->witnessed_us;
   const int64_t now = pipeline::NowMicros();
   const auto p = pipeline::DeriveProgress(*live, now);
   std::printf("live job %" PRIu64 ": %s\n", live->id,

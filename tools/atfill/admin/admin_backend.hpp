@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "base/status.hpp"
+#include "pipeline/job_details.hpp"
 #include "state/crawl_log.hpp"
 #include "state/job_store.hpp"
 
@@ -42,14 +43,7 @@ struct JobSummary {
 };
 
 // A job with what it keeps for people (atfill job --hosts --recent).
-struct JobDetails {
-  state::JobRecord job;
-  uint64_t queued_units = 0;
-  std::vector<state::HostSummary> hosts;           // per PDS, sorted by host
-  std::vector<state::RecentRepo> recent;           // the most recently fetched repos, newest first
-  uint64_t failed_blocks = 0;                      // archive blocks still failed (replays), else 0
-  std::map<std::string, uint64_t> errors_by_kind;  // the job's error log, counted by kind
-};
+using JobDetails = pipeline::JobDetails;
 
 // POST /admin/backfill. AdminServer has checked the syntax: every collection is an NSID, every
 // DID a DID, source and mode are empty or one of the listed values, and collections or dids is

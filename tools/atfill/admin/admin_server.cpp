@@ -21,6 +21,8 @@
 #include <utility>
 #include <vector>
 
+#include "pipeline/job_details.hpp"
+
 #include "atproto/syntax.hpp"
 #include "base/json_writer.hpp"
 #include "base/sha256.hpp"
@@ -29,15 +31,7 @@
 
 namespace atfill::admin {
 
-std::string FormatTime(int64_t unix_us) {
-  if (unix_us <= 0) return "-";
-  const std::time_t t = static_cast<std::time_t>(unix_us / 1'000'000);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
+std::string FormatTime(int64_t unix_us) { return pipeline::FormatUtc(unix_us); }
 
 namespace {
 
