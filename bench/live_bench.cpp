@@ -69,7 +69,11 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr uint64_t kEvents = 300'000;
+// ATFILL_LIVE_BENCH_EVENTS replaces it (a slow rate's run takes events / rate seconds).
+const uint64_t kEvents = [] {
+  const char* e = std::getenv("ATFILL_LIVE_BENCH_EVENTS");
+  return e != nullptr ? std::strtoull(e, nullptr, 10) : uint64_t{300'000};
+}();
 constexpr int64_t kIdleMs = 400;
 
 fs::path WorkDir() { return bench::WorkDir("live-bench"); }
@@ -182,8 +186,8 @@ LiveRun RunLive(const simnet::Simnet& net, bool compress,
   pipeline::JobRunner runner(kv->get(), &jobs, &errors, *job, "live", job_options);
   pipeline::EngineOptions engine_options;
   engine_options.workers = 4;
-  // `atfill run`'s [live] batch defaults (sources::SourceSettings::live_batch). ATFILL_LIVE_BENCH_BATCH
-  // = "events,chunks,ms" tries others.
+  // `atfill run`'s [live] batch defaults (sources::SourceSettings::live_batch).
+  // ATFILL_LIVE_BENCH_BATCH = "events,chunks,ms" tries others.
   engine_options.batch = {.max_events = 50'000, .max_delay_ms = 1000, .max_chunks = 128};
   if (const char* e = std::getenv("ATFILL_LIVE_BENCH_BATCH")) {
     unsigned long long events = 0, chunks = 0;

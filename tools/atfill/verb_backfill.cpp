@@ -4,12 +4,9 @@
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
-#include <filesystem>
 
 #include "pipeline/job.hpp"
 #include "pipeline/run.hpp"
-#include "sources/crawl/crawl_source.hpp"
-#include "state/failed_blocks.hpp"
 #include "tools/atfill/app_config.hpp"
 #include "tools/atfill/args.hpp"
 #include "tools/atfill/cli.hpp"

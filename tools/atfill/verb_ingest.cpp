@@ -6,7 +6,6 @@
 #include <filesystem>
 
 #include "pipeline/job.hpp"
-#include "pipeline/run.hpp"
 #include "tools/atfill/app_config.hpp"
 #include "tools/atfill/args.hpp"
 #include "tools/atfill/cli.hpp"

@@ -6,7 +6,6 @@
 #include <cstdio>
 
 #include "pipeline/job.hpp"
-#include "pipeline/run.hpp"
 #include "sources/jetstream.hpp"
 #include "tools/atfill/app_config.hpp"
 #include "tools/atfill/args.hpp"
