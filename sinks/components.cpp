@@ -1,6 +1,5 @@
 #include "sinks/components.hpp"
 
-#include <mutex>
 #include <regex>
 
 #include "sinks/dry_run_sink.hpp"
@@ -50,33 +49,6 @@ PostgresReaderOptions ReaderOptions(const PostgresSinkOptions& pg) {
   o.schema = pg.schema;
   o.connect_timeout_ms = pg.connect_timeout_ms;
   return o;
-}
-
-// The record at an AT URI in a SQLite file, through one reader behind a mutex, opened at the
-// first call (a database not created yet holds nothing).
-std::function<Result<std::optional<std::string>>(std::string_view uri)> SqliteRecordReader(
-    std::string path) {
-  struct Shared {
-    std::mutex mu;
-    std::string path;
-    std::unique_ptr<SqliteReader> reader;
-  };
-  auto shared = std::make_shared<Shared>();
-  shared->path = std::move(path);
-  return [shared](std::string_view uri) -> Result<std::optional<std::string>> {
-    std::lock_guard<std::mutex> lock(shared->mu);
-    if (shared->reader == nullptr) {
-      auto opened = SqliteReader::Open(shared->path);
-      if (!opened.ok()) {
-        if (opened.status().code() == StatusCode::kNotFound) return std::optional<std::string>();
-        return opened.status();
-      }
-      shared->reader = std::move(*opened);
-    }
-    ATFILL_ASSIGN_OR_RETURN(auto row, shared->reader->Get(uri));
-    if (!row) return std::optional<std::string>();
-    return std::optional<std::string>(std::move(row->record));
-  };
 }
 
 pipeline::Components::SinkKind Sqlite() {

@@ -71,4 +71,8 @@ Result<std::optional<RecordRow>> GetRecord(const std::string& path, std::string_
 std::function<Result<bool>(const std::string& did, const std::string& collection)>
 SqliteHoldsRecords(std::string path);
 
+// SqliteReader::Get's record JSON at an AT URI (nullopt when none), likewise.
+std::function<Result<std::optional<std::string>>(std::string_view uri)> SqliteRecordReader(
+    std::string path);
+
 }  // namespace atfill::sinks

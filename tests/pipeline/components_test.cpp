@@ -123,6 +123,13 @@ class ComponentsTest : public ::testing::Test {
     components_.AddJobKind("plain", "fake");
   }
 
+  Environment EnvironmentOf(const Settings& settings) {
+    Environment env;
+    env.components = &components_;
+    env.settings = &settings;
+    return env;
+  }
+
   Result<Settings> Parse(const std::string& text) {
     return components_.ParseConfig(text, (dir_.path() / "test.toml").string());
   }
@@ -164,9 +171,7 @@ TEST_F(ComponentsTest, AReaderErrorNamesTheFileAndKey) {
 TEST_F(ComponentsTest, APlanIsSourceThenSinkThenStagesAndReleasesTheSinkLast) {
   auto settings = Parse("");
   ASSERT_TRUE(settings.ok());
-  Environment env;
-  env.components = &components_;
-  env.settings = &*settings;
+  const Environment env = EnvironmentOf(*settings);
   state::JobRecord job;
   job.id = 4;
   job.kind = "fake";
@@ -189,9 +194,7 @@ TEST_F(ComponentsTest, APlanIsSourceThenSinkThenStagesAndReleasesTheSinkLast) {
 TEST_F(ComponentsTest, AStageFactoryMayLeaveItsSlotEmpty) {
   auto settings = Parse("");
   ASSERT_TRUE(settings.ok());
-  Environment env;
-  env.components = &components_;
-  env.settings = &*settings;
+  const Environment env = EnvironmentOf(*settings);
   state::JobRecord job;
   job.kind = "plain";
   auto plan = components_.Plan(env, job, {});
@@ -203,9 +206,7 @@ TEST_F(ComponentsTest, AStageFactoryMayLeaveItsSlotEmpty) {
 TEST_F(ComponentsTest, UnknownKindsAndSourcesAndAFailingSourceOpenNoSink) {
   auto settings = Parse("");
   ASSERT_TRUE(settings.ok());
-  Environment env;
-  env.components = &components_;
-  env.settings = &*settings;
+  const Environment env = EnvironmentOf(*settings);
   state::JobRecord job;
   job.id = 9;
   job.kind = "nobody";
