@@ -11,10 +11,13 @@
 #include <atomic>
 #include <cctype>
 #include <cerrno>
+#include <charconv>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <deque>
 #include <future>
+#include <map>
 #include <mutex>
 #include <queue>
 #include <random>
@@ -95,7 +98,9 @@ Status ValidateRequest(const HttpRequest& request) {
   if (!IsToken(request.method)) {
     return Status::Invalid("HTTP method '" + request.method + "' is not a valid token");
   }
-  for (const auto& [name, value] : request.headers) {
+  HttpHeaders all = request.headers;
+  all.insert(all.end(), request.credentials.begin(), request.credentials.end());
+  for (const auto& [name, value] : all) {
     if (!IsToken(name)) return Status::Invalid("request header name '" + name + "' is not a token");
     if (value.find_first_of(std::string_view("\r\n\0", 3)) != std::string::npos) {
       return Status::Invalid("request header '" + name + "' has a line break or NUL in its value");
@@ -123,6 +128,106 @@ bool EqualsIgnoreCase(std::string_view a, std::string_view b) {
            return std::tolower(static_cast<unsigned char>(x)) ==
                   std::tolower(static_cast<unsigned char>(y));
          });
+}
+
+bool StartsWithNoCase(std::string_view s, std::string_view prefix) {
+  return s.size() >= prefix.size() && EqualsIgnoreCase(s.substr(0, prefix.size()), prefix);
+}
+
+// A redirect's Location resolved against the URL that answered (RFC 3986 §5.2, without dot
+// segment removal: servers send absolute paths in practice).
+std::string ResolveLocation(const std::string& url, std::string_view location) {
+  if (StartsWithNoCase(location, "http://") || StartsWithNoCase(location, "https://")) {
+    return std::string(location);
+  }
+  const size_t scheme_end = url.find("://");
+  if (scheme_end == std::string::npos) return std::string(location);
+  if (location.substr(0, 2) == "//") return url.substr(0, scheme_end + 1) + std::string(location);
+  const size_t path_start = url.find_first_of("/?#", scheme_end + 3);
+  const std::string root = url.substr(0, path_start);
+  if (!location.empty() && location.front() == '/') return root + std::string(location);
+  std::string path = path_start == std::string::npos ? "/" : url.substr(path_start);
+  if (!location.empty() && location.front() == '?') {
+    return root + path.substr(0, path.find_first_of("?#")) + std::string(location);
+  }
+  path = path.substr(0, path.find_first_of("?#"));
+  return root + path.substr(0, path.rfind('/') + 1) + std::string(location);
+}
+
+bool IsRedirect(int status) {
+  return status == 301 || status == 302 || status == 303 || status == 307 || status == 308;
+}
+
+// One byte quota (ByteQuotaPolicy): a token bucket with no burst allowance, in debt while
+// tokens < 0. Shared by the clients of the process, so guarded by its own mutex.
+class QuotaBucket {
+ public:
+  // 0 when a request may start now (`*reserved` bytes are then held for it), else the wait in
+  // milliseconds before asking again.
+  int64_t Acquire(double* reserved) {
+    std::lock_guard lock(mu_);
+    Refill(Clock::now());
+    *reserved = 0;
+    if (rate_ <= 0) return 0;
+    if (tokens_ < 0) {
+      return std::max<int64_t>(1, static_cast<int64_t>(std::ceil(-tokens_ / rate_ * 1e3)));
+    }
+    *reserved = average_;
+    tokens_ -= average_;
+    return 0;
+  }
+
+  // Charges a completed attempt its `bytes` (less what it reserved) and takes the rate the
+  // answer advertised, if any.
+  void Settle(double reserved, uint64_t bytes, std::string_view advertised) {
+    std::lock_guard lock(mu_);
+    Refill(Clock::now());
+    advertised = TrimView(advertised);
+    uint64_t value = 0;
+    const auto [end, ec] =
+        std::from_chars(advertised.data(), advertised.data() + advertised.size(), value);
+    const bool valid =
+        !advertised.empty() && ec == std::errc() && end == advertised.data() + advertised.size();
+    if (valid && static_cast<double>(value) != rate_) {
+      // A quota that starts or ends starts a clean bucket: what was reserved under another rate
+      // means nothing under this one.
+      if (rate_ <= 0 || value == 0) {
+        tokens_ = 0;
+        reserved = 0;
+      }
+      rate_ = static_cast<double>(value);
+    }
+    if (rate_ > 0) tokens_ -= static_cast<double>(bytes) - reserved;
+    const double b = static_cast<double>(bytes);
+    average_ = average_ == 0 ? b : 0.8 * average_ + 0.2 * b;
+  }
+
+ private:
+  void Refill(Clock::time_point now) {
+    const double dt = std::chrono::duration<double>(now - last_).count();
+    last_ = now;
+    if (rate_ > 0) tokens_ = std::min(0.0, tokens_ + rate_ * dt);
+  }
+
+  std::mutex mu_;
+  double rate_ = 0;    // bytes per second; 0 = none advertised
+  double tokens_ = 0;  // <= 0: the debt, in bytes
+  double average_ = 0;
+  Clock::time_point last_ = Clock::now();
+};
+
+std::shared_ptr<QuotaBucket> QuotaBucketFor(const ByteQuotaPolicy& policy,
+                                            const std::string& host_key) {
+  // Kept for the life of the process: a quota outlives the clients and the idle hosts that learnt
+  // it (one bucket per host and scope of the clients that name a quota header). Never destroyed:
+  // clients may be torn down during static destruction.
+  static auto* mu = new std::mutex;
+  static auto* registry = new std::map<std::string, std::shared_ptr<QuotaBucket>>;
+  const std::string key = policy.header + '\n' + policy.scope + '\n' + host_key;
+  std::lock_guard lock(*mu);
+  std::shared_ptr<QuotaBucket>& slot = (*registry)[key];
+  if (!slot) slot = std::make_shared<QuotaBucket>();
+  return slot;
 }
 
 template <typename T>
@@ -287,6 +392,8 @@ class HttpClient::Impl {
     s.cancelled = get(counters_.cancelled);
     s.bytes_received = get(counters_.bytes_received);
     s.bytes_sent = get(counters_.bytes_sent);
+    s.attempts = get(counters_.attempts);
+    s.paced_ms = counters_.paced_ms.load(std::memory_order_relaxed);
     s.in_flight = counters_.in_flight.load(std::memory_order_relaxed);
     s.queued = std::max<int64_t>(0, counters_.live.load(std::memory_order_relaxed) - s.in_flight);
     s.active_hosts = counters_.active_hosts.load(std::memory_order_relaxed);
@@ -323,6 +430,9 @@ class HttpClient::Impl {
     bool in_ready = false;  // listed in ready_
     Clock::time_point cooldown_until{};
     Clock::time_point down_until{};
+    // The host's byte quota bucket (ByteQuotaPolicy), and when it lets the next request start.
+    std::shared_ptr<QuotaBucket> quota;
+    Clock::time_point paced_until{};
     std::string last_error;
     // Written by the loop only; atomics so HostState() can read them from any thread.
     std::atomic<int> in_flight{0};
@@ -345,6 +455,12 @@ class HttpClient::Impl {
     int attempts = 0;
     bool probe = false;  // the single attempt let through to a down host
     std::string last_transport_error;
+    std::string origin;     // host key of the request's URL: where `credentials` may go
+    int free_attempts = 0;  // attempts that used none of the retries (503s, 429s, redirect hops)
+    int unavailable = 0;    // 503s retried (RetryPolicy::unavailable_retries)
+    int redirects = 0;      // hops followed by hand
+    int64_t throttled_ms = 0;
+    double reserved = 0;  // quota bytes the running attempt holds
     // State of the running attempt.
     CURL* easy = nullptr;
     curl_slist* header_list = nullptr;
@@ -365,7 +481,8 @@ class HttpClient::Impl {
   struct Counters {
     std::atomic<uint64_t> submitted{0}, completed{0}, transport_errors{0}, retries{0},
         rate_limited{0}, hosts_marked_down{0}, deferred{0}, cancelled{0}, bytes_received{0},
-        bytes_sent{0};
+        bytes_sent{0}, attempts{0};
+    std::atomic<int64_t> paced_ms{0};
     std::array<std::atomic<uint64_t>, 6> by_class{};
     std::atomic<int64_t> in_flight{0}, live{0}, active_hosts{0};
   };
@@ -537,6 +654,7 @@ class HttpClient::Impl {
       return;
     }
     owned->retry = request.retry.value_or(options_.retry);
+    owned->origin = *key;
     owned->max_bytes =
         request.max_response_bytes > 0 ? request.max_response_bytes : options_.max_response_bytes;
     owned->timeout_ms = request.timeout_ms > 0 ? request.timeout_ms : options_.timeout_ms;
@@ -555,8 +673,10 @@ class HttpClient::Impl {
 
   Host* GetOrCreateHost(const std::string& key) {
     if (auto it = hosts_.find(key); it != hosts_.end()) return it->second.get();
+    auto host = std::make_unique<Host>(key);
+    if (!options_.quota.header.empty()) host->quota = QuotaBucketFor(options_.quota, key);
     std::unique_lock lock(hosts_mu_);
-    return hosts_.emplace(key, std::make_unique<Host>(key)).first->second.get();
+    return hosts_.emplace(key, std::move(host)).first->second.get();
   }
 
   // Drops a host that carries no state, so a long crawl over many hosts keeps memory flat.
@@ -564,7 +684,7 @@ class HttpClient::Impl {
     // While CancelEverything runs, transfers not yet finished may still point at the host.
     if (cancelling_ || h->in_ready || !h->queue.empty() || !h->backing_off.empty() ||
         h->in_flight.load() > 0 || h->down.load() || h->consecutive_failures.load() > 0 ||
-        h->cooldown_until > Clock::now()) {
+        h->cooldown_until > Clock::now() || h->paced_until > Clock::now()) {
       return;
     }
     std::unique_lock lock(hosts_mu_);
@@ -633,7 +753,7 @@ class HttpClient::Impl {
         continue;
       }
       const bool idle = h->in_flight.load() == 0;
-      if (h->cooldown_until > now ||
+      if (h->cooldown_until > now || h->paced_until > now ||
           (idle && counters_.active_hosts.load() >= options_.max_hosts)) {
         ready_.push_back(h);
         continue;
@@ -642,10 +762,23 @@ class HttpClient::Impl {
       const int limit = down ? 1 : options_.max_per_host;
       while (!h->queue.empty() && h->in_flight.load() < limit &&
              InFlight() < options_.max_in_flight) {
+        double reserved = 0;
+        if (h->quota) {
+          if (const int64_t wait = h->quota->Acquire(&reserved); wait > 0) {
+            h->paced_until = now + milliseconds(wait);
+            counters_.paced_ms.fetch_add(wait, std::memory_order_relaxed);
+            timers_.push(Timer{h->paced_until, 0});
+            break;
+          }
+        }
         Transfer* t = Find(h->queue.front());
         h->queue.pop_front();
-        if (t == nullptr) continue;
+        if (t == nullptr) {
+          if (h->quota) h->quota->Settle(reserved, 0, {});
+          continue;
+        }
         t->probe = down;
+        t->reserved = reserved;
         StartAttempt(t);
       }
       PublishQueued(h);
@@ -662,6 +795,7 @@ class HttpClient::Impl {
 
   void StartAttempt(Transfer* t) {
     ++t->attempts;
+    counters_.attempts.fetch_add(1, std::memory_order_relaxed);
     t->response = HttpResponse{};
     t->header_bytes = 0;
     t->body_over_cap = false;
@@ -709,7 +843,10 @@ class HttpClient::Impl {
     set(CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
     // Environment proxies would bypass the address check and make behaviour depend on the shell.
     set(CURLOPT_PROXY, "");
-    set(CURLOPT_FOLLOWLOCATION, options_.max_redirects > 0 ? 1L : 0L);
+    // A request with credentials follows its redirects in OnAttemptDone, so that they never
+    // leave their origin.
+    const bool follow = options_.max_redirects > 0 && r.credentials.empty();
+    set(CURLOPT_FOLLOWLOCATION, follow ? 1L : 0L);
     set(CURLOPT_MAXREDIRS, static_cast<long>(options_.max_redirects));
     set(CURLOPT_USERAGENT, options_.user_agent.c_str());
     set(CURLOPT_ACCEPT_ENCODING, "");  // every encoding libcurl decodes; caps apply after decoding
@@ -748,7 +885,14 @@ class HttpClient::Impl {
     }
     // "Expect:" stops libcurl from waiting for a 100-continue before large bodies.
     curl_slist* list = curl_slist_append(nullptr, "Expect:");
-    for (const auto& [name, value] : r.headers) {
+    HttpHeaders headers = r.headers;
+    if (!r.credentials.empty()) {
+      const Result<std::string> here = HostKey(r.url);
+      if (here.ok() && *here == t->origin) {
+        headers.insert(headers.end(), r.credentials.begin(), r.credentials.end());
+      }
+    }
+    for (const auto& [name, value] : headers) {
       if (list == nullptr) break;
       // "Name;" is libcurl's spelling of a header with an empty value.
       const std::string line = value.empty() ? name + ";" : name + ": " + value;
@@ -816,6 +960,12 @@ class HttpClient::Impl {
       }
       DetachEasy(t);
       any = true;
+      if (t->host->quota) {
+        t->host->quota->Settle(
+            t->reserved, code == CURLE_OK ? t->response.body.size() : 0,
+            code == CURLE_OK ? t->response.Header(options_.quota.header) : std::string_view());
+        t->reserved = 0;
+      }
       if (auto* observe = g_response_observer.load(std::memory_order_relaxed)) {
         observe(code == CURLE_OK ? static_cast<int>(status) : 0);
       }
@@ -827,7 +977,10 @@ class HttpClient::Impl {
   void OnAttemptDone(Transfer* t, CURLcode code, int status) {
     Host* h = t->host;
     const std::string what = t->request.method + " " + t->request.url;
-    const bool exhausted = t->probe || t->attempts >= t->retry.max_attempts;
+    // Attempts that used none of the retries (503s and 429s with budgets of their own, redirect
+    // hops) leave the failures' count alone.
+    const int failures = t->attempts - t->free_attempts;
+    const bool exhausted = t->probe || failures >= MaxAttempts(t->retry);
     if (code != CURLE_OK) {
       if (t->body_over_cap || code == CURLE_FILESIZE_EXCEEDED) {
         Finish(t, Status::ResourceExhausted(what + ": response body exceeds the cap of " +
@@ -859,7 +1012,7 @@ class HttpClient::Impl {
       } else if (h->down.load()) {
         FinishDeferred(t);
       } else {
-        Retry(t, BackoffDelayMs(t->retry, t->attempts, uniform_(rng_)));
+        Retry(t, RetryDelayMs(t->retry, failures, uniform_(rng_)));
       }
       return;
     }
@@ -872,12 +1025,45 @@ class HttpClient::Impl {
     const int64_t now_unix_ms = options_.now_unix_ms();
     if (status == 429) {
       counters_.rate_limited.fetch_add(1, std::memory_order_relaxed);
-      Cooldown(h, RateLimitWaitMs(options_.rate_limit, t->response.ratelimit_reset(),
-                                  t->response.retry_after(), now_unix_ms));
+      int64_t wait = RateLimitWaitMs(options_.rate_limit, t->response.ratelimit_reset(),
+                                     t->response.retry_after(), now_unix_ms);
+      if (const int64_t cap = t->retry.max_throttled_ms; cap > 0) {
+        ++t->free_attempts;
+        if (t->throttled_ms >= cap) {
+          Finish(t, Status::ResourceExhausted(what + ": throttled (HTTP 429) for " +
+                                              std::to_string(t->throttled_ms) +
+                                              " ms in all; giving up"));
+          return;
+        }
+        wait = std::clamp<int64_t>(wait, 1, cap - t->throttled_ms);
+        t->throttled_ms += wait;
+        Cooldown(h, wait);
+        Enqueue(t, /*front=*/true);  // the host's cooldown holds it back
+        return;
+      }
+      Cooldown(h, wait);
       if (exhausted) {
         Finish(t, std::move(t->response));
       } else {
         Retry(t, 0);  // the host's cooldown holds it back
+      }
+      return;
+    }
+    const int64_t max_retry_after = t->retry.max_retry_after_ms >= 0
+                                        ? t->retry.max_retry_after_ms
+                                        : options_.rate_limit.max_wait_ms;
+    if (status == 503 && t->retry.unavailable_retries >= 0) {
+      NoteFailure(h, "HTTP 503");
+      ++t->free_attempts;
+      if (t->probe || t->unavailable >= t->retry.unavailable_retries) {
+        Finish(t, std::move(t->response));
+      } else if (h->down.load()) {
+        FinishDeferred(t);
+      } else {
+        ++t->unavailable;
+        int64_t delay = ParseRetryAfterMs(t->response.retry_after(), now_unix_ms);
+        if (delay < 0) delay = RetryDelayMs(t->retry, t->unavailable, uniform_(rng_));
+        Retry(t, std::min(delay, max_retry_after));
       }
       return;
     }
@@ -888,16 +1074,20 @@ class HttpClient::Impl {
       } else if (h->down.load()) {
         FinishDeferred(t);
       } else {
-        int64_t delay = BackoffDelayMs(t->retry, t->attempts, uniform_(rng_));
+        int64_t delay = RetryDelayMs(t->retry, failures, uniform_(rng_));
         // A 503 with Retry-After states how long the server needs; honour it up to the cap.
         if (int64_t asked = ParseRetryAfterMs(t->response.retry_after(), now_unix_ms); asked > 0) {
-          delay = std::max(delay, std::min(asked, options_.rate_limit.max_wait_ms));
+          delay = std::max(delay, std::min(asked, max_retry_after));
         }
         Retry(t, delay);
       }
       return;
     }
     NoteAnswer(h);
+    if (IsRedirect(status) && !t->request.credentials.empty() && options_.max_redirects > 0) {
+      FollowRedirect(t, what);
+      return;
+    }
     // A server that announces its quota is used up gets a cooldown now rather than a 429 later.
     if (status_class == 2 && TrimView(t->response.ratelimit_remaining()) == "0") {
       RateLimitPolicy reset_only = options_.rate_limit;
@@ -905,6 +1095,43 @@ class HttpClient::Impl {
       Cooldown(h, RateLimitWaitMs(reset_only, t->response.ratelimit_reset(), {}, now_unix_ms));
     }
     Finish(t, std::move(t->response));
+  }
+
+  // A redirect of a request with credentials (see HttpRequest::credentials): the same transfer
+  // goes on at the Location, queued on that URL's host.
+  void FollowRedirect(Transfer* t, const std::string& what) {
+    const int status = t->response.status;
+    const std::string_view location = t->response.Header("location");
+    if (location.empty()) {
+      Finish(t, std::move(t->response));  // nowhere to go: the 3xx is the answer
+      return;
+    }
+    if (++t->redirects > options_.max_redirects) {
+      Finish(t, Status::Invalid(what + ": more than " + std::to_string(options_.max_redirects) +
+                                " redirects"));
+      return;
+    }
+    std::string next = ResolveLocation(t->request.url, location);
+    Result<std::string> key = HostKey(next);
+    if (!key.ok()) {
+      Finish(t, Status::Invalid(what + ": redirected to '" + next.substr(0, 200) +
+                                "', not an http(s) URL"));
+      return;
+    }
+    ++t->free_attempts;
+    HttpRequest& r = t->request;
+    r.url = std::move(next);
+    if ((status == 303 && r.method != "HEAD") ||
+        ((status == 301 || status == 302) && r.method == "POST")) {
+      r.method = "GET";
+      r.body.clear();
+      std::erase_if(r.headers,
+                    [](const auto& h) { return EqualsIgnoreCase(h.first, "content-type"); });
+    }
+    Host* from = t->host;
+    t->host = GetOrCreateHost(*key);
+    Enqueue(t, /*front=*/true);
+    MaybeForget(from);
   }
 
   void Retry(Transfer* t, int64_t delay_ms) {
@@ -978,6 +1205,7 @@ class HttpClient::Impl {
       r.elapsed_ms =
           std::chrono::duration_cast<milliseconds>(Clock::now() - owned->submitted).count();
       r.last_transport_error = owned->last_transport_error;
+      r.throttled_ms = owned->throttled_ms;
     }
     HttpCallback done = std::move(owned->done);
     Host* h = owned->host;

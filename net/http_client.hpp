@@ -18,14 +18,16 @@
 //
 // What a request completes with:
 // - an HttpResponse for every HTTP answer that is final: 2xx, 3xx (when redirects are not
-//   followed), 4xx (except 408 and 429, which are retried), 501/505, and the last 5xx, 408 or 429
-//   when the attempts are used up. A definitive XRPC answer (404 RepoNotFound...) is therefore a
-//   normal response; see xrpc_error.hpp to classify it.
+//   followed), 4xx (except 408 and 429, which are retried), 501/505, and the last 5xx, 408, 503 or
+//   429 when the retries are used up (see RetryPolicy). A definitive XRPC answer (404
+//   RepoNotFound...) is therefore a normal response; see xrpc_error.hpp to classify it.
+// - ResourceExhausted for a request throttled longer than RetryPolicy::max_throttled_ms in all.
 // - Unavailable for a transport failure (connect, reset, timeout, TLS) once retries are used up,
 //   and for a request whose host is down: "host <key> failed N times in a row; deferred ...".
 // - ResourceExhausted when the body exceeds the response cap (the message names the cap).
-// - Invalid for a malformed request (URL, scheme, method, header) or an address refused by the
-//   SSRF guard; Cancelled after Shutdown().
+// - Invalid for a malformed request (URL, scheme, method, header), an address refused by the
+//   SSRF guard, or a redirect followed by hand that has no usable Location or is one too many;
+//   Cancelled after Shutdown().
 #pragma once
 
 #include <cstdint>
@@ -57,6 +59,11 @@ struct HttpRequest {
   int64_t timeout_ms = 0;
   // Largest response body accepted, in bytes; 0 = HttpClientOptions::max_response_bytes.
   uint64_t max_response_bytes = 0;
+  // Headers sent only to the origin (scheme, host and port) of `url`: credentials such as
+  // Authorization. A request that carries any follows its redirects itself (up to
+  // HttpClientOptions::max_redirects; 303, and 301/302 after a POST, turn into a body-less GET)
+  // and sends them on no hop to another origin; a hop is an attempt but uses none of the retries.
+  HttpHeaders credentials;
   // Replaces HttpClientOptions::retry for this request.
   std::optional<RetryPolicy> retry;
   // The URL is the operator's (written in the config: a relay, a PLC directory), not one the
@@ -75,8 +82,11 @@ struct HttpResponse {
   HttpHeaders headers;
   // The URL that answered (differs from the request's after a redirect).
   std::string effective_url;
-  // Attempts made, this one included (1 when no retry happened).
+  // Attempts made, this one included (1 when no retry happened; redirect hops followed by hand
+  // count).
   int attempts = 0;
+  // Time the request spent waiting out 429s (RetryPolicy::max_throttled_ms), in milliseconds.
+  int64_t throttled_ms = 0;
   // From Submit() to completion, retries and cooldowns included, in milliseconds.
   int64_t elapsed_ms = 0;
   // The transport error of the last attempt that failed at the transport level (for example
@@ -119,6 +129,8 @@ struct HttpClientOptions {
   RetryPolicy retry;
   // Host cooldown after a 429.
   RateLimitPolicy rate_limit;
+  // Pacing to a byte quota hosts advertise (off unless a header is named).
+  ByteQuotaPolicy quota;
   // Consecutive failed attempts (transport failure, 5xx or 408) that mark a host down; 1..1000.
   int host_failure_threshold = 5;
   // How long a down host refuses requests at once before letting a single probe through, in
@@ -156,6 +168,8 @@ struct HttpClientStats {
   uint64_t cancelled = 0;          // requests completed by Shutdown()
   uint64_t bytes_received = 0;     // response body bytes, after decoding
   uint64_t bytes_sent = 0;         // request body bytes
+  uint64_t attempts = 0;           // attempts started (redirect hops followed by hand included)
+  int64_t paced_ms = 0;            // time hosts were held back by their byte quota, ms
   int64_t in_flight = 0;           // transfers running now
   int64_t queued = 0;              // requests accepted and not running (queue, backoff, cooldown)
   int64_t active_hosts = 0;        // hosts with a transfer running now

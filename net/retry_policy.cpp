@@ -47,7 +47,41 @@ Status RetryPolicy::Validate() const {
                            ") must be at least base_backoff_ms (" +
                            std::to_string(base_backoff_ms) + ")");
   }
+  constexpr int64_t kDayMs = 86'400'000;
+  if (delays_ms.size() > 100) {
+    return Status::Invalid("RetryPolicy.delays_ms has " + std::to_string(delays_ms.size()) +
+                           " entries; at most 100");
+  }
+  for (const int64_t d : delays_ms) {
+    if (d < 0 || d > kDayMs) {
+      return Status::Invalid("RetryPolicy.delays_ms entries must be in 0..86400000, got " +
+                             std::to_string(d));
+    }
+  }
+  if (unavailable_retries < -1 || unavailable_retries > 100) {
+    return Status::Invalid("RetryPolicy.unavailable_retries must be in -1..100, got " +
+                           std::to_string(unavailable_retries));
+  }
+  if (max_retry_after_ms < -1 || max_retry_after_ms > kDayMs) {
+    return Status::Invalid("RetryPolicy.max_retry_after_ms must be in -1..86400000, got " +
+                           std::to_string(max_retry_after_ms));
+  }
+  if (max_throttled_ms < 0 || max_throttled_ms > 7 * kDayMs) {
+    return Status::Invalid("RetryPolicy.max_throttled_ms must be in 0..604800000, got " +
+                           std::to_string(max_throttled_ms));
+  }
   return Status::OK();
+}
+
+int64_t RetryDelayMs(const RetryPolicy& policy, int retry, double uniform01) {
+  if (policy.delays_ms.empty()) return BackoffDelayMs(policy, retry, uniform01);
+  const size_t i = static_cast<size_t>(std::max(retry, 1) - 1);
+  return policy.delays_ms[std::min(i, policy.delays_ms.size() - 1)];
+}
+
+int MaxAttempts(const RetryPolicy& policy) {
+  return policy.delays_ms.empty() ? policy.max_attempts
+                                  : static_cast<int>(policy.delays_ms.size()) + 1;
 }
 
 Status RateLimitPolicy::Validate() const {
