@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -59,6 +60,17 @@ struct Plan {
   std::vector<PlannedSegment> segments;
 };
 
+// How an asynchronous archive call answers: exactly once, on any thread (the archive's I/O
+// thread, or the caller's own before the Start call returns). It must be cheap and must not
+// block: store the answer and wake whoever waits for it.
+template <typename T>
+using ArchiveCallback = std::function<void(Result<T>)>;
+
+// Every method is thread-safe. The blocking forms wait for their answer on the calling thread;
+// the Start forms hand the request over and return. An archive over the network (HttpArchive)
+// runs its Start forms on its I/O loop and never blocks in them; a local one (LocalArchive)
+// keeps the defaults, which answer on the calling thread from files (local input, which a
+// source's Read may wait for).
 class Archive {
  public:
   virtual ~Archive() = default;
@@ -69,6 +81,18 @@ class Archive {
   virtual Result<Plan> PlanSnapshot(const PlanRequest& request) = 0;
   // The raw zstd frame of one block (getBlock's answer, no length prefix).
   virtual Result<std::string> GetBlock(const SegmentInfo& segment, uint32_t block) = 0;
+
+  // Asynchronous ListSegments, PlanSnapshot and GetBlock: the same answers, through `done`.
+  virtual void StartListSegments(ArchiveCallback<std::vector<SegmentInfo>> done) {
+    done(ListSegments());
+  }
+  virtual void StartPlanSnapshot(const PlanRequest& request, ArchiveCallback<Plan> done) {
+    done(PlanSnapshot(request));
+  }
+  virtual void StartGetBlock(const SegmentInfo& segment, uint32_t block,
+                             ArchiveCallback<std::string> done) {
+    done(GetBlock(segment, block));
+  }
 };
 
 // The blocks of one segment `request` may match (the server's planner rules, §3.1): blocks with

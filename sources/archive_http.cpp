@@ -9,6 +9,8 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <future>
+#include <list>
 #include <optional>
 #include <thread>
 #include <utility>
@@ -80,28 +82,6 @@ std::string OriginOf(std::string_view url) {
   if (host.empty()) return "";
   if (port.empty()) port = scheme == "http" ? "80" : "443";
   return scheme + "://" + LowerCopy(host) + ":" + std::string(port);
-}
-
-// `location` (a redirect's Location) resolved against `url`.
-std::string ResolveLocation(const std::string& url, std::string_view location) {
-  if (StartsWithNoCase(location, "http://") || StartsWithNoCase(location, "https://")) {
-    return std::string(location);
-  }
-  const size_t scheme_end = url.find("://");
-  if (scheme_end == std::string::npos) return std::string(location);
-  if (location.substr(0, 2) == "//") return url.substr(0, scheme_end + 1) + std::string(location);
-  const size_t path_start = url.find_first_of("/?#", scheme_end + 3);
-  const std::string root = url.substr(0, path_start);
-  if (!location.empty() && location.front() == '/') return root + std::string(location);
-  std::string path = path_start == std::string::npos ? "/" : url.substr(path_start);
-  path = path.substr(0, path.find_first_of("?#"));
-  return root + path.substr(0, path.rfind('/') + 1) + std::string(location);
-}
-
-int64_t NowUnixMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
 }
 
 std::string Hex16(uint64_t v) {
@@ -213,72 +193,6 @@ bool ParseContentRange(std::string_view text, uint64_t* first, uint64_t* last, u
 
 }  // namespace
 
-// --- quota ---
-
-struct HttpArchive::Quota {
-  std::mutex mu;
-  double rate = 0;    // bytes per second; 0 = none advertised
-  double tokens = 0;  // <= 0: the debt, in bytes
-  double average = 0;
-  Clock::time_point last = Clock::now();
-
-  void Refill(Clock::time_point now) {
-    const double dt = std::chrono::duration<double>(now - last).count();
-    last = now;
-    if (rate > 0) tokens = std::min(0.0, tokens + rate * dt);
-  }
-  // 0 when a request may start now (`*reserved` bytes are then held for it), else the wait in
-  // milliseconds before asking again.
-  int64_t Acquire(double* reserved) {
-    std::lock_guard lock(mu);
-    Refill(Clock::now());
-    *reserved = 0;
-    if (rate <= 0) return 0;
-    if (tokens < 0)
-      return std::max<int64_t>(1, static_cast<int64_t>(std::ceil(-tokens / rate * 1e3)));
-    *reserved = average;
-    tokens -= average;
-    return 0;
-  }
-  void Settle(double reserved, uint64_t bytes, std::string_view advertised) {
-    std::lock_guard lock(mu);
-    Refill(Clock::now());
-    while (!advertised.empty() && advertised.front() == ' ') advertised.remove_prefix(1);
-    while (!advertised.empty() && (advertised.back() == ' ' || advertised.back() == '\r')) {
-      advertised.remove_suffix(1);
-    }
-    uint64_t value = 0;
-    const auto [end, ec] =
-        std::from_chars(advertised.data(), advertised.data() + advertised.size(), value);
-    const bool valid =
-        !advertised.empty() && ec == std::errc() && end == advertised.data() + advertised.size();
-    if (valid && static_cast<double>(value) != rate) {
-      if (rate <= 0 || value == 0) {
-        tokens = 0;
-        reserved = 0;
-      }
-      rate = static_cast<double>(value);
-    }
-    if (rate > 0) tokens -= static_cast<double>(bytes) - reserved;
-    const double b = static_cast<double>(bytes);
-    average = average == 0 ? b : 0.8 * average + 0.2 * b;
-  }
-};
-
-namespace {
-
-std::shared_ptr<HttpArchive::Quota> QuotaFor(const std::string& origin, const std::string& key) {
-  // Never destroyed: archives may be torn down during static destruction.
-  static auto* mu = new std::mutex;
-  static auto* registry = new std::map<std::string, std::shared_ptr<HttpArchive::Quota>>;
-  std::lock_guard lock(*mu);
-  auto& slot = (*registry)[origin + '\n' + key];
-  if (!slot) slot = std::make_shared<HttpArchive::Quota>();
-  return slot;
-}
-
-}  // namespace
-
 // --- options ---
 
 Status HttpArchiveOptions::Validate() const {
@@ -335,7 +249,7 @@ struct HttpArchive::Call {
   std::string url;
   std::string body;
   net::HttpHeaders headers;
-  bool auth = false;  // send the key (to the archive's origin only)
+  bool auth = false;  // send the key (net keeps it on the archive's origin)
   uint64_t max_bytes = 0;
 };
 
@@ -346,30 +260,68 @@ struct HttpArchive::BlockIndex {
   std::vector<jss::BlockInfo> blocks;
 };
 
-// One segment being downloaded into a .part file, read back block by block as it arrives.
+// One segment being downloaded into a .part file; a block asked for waits in `waiters` until its
+// bytes are there.
 struct HttpArchive::Spool {
-  std::string name, checksum, path;
+  struct Waiter {
+    uint32_t block = 0;
+    ArchiveCallback<std::string> done;
+  };
+  SegmentInfo segment;
+  std::string path;
+  std::shared_ptr<const BlockIndex> index;
   uint64_t size = 0;  // through the end of the last block
   int fd = -1;
   std::mutex mu;
-  std::condition_variable cv;
   uint64_t have = 0;  // bytes [0, have) are in the file
   bool done = false;  // the download ended (complete when have == size)
   bool stop = false;
-  Status failed;
+  std::vector<Waiter> waiters;
   std::thread thread;
+
+  uint64_t End(uint32_t block) const {
+    const jss::BlockInfo& b = index->blocks[block];
+    return b.offset + 8 + b.compressed_size;
+  }
 
   ~Spool() {
     {
       std::lock_guard lock(mu);
       stop = true;
     }
-    cv.notify_all();
     if (thread.joinable()) thread.join();
     if (fd >= 0) ::close(fd);
     std::error_code ec;
     std::filesystem::remove(path, ec);
   }
+};
+
+struct HttpArchive::ListJob {
+  std::vector<SegmentInfo> out;
+  std::string cursor;
+  int page = 0;
+  ArchiveCallback<std::vector<SegmentInfo>> done;
+};
+
+struct HttpArchive::PlanJob {
+  struct Entry {
+    std::string name, checksum;
+    bool whole = false;
+    std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  };
+  PlanRequest request;
+  std::string where;
+  Plan plan;
+  std::vector<Entry> entries;
+  std::vector<std::shared_ptr<const BlockIndex>> indexes;
+  ArchiveCallback<Plan> done;
+
+  std::mutex mu;
+  size_t next = 0;      // the next entry whose index is wanted
+  size_t active = 0;    // index fetches running
+  size_t finished = 0;  // entries with their index
+  Status error;
+  bool reported = false;
 };
 
 namespace {
@@ -403,269 +355,91 @@ Status PreadAll(int fd, char* data, size_t n, uint64_t offset, const std::string
   return Status::OK();
 }
 
-}  // namespace
-
-HttpArchive::HttpArchive(HttpArchiveOptions options) : options_(std::move(options)) {}
-
-HttpArchive::~HttpArchive() { Cancel(); }
-
-Result<std::unique_ptr<HttpArchive>> HttpArchive::Open(HttpArchiveOptions options) {
-  ATFILL_RETURN_IF_ERROR(options.Validate());
-  std::unique_ptr<HttpArchive> a(new HttpArchive(std::move(options)));
-  const HttpArchiveOptions& o = a->options_;
-  std::string_view base = o.base_url;
-  while (!base.empty() && base.back() == '/') base.remove_suffix(1);
-  a->base_ = std::string(base);
-  a->origin_ = OriginOf(a->base_);
-  a->quota_ = QuotaFor(a->origin_, o.key);
-
-  net::HttpClientOptions h;
-  h.user_agent = o.user_agent;
-  h.max_in_flight = o.max_connections;
-  h.max_per_host = o.max_connections;
-  h.connect_timeout_ms = o.connect_timeout_ms;
-  h.timeout_ms = o.request_timeout_ms;
-  h.max_response_bytes = std::max(o.max_frame_bytes, o.max_json_bytes);
-  h.max_redirects = 0;  // followed here, so the key never leaves the archive's origin
-  h.retry.max_attempts = 1;
-  h.retry.base_backoff_ms = 0;
-  h.retry.max_backoff_ms = 0;
-  h.rate_limit.default_wait_ms = o.throttle_default_wait_ms;
-  h.rate_limit.max_wait_ms = std::max(o.max_throttled_ms, o.throttle_default_wait_ms);
-  // Retries are counted here; the client's circuit breaker would cut them short.
-  h.host_failure_threshold = 1000;
-  h.allow_private_addresses = o.allow_private_addresses;
-  ATFILL_ASSIGN_OR_RETURN(a->http_, net::HttpClient::Start(std::move(h)));
-  return a;
-}
-
-std::string HttpArchive::Describe() const { return "archive " + base_; }
-
-void HttpArchive::Cancel() {
-  {
-    std::lock_guard lock(mu_);
-    cancelled_ = true;
+// The archive's reading of a final answer (see "Retries" in the header): 2xx and 304 pass, every
+// other status becomes the error the caller is told.
+Result<net::HttpResponse> Classify(const std::string& where, bool has_key,
+                                   Result<net::HttpResponse> r) {
+  if (!r.ok()) {
+    switch (r.status().code()) {
+      case StatusCode::kCancelled:
+        return Status::Cancelled(where + ": cancelled");
+      case StatusCode::kUnavailable:
+        return Status::Unavailable(where + ": no answer: " + r.status().message());
+      default:
+        return r.status().WithContext("archive");
+    }
   }
-  cv_.notify_all();
-  if (http_) http_->Shutdown();
-}
-
-HttpArchiveStats HttpArchive::stats() const {
-  std::lock_guard lock(mu_);
-  return stats_;
-}
-
-bool HttpArchive::Wait(int64_t ms) {
-  std::unique_lock lock(mu_);
-  return !cv_.wait_for(lock, std::chrono::milliseconds(std::max<int64_t>(ms, 0)),
-                       [this] { return cancelled_; });
-}
-
-Result<net::HttpResponse> HttpArchive::Execute(Call call) {
-  size_t server_retries = 0;
-  uint32_t unavailable_retries = 0;
-  int redirects = 0;
-  int64_t throttled_ms = 0;
-  const auto cancelled = [&] {
-    return Status::Cancelled("archive " + call.method + " " + call.url + ": cancelled");
-  };
-  // A retry after a 5xx or no answer; false when they are used up or the wait was cancelled.
-  const auto retry_server = [&]() -> bool {
-    if (server_retries >= options_.retry_delays_ms.size()) return false;
-    const int64_t delay = options_.retry_delays_ms[server_retries++];
-    {
-      std::lock_guard lock(mu_);
-      ++stats_.retries;
-    }
-    return Wait(delay);
-  };
-  while (true) {
-    {
-      std::lock_guard lock(mu_);
-      if (cancelled_) return cancelled();
-    }
-    const std::string where = "archive " + call.method + " " + call.url;
-    double reserved = 0;
-    while (true) {
-      const int64_t wait = quota_->Acquire(&reserved);
-      if (wait <= 0) break;
-      {
-        std::lock_guard lock(mu_);
-        stats_.paced_ms += wait;
-      }
-      if (!Wait(wait)) return cancelled();
-    }
-    net::HttpRequest request;
-    request.method = call.method;
-    request.url = call.url;
-    request.headers = call.headers;
-    request.body = call.body;
-    request.max_response_bytes = call.max_bytes;
-    if (call.auth && !options_.key.empty() && OriginOf(call.url) == origin_) {
-      request.headers.emplace_back("Authorization", "Bearer " + options_.key);
-    }
-    Result<net::HttpResponse> r = http_->Fetch(std::move(request));
-    quota_->Settle(reserved, r.ok() ? r->body.size() : 0,
-                   r.ok() ? r->Header(kArchiveQuotaHeader) : std::string_view());
-    {
-      std::lock_guard lock(mu_);
-      ++stats_.requests;
-      if (r.ok()) stats_.bytes += r->body.size();
-    }
-    if (!r.ok()) {
-      if (r.status().code() == StatusCode::kUnavailable) {
-        if (retry_server()) continue;
-        {
-          std::lock_guard lock(mu_);
-          if (cancelled_) return cancelled();
-        }
-        return Status::Unavailable(where + ": no answer after " +
-                                   std::to_string(server_retries + 1) +
-                                   " attempts: " + r.status().message());
-      }
-      if (r.status().code() == StatusCode::kCancelled) return cancelled();
-      return r.status().WithContext("archive");
-    }
-    net::HttpResponse& resp = *r;
-    const int st = resp.status;
-    if ((st >= 200 && st < 300) || st == 304) return r;
-    if (st == 301 || st == 302 || st == 303 || st == 307 || st == 308) {
-      const std::string_view location = resp.Header("location");
-      if (location.empty()) {
-        return Status::Invalid(where + ": HTTP " + std::to_string(st) + " without a Location");
-      }
-      if (++redirects > options_.max_redirects) {
-        return Status::Invalid(where + ": more than " + std::to_string(options_.max_redirects) +
-                               " redirects");
-      }
-      const std::string next = ResolveLocation(call.url, location);
-      if (OriginOf(next).empty()) {
-        return Status::Invalid(where + ": redirected to " + QuoteForMessage(next, 200) +
-                               ", not an http(s) URL");
-      }
-      call.url = next;
-      if (st == 303 || ((st == 301 || st == 302) && call.method == "POST")) {
-        call.method = "GET";
-        call.body.clear();
-        std::erase_if(call.headers,
-                      [](const auto& h) { return LowerCopy(h.first) == "content-type"; });
-      }
-      continue;
-    }
-    if (st == 429) {
-      {
-        std::lock_guard lock(mu_);
-        ++stats_.throttled;
-      }
-      if (throttled_ms >= options_.max_throttled_ms) {
-        return Status::ResourceExhausted(where + ": throttled (HTTP 429) for " +
-                                         std::to_string(throttled_ms) + " ms in all; giving up");
-      }
-      net::RateLimitPolicy policy;
-      policy.default_wait_ms = options_.throttle_default_wait_ms;
-      policy.max_wait_ms = std::max(options_.max_throttled_ms, policy.default_wait_ms);
-      int64_t wait =
-          net::RateLimitWaitMs(policy, resp.ratelimit_reset(), resp.retry_after(), NowUnixMs());
-      wait = std::clamp<int64_t>(wait, 1, options_.max_throttled_ms - throttled_ms);
-      throttled_ms += wait;
-      if (!Wait(wait)) return cancelled();
-      continue;
-    }
-    if (st == 503) {
-      if (unavailable_retries < options_.unavailable_retries) {
-        int64_t wait = net::ParseRetryAfterMs(resp.retry_after(), NowUnixMs());
-        if (wait < 0) {
-          const auto& d = options_.retry_delays_ms;
-          wait = d.empty() ? 0 : d[std::min<size_t>(unavailable_retries, d.size() - 1)];
-        }
-        ++unavailable_retries;
-        {
-          std::lock_guard lock(mu_);
-          ++stats_.retries;
-        }
-        if (!Wait(std::min(wait, options_.max_retry_after_ms))) return cancelled();
-        continue;
-      }
-      return Status::Unavailable(where + ": " + DescribeAnswer(resp) + " after " +
-                                 std::to_string(unavailable_retries) + " retries");
-    }
-    if (st == 501 || st == 405) {
-      return Status::Unsupported(where + ": " + DescribeAnswer(resp) +
-                                 ": the host does not serve this archive method");
-    }
-    if (st >= 500 || st == 408) {
-      if (retry_server()) continue;
-      {
-        std::lock_guard lock(mu_);
-        if (cancelled_) return cancelled();
-      }
-      return Status::Unavailable(where + ": " + DescribeAnswer(resp) + " after " +
-                                 std::to_string(server_retries) + " retries");
-    }
-    if (st == 401 || st == 403) {
-      const std::string answer = DescribeAnswer(resp);
-      if (options_.key.empty()) {
-        return Status::Invalid(where + ": " + answer +
-                               ": the archive asks for a key and none is configured");
-      }
-      return Status::Invalid(where + ": " + answer + ": the archive refused the key");
-    }
-    if (st == 404) return Status::NotFound(where + ": " + DescribeAnswer(resp));
-    return Status::Invalid(where + ": " + DescribeAnswer(resp));
+  const net::HttpResponse& resp = *r;
+  const int st = resp.status;
+  const std::string retries = std::to_string(std::max(resp.attempts - 1, 0));
+  if ((st >= 200 && st < 300) || st == 304) return r;
+  if (st >= 300 && st < 400) {
+    return Status::Invalid(
+        where + ": HTTP " + std::to_string(st) +
+        (resp.Header("location").empty() ? " without a Location" : " (redirect not followed)"));
   }
-}
-
-Result<std::vector<SegmentInfo>> HttpArchive::ListSegments() {
-  std::vector<SegmentInfo> out;
-  std::string cursor;
-  for (int page = 0; page < kMaxListPages; ++page) {
-    Call call;
-    call.url = base_ + std::string(kNsid) + "listSegments?limit=1000";
-    if (!cursor.empty()) {
-      call.url += "&cursor=";
-      net::AppendPercentEncoded(cursor, &call.url);
-    }
-    call.max_bytes = options_.max_json_bytes;
-    const std::string where = "archive listSegments " + call.url;
-    ATFILL_ASSIGN_OR_RETURN(net::HttpResponse r, Execute(call));
-    if (r.status != 200) {
-      return Status::Invalid(where + ": unexpected HTTP " + std::to_string(r.status));
-    }
-    ATFILL_ASSIGN_OR_RETURN(Value root, ParseObject(r.body, where));
-    const Fields f(root, where);
-    ATFILL_ASSIGN_OR_RETURN(const Value::Array* segments, f.Array("segments"));
-    for (size_t i = 0; i < segments->size(); ++i) {
-      const std::string at = where + ": segments[" + std::to_string(i) + "]";
-      const Value& s = (*segments)[i];
-      if (s.kind() != Value::Kind::kMap) return Status::Invalid(at + " is not an object");
-      const Fields g(s, at);
-      SegmentInfo info;
-      ATFILL_ASSIGN_OR_RETURN(info.name, SegmentNameField(g, at));
-      ATFILL_ASSIGN_OR_RETURN(info.index, g.Uint("index"));
-      ATFILL_ASSIGN_OR_RETURN(info.min_seq, g.Uint("minSeq"));
-      ATFILL_ASSIGN_OR_RETURN(info.max_seq, g.Uint("maxSeq"));
-      ATFILL_ASSIGN_OR_RETURN(info.min_witnessed_at, g.Int("minWitnessedAt", 0));
-      ATFILL_ASSIGN_OR_RETURN(info.max_witnessed_at, g.Int("maxWitnessedAt", 0));
-      ATFILL_ASSIGN_OR_RETURN(info.event_count, g.Uint("eventCount", 0));
-      ATFILL_ASSIGN_OR_RETURN(info.size_bytes, g.Uint("sizeBytes", 0));
-      ATFILL_ASSIGN_OR_RETURN(info.checksum, g.String("checksum", ""));
-      if (!out.empty() && info.index <= out.back().index) {
-        return Status::Invalid(at + ": segment " + info.name + " is out of order");
-      }
-      out.push_back(std::move(info));
-    }
-    ATFILL_ASSIGN_OR_RETURN(std::string next, f.String("cursor", ""));
-    if (next.empty()) return out;
-    if (next == cursor) {
-      return Status::Invalid(where + ": the listing cursor did not advance");
-    }
-    cursor = std::move(next);
+  if (st == 429) {
+    return Status::ResourceExhausted(where + ": throttled (HTTP 429) for " +
+                                     std::to_string(resp.throttled_ms) + " ms in all; giving up");
   }
-  return Status::Invalid("archive " + base_ + ": listSegments did not end after " +
-                         std::to_string(kMaxListPages) + " pages");
+  if (st == 501 || st == 405) {
+    return Status::Unsupported(where + ": " + DescribeAnswer(resp) +
+                               ": the host does not serve this archive method");
+  }
+  if (st >= 500 || st == 408) {
+    return Status::Unavailable(where + ": " + DescribeAnswer(resp) + " after " + retries +
+                               " retries");
+  }
+  if (st == 401 || st == 403) {
+    const std::string answer = DescribeAnswer(resp);
+    if (!has_key) {
+      return Status::Invalid(where + ": " + answer +
+                             ": the archive asks for a key and none is configured");
+    }
+    return Status::Invalid(where + ": " + answer + ": the archive refused the key");
+  }
+  if (st == 404) return Status::NotFound(where + ": " + DescribeAnswer(resp));
+  return Status::Invalid(where + ": " + DescribeAnswer(resp));
 }
 
-namespace {
+// Starts `start` (which takes a callback) and waits for its answer.
+template <typename T, typename Start>
+Result<T> Await(Start&& start) {
+  auto promise = std::make_shared<std::promise<Result<T>>>();
+  std::future<Result<T>> future = promise->get_future();
+  start([promise](Result<T> r) { promise->set_value(std::move(r)); });
+  return future.get();
+}
+
+// One page of listSegments into `out`; `*next` is its cursor ("" at the end).
+Status ParseSegmentsPage(const std::string& body, const std::string& where,
+                         std::vector<SegmentInfo>* out, std::string* next) {
+  ATFILL_ASSIGN_OR_RETURN(Value root, ParseObject(body, where));
+  const Fields f(root, where);
+  ATFILL_ASSIGN_OR_RETURN(const Value::Array* segments, f.Array("segments"));
+  for (size_t i = 0; i < segments->size(); ++i) {
+    const std::string at = where + ": segments[" + std::to_string(i) + "]";
+    const Value& s = (*segments)[i];
+    if (s.kind() != Value::Kind::kMap) return Status::Invalid(at + " is not an object");
+    const Fields g(s, at);
+    SegmentInfo info;
+    ATFILL_ASSIGN_OR_RETURN(info.name, SegmentNameField(g, at));
+    ATFILL_ASSIGN_OR_RETURN(info.index, g.Uint("index"));
+    ATFILL_ASSIGN_OR_RETURN(info.min_seq, g.Uint("minSeq"));
+    ATFILL_ASSIGN_OR_RETURN(info.max_seq, g.Uint("maxSeq"));
+    ATFILL_ASSIGN_OR_RETURN(info.min_witnessed_at, g.Int("minWitnessedAt", 0));
+    ATFILL_ASSIGN_OR_RETURN(info.max_witnessed_at, g.Int("maxWitnessedAt", 0));
+    ATFILL_ASSIGN_OR_RETURN(info.event_count, g.Uint("eventCount", 0));
+    ATFILL_ASSIGN_OR_RETURN(info.size_bytes, g.Uint("sizeBytes", 0));
+    ATFILL_ASSIGN_OR_RETURN(info.checksum, g.String("checksum", ""));
+    if (!out->empty() && info.index <= out->back().index) {
+      return Status::Invalid(at + ": segment " + info.name + " is out of order");
+    }
+    out->push_back(std::move(info));
+  }
+  ATFILL_ASSIGN_OR_RETURN(*next, f.String("cursor", ""));
+  return Status::OK();
+}
 
 // Reads `count` 52-byte block index entries.
 Result<std::vector<jss::BlockInfo>> ParseBlockIndex(std::string_view bytes, uint32_t count,
@@ -690,10 +464,174 @@ Result<std::vector<jss::BlockInfo>> ParseBlockIndex(std::string_view bytes, uint
   return out;
 }
 
+// A block read back from a spool file.
+Result<std::string> ReadSpooled(int fd, const std::string& path, const std::string& name,
+                                uint32_t block, const jss::BlockInfo& b) {
+  uint64_t prefix = 0;
+  std::string frame(b.compressed_size, '\0');
+  ATFILL_RETURN_IF_ERROR(PreadAll(fd, reinterpret_cast<char*>(&prefix), 8, b.offset, path));
+  ATFILL_RETURN_IF_ERROR(PreadAll(fd, frame.data(), frame.size(), b.offset + 8, path));
+  if (prefix != b.compressed_size) {
+    return Status::Corrupt("archive segment " + name + " (spooled): block " +
+                           std::to_string(block) + " length prefix is " + std::to_string(prefix) +
+                           ", block index says " + std::to_string(b.compressed_size));
+  }
+  return frame;
+}
+
 }  // namespace
 
-Result<std::shared_ptr<const HttpArchive::BlockIndex>> HttpArchive::FetchIndex(
-    const std::string& name, const std::string& checksum) {
+HttpArchive::HttpArchive(HttpArchiveOptions options) : options_(std::move(options)) {}
+
+HttpArchive::~HttpArchive() {
+  Cancel();
+  // The download threads end once their request is cancelled; their files go with them.
+  std::list<std::shared_ptr<Spool>> spools;
+  {
+    std::lock_guard lock(mu_);
+    spools.swap(spools_);
+    spools.splice(spools.end(), retired_);
+  }
+  spools.clear();
+}
+
+Result<std::unique_ptr<HttpArchive>> HttpArchive::Open(HttpArchiveOptions options) {
+  ATFILL_RETURN_IF_ERROR(options.Validate());
+  std::unique_ptr<HttpArchive> a(new HttpArchive(std::move(options)));
+  const HttpArchiveOptions& o = a->options_;
+  std::string_view base = o.base_url;
+  while (!base.empty() && base.back() == '/') base.remove_suffix(1);
+  a->base_ = std::string(base);
+
+  net::HttpClientOptions h;
+  h.user_agent = o.user_agent;
+  h.max_in_flight = o.max_connections;
+  h.max_per_host = o.max_connections;
+  h.connect_timeout_ms = o.connect_timeout_ms;
+  h.timeout_ms = o.request_timeout_ms;
+  h.max_response_bytes = std::max(o.max_frame_bytes, o.max_json_bytes);
+  h.max_redirects = o.max_redirects;
+  // The archive's schedule, exactly: no retry when it is empty.
+  h.retry.max_attempts = 1;
+  h.retry.base_backoff_ms = 0;
+  h.retry.max_backoff_ms = 0;
+  h.retry.delays_ms = o.retry_delays_ms;
+  h.retry.unavailable_retries = static_cast<int>(o.unavailable_retries);
+  h.retry.max_retry_after_ms = o.max_retry_after_ms;
+  // 0 would let a 429 use an attempt; the shortest cap is the nearest to "fail when throttled".
+  h.retry.max_throttled_ms = std::max<int64_t>(o.max_throttled_ms, 1);
+  h.rate_limit.default_wait_ms = o.throttle_default_wait_ms;
+  h.rate_limit.max_wait_ms = std::max(o.max_throttled_ms, o.throttle_default_wait_ms);
+  h.quota.header = std::string(kArchiveQuotaHeader);
+  h.quota.scope = o.key;
+  // The schedule bounds a request's retries; the client's circuit breaker would cut them short.
+  h.host_failure_threshold = 1000;
+  h.allow_private_addresses = o.allow_private_addresses;
+  ATFILL_ASSIGN_OR_RETURN(a->http_, net::HttpClient::Start(std::move(h)));
+  return a;
+}
+
+std::string HttpArchive::Describe() const { return "archive " + base_; }
+
+void HttpArchive::Cancel() {
+  {
+    std::lock_guard lock(mu_);
+    cancelled_ = true;
+    for (const auto& spool : spools_) {
+      std::lock_guard spool_lock(spool->mu);
+      spool->stop = true;
+    }
+  }
+  if (http_) http_->Shutdown();
+}
+
+HttpArchiveStats HttpArchive::stats() const {
+  const net::HttpClientStats h = http_->stats();
+  HttpArchiveStats s;
+  s.requests = h.attempts;
+  s.retries = h.retries;
+  s.throttled = h.rate_limited;
+  s.bytes = h.bytes_received;
+  s.paced_ms = h.paced_ms;
+  std::lock_guard lock(mu_);
+  s.index_fetches = index_fetches_;
+  s.spooled_segments = spooled_segments_;
+  s.spooled_blocks = spooled_blocks_;
+  s.spool_failures = spool_failures_;
+  return s;
+}
+
+void HttpArchive::Execute(Call call, std::function<void(Result<net::HttpResponse>)> done) {
+  std::string where = "archive " + call.method + " " + call.url;
+  {
+    std::lock_guard lock(mu_);
+    if (cancelled_) return done(Status::Cancelled(where + ": cancelled"));
+  }
+  net::HttpRequest request;
+  request.method = std::move(call.method);
+  request.url = std::move(call.url);
+  request.headers = std::move(call.headers);
+  request.body = std::move(call.body);
+  request.max_response_bytes = call.max_bytes;
+  if (call.auth && !options_.key.empty()) {
+    request.credentials.emplace_back("Authorization", "Bearer " + options_.key);
+  }
+  http_->Submit(std::move(request),
+                [where = std::move(where), has_key = !options_.key.empty(), done = std::move(done)](
+                    Result<net::HttpResponse> r) { done(Classify(where, has_key, std::move(r))); });
+}
+
+Result<net::HttpResponse> HttpArchive::ExecuteAndWait(Call call) {
+  return Await<net::HttpResponse>([&](auto done) { Execute(std::move(call), std::move(done)); });
+}
+
+// --- listSegments ---
+
+Result<std::vector<SegmentInfo>> HttpArchive::ListSegments() {
+  return Await<std::vector<SegmentInfo>>([&](auto done) { StartListSegments(std::move(done)); });
+}
+
+void HttpArchive::StartListSegments(ArchiveCallback<std::vector<SegmentInfo>> done) {
+  auto job = std::make_shared<ListJob>();
+  job->done = std::move(done);
+  ListPage(std::move(job));
+}
+
+void HttpArchive::ListPage(std::shared_ptr<ListJob> job) {
+  if (job->page++ >= kMaxListPages) {
+    return job->done(Status::Invalid("archive " + base_ + ": listSegments did not end after " +
+                                     std::to_string(kMaxListPages) + " pages"));
+  }
+  Call call;
+  call.url = base_ + std::string(kNsid) + "listSegments?limit=1000";
+  if (!job->cursor.empty()) {
+    call.url += "&cursor=";
+    net::AppendPercentEncoded(job->cursor, &call.url);
+  }
+  call.max_bytes = options_.max_json_bytes;
+  std::string where = "archive listSegments " + call.url;
+  Execute(std::move(call), [this, job, where = std::move(where)](Result<net::HttpResponse> r) {
+    if (!r.ok()) return job->done(r.status());
+    if (r->status != 200) {
+      return job->done(Status::Invalid(where + ": unexpected HTTP " + std::to_string(r->status)));
+    }
+    std::string next;
+    if (Status st = ParseSegmentsPage(r->body, where, &job->out, &next); !st.ok()) {
+      return job->done(st);
+    }
+    if (next.empty()) return job->done(std::move(job->out));
+    if (next == job->cursor) {
+      return job->done(Status::Invalid(where + ": the listing cursor did not advance"));
+    }
+    job->cursor = std::move(next);
+    ListPage(job);
+  });
+}
+
+// --- block indexes ---
+
+void HttpArchive::FetchIndex(const std::string& name, const std::string& checksum,
+                             IndexCallback done) {
   // One ranged getSegment read, pinned to `etag` (empty = unpinned). `whole` is set when the
   // server sent the whole file instead (no range support, or the file changed).
   struct Read {
@@ -701,7 +639,9 @@ Result<std::shared_ptr<const HttpArchive::BlockIndex>> HttpArchive::FetchIndex(
     uint64_t file_size = 0;
     bool whole = false;
   };
-  const auto read = [&](const std::string& etag, uint64_t offset, uint64_t length) -> Result<Read> {
+  using ReadCallback = std::function<void(Result<Read>)>;
+  const auto read = [this, name](const std::string& etag, uint64_t offset, uint64_t length,
+                                 ReadCallback then) {
     Call call;
     call.url = base_ + std::string(kNsid) + "getSegment?name=";
     net::AppendPercentEncoded(name, &call.url);
@@ -710,33 +650,37 @@ Result<std::shared_ptr<const HttpArchive::BlockIndex>> HttpArchive::FetchIndex(
     call.headers.emplace_back(
         "Range", "bytes=" + std::to_string(offset) + "-" + std::to_string(offset + length - 1));
     if (!etag.empty()) call.headers.emplace_back("If-Range", "\"" + etag + "\"");
-    const std::string where = "archive getSegment " + call.url;
-    ATFILL_ASSIGN_OR_RETURN(net::HttpResponse r, Execute(call));
-    Read out;
-    if (r.status == 200) {
-      out.file_size = r.body.size();
-      out.body = std::move(r.body);
-      out.whole = true;
-      return out;
-    }
-    if (r.status != 206) {
-      return Status::Invalid(where + ": unexpected HTTP " + std::to_string(r.status));
-    }
-    uint64_t first = 0, last = 0;
-    if (!ParseContentRange(r.content_range(), &first, &last, &out.file_size) || first != offset ||
-        last - first + 1 != r.body.size() || r.body.size() != length) {
-      return Status::Invalid(where + ": bad Content-Range " +
-                             QuoteForMessage(r.content_range(), 100) + " for bytes " +
-                             std::to_string(offset) + "+" + std::to_string(length) + " (" +
-                             std::to_string(r.body.size()) + " bytes received)");
-    }
-    out.body = std::move(r.body);
-    return out;
+    std::string where = "archive getSegment " + call.url;
+    Execute(std::move(call), [where = std::move(where), offset, length,
+                              then = std::move(then)](Result<net::HttpResponse> r) {
+      if (!r.ok()) return then(r.status());
+      Read out;
+      if (r->status == 200) {
+        out.file_size = r->body.size();
+        out.body = std::move(r->body);
+        out.whole = true;
+        return then(std::move(out));
+      }
+      if (r->status != 206) {
+        return then(Status::Invalid(where + ": unexpected HTTP " + std::to_string(r->status)));
+      }
+      uint64_t first = 0, last = 0;
+      if (!ParseContentRange(r->content_range(), &first, &last, &out.file_size) ||
+          first != offset || last - first + 1 != r->body.size() || r->body.size() != length) {
+        return then(Status::Invalid(where + ": bad Content-Range " +
+                                    QuoteForMessage(r->content_range(), 100) + " for bytes " +
+                                    std::to_string(offset) + "+" + std::to_string(length) + " (" +
+                                    std::to_string(r->body.size()) + " bytes received)"));
+      }
+      out.body = std::move(r->body);
+      then(std::move(out));
+    });
   };
   const std::string where = "archive " + base_ + " segment " + name;
-  auto index = std::make_shared<BlockIndex>();
   // Header and index from the whole file.
-  const auto from_file = [&](const std::string& file) -> Result<std::shared_ptr<const BlockIndex>> {
+  const auto from_file =
+      [where](const std::string& file) -> Result<std::shared_ptr<const BlockIndex>> {
+    auto index = std::make_shared<BlockIndex>();
     auto header = jss::ParseHeader(AsBytes(file), file.size());
     if (!header.ok()) return header.status().WithContext(where);
     index->header = *header;
@@ -750,60 +694,83 @@ Result<std::shared_ptr<const HttpArchive::BlockIndex>> HttpArchive::FetchIndex(
                                        h.block_count, where));
     return std::shared_ptr<const BlockIndex>(std::move(index));
   };
-  ATFILL_ASSIGN_OR_RETURN(Read head, read(checksum, 0, jss::kHeaderSize));
-  if (head.whole) return from_file(head.body);
-  auto header = jss::ParseHeader(AsBytes(head.body), head.file_size);
-  if (!header.ok()) return header.status().WithContext(where);
-  index->header = *header;
-  index->file_size = head.file_size;
-  index->checksum = Hex16(header->checksum);
-  const jss::Header& h = index->header;
-  const uint64_t index_bytes = uint64_t{h.block_count} * jss::kBlockIndexEntrySize;
-  if (h.block_index_offset + index_bytes > h.did_bloom_offset) {
-    return Status::Corrupt(where + ": the block index of " + std::to_string(h.block_count) +
-                           " blocks runs past the DID bloom at " +
-                           std::to_string(h.did_bloom_offset));
-  }
-  if (index_bytes > options_.max_json_bytes) {
-    return Status::OutOfRange(where + ": the block index of " + std::to_string(h.block_count) +
-                              " blocks is over max_json_bytes");
-  }
-  if (h.block_count > 0) {
-    ATFILL_ASSIGN_OR_RETURN(Read bytes, read(index->checksum, h.block_index_offset, index_bytes));
-    if (bytes.whole) return from_file(bytes.body);
-    ATFILL_ASSIGN_OR_RETURN(index->blocks, ParseBlockIndex(bytes.body, h.block_count, where));
-  }
-  return std::shared_ptr<const BlockIndex>(std::move(index));
+  read(checksum, 0, jss::kHeaderSize,
+       [this, read, from_file, where, done = std::move(done)](Result<Read> head) {
+         if (!head.ok()) return done(head.status());
+         if (head->whole) return done(from_file(head->body));
+         auto header = jss::ParseHeader(AsBytes(head->body), head->file_size);
+         if (!header.ok()) return done(header.status().WithContext(where));
+         auto index = std::make_shared<BlockIndex>();
+         index->header = *header;
+         index->file_size = head->file_size;
+         index->checksum = Hex16(header->checksum);
+         const jss::Header& h = index->header;
+         const uint64_t index_bytes = uint64_t{h.block_count} * jss::kBlockIndexEntrySize;
+         if (h.block_index_offset + index_bytes > h.did_bloom_offset) {
+           return done(Status::Corrupt(
+               where + ": the block index of " + std::to_string(h.block_count) +
+               " blocks runs past the DID bloom at " + std::to_string(h.did_bloom_offset)));
+         }
+         if (index_bytes > options_.max_json_bytes) {
+           return done(Status::OutOfRange(where + ": the block index of " +
+                                          std::to_string(h.block_count) +
+                                          " blocks is over max_json_bytes"));
+         }
+         if (h.block_count == 0) return done(std::shared_ptr<const BlockIndex>(std::move(index)));
+         const std::string etag = index->checksum;
+         const uint64_t offset = h.block_index_offset;
+         read(etag, offset, index_bytes, [index, from_file, where, done](Result<Read> bytes) {
+           if (!bytes.ok()) return done(bytes.status());
+           if (bytes->whole) return done(from_file(bytes->body));
+           auto blocks = ParseBlockIndex(bytes->body, index->header.block_count, where);
+           if (!blocks.ok()) return done(blocks.status());
+           index->blocks = std::move(*blocks);
+           done(std::shared_ptr<const BlockIndex>(index));
+         });
+       });
 }
 
-Result<std::shared_ptr<const HttpArchive::BlockIndex>> HttpArchive::Index(
+std::shared_ptr<const HttpArchive::BlockIndex> HttpArchive::CachedIndex(
     const std::string& name, const std::string& checksum) {
-  {
-    std::lock_guard lock(mu_);
-    auto it = indexes_.find(name);
-    if (it != indexes_.end() && (checksum.empty() || it->second.first->checksum == checksum)) {
-      lru_.splice(lru_.begin(), lru_, it->second.second);
-      return it->second.first;
-    }
-  }
-  ATFILL_ASSIGN_OR_RETURN(std::shared_ptr<const BlockIndex> index, FetchIndex(name, checksum));
   std::lock_guard lock(mu_);
-  ++stats_.index_fetches;
   auto it = indexes_.find(name);
-  if (it != indexes_.end()) {
-    lru_.erase(it->second.second);
-    indexes_.erase(it);
+  if (it == indexes_.end() || (!checksum.empty() && it->second.first->checksum != checksum)) {
+    return nullptr;
   }
-  lru_.push_front(name);
-  indexes_.emplace(name, std::make_pair(index, lru_.begin()));
-  while (indexes_.size() > options_.index_cache_segments) {
-    indexes_.erase(lru_.back());
-    lru_.pop_back();
-  }
-  return index;
+  lru_.splice(lru_.begin(), lru_, it->second.second);
+  return it->second.first;
 }
+
+void HttpArchive::Index(const std::string& name, const std::string& checksum, IndexCallback done) {
+  if (auto cached = CachedIndex(name, checksum)) return done(std::move(cached));
+  FetchIndex(name, checksum,
+             [this, name, done = std::move(done)](Result<std::shared_ptr<const BlockIndex>> r) {
+               if (r.ok()) {
+                 std::lock_guard lock(mu_);
+                 ++index_fetches_;
+                 auto it = indexes_.find(name);
+                 if (it != indexes_.end()) {
+                   lru_.erase(it->second.second);
+                   indexes_.erase(it);
+                 }
+                 lru_.push_front(name);
+                 indexes_.emplace(name, std::make_pair(*r, lru_.begin()));
+                 while (indexes_.size() > options_.index_cache_segments) {
+                   indexes_.erase(lru_.back());
+                   lru_.pop_back();
+                 }
+               }
+               done(std::move(r));
+             });
+}
+
+// --- planSnapshot ---
 
 Result<Plan> HttpArchive::PlanSnapshot(const PlanRequest& request) {
+  return Await<Plan>([&](auto done) { StartPlanSnapshot(request, std::move(done)); });
+}
+
+void HttpArchive::StartPlanSnapshot(const PlanRequest& request, ArchiveCallback<Plan> done) {
   JsonWriter w;
   w.BeginObject();
   const bool nothing = !request.commits && !request.markers;
@@ -834,84 +801,111 @@ Result<Plan> HttpArchive::PlanSnapshot(const PlanRequest& request) {
   call.headers.emplace_back("Content-Type", "application/json");
   call.auth = true;
   call.max_bytes = options_.max_json_bytes;
-  const std::string where = "archive planSnapshot " + call.url;
-  ATFILL_ASSIGN_OR_RETURN(net::HttpResponse r, Execute(call));
-  if (r.status != 200) {
-    return Status::Invalid(where + ": unexpected HTTP " + std::to_string(r.status));
-  }
-  ATFILL_ASSIGN_OR_RETURN(Value root, ParseObject(r.body, where));
-  const Fields f(root, where);
-  Plan plan;
-  ATFILL_ASSIGN_OR_RETURN(plan.sealed_tip, f.Uint("sealedTipSeq"));
-  ATFILL_ASSIGN_OR_RETURN(plan.planned_through, f.Uint("plannedThroughSeq", plan.sealed_tip));
-  ATFILL_ASSIGN_OR_RETURN(const Value::Array* segments, f.Array("segments"));
-
-  // The plan's entries, then their block indexes (fetched a few at a time).
-  struct Entry {
-    std::string name, checksum;
-    bool whole = false;
-    std::vector<std::pair<uint64_t, uint64_t>> ranges;
-  };
-  std::vector<Entry> entries;
-  for (size_t i = 0; i < (nothing ? 0 : segments->size()); ++i) {
-    const std::string at = where + ": segments[" + std::to_string(i) + "]";
-    const Value& s = (*segments)[i];
-    if (s.kind() != Value::Kind::kMap) return Status::Invalid(at + " is not an object");
-    const Fields g(s, at);
-    Entry e;
-    ATFILL_ASSIGN_OR_RETURN(e.name, SegmentNameField(g, at));
-    ATFILL_ASSIGN_OR_RETURN(e.checksum, g.String("checksum", ""));
-    ATFILL_ASSIGN_OR_RETURN(std::string mode, g.String("mode"));
-    if (mode == "segment") {
-      e.whole = true;
-    } else if (mode == "blocks") {
-      ATFILL_ASSIGN_OR_RETURN(const Value::Array* blocks, g.Array("blocks"));
-      for (size_t j = 0; j < blocks->size(); ++j) {
-        const std::string bat = at + ".blocks[" + std::to_string(j) + "]";
-        const Value& range = (*blocks)[j];
-        if (range.kind() != Value::Kind::kMap) return Status::Invalid(bat + " is not an object");
-        const Fields rf(range, bat);
-        ATFILL_ASSIGN_OR_RETURN(uint64_t first, rf.Uint("first"));
-        ATFILL_ASSIGN_OR_RETURN(uint64_t last, rf.Uint("last"));
-        if (first > last || (!e.ranges.empty() && first <= e.ranges.back().second)) {
-          return Status::Invalid(bat + ": range " + std::to_string(first) + ".." +
-                                 std::to_string(last) + " is empty or out of order");
+  auto job = std::make_shared<PlanJob>();
+  job->request = request;
+  job->where = "archive planSnapshot " + call.url;
+  job->done = std::move(done);
+  Execute(std::move(call), [this, job, nothing](Result<net::HttpResponse> r) {
+    const std::string& where = job->where;
+    if (!r.ok()) return job->done(r.status());
+    if (r->status != 200) {
+      return job->done(Status::Invalid(where + ": unexpected HTTP " + std::to_string(r->status)));
+    }
+    const auto parse = [&]() -> Status {
+      ATFILL_ASSIGN_OR_RETURN(Value root, ParseObject(r->body, where));
+      const Fields f(root, where);
+      ATFILL_ASSIGN_OR_RETURN(job->plan.sealed_tip, f.Uint("sealedTipSeq"));
+      ATFILL_ASSIGN_OR_RETURN(job->plan.planned_through,
+                              f.Uint("plannedThroughSeq", job->plan.sealed_tip));
+      ATFILL_ASSIGN_OR_RETURN(const Value::Array* segments, f.Array("segments"));
+      for (size_t i = 0; i < (nothing ? 0 : segments->size()); ++i) {
+        const std::string at = where + ": segments[" + std::to_string(i) + "]";
+        const Value& s = (*segments)[i];
+        if (s.kind() != Value::Kind::kMap) return Status::Invalid(at + " is not an object");
+        const Fields g(s, at);
+        PlanJob::Entry e;
+        ATFILL_ASSIGN_OR_RETURN(e.name, SegmentNameField(g, at));
+        ATFILL_ASSIGN_OR_RETURN(e.checksum, g.String("checksum", ""));
+        ATFILL_ASSIGN_OR_RETURN(std::string mode, g.String("mode"));
+        if (mode == "segment") {
+          e.whole = true;
+        } else if (mode == "blocks") {
+          ATFILL_ASSIGN_OR_RETURN(const Value::Array* blocks, g.Array("blocks"));
+          for (size_t j = 0; j < blocks->size(); ++j) {
+            const std::string bat = at + ".blocks[" + std::to_string(j) + "]";
+            const Value& range = (*blocks)[j];
+            if (range.kind() != Value::Kind::kMap) {
+              return Status::Invalid(bat + " is not an object");
+            }
+            const Fields rf(range, bat);
+            ATFILL_ASSIGN_OR_RETURN(uint64_t first, rf.Uint("first"));
+            ATFILL_ASSIGN_OR_RETURN(uint64_t last, rf.Uint("last"));
+            if (first > last || (!e.ranges.empty() && first <= e.ranges.back().second)) {
+              return Status::Invalid(bat + ": range " + std::to_string(first) + ".." +
+                                     std::to_string(last) + " is empty or out of order");
+            }
+            e.ranges.emplace_back(first, last);
+          }
+        } else {
+          return Status::Invalid(at + ": unknown mode " + QuoteForMessage(mode));
         }
-        e.ranges.emplace_back(first, last);
+        job->entries.push_back(std::move(e));
       }
-    } else {
-      return Status::Invalid(at + ": unknown mode " + QuoteForMessage(mode));
-    }
-    entries.push_back(std::move(e));
-  }
+      return Status::OK();
+    };
+    if (Status st = parse(); !st.ok()) return job->done(st);
+    job->indexes.resize(job->entries.size());
+    NextIndexes(job);
+  });
+}
 
-  std::vector<std::shared_ptr<const BlockIndex>> indexes(entries.size());
-  std::vector<Status> errors(entries.size());
-  std::atomic<size_t> next{0};
-  const auto work = [&] {
-    for (size_t i = next++; i < entries.size(); i = next++) {
-      auto index = Index(entries[i].name, entries[i].checksum);
-      if (index.ok()) {
-        indexes[i] = std::move(*index);
-      } else {
-        errors[i] = index.status();
+void HttpArchive::NextIndexes(const std::shared_ptr<PlanJob>& job) {
+  const size_t limit = static_cast<size_t>(options_.index_fetch_concurrency);
+  while (true) {
+    size_t i = 0;
+    {
+      std::lock_guard lock(job->mu);
+      const bool over = !job->error.ok() || job->finished == job->entries.size();
+      if (over && job->active == 0) {
+        if (job->reported) return;
+        job->reported = true;
+        break;  // finish below, outside the lock
       }
+      if (!job->error.ok() || job->next >= job->entries.size() || job->active >= limit) return;
+      i = job->next++;
+      // Cached indexes are taken here, so that a plan of many cached segments does not recurse.
+      if (auto cached = CachedIndex(job->entries[i].name, job->entries[i].checksum)) {
+        job->indexes[i] = std::move(cached);
+        ++job->finished;
+        continue;
+      }
+      ++job->active;
     }
-  };
-  const size_t workers =
-      std::min<size_t>(static_cast<size_t>(options_.index_fetch_concurrency), entries.size());
-  if (workers <= 1) {
-    work();
-  } else {
-    std::vector<std::thread> threads;
-    for (size_t t = 0; t < workers; ++t) threads.emplace_back(work);
-    for (std::thread& t : threads) t.join();
+    Index(job->entries[i].name, job->entries[i].checksum,
+          [this, job, i](Result<std::shared_ptr<const BlockIndex>> index) {
+            {
+              std::lock_guard lock(job->mu);
+              --job->active;
+              ++job->finished;
+              if (index.ok()) {
+                job->indexes[i] = std::move(*index);
+              } else if (job->error.ok()) {
+                job->error = index.status();
+              }
+            }
+            NextIndexes(job);
+          });
   }
-  for (const Status& s : errors) ATFILL_RETURN_IF_ERROR(s);
+  if (!job->error.ok()) return job->done(job->error);
+  FinishPlan(job);
+}
 
-  for (size_t i = 0; i < entries.size(); ++i) {
-    const Entry& e = entries[i];
-    const BlockIndex& index = *indexes[i];
+void HttpArchive::FinishPlan(const std::shared_ptr<PlanJob>& job) {
+  const PlanRequest& request = job->request;
+  Plan& plan = job->plan;
+  for (size_t i = 0; i < job->entries.size(); ++i) {
+    const PlanJob::Entry& e = job->entries[i];
+    const BlockIndex& index = *job->indexes[i];
     const jss::Header& h = index.header;
     PlannedSegment p;
     SegmentInfo& info = p.segment;
@@ -943,20 +937,172 @@ Result<Plan> HttpArchive::PlanSnapshot(const PlanRequest& request) {
     } else {
       for (const auto& [first, last] : e.ranges) {
         if (last >= index.blocks.size()) {
-          return Status::Invalid(where + ": the plan names block " + std::to_string(last) + " of " +
-                                 e.name + ", which has " + std::to_string(index.blocks.size()) +
-                                 " blocks");
+          return job->done(Status::Invalid(job->where + ": the plan names block " +
+                                           std::to_string(last) + " of " + e.name + ", which has " +
+                                           std::to_string(index.blocks.size()) + " blocks"));
         }
         for (uint64_t b = first; b <= last; ++b) add(static_cast<uint32_t>(b));
       }
     }
     if (!p.blocks.empty()) plan.segments.push_back(std::move(p));
   }
-  return plan;
+  job->done(std::move(plan));
+}
+
+// --- blocks ---
+
+Result<std::string> HttpArchive::GetBlock(const SegmentInfo& segment, uint32_t block) {
+  return Await<std::string>([&](auto done) { StartGetBlock(segment, block, std::move(done)); });
+}
+
+void HttpArchive::StartGetBlock(const SegmentInfo& segment, uint32_t block,
+                                ArchiveCallback<std::string> done) {
+  if (SpoolBlock(segment, block, &done)) return;
+  FetchBlock(segment, block, std::move(done));
+}
+
+void HttpArchive::FetchBlock(const SegmentInfo& segment, uint32_t block,
+                             ArchiveCallback<std::string> done) {
+  Call call;
+  call.url = base_ + std::string(kNsid) + "getBlock?segment=";
+  net::AppendPercentEncoded(segment.name, &call.url);
+  call.url += "&blockIndex=" + std::to_string(block);
+  call.auth = true;
+  call.max_bytes = options_.max_frame_bytes;
+  std::string where = "archive getBlock " + call.url;
+  Execute(std::move(call), [where = std::move(where),
+                            done = std::move(done)](Result<net::HttpResponse> r) {
+    if (!r.ok()) return done(r.status());
+    if (r->status != 200) {
+      return done(Status::Invalid(where + ": unexpected HTTP " + std::to_string(r->status)));
+    }
+    done(std::move(r->body));
+  });
+}
+
+bool HttpArchive::SpoolBlock(const SegmentInfo& segment, uint32_t block,
+                             ArchiveCallback<std::string>* done) {
+  if (options_.spool_dir.empty() || segment.checksum.empty()) return false;
+  const std::string path = (std::filesystem::path(options_.spool_dir) /
+                            (segment.name + "." + segment.checksum + ".part"))
+                               .string();
+  std::shared_ptr<Spool> spool;
+  std::list<std::shared_ptr<Spool>> dead;  // destroyed (threads joined) outside the lock
+  {
+    std::lock_guard lock(mu_);
+    if (cancelled_) return false;
+    for (auto it = retired_.begin(); it != retired_.end();) {
+      std::lock_guard spool_lock((*it)->mu);
+      auto here = it++;
+      if ((*here)->done) dead.splice(dead.end(), retired_, here);
+    }
+    for (const auto& s : spools_) {
+      if (s->segment.name == segment.name && s->segment.checksum == segment.checksum) spool = s;
+    }
+    if (spool == nullptr) {
+      auto it = whole_.find(segment.name);
+      std::error_code ec;
+      if (it == whole_.end() || (it->second != block && !std::filesystem::exists(path, ec))) {
+        return false;
+      }
+      std::shared_ptr<const BlockIndex> index;
+      if (auto cached = indexes_.find(segment.name);
+          cached != indexes_.end() && cached->second.first->checksum == segment.checksum) {
+        index = cached->second.first;
+      }
+      if (index == nullptr || block >= index->blocks.size()) return false;
+      auto made = std::make_shared<Spool>();
+      made->segment = segment;
+      made->path = path;
+      made->index = index;
+      // The blocks are all a replay reads (the index and blooms came with the plan).
+      for (const jss::BlockInfo& bi : index->blocks) {
+        made->size = std::max<uint64_t>(made->size, bi.offset + 8 + bi.compressed_size);
+      }
+      std::filesystem::create_directories(options_.spool_dir, ec);
+      made->fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+      if (made->fd < 0) {
+        std::fprintf(stderr,
+                     "atfill: archive: cannot spool %s to %s (%s); reading it block by block\n",
+                     segment.name.c_str(), path.c_str(), std::strerror(errno));
+        whole_.erase(segment.name);
+        made->path.clear();  // not ours to remove
+        dead.push_back(std::move(made));
+        return false;
+      }
+      // A .part file of an earlier run holds a prefix of the same file (the name has its
+      // checksum).
+      const off_t existing = ::lseek(made->fd, 0, SEEK_END);
+      made->have =
+          existing > 0 ? std::min<uint64_t>(static_cast<uint64_t>(existing), made->size) : 0;
+      // The spools no block waits for are behind the reader: they go.
+      for (auto it = spools_.begin(); it != spools_.end();) {
+        auto here = it++;
+        std::lock_guard spool_lock((*here)->mu);
+        if ((*here)->waiters.empty()) {
+          (*here)->stop = true;
+          retired_.splice(retired_.end(), spools_, here);
+        }
+      }
+      ++spooled_segments_;
+      made->thread = std::thread([this, raw = made.get()] { Download(raw); });
+      spools_.push_back(made);
+      spool = std::move(made);
+    }
+  }
+  dead.clear();
+  const uint64_t end = block < spool->index->blocks.size() ? spool->End(block) : UINT64_MAX;
+  {
+    std::lock_guard lock(spool->mu);
+    if (end == UINT64_MAX || (spool->have < end && spool->done)) {
+      // Not in this file, or its download failed: by getBlock.
+      return false;
+    }
+    if (spool->have < end) {
+      spool->waiters.push_back({block, std::move(*done)});
+      return true;
+    }
+  }
+  auto frame =
+      ReadSpooled(spool->fd, spool->path, segment.name, block, spool->index->blocks[block]);
+  if (frame.ok()) {
+    std::lock_guard lock(mu_);
+    ++spooled_blocks_;
+  }
+  (*done)(std::move(frame));
+  return true;
 }
 
 void HttpArchive::Download(Spool* spool) {
   Status failed = Status::OK();
+  const std::string& name = spool->segment.name;
+  // Answers the waiters whose blocks are in the file; with `all`, hands the others to getBlock.
+  const auto serve = [&](bool all) {
+    std::vector<Spool::Waiter> ready, rest;
+    {
+      std::lock_guard lock(spool->mu);
+      for (Spool::Waiter& w : spool->waiters) {
+        (spool->have >= spool->End(w.block) ? ready : rest).push_back(std::move(w));
+      }
+      spool->waiters.clear();
+      if (all) {
+        spool->done = true;
+      } else {
+        spool->waiters = std::move(rest);
+        rest.clear();
+      }
+    }
+    for (Spool::Waiter& w : ready) {
+      auto frame =
+          ReadSpooled(spool->fd, spool->path, name, w.block, spool->index->blocks[w.block]);
+      if (frame.ok()) {
+        std::lock_guard lock(mu_);
+        ++spooled_blocks_;
+      }
+      w.done(std::move(frame));
+    }
+    for (Spool::Waiter& w : rest) FetchBlock(spool->segment, w.block, std::move(w.done));
+  };
   while (true) {
     uint64_t offset = 0;
     {
@@ -968,14 +1114,15 @@ void HttpArchive::Download(Spool* spool) {
     const uint64_t length = std::min(options_.spool_chunk_bytes, spool->size - offset);
     Call call;
     call.url = base_ + std::string(kNsid) + "getSegment?name=";
-    net::AppendPercentEncoded(spool->name, &call.url);
+    net::AppendPercentEncoded(name, &call.url);
     call.auth = true;
     call.max_bytes = options_.max_spool_segment_bytes;
     call.headers.emplace_back(
         "Range", "bytes=" + std::to_string(offset) + "-" + std::to_string(offset + length - 1));
-    call.headers.emplace_back("If-Range", "\"" + spool->checksum + "\"");
+    call.headers.emplace_back("If-Range", "\"" + spool->segment.checksum + "\"");
     const std::string where = "archive getSegment " + call.url;
-    Result<net::HttpResponse> r = Execute(call);
+    // This thread is the spool's own: it waits here so that the file is written in order.
+    Result<net::HttpResponse> r = ExecuteAndWait(std::move(call));
     if (!r.ok()) {
       failed = r.status();
       break;
@@ -987,7 +1134,7 @@ void HttpArchive::Download(Spool* spool) {
       failed = Status::Unavailable(where +
                                    ": the archive sent the whole segment (HTTP 200) for a "
                                    "ranged read pinned to checksum " +
-                                   spool->checksum);
+                                   spool->segment.checksum);
       break;
     }
     if (r->status != 206 || !ParseContentRange(r->content_range(), &first, &last, &total) ||
@@ -1007,136 +1154,18 @@ void HttpArchive::Download(Spool* spool) {
       std::lock_guard lock(spool->mu);
       spool->have = offset + length;
     }
-    spool->cv.notify_all();
+    serve(false);
   }
   if (!failed.ok()) {
     std::lock_guard lock(mu_);
-    ++stats_.spool_failures;
-  }
-  {
-    std::lock_guard lock(spool->mu);
-    spool->done = true;
-    spool->failed = failed;
-  }
-  spool->cv.notify_all();
-}
-
-Result<std::optional<std::string>> HttpArchive::SpooledBlock(const SegmentInfo& segment,
-                                                             uint32_t block) {
-  if (options_.spool_dir.empty() || segment.checksum.empty()) return std::optional<std::string>();
-  const std::string path = (std::filesystem::path(options_.spool_dir) /
-                            (segment.name + "." + segment.checksum + ".part"))
-                               .string();
-  std::shared_ptr<Spool> spool;
-  std::shared_ptr<Spool> old;  // destroyed (its thread joined) outside the lock
-  {
-    std::lock_guard lock(mu_);
-    if (spool_ != nullptr && spool_->name == segment.name && spool_->checksum == segment.checksum) {
-      spool = spool_;
-    } else {
-      auto it = whole_.find(segment.name);
-      std::error_code ec;
-      const bool resumable = std::filesystem::exists(path, ec);
-      if (it == whole_.end() || (it->second != block && !resumable)) {
-        return std::optional<std::string>();
-      }
-      old = std::move(spool_);
-    }
-  }
-  old.reset();
-  ATFILL_ASSIGN_OR_RETURN(std::shared_ptr<const BlockIndex> index,
-                          Index(segment.name, segment.checksum));
-  if (block >= index->blocks.size()) return std::optional<std::string>();
-  if (spool == nullptr) {
-    auto made = std::make_shared<Spool>();
-    made->name = segment.name;
-    made->checksum = segment.checksum;
-    made->path = path;
-    // The blocks are all a replay reads (the index and blooms came with the plan).
-    for (const jss::BlockInfo& bi : index->blocks) {
-      made->size = std::max<uint64_t>(made->size, bi.offset + 8 + bi.compressed_size);
-    }
-    std::error_code ec;
-    std::filesystem::create_directories(options_.spool_dir, ec);
-    made->fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (made->fd < 0) {
-      std::fprintf(stderr,
-                   "atfill: archive: cannot spool %s to %s (%s); reading it block by block\n",
-                   segment.name.c_str(), path.c_str(), std::strerror(errno));
-      std::lock_guard lock(mu_);
-      whole_.erase(segment.name);
-      return std::optional<std::string>();
-    }
-    // A .part file of an earlier run holds a prefix of the same file (the name has its checksum).
-    const off_t existing = ::lseek(made->fd, 0, SEEK_END);
-    made->have = existing > 0 ? std::min<uint64_t>(static_cast<uint64_t>(existing), made->size) : 0;
-    made->thread = std::thread([this, raw = made.get()] { Download(raw); });
-    spool = made;
-    std::lock_guard lock(mu_);
-    ++stats_.spooled_segments;
-    if (spool_ == nullptr) {
-      spool_ = made;
-    } else {
-      old = std::move(spool_);  // another caller's; this one wins
-      spool_ = made;
-    }
-  }
-  old.reset();
-  const jss::BlockInfo& b = index->blocks[block];
-  const uint64_t end = b.offset + 8 + b.compressed_size;
-  bool arrived = false;
-  {
-    std::unique_lock lock(spool->mu);
-    spool->cv.wait(lock, [&] { return spool->have >= end || spool->done || spool->stop; });
-    arrived = spool->have >= end;
-    if (!arrived && !spool->failed.ok()) {
+    if (failed.code() != StatusCode::kCancelled) {
+      ++spool_failures_;
       std::fprintf(stderr, "atfill: archive: spooling %s failed (%s); reading it block by block\n",
-                   segment.name.c_str(), spool->failed.message().c_str());
+                   name.c_str(), failed.message().c_str());
     }
+    whole_.erase(name);
   }
-  if (!arrived) {
-    // The download failed (or another segment took the spool): this segment by getBlock.
-    {
-      std::lock_guard lock(mu_);
-      whole_.erase(segment.name);
-      if (spool_ == spool) old = std::move(spool_);
-    }
-    old.reset();
-    return std::optional<std::string>();
-  }
-  uint64_t prefix = 0;
-  std::string frame(b.compressed_size, '\0');
-  ATFILL_RETURN_IF_ERROR(
-      PreadAll(spool->fd, reinterpret_cast<char*>(&prefix), 8, b.offset, spool->path));
-  ATFILL_RETURN_IF_ERROR(
-      PreadAll(spool->fd, frame.data(), frame.size(), b.offset + 8, spool->path));
-  if (prefix != b.compressed_size) {
-    return Status::Corrupt("archive segment " + segment.name + " (spooled): block " +
-                           std::to_string(block) + " length prefix is " + std::to_string(prefix) +
-                           ", block index says " + std::to_string(b.compressed_size));
-  }
-  {
-    std::lock_guard lock(mu_);
-    ++stats_.spooled_blocks;
-  }
-  return std::optional<std::string>(std::move(frame));
-}
-
-Result<std::string> HttpArchive::GetBlock(const SegmentInfo& segment, uint32_t block) {
-  ATFILL_ASSIGN_OR_RETURN(std::optional<std::string> spooled, SpooledBlock(segment, block));
-  if (spooled) return std::move(*spooled);
-  Call call;
-  call.url = base_ + std::string(kNsid) + "getBlock?segment=";
-  net::AppendPercentEncoded(segment.name, &call.url);
-  call.url += "&blockIndex=" + std::to_string(block);
-  call.auth = true;
-  call.max_bytes = options_.max_frame_bytes;
-  ATFILL_ASSIGN_OR_RETURN(net::HttpResponse r, Execute(call));
-  if (r.status != 200) {
-    return Status::Invalid("archive getBlock " + call.url + ": unexpected HTTP " +
-                           std::to_string(r.status));
-  }
-  return std::move(r.body);
+  serve(true);
 }
 
 }  // namespace atfill::sources

@@ -2,9 +2,14 @@
 // planSnapshot and getBlock, plus ranged getSegment reads of each planned segment's header and
 // block index (see "Plans" below).
 //
-// Requests run on an HttpClient the archive owns (one libcurl-multi loop thread). Every method
-// blocks its caller until the answer is in, retries included: the replay source's Read may block
-// on archive I/O, flow-graph node bodies must not call these.
+// Requests run on an HttpClient the archive owns (one libcurl-multi loop thread), under net/'s
+// retry policy (RetryPolicy, RateLimitPolicy, ByteQuotaPolicy) configured from the options below.
+// The Start forms (StartListSegments, StartPlanSnapshot, StartGetBlock) hand a request to that
+// loop and return at once; the answer comes through the callback, on the loop thread or on a spool
+// download thread (see Archive). Waits for a retry, a Retry-After, a 429 or the quota run on the
+// loop's timers and hold no caller's thread. The blocking forms (ListSegments, PlanSnapshot,
+// GetBlock) are a Start form plus a wait for its answer: for tools and tests, never for a
+// flow-graph thread or a source's Read (the replay source uses the Start forms).
 //
 // Plans. planSnapshot names blocks only by index (ranges, or a whole segment for mode "segment"),
 // but a replay needs each block's seq bounds (its resume cursor advances block by block) and its
@@ -12,20 +17,23 @@
 // header and its block index (block_count x 52 bytes at block_index_offset) with two `Range`
 // getSegment requests pinned to the plan's checksum with `If-Range` (a server that answers 200
 // with the whole file instead is handled too; a compaction rewrite keeps every block and its
-// bounds, so a changed checksum is harmless). Block indexes are cached per (segment, checksum).
+// bounds, so a changed checksum is harmless), index_fetch_concurrency segments at a time. Block
+// indexes are cached per (segment, checksum).
 // A mode "segment" entry becomes every block of the segment that has rows and lies in the
 // request's window; a mode "blocks" entry becomes exactly the listed blocks.
 //
 // Spooling. With `spool_dir` set, a segment planned whole (mode "segment", at most
 // max_spool_segment_bytes) is downloaded whole when its first planned block is asked for:
 // getSegment in spool_chunk_bytes ranges pinned with If-Range to its checksum, into
-// `<spool_dir>/<name>.<checksum>.part`, on a thread of its own; each GetBlock of the segment waits
-// until its block's bytes are there (blocks are decoded as they arrive). A chunk that fails is
-// retried like any request, the download resuming where it stopped (a .part file left by an earlier
-// process is resumed too); a server that answers 200 instead of 206 (the file changed) gives the
-// whole file at once. One segment is spooled at a time: moving to another deletes the file. If the
-// download fails for good, the segment's blocks are fetched with getBlock. Everything else (a plan
-// of block ranges, blocks asked out of order by a refold) is fetched block by block with getBlock.
+// `<spool_dir>/<name>.<checksum>.part`, on a thread of its own; a block asked for is answered (on
+// that thread) as soon as its bytes are there (blocks are decoded as they arrive). A chunk that
+// fails is retried like any request, the download resuming where it stopped (a .part file left by
+// an earlier process is resumed too); a server that answers 200 instead of 206 (the file changed)
+// gives the whole file at once. Starting a segment's spool deletes the spools no block is waiting
+// for (so with requests made ahead of the reader, the segment being read and the next ones are on
+// disk, at most as many as blocks are asked for at once). If the download fails for good, the
+// segment's blocks are fetched with getBlock. Everything else (a plan of block ranges, blocks
+// asked out of order by a refold) is fetched block by block with getBlock.
 //
 // Auth. `key` is sent as `Authorization: Bearer <key>` on planSnapshot, getSegment and getBlock,
 // and only to the archive's own origin (scheme, host and port of base_url): redirects are followed
@@ -33,27 +41,30 @@
 // never carries the key. 401 (no key, or one the archive wants) and 403 (key refused) are final
 // errors (Invalid) whose message says so.
 //
-// Retries. 500, 502, 504 and other 5xx (not 501), 408, and requests with no answer (connect
-// failure, reset, timeout, truncated body) are retried `retry_delays_ms.size()` times, waiting
-// those delays (default 6 retries over about 30 s). 503 is retried `unavailable_retries` times,
+// Retries (net::RetryPolicy with the delays as its schedule). 500, 502, 504 and other 5xx (not
+// 501/505), 408, and requests with no answer (connect failure, reset, timeout, truncated body)
+// are retried `retry_delays_ms.size()` times, waiting those delays (default 6 retries over about
+// 30 s). 503 is retried `unavailable_retries` times,
 // waiting its Retry-After (delta-seconds or HTTP-date, capped at max_retry_after_ms; the delay
 // schedule when absent). 429 is waited out (RateLimit-Reset, Retry-After, else
 // throttle_default_wait_ms) for as long as it takes: only a request throttled max_throttled_ms
-// in total fails (ResourceExhausted). Status codes of final errors: 404 NotFound, 501 and 405
+// in total fails (ResourceExhausted); while a 429's wait runs, the client holds every request to
+// that host. Status codes of final errors: 404 NotFound, 501 and 405
 // Unsupported (so a caller can tell "no archive here" from a failure), 401/403 and other 4xx
 // Invalid, exhausted retries Unavailable. Every message names the URL and the reason.
 //
-// Quota. An archive may advertise a byte quota with the response header
+// Quota (net::ByteQuotaPolicy). An archive may advertise a byte quota with the response header
 //   X-Archive-Quota-Bytes-Per-Second: <decimal bytes per second>
-// (0 = no quota). Once seen, every request to that archive is paced to it: a token bucket of
-// response body bytes, with no burst allowance, shared by every HttpArchive in the process that
-// uses the same origin and key. A request waits until the bucket is not in debt, reserves the
-// average response size, and is charged its real size when it completes. A later value replaces
-// the rate; responses without the header leave it as it is.
+// (0 = no quota). Once seen, every request to that archive's origin is paced to it: a token
+// bucket of response body bytes, with no burst allowance, shared by every HttpArchive in the
+// process that uses the same origin and key. A request waits until the bucket is not in debt,
+// reserves the average response size, and is charged its real size when it completes. A later
+// value replaces the rate; responses without the header leave it as it is. (A host a redirect
+// leads to is paced by its own advertisement, if it makes one.)
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <map>
 #include <memory>
@@ -122,11 +133,11 @@ struct HttpArchiveOptions {
 
 // Counters since the archive was opened.
 struct HttpArchiveStats {
-  uint64_t requests = 0;          // HTTP attempts made
+  uint64_t requests = 0;          // HTTP attempts made (redirect hops included)
   uint64_t retries = 0;           // attempts after a 5xx, 408, 503 or no answer
   uint64_t throttled = 0;         // 429 answers
   uint64_t bytes = 0;             // response body bytes received
-  int64_t paced_ms = 0;           // time spent waiting for the quota
+  int64_t paced_ms = 0;           // time requests were held back by the quota
   uint64_t index_fetches = 0;     // segment block indexes read (cache misses)
   uint64_t spooled_segments = 0;  // segments downloaded whole
   uint64_t spooled_blocks = 0;    // blocks read from a spooled segment
@@ -143,52 +154,65 @@ class HttpArchive : public Archive {
 
   // "archive <base_url>". Thread-safe.
   std::string Describe() const override;
-  // Every sealed segment (listSegments, pages of 1000). Blocking; thread-safe.
+  // Every sealed segment (listSegments, pages of 1000).
   Result<std::vector<SegmentInfo>> ListSegments() override;
+  void StartListSegments(ArchiveCallback<std::vector<SegmentInfo>> done) override;
   // One planSnapshot page, with every planned segment's blocks and their bounds (see "Plans").
-  // Blocking; thread-safe. NotFound / Unsupported when the host serves no archive.
+  // NotFound / Unsupported when the host serves no archive.
   Result<Plan> PlanSnapshot(const PlanRequest& request) override;
-  // getBlock: the raw frame, delivered as received (decoding it is the caller's business).
-  // Blocking; thread-safe; idempotent.
+  void StartPlanSnapshot(const PlanRequest& request, ArchiveCallback<Plan> done) override;
+  // getBlock (or the segment's spool): the raw frame, delivered as received (decoding it is the
+  // caller's business). Idempotent.
   Result<std::string> GetBlock(const SegmentInfo& segment, uint32_t block) override;
+  void StartGetBlock(const SegmentInfo& segment, uint32_t block,
+                     ArchiveCallback<std::string> done) override;
 
-  // Wakes every waiting call and makes it, and every later one, return Cancelled. Thread-safe.
+  // Completes every pending call, and every later one, with Cancelled. Thread-safe; must not be
+  // called from an archive callback.
   void Cancel();
   // Thread-safe snapshot.
   HttpArchiveStats stats() const;
-
-  struct Quota;  // the process-wide byte bucket of one (origin, key)
 
  private:
   struct Call;
   struct BlockIndex;
   struct Spool;
+  struct PlanJob;
+  struct ListJob;
+  using IndexCallback = std::function<void(Result<std::shared_ptr<const BlockIndex>>)>;
   explicit HttpArchive(HttpArchiveOptions options);
 
-  // One logical request with redirects, retries, throttling and pacing.
-  Result<net::HttpResponse> Execute(Call call);
-  // Sleeps `ms` unless cancelled first; false when cancelled.
-  bool Wait(int64_t ms);
-  Result<std::shared_ptr<const BlockIndex>> FetchIndex(const std::string& name,
-                                                       const std::string& checksum);
-  Result<std::shared_ptr<const BlockIndex>> Index(const std::string& name,
-                                                  const std::string& checksum);
-  // The block from the segment's spool (started when `block` is its first planned one, or a .part
-  // file of it is there); nullopt when the block is not to be read from a spool.
-  Result<std::optional<std::string>> SpooledBlock(const SegmentInfo& segment, uint32_t block);
+  // Submits one request; `done` gets its answer with the archive's status mapping (see
+  // "Retries"), on the loop thread.
+  void Execute(Call call, std::function<void(Result<net::HttpResponse>)> done);
+  // Execute, waited for: the spool download thread only.
+  Result<net::HttpResponse> ExecuteAndWait(Call call);
+  void ListPage(std::shared_ptr<ListJob> job);
+  void FetchIndex(const std::string& name, const std::string& checksum, IndexCallback done);
+  // The cached index (nullptr when it is not cached).
+  std::shared_ptr<const BlockIndex> CachedIndex(const std::string& name,
+                                                const std::string& checksum);
+  void Index(const std::string& name, const std::string& checksum, IndexCallback done);
+  void NextIndexes(const std::shared_ptr<PlanJob>& job);
+  void FinishPlan(const std::shared_ptr<PlanJob>& job);
+  // Hands the block to the segment's spool (started when `block` is its first planned one, or a
+  // .part file of it is there); false when the block is not to be read from a spool.
+  bool SpoolBlock(const SegmentInfo& segment, uint32_t block, ArchiveCallback<std::string>* done);
+  void FetchBlock(const SegmentInfo& segment, uint32_t block, ArchiveCallback<std::string> done);
   // The download thread of `spool`.
   void Download(Spool* spool);
 
   HttpArchiveOptions options_;
-  std::string base_;    // base_url without a trailing slash
-  std::string origin_;  // "scheme://host:port", lower-case
-  std::shared_ptr<Quota> quota_;
+  std::string base_;  // base_url without a trailing slash
   std::unique_ptr<net::HttpClient> http_;
 
   mutable std::mutex mu_;
-  std::condition_variable cv_;
   bool cancelled_ = false;
-  HttpArchiveStats stats_;
+  // The archive's own counters; the HTTP ones come from the client.
+  uint64_t index_fetches_ = 0;
+  uint64_t spooled_segments_ = 0;
+  uint64_t spooled_blocks_ = 0;
+  uint64_t spool_failures_ = 0;
   // Block index cache, by segment name; `lru_` holds names, most recent first.
   std::map<std::string,
            std::pair<std::shared_ptr<const BlockIndex>, std::list<std::string>::iterator>>
@@ -196,8 +220,9 @@ class HttpArchive : public Archive {
   std::list<std::string> lru_;
   // Segments planned whole, by name: their first planned block.
   std::map<std::string, uint32_t> whole_;
-  // The segment being spooled (at most one).
-  std::shared_ptr<Spool> spool_;
+  // The segments being spooled, oldest first, and the ones given up whose threads are ending.
+  std::list<std::shared_ptr<Spool>> spools_;
+  std::list<std::shared_ptr<Spool>> retired_;
 };
 
 }  // namespace atfill::sources
