@@ -182,6 +182,10 @@ Status ReplayOptions::Validate() const {
   if (max_block_bytes < 1024)
     return Status::Invalid("replay max_block_bytes must be at least 1024");
   if (max_failed_in_a_row < 1) return Status::Invalid("replay max_failed_in_a_row must be >= 1");
+  if (prefetch_blocks < 1 || prefetch_blocks > 256) {
+    return Status::Invalid("replay prefetch_blocks must be 1..256");
+  }
+  if (tick_ms < 1 || tick_ms > 10'000) return Status::Invalid("replay tick_ms must be 1..10000");
   for (const std::string& c : collections) {
     if (c.empty()) return Status::Invalid("replay: an empty collection name");
   }
@@ -195,6 +199,7 @@ ReplaySource::ReplaySource(Archive* archive, ReplayOptions options, uint64_t job
       job_(job),
       kv_(kv),
       failed_(*kv),
+      io_(std::make_shared<Io>()),
       only_blocks_(options_.only_blocks.begin(), options_.only_blocks.end()) {}
 
 ReplaySource::~ReplaySource() = default;
@@ -229,7 +234,7 @@ Status ReplaySource::Seek(const std::string& resume_cursor) {
     return true;
   }));
   if (resume_cursor.empty()) {
-    done_seq_ = options_.after_seq;
+    done_seq_ = asked_seq_ = options_.after_seq;
     tip_ = options_.before_seq;
     announce_tip_ = tip_ != 0;
     return Status::OK();
@@ -250,20 +255,107 @@ Status ReplaySource::Seek(const std::string& resume_cursor) {
     return Status::Invalid("replay cursor '" + resume_cursor +
                            "' is not 'records TIP SEQ' or 'accounts TIP START SEQ'");
   }
+  asked_seq_ = done_seq_;
   return Status::OK();
 }
 
-Status ReplaySource::PlanNext() {
+struct ReplaySource::Io {
+  std::mutex mu;
+  std::condition_variable cv;
+};
+
+struct ReplaySource::Fetch {
+  SegmentInfo segment;
+  PlannedBlock block;
+  std::string id;
+  uint64_t after = 0;    // the sweep's rows at or below it were asked for before this block
+  uint64_t through = 0;  // the sweep's rows at or below it are in this block or earlier ones
+  std::optional<Result<std::string>> frame;  // under Io::mu until it is there
+};
+
+struct ReplaySource::Refold {
+  std::string did;
+  uint64_t after_seq = 0;  // the kill's seq
+  uint64_t through = 0;    // the pages read so far cover (after_seq, through]
+  std::shared_ptr<std::optional<Result<Plan>>> plan;  // the page asked for
+  bool page = false;                                  // a page's blocks are being read
+  uint64_t page_through = 0;
+  std::vector<std::pair<SegmentInfo, PlannedBlock>> blocks;  // the page's blocks
+  size_t next = 0;                                           // the first not asked for
+  std::deque<std::shared_ptr<Fetch>> window;
+};
+
+struct ReplaySource::Marking {
+  std::shared_ptr<Fetch> fetch;
+  jss::Block block;
+  size_t row = 0;  // the next row to apply
+  uint64_t frame_bytes = 0;
+};
+
+bool ReplaySource::Tick(EventChunk* chunk) {
+  chunk->tick = true;
+  return true;
+}
+
+bool ReplaySource::Await(const std::function<bool()>& ready) {
+  std::unique_lock lock(io_->mu);
+  return io_->cv.wait_for(lock, std::chrono::milliseconds(options_.tick_ms), ready);
+}
+
+bool ReplaySource::Arrived(const Fetch& fetch) const {
+  std::lock_guard lock(io_->mu);
+  return fetch.frame.has_value();
+}
+
+std::shared_ptr<ReplaySource::Fetch> ReplaySource::Ask(const SegmentInfo& segment,
+                                                       const PlannedBlock& block, uint64_t after,
+                                                       uint64_t through) {
+  auto fetch = std::make_shared<Fetch>();
+  fetch->segment = segment;
+  fetch->block = block;
+  fetch->id = BlockId(segment.name, block.index);
+  fetch->after = after;
+  fetch->through = through;
+  // The callback may outlive the source: it holds what it writes.
+  archive_->StartGetBlock(segment, block.index, [io = io_, fetch](Result<std::string> frame) {
+    {
+      std::lock_guard lock(io->mu);
+      fetch->frame.emplace(std::move(frame));
+    }
+    io->cv.notify_all();
+  });
+  return fetch;
+}
+
+void ReplaySource::StartPlan(Refold* refold) {
   PlanRequest request;
-  if (sweep_ == Sweep::kRecords) {
+  auto slot = std::make_shared<std::optional<Result<Plan>>>();
+  if (refold != nullptr) {
     request.collections = options_.collections;
-    request.markers = false;
+    request.dids = {refold->did};
+    request.after_seq = refold->through;
+    refold->plan = slot;
   } else {
-    request.commits = false;
+    if (sweep_ == Sweep::kRecords) {
+      request.collections = options_.collections;
+      request.markers = false;
+    } else {
+      request.commits = false;
+    }
+    request.after_seq = planned_ ? plan_.planned_through : asked_seq_;
+    plan_pending_ = slot;
   }
-  request.after_seq = planned_ ? plan_.planned_through : done_seq_;
   request.before_seq = tip_;
-  ATFILL_ASSIGN_OR_RETURN(Plan plan, archive_->PlanSnapshot(request));
+  archive_->StartPlanSnapshot(request, [io = io_, slot](Result<Plan> plan) {
+    {
+      std::lock_guard lock(io->mu);
+      slot->emplace(std::move(plan));
+    }
+    io->cv.notify_all();
+  });
+}
+
+Status ReplaySource::TakePlan(Plan plan) {
   if (planned_ && plan.planned_through <= plan_.planned_through && plan.planned_through < tip_) {
     return Status::Unavailable("the archive's plan did not advance past seq " +
                                std::to_string(plan_.planned_through));
@@ -276,6 +368,55 @@ Status ReplaySource::PlanNext() {
   planned_ = true;
   plan_segment_ = 0;
   plan_block_ = 0;
+  return Status::OK();
+}
+
+Status ReplaySource::Fill() {
+  while (window_.size() < options_.prefetch_blocks && !ended_) {
+    if (plan_pending_ != nullptr) {
+      std::optional<Result<Plan>> got;
+      {
+        std::lock_guard lock(io_->mu);
+        if (!plan_pending_->has_value()) return Status::OK();  // on its way
+        got = std::move(*plan_pending_);
+      }
+      plan_pending_.reset();
+      if (!got->ok()) return got->status();
+      ATFILL_RETURN_IF_ERROR(TakePlan(std::move(**got)));
+      continue;
+    }
+    if (!planned_) {
+      StartPlan(nullptr);
+      continue;
+    }
+    if (tip_ == 0 || asked_seq_ >= tip_) {  // an empty archive, or the sweep's end
+      ended_ = true;
+      break;
+    }
+    if (plan_segment_ >= plan_.segments.size()) {
+      if (plan_.planned_through >= tip_) {
+        ended_ = true;
+        break;
+      }
+      StartPlan(nullptr);
+      continue;
+    }
+    const PlannedSegment& seg = plan_.segments[plan_segment_];
+    if (plan_block_ >= seg.blocks.size()) {
+      ++plan_segment_;
+      plan_block_ = 0;
+      continue;
+    }
+    const PlannedBlock& b = seg.blocks[plan_block_++];
+    if (b.max_seq <= asked_seq_) continue;
+    if (sweep_ == Sweep::kRecords && !only_blocks_.empty() &&
+        !only_blocks_.count(BlockId(seg.segment.name, b.index))) {
+      continue;
+    }
+    const uint64_t through = std::min(b.max_seq, tip_);
+    window_.push_back(Ask(seg.segment, b, asked_seq_, through));
+    asked_seq_ = through;
+  }
   return Status::OK();
 }
 
@@ -332,6 +473,7 @@ Result<bool> ReplaySource::Read(EventChunk* chunk) {
         }
         sweep_ = Sweep::kAccounts;
         planned_ = false;
+        ended_ = false;
         account_start_ = 0;
         done_seq_ = UINT64_MAX;  // set by StartAccounts
         continue;
@@ -348,38 +490,25 @@ Result<bool> ReplaySource::Read(EventChunk* chunk) {
   }
 }
 
-Result<const PlannedBlock*> ReplaySource::NextBlock(const PlannedSegment** segment) {
-  while (true) {
-    if (!planned_) ATFILL_RETURN_IF_ERROR(PlanNext());
-    if (tip_ == 0 || done_seq_ >= tip_) return nullptr;  // an empty archive, or the sweep's end
-    if (plan_segment_ >= plan_.segments.size()) {
-      if (plan_.planned_through >= tip_) return nullptr;
-      ATFILL_RETURN_IF_ERROR(PlanNext());
-      continue;
-    }
-    const PlannedSegment& seg = plan_.segments[plan_segment_];
-    if (plan_block_ >= seg.blocks.size()) {
-      ++plan_segment_;
-      plan_block_ = 0;
-      continue;
-    }
-    const PlannedBlock& b = seg.blocks[plan_block_++];
-    if (b.max_seq <= done_seq_) continue;
-    *segment = &seg;
-    return &b;
-  }
-}
-
 Result<bool> ReplaySource::ReadRecords(EventChunk* chunk) {
   while (true) {
-    const PlannedSegment* segment = nullptr;
-    ATFILL_ASSIGN_OR_RETURN(const PlannedBlock* next, NextBlock(&segment));
-    if (next == nullptr) return false;
-    const PlannedSegment& seg = *segment;
-    const PlannedBlock& b = *next;
-    const std::string id = BlockId(seg.segment.name, b.index);
-    if (!only_blocks_.empty() && !only_blocks_.count(id)) continue;
-    const uint64_t through = std::min(b.max_seq, tip_);
+    ATFILL_RETURN_IF_ERROR(Fill());
+    if (window_.empty()) {
+      if (ended_) return false;
+      // The next plan page is on its way.
+      if (!Await([&] { return plan_pending_ != nullptr && plan_pending_->has_value(); })) {
+        return Tick(chunk);
+      }
+      continue;
+    }
+    const std::shared_ptr<Fetch> f = window_.front();
+    if (!Await([&] { return f->frame.has_value(); })) return Tick(chunk);
+    window_.pop_front();
+    // Arrived (seen under the lock): the archive's callback is done with it.
+    Result<std::string> frame = std::move(*f->frame);
+    const PlannedBlock& b = f->block;
+    const std::string& id = f->id;
+    const uint64_t through = f->through;
     chunk->stage =
         only_blocks_.empty() ? state::JobStage::kReplaying : state::JobStage::kRetryingBlocks;
     chunk->raw_first_position = b.min_seq;
@@ -390,7 +519,6 @@ Result<bool> ReplaySource::ReadRecords(EventChunk* chunk) {
       chunk->counters.emplace_back(pipeline::kInputTotal, static_cast<int64_t>(tip_));
       announce_tip_ = false;
     }
-    auto frame = archive_->GetBlock(seg.segment, b.index);
     if (!frame.ok()) {
       RecordFailure(chunk, id, "archive_block", frame.status().message());
       // The cursor does not pass an undelivered block until a later one is delivered: a job the
@@ -407,7 +535,7 @@ Result<bool> ReplaySource::ReadRecords(EventChunk* chunk) {
     failed_in_a_row_ = 0;
     chunk->bytes_read = frame->size();
     chunk->units_read = 1;
-    EncodeBlockChunk(&chunk->raw, b, done_seq_, tip_, seg.segment.name, *frame);
+    EncodeBlockChunk(&chunk->raw, b, f->after, tip_, f->segment.name, *frame);
     done_seq_ = through;
     last_records_chunk_ = chunks_out_;
     return true;
@@ -467,7 +595,7 @@ void ReplaySource::Decode(EventChunk* chunk) const {
   stats_.bytes += h.frame.size();
 }
 
-Status ReplaySource::StartAccounts() {
+bool ReplaySource::StartAccounts() {
   account_start_ = 0;
   if (options_.after_seq > 0) {
     // A window: its markers.
@@ -477,16 +605,33 @@ Status ReplaySource::StartAccounts() {
                  "..%" PRIu64 "\n",
                  job_, account_start_, tip_);
   } else if (options_.marker_tail_hours > 0) {
-    auto segments = archive_->ListSegments();
-    if (!segments.ok()) {
+    if (list_pending_ == nullptr) {
+      auto slot = std::make_shared<std::optional<Result<std::vector<SegmentInfo>>>>();
+      list_pending_ = slot;
+      archive_->StartListSegments([io = io_, slot](Result<std::vector<SegmentInfo>> segments) {
+        {
+          std::lock_guard lock(io->mu);
+          slot->emplace(std::move(segments));
+        }
+        io->cv.notify_all();
+      });
+    }
+    std::optional<Result<std::vector<SegmentInfo>>> segments;
+    {
+      std::lock_guard lock(io_->mu);
+      if (!list_pending_->has_value()) return false;
+      segments = std::move(*list_pending_);
+    }
+    list_pending_.reset();
+    if (!segments->ok()) {
       std::fprintf(stderr,
                    "atfill: replay job %" PRIu64
                    ": segments cannot be listed (%s); the account sweep reads the whole archive\n",
-                   job_, segments.status().message().c_str());
-    } else if (!segments->empty()) {
-      const int64_t newest = segments->back().max_witnessed_at;
+                   job_, segments->status().message().c_str());
+    } else if (!(*segments)->empty()) {
+      const int64_t newest = (*segments)->back().max_witnessed_at;
       const int64_t from = newest - static_cast<int64_t>(options_.marker_tail_hours * 3600e6);
-      for (const SegmentInfo& s : *segments) {
+      for (const SegmentInfo& s : **segments) {
         if (s.max_witnessed_at >= from) {
           account_start_ = s.min_seq;
           std::fprintf(stderr,
@@ -504,73 +649,149 @@ Status ReplaySource::StartAccounts() {
                  job_);
   }
   done_seq_ = account_start_ > 0 ? account_start_ - 1 : 0;
-  return Status::OK();
+  asked_seq_ = done_seq_;
+  return true;
 }
 
-Status ReplaySource::Refold(const std::string& did, uint64_t after_seq, EventChunk* chunk) {
-  PlanRequest request;
-  request.collections = options_.collections;
-  request.dids = {did};
-  request.after_seq = after_seq;
-  request.before_seq = tip_;
-  uint64_t through = after_seq;
-  while (through < tip_) {
-    request.after_seq = through;
-    ATFILL_ASSIGN_OR_RETURN(Plan plan, archive_->PlanSnapshot(request));
-    for (const PlannedSegment& seg : plan.segments) {
-      for (const PlannedBlock& b : seg.blocks) {
-        const std::string id = BlockId(seg.segment.name, b.index);
-        if (KnownFailed(id)) continue;
-        auto frame = archive_->GetBlock(seg.segment, b.index);
-        if (!frame.ok()) {
-          RecordFailure(chunk, id, "archive_block", frame.status().message());
-          continue;
+Result<bool> ReplaySource::StepRefold() {
+  Refold& r = *refold_;
+  EventChunk* chunk = &building_;
+  while (true) {
+    if (!r.page) {
+      if (r.through >= tip_) break;
+      if (r.plan == nullptr) StartPlan(&r);
+      std::optional<Result<Plan>> got;
+      {
+        std::lock_guard lock(io_->mu);
+        if (!r.plan->has_value()) return false;
+        got = std::move(*r.plan);
+      }
+      r.plan.reset();
+      if (!got->ok()) return got->status();
+      r.blocks.clear();
+      r.next = 0;
+      for (const PlannedSegment& seg : (*got)->segments) {
+        for (const PlannedBlock& b : seg.blocks) {
+          if (!KnownFailed(BlockId(seg.segment.name, b.index)))
+            r.blocks.emplace_back(seg.segment, b);
         }
-        auto body =
-            jss::DecompressFrame({reinterpret_cast<const uint8_t*>(frame->data()), frame->size()},
-                                 b.uncompressed_size, options_.max_block_bytes);
-        if (!body.ok()) {
-          RecordFailure(chunk, id, "bad_block", body.status().message());
-          continue;
+      }
+      r.page = true;
+      r.page_through = (*got)->planned_through;
+    }
+    while (r.window.size() < options_.prefetch_blocks && r.next < r.blocks.size()) {
+      const auto& [segment, block] = r.blocks[r.next++];
+      r.window.push_back(Ask(segment, block, 0, 0));
+    }
+    if (r.window.empty()) {
+      // The page is read.
+      if (r.page_through <= r.through) break;
+      r.through = r.page_through;
+      r.page = false;
+      continue;
+    }
+    const std::shared_ptr<Fetch> f = r.window.front();
+    if (!Arrived(*f)) return false;
+    r.window.pop_front();
+    Result<std::string> frame = std::move(*f->frame);
+    const PlannedBlock& b = f->block;
+    if (!frame.ok()) {
+      RecordFailure(chunk, f->id, "archive_block", frame.status().message());
+      continue;
+    }
+    auto body =
+        jss::DecompressFrame({reinterpret_cast<const uint8_t*>(frame->data()), frame->size()},
+                             b.uncompressed_size, options_.max_block_bytes);
+    if (!body.ok()) {
+      RecordFailure(chunk, f->id, "bad_block", body.status().message());
+      continue;
+    }
+    auto block = jss::Block::Parse(std::move(*body));
+    if (!block.ok()) {
+      RecordFailure(chunk, f->id, "bad_block", block.status().message());
+      continue;
+    }
+    for (size_t i = 0; i < block->size(); ++i) {
+      const jss::Row row = block->row(i);
+      if (row.did != r.did || row.seq <= r.after_seq || row.seq > tip_) continue;
+      EventError error;
+      if (CommitShaped(row.kind)) {
+        if (!pipeline::CollectionMatches(row.collection, options_.collections)) continue;
+        RecordEvent e;
+        if (RecordOfRow(row, &e, &error)) {
+          chunk->events.emplace_back(std::move(e));
+        } else {
+          chunk->errors.push_back(std::move(error));
+          ++chunk->dropped;
         }
-        auto block = jss::Block::Parse(std::move(*body));
-        if (!block.ok()) {
-          RecordFailure(chunk, id, "bad_block", block.status().message());
-          continue;
-        }
-        for (size_t i = 0; i < block->size(); ++i) {
-          const jss::Row row = block->row(i);
-          if (row.did != did || row.seq <= after_seq || row.seq > tip_) continue;
-          EventError error;
-          if (CommitShaped(row.kind)) {
-            if (!pipeline::CollectionMatches(row.collection, options_.collections)) continue;
-            RecordEvent r;
-            if (RecordOfRow(row, &r, &error)) {
-              chunk->events.emplace_back(std::move(r));
-            } else {
-              chunk->errors.push_back(std::move(error));
-              ++chunk->dropped;
-            }
-          } else if (row.kind == jss::Kind::kAccount || row.kind == jss::Kind::kSync) {
-            AccountEvent a;
-            if (AccountOfRow(row, options_.collections, &a, &error)) {
-              chunk->events.emplace_back(std::move(a));
-            } else {
-              chunk->errors.push_back(std::move(error));
-            }
-          }
+      } else if (row.kind == jss::Kind::kAccount || row.kind == jss::Kind::kSync) {
+        AccountEvent a;
+        if (AccountOfRow(row, options_.collections, &a, &error)) {
+          chunk->events.emplace_back(std::move(a));
+        } else {
+          chunk->errors.push_back(std::move(error));
         }
       }
     }
-    if (plan.planned_through <= through) break;
-    through = plan.planned_through;
   }
-  refolded_.insert(did);
-  chunk->state_writes.Put(state::Family::kQueue, ReplayRefoldKey(job_, did), Be64(after_seq));
+  refolded_.insert(r.did);
+  chunk->state_writes.Put(state::Family::kQueue, ReplayRefoldKey(job_, r.did), Be64(r.after_seq));
   chunk->counters.emplace_back("refolded_dids", 1);
   std::lock_guard lock(stats_mu_);
   ++stats_.refolded_dids;
-  return Status::OK();
+  return true;
+}
+
+Result<bool> ReplaySource::ApplyMarkers() {
+  Marking& m = *marking_;
+  EventChunk* chunk = &building_;
+  while (m.row < m.block.size()) {
+    const jss::Row row = m.block.row(m.row++);
+    if (row.seq <= m.fetch->after || row.seq > tip_) continue;
+    if (row.kind != jss::Kind::kAccount && row.kind != jss::Kind::kSync) continue;
+    if (!options_.shard.Owns(row.did)) continue;
+    const std::string did(row.did);
+    if (refolded_.count(did)) continue;
+    ATFILL_ASSIGN_OR_RETURN(auto holds, kv_->Get(state::Family::kQueue, ReplayDidKey(job_, did)));
+    if (!holds && options_.retry_of != 0) {
+      // A retry also applies the markers the first job missed (they may have been in the
+      // failed blocks) of the accounts that job wrote records for.
+      ATFILL_ASSIGN_OR_RETURN(
+          holds, kv_->Get(state::Family::kQueue, ReplayDidKey(options_.retry_of, did)));
+    }
+    if (!holds && !options_.all_markers) continue;  // it wrote no record in the collections
+    ATFILL_ASSIGN_OR_RETURN(auto refolded,
+                            kv_->Get(state::Family::kQueue, ReplayRefoldKey(job_, did)));
+    if (refolded && FromBe64(*refolded) < row.seq) {
+      refolded_.insert(did);
+      continue;
+    }
+    AccountEvent a;
+    EventError error;
+    if (!AccountOfRow(row, options_.collections, &a, &error)) {
+      chunk->errors.push_back(std::move(error));
+      continue;
+    }
+    const bool kill = IsKill(a);
+    if (kill && options_.before_seq != 0 && a.time_us > 0) {
+      // A window (a live stream's gap) is replayed beside the stream, which may already have
+      // written the account's later records: the marker removes only what the account held
+      // at its time (a repo's revs grow with time; a relay refuses revs from the future).
+      auto tid = atproto::Tid::FromParts(static_cast<uint64_t>(a.time_us), 0);
+      if (tid.ok()) a.purge_before_rev = tid->str();
+    }
+    chunk->events.emplace_back(std::move(a));
+    // The account's rows after the kill are replayed again (the blooms find its blocks), before
+    // the rest of this block.
+    if (kill) {
+      refold_ = std::make_unique<Refold>();
+      refold_->did = did;
+      refold_->after_seq = row.seq;
+      refold_->through = row.seq;
+      return false;
+    }
+  }
+  return true;
 }
 
 Result<bool> ReplaySource::ReadAccounts(EventChunk* chunk) {
@@ -594,92 +815,94 @@ Result<bool> ReplaySource::ReadAccounts(EventChunk* chunk) {
     if (!commit_cv_.wait_for(lock, kCommitWait, durable)) return true;
     chunk->tick = false;
   }
-  if (done_seq_ == UINT64_MAX) ATFILL_RETURN_IF_ERROR(StartAccounts());
+  if (done_seq_ == UINT64_MAX && !StartAccounts()) {
+    // The listing is on its way.
+    if (!Await([&] { return list_pending_->has_value(); }) || !StartAccounts()) {
+      return Tick(chunk);
+    }
+  }
+  // The block's chunk is handed out once its markers, and the refolds they start, are in.
+  const auto hand_out = [&] {
+    *chunk = std::move(building_);
+    building_ = EventChunk{};
+    return true;
+  };
   while (true) {
-    const PlannedSegment* segment = nullptr;
-    ATFILL_ASSIGN_OR_RETURN(const PlannedBlock* next, NextBlock(&segment));
-    if (next == nullptr) return false;
-    const PlannedSegment& seg = *segment;
-    const PlannedBlock& b = *next;
-    const std::string id = BlockId(seg.segment.name, b.index);
-    const uint64_t through = std::min(b.max_seq, tip_);
-    const uint64_t after = done_seq_;
-    chunk->stage = state::JobStage::kReplayingAccounts;
-    chunk->input_done = through;
-    chunk->resume_cursor = CursorText(through);
-    chunk->units_read = 1;
+    if (refold_ != nullptr) {
+      ATFILL_ASSIGN_OR_RETURN(const bool complete, StepRefold());
+      if (!complete) {
+        const Refold& r = *refold_;
+        if (!Await([&] {
+              return (r.plan != nullptr && r.plan->has_value()) ||
+                     (!r.window.empty() && r.window.front()->frame.has_value());
+            })) {
+          return Tick(chunk);
+        }
+        continue;
+      }
+      refold_.reset();
+    }
+    if (marking_ != nullptr) {
+      ATFILL_ASSIGN_OR_RETURN(const bool applied, ApplyMarkers());
+      if (!applied) continue;  // a kill: its refold first
+      {
+        std::lock_guard lock(stats_mu_);
+        ++stats_.blocks;
+        stats_.bytes += marking_->frame_bytes;
+      }
+      marking_.reset();
+      return hand_out();
+    }
+    ATFILL_RETURN_IF_ERROR(Fill());
+    if (window_.empty()) {
+      if (ended_) return false;
+      if (!Await([&] { return plan_pending_ != nullptr && plan_pending_->has_value(); })) {
+        return Tick(chunk);
+      }
+      continue;
+    }
+    const std::shared_ptr<Fetch> f = window_.front();
+    if (!Await([&] { return f->frame.has_value(); })) return Tick(chunk);
+    window_.pop_front();
+    Result<std::string> frame = std::move(*f->frame);
+    const PlannedBlock& b = f->block;
+    const uint64_t through = f->through;
+    building_ = EventChunk{};
+    EventChunk* c = &building_;
+    c->stage = state::JobStage::kReplayingAccounts;
+    c->input_done = through;
+    c->resume_cursor = CursorText(through);
+    c->units_read = 1;
     done_seq_ = through;
-    auto frame = archive_->GetBlock(seg.segment, b.index);
     if (!frame.ok()) {
-      RecordFailure(chunk, id, "archive_block", frame.status().message());
-      chunk->resume_cursor.clear();
-      chunk->input_done = 0;
+      RecordFailure(c, f->id, "archive_block", frame.status().message());
+      c->resume_cursor.clear();
+      c->input_done = 0;
       if (++failed_in_a_row_ >= options_.max_failed_in_a_row) {
         return Status::Unavailable("the archive failed " + std::to_string(failed_in_a_row_) +
                                    " blocks in a row; stopping (resume to continue)");
       }
-      return true;
+      return hand_out();
     }
     failed_in_a_row_ = 0;
-    chunk->bytes_read = frame->size();
-    ClearFailure(chunk, id);
+    c->bytes_read = frame->size();
+    ClearFailure(c, f->id);
     auto body =
         jss::DecompressFrame({reinterpret_cast<const uint8_t*>(frame->data()), frame->size()},
                              b.uncompressed_size, options_.max_block_bytes);
     if (!body.ok()) {
-      RecordFailure(chunk, id, "bad_block", body.status().message());
-      return true;
+      RecordFailure(c, f->id, "bad_block", body.status().message());
+      return hand_out();
     }
     auto block = jss::Block::Parse(std::move(*body));
     if (!block.ok()) {
-      RecordFailure(chunk, id, "bad_block", block.status().message());
-      return true;
+      RecordFailure(c, f->id, "bad_block", block.status().message());
+      return hand_out();
     }
-    for (size_t i = 0; i < block->size(); ++i) {
-      const jss::Row row = block->row(i);
-      if (row.seq <= after || row.seq > tip_) continue;
-      if (row.kind != jss::Kind::kAccount && row.kind != jss::Kind::kSync) continue;
-      if (!options_.shard.Owns(row.did)) continue;
-      const std::string did(row.did);
-      if (refolded_.count(did)) continue;
-      ATFILL_ASSIGN_OR_RETURN(auto holds, kv_->Get(state::Family::kQueue, ReplayDidKey(job_, did)));
-      if (!holds && options_.retry_of != 0) {
-        // A retry also applies the markers the first job missed (they may have been in the
-        // failed blocks) of the accounts that job wrote records for.
-        ATFILL_ASSIGN_OR_RETURN(
-            holds, kv_->Get(state::Family::kQueue, ReplayDidKey(options_.retry_of, did)));
-      }
-      if (!holds && !options_.all_markers) continue;  // it wrote no record in the collections
-      ATFILL_ASSIGN_OR_RETURN(auto refolded,
-                              kv_->Get(state::Family::kQueue, ReplayRefoldKey(job_, did)));
-      if (refolded && FromBe64(*refolded) < row.seq) {
-        refolded_.insert(did);
-        continue;
-      }
-      AccountEvent a;
-      EventError error;
-      if (!AccountOfRow(row, options_.collections, &a, &error)) {
-        chunk->errors.push_back(std::move(error));
-        continue;
-      }
-      const bool kill = IsKill(a);
-      if (kill && options_.before_seq != 0 && a.time_us > 0) {
-        // A window (a live stream's gap) is replayed beside the stream, which may already have
-        // written the account's later records: the marker removes only what the account held
-        // at its time (a repo's revs grow with time; a relay refuses revs from the future).
-        auto tid = atproto::Tid::FromParts(static_cast<uint64_t>(a.time_us), 0);
-        if (tid.ok()) a.purge_before_rev = tid->str();
-      }
-      chunk->events.emplace_back(std::move(a));
-      // The account's rows after the kill are replayed again (the blooms find its blocks).
-      if (kill) {
-        ATFILL_RETURN_IF_ERROR(Refold(did, row.seq, chunk));
-      }
-    }
-    std::lock_guard lock(stats_mu_);
-    ++stats_.blocks;
-    stats_.bytes += frame->size();
-    return true;
+    marking_ = std::make_unique<Marking>();
+    marking_->fetch = f;
+    marking_->block = std::move(*block);
+    marking_->frame_bytes = frame->size();
   }
 }
 

@@ -20,11 +20,22 @@
 //
 // Resume cursor: "records <tip> <seq>", "accounts <tip> <start> <seq>": every row at or below
 // seq of that sweep has been applied; the tip and the account sweep's start are kept.
+//
+// I/O. The source asks the archive through its Start forms (Archive::StartPlanSnapshot,
+// StartGetBlock, StartListSegments): it keeps `prefetch_blocks` block requests in flight ahead of
+// the block it reads (and the next plan page once the current one is issued), so a block's round
+// trip starts while earlier blocks are decoded and written. Read waits only for an answer already
+// asked for, and at most `tick_ms`: then it returns a tick chunk (Source's contract for network
+// sources), so retries, Retry-After, throttling and quota pacing run on the archive's I/O loop and
+// never in Read. A refold (a killed account's later rows) is asked for the same way; the chunk of
+// the block that holds the kill is handed out once its refold is in. Over a local archive the
+// Start forms answer at once from files, and Read reads them (local input).
 #pragma once
 
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -32,6 +43,8 @@
 #include <string>
 #include <unordered_set>
 #include <vector>
+
+#include <deque>
 
 #include "base/status.hpp"
 #include "pipeline/batcher.hpp"
@@ -84,6 +97,12 @@ struct ReplayOptions {
   uint64_t after_seq = 0;
   uint64_t before_seq = 0;
   bool all_markers = false;
+  // Block requests kept in flight ahead of the block being read; the frames that arrived wait in
+  // memory, so at most this many are held at once. 1..256.
+  uint32_t prefetch_blocks = 8;
+  // Longest a Read waits for an answer already asked for before it returns a tick chunk,
+  // milliseconds; 1..10000.
+  int64_t tick_ms = 100;
   Status Validate() const;
 };
 
@@ -117,21 +136,40 @@ class ReplaySource : public pipeline::Source {
 
  private:
   enum class Sweep : uint8_t { kRecords, kAccounts, kDone };
-  struct Cursor;
-  Status PlanNext();
-  // The sweep's next planned block after done_seq_ (the next plan page when one is used up), with
-  // its segment; null at the sweep's end. Valid until the next call.
-  Result<const PlannedBlock*> NextBlock(const PlannedSegment** segment);
+  struct Io;       // where the archive's answers land (shared with its callbacks)
+  struct Fetch;    // one block asked for
+  struct Refold;   // a killed account's later rows being read again
+  struct Marking;  // an account-sweep block being applied
+  // Asks for the next plan page of the sweep (or of `refold`).
+  void StartPlan(Refold* refold);
+  // Takes the plan page that arrived into the sweep's plan; Unavailable when it did not advance.
+  Status TakePlan(Plan plan);
+  // Keeps the sweep's window full: asks for blocks after the last one asked for (and for plan
+  // pages) until `prefetch_blocks` are in flight or the sweep's plan is used up (ended_).
+  Status Fill();
+  // Asks the archive for one block; the answer lands in the returned Fetch.
+  std::shared_ptr<Fetch> Ask(const SegmentInfo& segment, const PlannedBlock& block, uint64_t after,
+                             uint64_t through);
+  // Waits at most tick_ms for `ready` (checked under the Io lock); false when it did not come.
+  bool Await(const std::function<bool()>& ready);
+  bool Arrived(const Fetch& fetch) const;
+  // Sets `chunk` to a tick and returns true (Read's answer while it waits).
+  static bool Tick(pipeline::EventChunk* chunk);
   Result<bool> ReadRecords(pipeline::EventChunk* chunk);
   Result<bool> ReadAccounts(pipeline::EventChunk* chunk);
-  Status StartAccounts();
+  // The account sweep's start (ListSegments for the tail); false while the listing is awaited.
+  bool StartAccounts();
+  // Applies the marking block's rows from where it stopped into building_; false when it stopped
+  // at a kill (a refold began).
+  Result<bool> ApplyMarkers();
+  // Advances the refold; true when it is complete (its rows are in building_).
+  Result<bool> StepRefold();
   // Records a failed block in the chunk (state, error log, counter), once per block.
   void RecordFailure(pipeline::EventChunk* chunk, const std::string& block_id,
                      const std::string& kind, const std::string& message) const;
   bool KnownFailed(const std::string& block_id) const;
   // A block recorded as failed was read and decoded now: it leaves the job's failed list.
   void ClearFailure(pipeline::EventChunk* chunk, const std::string& block_id) const;
-  Status Refold(const std::string& did, uint64_t after_seq, pipeline::EventChunk* chunk);
   std::string CursorText(uint64_t seq) const;
 
   Archive* archive_;
@@ -149,6 +187,17 @@ class ReplaySource : public pipeline::Source {
   Plan plan_;
   size_t plan_segment_ = 0;
   size_t plan_block_ = 0;
+  // The window: blocks asked for, in sweep order, and the seq through which they were asked.
+  std::shared_ptr<Io> io_;
+  std::deque<std::shared_ptr<Fetch>> window_;
+  uint64_t asked_seq_ = 0;
+  bool ended_ = false;  // every block of the sweep was asked for
+  std::shared_ptr<std::optional<Result<Plan>>> plan_pending_;
+  std::shared_ptr<std::optional<Result<std::vector<SegmentInfo>>>> list_pending_;
+  // The account sweep's block being applied, its chunk, and the refold it waits for.
+  std::unique_ptr<Marking> marking_;
+  pipeline::EventChunk building_;
+  std::unique_ptr<Refold> refold_;
   uint32_t failed_in_a_row_ = 0;
   std::set<std::string> only_blocks_;
   // Chunks handed out so far, and the seq of the last records-sweep chunk (the account sweep
