@@ -372,7 +372,10 @@ Status ReplaySource::TakePlan(Plan plan) {
 }
 
 Status ReplaySource::Fill() {
-  while (window_.size() < options_.prefetch_blocks && !ended_) {
+  // While blocks fail in a row, one at a time: a failing archive is not asked for more than the
+  // streak that stops the job, and each failure's retries are not multiplied by the window.
+  const size_t limit = failed_in_a_row_ > 0 ? 1 : options_.prefetch_blocks;
+  while (window_.size() < limit && !ended_) {
     if (plan_pending_ != nullptr) {
       std::optional<Result<Plan>> got;
       {

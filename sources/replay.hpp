@@ -24,7 +24,8 @@
 // I/O. The source asks the archive through its Start forms (Archive::StartPlanSnapshot,
 // StartGetBlock, StartListSegments): it keeps `prefetch_blocks` block requests in flight ahead of
 // the block it reads (and the next plan page once the current one is issued), so a block's round
-// trip starts while earlier blocks are decoded and written. Read waits only for an answer already
+// trip starts while earlier blocks are decoded and written; while blocks fail in a row it asks one
+// at a time. Read waits only for an answer already
 // asked for, and at most `tick_ms`: then it returns a tick chunk (Source's contract for network
 // sources), so retries, Retry-After, throttling and quota pacing run on the archive's I/O loop and
 // never in Read. A refold (a killed account's later rows) is asked for the same way; the chunk of
