@@ -372,6 +372,13 @@ Status ReplaySource::TakePlan(Plan plan) {
 }
 
 Status ReplaySource::Fill() {
+  if (!fill_error_.ok()) return fill_error_;
+  Status st = FillWindow();
+  if (!st.ok()) fill_error_ = st;
+  return st;
+}
+
+Status ReplaySource::FillWindow() {
   // While blocks fail in a row, one at a time: a failing archive is not asked for more than the
   // streak that stops the job, and each failure's retries are not multiplied by the window.
   const size_t limit = failed_in_a_row_ > 0 ? 1 : options_.prefetch_blocks;
@@ -509,6 +516,11 @@ Result<bool> ReplaySource::ReadRecords(EventChunk* chunk) {
     window_.pop_front();
     // Arrived (seen under the lock): the archive's callback is done with it.
     Result<std::string> frame = std::move(*f->frame);
+    failed_in_a_row_ = frame.ok() ? 0 : failed_in_a_row_ + 1;
+    if (failed_in_a_row_ < options_.max_failed_in_a_row) {
+      // The next request starts now, not at the next Read; an error stays for the next Fill.
+      static_cast<void>(Fill());
+    }
     const PlannedBlock& b = f->block;
     const std::string& id = f->id;
     const uint64_t through = f->through;
@@ -529,13 +541,12 @@ Result<bool> ReplaySource::ReadRecords(EventChunk* chunk) {
       chunk->resume_cursor.clear();
       chunk->input_done = 0;
       done_seq_ = through;
-      if (++failed_in_a_row_ >= options_.max_failed_in_a_row) {
+      if (failed_in_a_row_ >= options_.max_failed_in_a_row) {
         return Status::Unavailable("the archive failed " + std::to_string(failed_in_a_row_) +
                                    " blocks in a row; stopping (resume to continue)");
       }
       return true;
     }
-    failed_in_a_row_ = 0;
     chunk->bytes_read = frame->size();
     chunk->units_read = 1;
     EncodeBlockChunk(&chunk->raw, b, f->after, tip_, f->segment.name, *frame);
@@ -868,6 +879,8 @@ Result<bool> ReplaySource::ReadAccounts(EventChunk* chunk) {
     if (!Await([&] { return f->frame.has_value(); })) return Tick(chunk);
     window_.pop_front();
     Result<std::string> frame = std::move(*f->frame);
+    failed_in_a_row_ = frame.ok() ? 0 : failed_in_a_row_ + 1;
+    if (failed_in_a_row_ < options_.max_failed_in_a_row) static_cast<void>(Fill());
     const PlannedBlock& b = f->block;
     const uint64_t through = f->through;
     building_ = EventChunk{};
@@ -881,13 +894,12 @@ Result<bool> ReplaySource::ReadAccounts(EventChunk* chunk) {
       RecordFailure(c, f->id, "archive_block", frame.status().message());
       c->resume_cursor.clear();
       c->input_done = 0;
-      if (++failed_in_a_row_ >= options_.max_failed_in_a_row) {
+      if (failed_in_a_row_ >= options_.max_failed_in_a_row) {
         return Status::Unavailable("the archive failed " + std::to_string(failed_in_a_row_) +
                                    " blocks in a row; stopping (resume to continue)");
       }
       return hand_out();
     }
-    failed_in_a_row_ = 0;
     c->bytes_read = frame->size();
     ClearFailure(c, f->id);
     auto body =

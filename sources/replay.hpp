@@ -147,7 +147,9 @@ class ReplaySource : public pipeline::Source {
   Status TakePlan(Plan plan);
   // Keeps the sweep's window full: asks for blocks after the last one asked for (and for plan
   // pages) until `prefetch_blocks` are in flight or the sweep's plan is used up (ended_).
+  // An error is kept: every later call returns it.
   Status Fill();
+  Status FillWindow();
   // Asks the archive for one block; the answer lands in the returned Fetch.
   std::shared_ptr<Fetch> Ask(const SegmentInfo& segment, const PlannedBlock& block, uint64_t after,
                              uint64_t through);
@@ -193,6 +195,7 @@ class ReplaySource : public pipeline::Source {
   std::deque<std::shared_ptr<Fetch>> window_;
   uint64_t asked_seq_ = 0;
   bool ended_ = false;  // every block of the sweep was asked for
+  Status fill_error_;
   std::shared_ptr<std::optional<Result<Plan>>> plan_pending_;
   std::shared_ptr<std::optional<Result<std::vector<SegmentInfo>>>> list_pending_;
   // The account sweep's block being applied, its chunk, and the refold it waits for.

@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <random>
 #include <set>
 #include <span>
@@ -401,6 +403,125 @@ class FlakyArchive : public Archive {
   Archive* inner_;
   std::set<uint32_t> fail_;
 };
+
+// An archive whose block answers wait until the test gives them, as an archive over the network
+// answers later (on its own thread, after the request was handed over).
+class HeldArchive : public Archive {
+ public:
+  explicit HeldArchive(Archive* inner) : inner_(inner) {}
+  std::string Describe() const override { return "held " + inner_->Describe(); }
+  Result<std::vector<SegmentInfo>> ListSegments() override { return inner_->ListSegments(); }
+  Result<Plan> PlanSnapshot(const PlanRequest& r) override { return inner_->PlanSnapshot(r); }
+  Result<std::string> GetBlock(const SegmentInfo& s, uint32_t block) override {
+    return inner_->GetBlock(s, block);
+  }
+  void StartGetBlock(const SegmentInfo& s, uint32_t block,
+                     ArchiveCallback<std::string> done) override {
+    std::lock_guard lock(mu_);
+    held_.emplace(block, std::make_pair(s, std::move(done)));
+    max_out_ = std::max(max_out_, held_.size());
+    ++asked_;
+  }
+  // Answers the request for `block`; false when there is none.
+  bool Answer(uint32_t block) {
+    std::pair<SegmentInfo, ArchiveCallback<std::string>> request;
+    {
+      std::lock_guard lock(mu_);
+      auto it = held_.find(block);
+      if (it == held_.end()) return false;
+      request = std::move(it->second);
+      held_.erase(it);
+    }
+    request.second(inner_->GetBlock(request.first, block));
+    return true;
+  }
+  // The blocks asked for and not answered, highest first.
+  std::vector<uint32_t> Out() const {
+    std::lock_guard lock(mu_);
+    std::vector<uint32_t> out;
+    for (auto it = held_.rbegin(); it != held_.rend(); ++it) out.push_back(it->first);
+    return out;
+  }
+  size_t asked() const {
+    std::lock_guard lock(mu_);
+    return asked_;
+  }
+  size_t max_out() const {
+    std::lock_guard lock(mu_);
+    return max_out_;
+  }
+
+ private:
+  Archive* inner_;
+  mutable std::mutex mu_;
+  std::map<uint32_t, std::pair<SegmentInfo, ArchiveCallback<std::string>>> held_;
+  size_t asked_ = 0;
+  size_t max_out_ = 0;
+};
+
+// Blocks are asked for ahead of the reader, at most prefetch_blocks at once; Read hands out a
+// tick (instead of waiting) while the block it needs next is out, whatever arrived after it, and
+// the blocks come out in order however their answers arrive.
+TEST(ReplayTest, BlocksAreAskedForAheadOfTheReaderAndReadTicksWhileItsNextIsOut) {
+  const fs::path dir = Scratch("prefetch");
+  std::vector<std::pair<JetstreamFrame::Payload, int64_t>> events;
+  for (int i = 0; i < 40; ++i) {
+    events.emplace_back(Create(kA, kPost, "r" + std::to_string(i), "3l3qo2vuowo21", "t"), kT0 + i);
+  }
+  WriteArchive(dir, events, 1);  // one row per block: blocks 0..39
+  auto local = LocalArchive::Open(dir.string());
+  ASSERT_TRUE(local.ok());
+  HeldArchive held(local->get());
+  auto kv = state::NewMemoryKvStore();
+  ReplayOptions o;
+  o.accounts = false;
+  o.prefetch_blocks = 4;
+  o.tick_ms = 1;
+  ReplaySource source(&held, o, 1, kv.get());
+  ASSERT_TRUE(source.Seek("").ok());
+
+  pipeline::EventChunk first;
+  auto more = source.Read(&first);
+  ASSERT_TRUE(more.ok() && *more) << more.status().message();
+  EXPECT_TRUE(first.tick);
+  EXPECT_EQ(held.Out(), (std::vector<uint32_t>{3, 2, 1, 0}));
+
+  ASSERT_TRUE(held.Answer(2));
+  pipeline::EventChunk second;
+  more = source.Read(&second);
+  ASSERT_TRUE(more.ok() && *more);
+  EXPECT_TRUE(second.tick) << "block 0 is still out";
+  EXPECT_EQ(held.asked(), 4u);
+
+  ASSERT_TRUE(held.Answer(0));
+  pipeline::EventChunk third;
+  more = source.Read(&third);
+  ASSERT_TRUE(more.ok() && *more);
+  EXPECT_FALSE(third.tick);
+  EXPECT_EQ(third.resume_cursor, "records 40 1");
+  EXPECT_EQ(held.Out(), (std::vector<uint32_t>{4, 3, 1})) << "block 4 asked once 0 was read";
+
+  // The rest, answered newest first each round.
+  std::vector<uint64_t> positions;
+  source.Decode(&third);
+  for (const Event& e : third.events) positions.push_back(pipeline::PositionOf(e));
+  uint64_t seq = 2;
+  for (int round = 0; round < 1000; ++round) {
+    for (uint32_t b : held.Out()) ASSERT_TRUE(held.Answer(b));
+    pipeline::EventChunk chunk;
+    more = source.Read(&chunk);
+    ASSERT_TRUE(more.ok()) << more.status().message();
+    if (!*more) break;
+    source.Decode(&chunk);
+    for (const Event& e : chunk.events) positions.push_back(pipeline::PositionOf(e));
+    ASSERT_TRUE(kv->Write(chunk.state_writes).ok());
+    source.Committed(seq++);
+  }
+  ASSERT_EQ(positions.size(), 40u);
+  for (size_t i = 0; i < positions.size(); ++i) EXPECT_EQ(positions[i], i + 1);
+  EXPECT_EQ(held.asked(), 40u);
+  EXPECT_EQ(held.max_out(), 4u);
+}
 
 TEST(ReplayTest, SixteenUndeliveredBlocksInARowStopTheJobAndFifteenDoNot) {
   const fs::path dir = Scratch("in-a-row");
