@@ -10,6 +10,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <memory>
 #include <set>
 #include <string>
@@ -460,6 +461,60 @@ TEST_F(ArchiveHttpTest, ServiceUnavailableWaitsOutRetryAfter) {
   EXPECT_EQ(failed.status().code(), StatusCode::kUnavailable);
   EXPECT_NE(failed.status().message().find("503"), std::string::npos);
   EXPECT_EQ(net_->archive_stats().get_blocks, 2u + 2u + 6u);
+}
+
+// The Start forms hand the request over and return: the answer comes later, on the archive's
+// thread, here after a 503's Retry-After that the client waits out on its loop.
+TEST_F(ArchiveHttpTest, StartFormsReturnBeforeTheirAnswer) {
+  Serve();
+  const SegmentInfo& s = segments_[0];
+  ArchiveFaults f;
+  f.faults[s.name + "/1"] = {ArchiveFault::Kind::kStatus, 503, 1, false, 1};
+  f.faults["planSnapshot"] = {ArchiveFault::Kind::kStatus, 503, 1, false, 1};
+  SetFaults(f);
+  auto http = Open(Options());
+  ASSERT_NE(http, nullptr);
+  std::promise<Result<std::string>> block;
+  std::promise<Result<Plan>> plan;
+  const auto start = Clock::now();
+  http->StartGetBlock(s, 1, [&](Result<std::string> r) { block.set_value(std::move(r)); });
+  http->StartPlanSnapshot({}, [&](Result<Plan> r) { plan.set_value(std::move(r)); });
+  auto block_answer = block.get_future();
+  auto plan_answer = plan.get_future();
+  EXPECT_EQ(block_answer.wait_for(std::chrono::seconds(0)), std::future_status::timeout);
+  EXPECT_EQ(plan_answer.wait_for(std::chrono::seconds(0)), std::future_status::timeout);
+  ASSERT_EQ(block_answer.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+  ASSERT_EQ(plan_answer.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+  EXPECT_GE(MsSince(start), 900);
+  Result<std::string> frame = block_answer.get();
+  ASSERT_TRUE(frame.ok()) << frame.status().ToString();
+  EXPECT_EQ(*frame, LocalFrame(s, 1));
+  Result<Plan> planned = plan_answer.get();
+  ASSERT_TRUE(planned.ok()) << planned.status().ToString();
+  EXPECT_EQ(planned->sealed_tip, segments_.back().max_seq);
+  EXPECT_EQ(http->stats().retries, 2u);
+}
+
+// Cancel completes a pending call at once (without it, the 503s would hold it for minutes), and
+// every later one.
+TEST_F(ArchiveHttpTest, CancelEndsWaitingCalls) {
+  Serve();
+  const SegmentInfo& s = segments_[0];
+  ArchiveFaults f;
+  f.faults[s.name + "/0"] = {ArchiveFault::Kind::kStatus, 503, 60, false, 0};
+  SetFaults(f);
+  HttpArchiveOptions o = Options();
+  o.max_retry_after_ms = 60'000;
+  auto http = Open(o);
+  ASSERT_NE(http, nullptr);
+  std::promise<Result<std::string>> block;
+  http->StartGetBlock(s, 0, [&](Result<std::string> r) { block.set_value(std::move(r)); });
+  // Queued, in flight or waiting out the minute the 503 asks for: cancelled all the same.
+  http->Cancel();
+  auto answer = block.get_future();
+  ASSERT_EQ(answer.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+  EXPECT_EQ(answer.get().status().code(), StatusCode::kCancelled);
+  EXPECT_EQ(http->GetBlock(s, 1).status().code(), StatusCode::kCancelled);
 }
 
 TEST_F(ArchiveHttpTest, ThrottlingIsWaitedOut) {
