@@ -1,11 +1,8 @@
 #include "sources/archive_http.hpp"
 
 #include <algorithm>
-#include <atomic>
 #include <charconv>
-#include <chrono>
 #include <cinttypes>
-#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -20,7 +17,6 @@
 #include "base/json_writer.hpp"
 #include "base/strings.hpp"
 #include "net/endpoint.hpp"
-#include "net/retry_policy.hpp"
 #include "net/xrpc_error.hpp"
 #include "sources/jss.hpp"
 
@@ -31,7 +27,6 @@ namespace atfill::sources {
 namespace {
 
 using atproto::Value;
-using Clock = std::chrono::steady_clock;
 
 constexpr int64_t kDayMs = 86'400'000;
 constexpr std::string_view kNsid = "/xrpc/network.bsky.jetstream.";

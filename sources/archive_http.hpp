@@ -44,14 +44,13 @@
 // Retries (net::RetryPolicy with the delays as its schedule). 500, 502, 504 and other 5xx (not
 // 501/505), 408, and requests with no answer (connect failure, reset, timeout, truncated body)
 // are retried `retry_delays_ms.size()` times, waiting those delays (default 6 retries over about
-// 30 s). 503 is retried `unavailable_retries` times,
-// waiting its Retry-After (delta-seconds or HTTP-date, capped at max_retry_after_ms; the delay
-// schedule when absent). 429 is waited out (RateLimit-Reset, Retry-After, else
-// throttle_default_wait_ms) for as long as it takes: only a request throttled max_throttled_ms
-// in total fails (ResourceExhausted); while a 429's wait runs, the client holds every request to
-// that host. Status codes of final errors: 404 NotFound, 501 and 405
-// Unsupported (so a caller can tell "no archive here" from a failure), 401/403 and other 4xx
-// Invalid, exhausted retries Unavailable. Every message names the URL and the reason.
+// 30 s). 503 is retried `unavailable_retries` times, waiting its Retry-After (delta-seconds or
+// HTTP-date, capped at max_retry_after_ms; the delay schedule when absent). 429 is waited out
+// (RateLimit-Reset, Retry-After, else throttle_default_wait_ms) for as long as it takes: only a
+// request throttled max_throttled_ms in total fails (ResourceExhausted); while a 429's wait runs,
+// the client holds every request to that host. Status codes of final errors: 404 NotFound, 501
+// and 405 Unsupported (so a caller can tell "no archive here" from a failure), 401/403 and other
+// 4xx Invalid, exhausted retries Unavailable. Every message names the URL and the reason.
 //
 // Quota (net::ByteQuotaPolicy). An archive may advertise a byte quota with the response header
 //   X-Archive-Quota-Bytes-Per-Second: <decimal bytes per second>
