@@ -100,6 +100,8 @@ Status ReadArchive(ConfigFile& file, const pipeline::CoreSettings& core, SourceS
   int64_t replay_wal_mb = c.replay_sqlite_wal_bytes >> 20;
   ATFILL_RETURN_IF_ERROR(file.ReadInt("archive.sqlite_wal_mb", &replay_wal_mb, 1, 65536));
   c.replay_sqlite_wal_bytes = replay_wal_mb << 20;
+  ATFILL_RETURN_IF_ERROR(
+      file.ReadUint("archive.prefetch_blocks", &c.replay.prefetch_blocks, 1, 256));
   return file.ReadUint("archive.max_failed_in_a_row", &c.replay.max_failed_in_a_row, 1, 1'000'000);
 }
 
