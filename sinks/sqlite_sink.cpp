@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <array>
 #include <chrono>
 #include <climits>
 #include <optional>
@@ -55,22 +54,19 @@ bool WaitToRetryBusy(Clock::time_point deadline, std::chrono::milliseconds* back
   return true;
 }
 
-// The parameters of one row of the record INSERTs, in column order: did_id, collection_id, rkey,
-// cid, rev, indexed_at, created_at, record.
-constexpr int kRowParams = 8;
-
-// Binds a row's parameters from `first` + 1 on; the code of the body's bind (the only one that can
-// fail: SQLITE_TOOBIG). Texts are bound without a copy and must outlive the step.
-int BindRow(sqlite3_stmt* s, int first, const RecordEvent& e, int64_t did_id, int64_t collection_id,
+// Binds the record INSERT's parameters (did_id, collection_id, rkey, cid, rev, indexed_at,
+// created_at, record); the code of the body's bind (the only one that can fail: SQLITE_TOOBIG).
+// Texts are bound without a copy and must outlive the step.
+int BindRow(sqlite3_stmt* s, const RecordEvent& e, int64_t did_id, int64_t collection_id,
             std::string_view cid, int64_t now) {
-  sqlite3_bind_int64(s, first + 1, did_id);
-  sqlite3_bind_int64(s, first + 2, collection_id);
-  BindText(s, first + 3, e.rkey);
-  BindText(s, first + 4, cid);
-  BindTextOrNull(s, first + 5, e.rev);
-  sqlite3_bind_int64(s, first + 6, now);
-  BindTextOrNull(s, first + 7, e.created_at);
-  return BindText(s, first + 8, e.body);
+  sqlite3_bind_int64(s, 1, did_id);
+  sqlite3_bind_int64(s, 2, collection_id);
+  BindText(s, 3, e.rkey);
+  BindText(s, 4, cid);
+  BindTextOrNull(s, 5, e.rev);
+  sqlite3_bind_int64(s, 6, now);
+  BindTextOrNull(s, 7, e.created_at);
+  return BindText(s, 8, e.body);
 }
 
 // The owner lock of a bulk load: flock(2) on a file beside the database, held by the loading
@@ -151,18 +147,10 @@ class SqliteSink final : public pipeline::Sink {
 
   Status Prepare();
   Status WriteOnce(std::span<const Event> batch, int64_t now, WriteStats* stats);
-  // did_id: the account's interned id when the caller has it, else 0.
-  Status ApplyWrite(const RecordEvent& e, int64_t did_id, int64_t now, WriteStats* stats);
-  // Creates/updates batch[group[0..kGroupRows)] with one multi-row INSERT; rows that conflict
-  // then take ApplyWrite's path for an existing row, in order. Accounts' ids from group_keys_.
-  Status ApplyWriteGroup(std::span<const Event> batch, std::span<const uint32_t> group, int64_t now,
-                         WriteStats* stats);
-  // A create/update whose INSERT conflicted: the rev guard against the stored row. When
-  // is_own(rowid) says the stored row is the one this event's own grouped INSERT added, that
-  // insert stands and nothing more is done.
-  template <typename IsOwn>
+  Status ApplyWrite(const RecordEvent& e, int64_t now, WriteStats* stats);
+  // A create/update whose INSERT conflicted: the rev guard against the stored row.
   Status ApplyToExisting(const RecordEvent& e, int64_t did_id, int64_t collection_id,
-                         const std::string& cid, int64_t now, WriteStats* stats, IsOwn&& is_own);
+                         const std::string& cid, int64_t now, WriteStats* stats);
   Status ApplyDelete(const RecordEvent& e, WriteStats* stats);
   Status ApplyAccount(const AccountEvent& e, WriteStats* stats);
   // Removes the DID's rows in `collections` (all when empty); the number removed.
@@ -184,24 +172,13 @@ class SqliteSink final : public pipeline::Sink {
   SqliteSinkOptions options_;
   sqlite::Db db_;
   Stmt begin_, commit_, rollback_;
-  Stmt insert_row_, insert_rows_, select_row_, update_row_, update_rev_, delete_row_, purge_did_,
+  Stmt insert_row_, select_row_, update_row_, update_rev_, delete_row_, purge_did_,
       purge_did_before_;
   InternTable dids_;
   InternTable collections_;
   int last_failure_rc_ = SQLITE_OK;
   // Held while this sink owns a bulk load, to be finished by the destructor.
   BulkOwnerLock bulk_owner_;
-  // WriteOnce's order of the batch, grouped by account, and each event's account id.
-  static constexpr size_t kGroupMinEvents = 64;
-  std::vector<uint32_t> order_;
-  std::vector<int64_t> group_keys_;
-  // Consecutive creates/updates are inserted kGroupRows at a time by one statement. Several rows
-  // per statement paid off with schema version 1's one index; with version 2's three indexes a
-  // multi-row INSERT costs more per row than one-row INSERTs in every order measured (stream,
-  // crawl, both layouts: docs/performance.md), so a group is one row.
-  static constexpr size_t kGroupRows = 1;
-  std::vector<uint32_t> pending_;  // the group being gathered (indexes into the batch)
-  std::array<std::string, kGroupRows> group_cids_;  // bound as SQLITE_STATIC until the step
   // Null when the writer checkpoints itself (background_checkpoint off). Declared last: it goes
   // first, while the writer's connection is still open.
   std::unique_ptr<sqlite::Checkpointer> checkpointer_;
@@ -321,20 +298,6 @@ Status SqliteSink::Prepare() {
                               "(did_id, collection_id, rkey, cid, rev, indexed_at, created_at, "
                               "record) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) "
                               "ON CONFLICT (collection_id, rkey, did_id) DO NOTHING"));
-  {
-    std::string sql =
-        "INSERT INTO atfill_record_rows(did_id, collection_id, rkey, cid, rev, indexed_at, "
-        "created_at, record) VALUES ";
-    for (size_t k = 0; k < kGroupRows; ++k) {
-      const int b = static_cast<int>(k) * kRowParams;
-      if (k > 0) sql += ", ";
-      sql += "(?" + std::to_string(b + 1);
-      for (int c = 2; c <= kRowParams; ++c) sql += ", ?" + std::to_string(b + c);
-      sql += ")";
-    }
-    sql += " ON CONFLICT (collection_id, rkey, did_id) DO NOTHING";
-    ATFILL_RETURN_IF_ERROR(prep(&insert_rows_, sql));
-  }
   ATFILL_RETURN_IF_ERROR(prep(&select_row_,
                               "SELECT id, cid, rev FROM atfill_record_rows "
                               "WHERE did_id = ?1 AND collection_id = ?2 AND rkey = ?3"));
@@ -392,91 +355,39 @@ Status SqliteSink::WriteOnce(std::span<const Event> batch, int64_t now, WriteSta
     if (!st.ok()) return st.WithContext("SQLite database " + options_.path);
   }
   ATFILL_RETURN_IF_ERROR(Run(begin_.get(), "BEGIN IMMEDIATE"));
-  // The batch is applied grouped by account (each account's events keep their order): the
-  // by-account index (did_epoch, did_id, collection_id) then takes a batch of interleaved accounts
-  // in one walk in order instead of jumping around it for every event (the key index, led by the
-  // collection and a time-ordered record key, takes new rows at its right edge either way).
-  // Accounts are independent, so the outcome is the same.
-  order_.resize(batch.size());
-  for (size_t i = 0; i < batch.size(); ++i) order_[i] = static_cast<uint32_t>(i);
-  const bool grouped = batch.size() >= kGroupMinEvents;
-  if (grouped) {
-    group_keys_.assign(batch.size(), 0);
-    for (size_t i = 0; i < batch.size(); ++i) {
-      if (const auto* r = std::get_if<RecordEvent>(&batch[i])) {
-        ATFILL_RETURN_IF_ERROR(CheckRecordEvent(*r, i));
-        ATFILL_ASSIGN_OR_RETURN(group_keys_[i], Intern(dids_, r->did));
-      }
-    }
-    for (size_t i = 0; i < batch.size(); ++i) {
-      if (const auto* a = std::get_if<AccountEvent>(&batch[i])) {
-        ATFILL_RETURN_IF_ERROR(CheckAccountEvent(*a, i));
-        // An account without rows (and without records in the batch) goes first: nothing of it
-        // is stored for it to change.
-        ATFILL_ASSIGN_OR_RETURN(std::optional<int64_t> id, Lookup(dids_, a->did));
-        group_keys_[i] = id.value_or(0);
-      }
-    }
-    std::stable_sort(order_.begin(), order_.end(),
-                     [this](uint32_t x, uint32_t y) { return group_keys_[x] < group_keys_[y]; });
-  }
-  // Creates/updates in a row are gathered into groups of kGroupRows (grouped batches only: their
-  // accounts are interned); anything else first applies the group gathered so far one by one.
-  pending_.clear();
-  auto apply_pending = [&]() -> Status {
-    for (const uint32_t j : pending_) {
-      const auto& r = std::get<RecordEvent>(batch[j]);
-      Status st = ApplyWrite(r, group_keys_[j], now, stats);
-      if (!st.ok()) return st.WithContext("event " + std::to_string(j) + " (" + r.Uri() + ")");
-    }
-    pending_.clear();
-    return Status::OK();
-  };
-  for (const uint32_t i : order_) {
+  // The batch is applied in the order it came. A stream's order is the cheapest for every index
+  // of the record table: its record keys and createdAt follow time, so the key and created_at
+  // indexes take each row at their right edge, and the batch is read once, front to back.
+  // Reordering it (by account, or by key) costs more than it saves (docs/performance.md).
+  for (size_t i = 0; i < batch.size(); ++i) {
     if (const auto* r = std::get_if<RecordEvent>(&batch[i])) {
-      if (!grouped) ATFILL_RETURN_IF_ERROR(CheckRecordEvent(*r, i));  // else the grouping pass did
-      if (grouped && r->operation != Operation::kDelete) {
-        pending_.push_back(i);
-        if (pending_.size() == kGroupRows) {
-          ATFILL_RETURN_IF_ERROR(ApplyWriteGroup(batch, pending_, now, stats));
-          pending_.clear();
-        }
-        continue;
-      }
-      ATFILL_RETURN_IF_ERROR(apply_pending());
-      // A record's account was interned by the grouping pass (its id is the group key).
-      Status st = r->operation == Operation::kDelete
-                      ? ApplyDelete(*r, stats)
-                      : ApplyWrite(*r, grouped ? group_keys_[i] : 0, now, stats);
+      ATFILL_RETURN_IF_ERROR(CheckRecordEvent(*r, i));
+      Status st =
+          r->operation == Operation::kDelete ? ApplyDelete(*r, stats) : ApplyWrite(*r, now, stats);
       if (!st.ok()) return st.WithContext("event " + std::to_string(i) + " (" + r->Uri() + ")");
     } else {
-      ATFILL_RETURN_IF_ERROR(apply_pending());
       const auto& a = std::get<AccountEvent>(batch[i]);
-      if (!grouped) ATFILL_RETURN_IF_ERROR(CheckAccountEvent(a, i));
+      ATFILL_RETURN_IF_ERROR(CheckAccountEvent(a, i));
       Status st = ApplyAccount(a, stats);
       if (!st.ok()) {
         return st.WithContext("event " + std::to_string(i) + " (account " + a.did + ")");
       }
     }
   }
-  ATFILL_RETURN_IF_ERROR(apply_pending());
   return Run(commit_.get(), "COMMIT");
 }
 
 // What a create/update does to an existing row.
 enum class WriteVerdict : uint8_t { kStale, kUnchanged, kUnchangedNewerRev, kUpdate };
 
-Status SqliteSink::ApplyWrite(const RecordEvent& e, int64_t did_id, int64_t now,
-                              WriteStats* stats) {
-  if (did_id == 0) {
-    ATFILL_ASSIGN_OR_RETURN(did_id, Intern(dids_, e.did));
-  }
+Status SqliteSink::ApplyWrite(const RecordEvent& e, int64_t now, WriteStats* stats) {
+  ATFILL_ASSIGN_OR_RETURN(int64_t did_id, Intern(dids_, e.did));
   ATFILL_ASSIGN_OR_RETURN(int64_t collection_id, Intern(collections_, e.collection));
   const std::string cid = e.cid.ToString();
   {
     sqlite3_stmt* s = insert_row_.get();
     ResetOnExit reset(s);
-    int rc = BindRow(s, 0, e, did_id, collection_id, cid, now);
+    int rc = BindRow(s, e, did_id, collection_id, cid, now);
     if (rc != SQLITE_OK) return Failed(rc, "binding the record body");
     ATFILL_RETURN_IF_ERROR(Run(s, "inserting the record"));
     if (sqlite3_changes(db_.get()) > 0) {
@@ -484,77 +395,11 @@ Status SqliteSink::ApplyWrite(const RecordEvent& e, int64_t did_id, int64_t now,
       return Status::OK();
     }
   }
-
-  return ApplyToExisting(e, did_id, collection_id, cid, now, stats, [](int64_t) { return false; });
+  return ApplyToExisting(e, did_id, collection_id, cid, now, stats);
 }
 
-Status SqliteSink::ApplyWriteGroup(std::span<const Event> batch, std::span<const uint32_t> group,
-                                   int64_t now, WriteStats* stats) {
-  std::array<int64_t, kGroupRows> collection_ids;
-  sqlite3_stmt* s = insert_rows_.get();
-  ResetOnExit reset(s);
-  for (size_t k = 0; k < kGroupRows; ++k) {
-    const auto& e = std::get<RecordEvent>(batch[group[k]]);
-    ATFILL_ASSIGN_OR_RETURN(collection_ids[k], Intern(collections_, e.collection));
-    group_cids_[k] = e.cid.ToString();
-    int rc = BindRow(s, static_cast<int>(k) * kRowParams, e, group_keys_[group[k]],
-                     collection_ids[k], group_cids_[k], now);
-    if (rc != SQLITE_OK) {
-      return Failed(rc, "binding the record body")
-          .WithContext("event " + std::to_string(group[k]) + " (" + e.Uri() + ")");
-    }
-  }
-  {
-    Status st = Run(s, "inserting records");
-    if (!st.ok()) {
-      return st.WithContext("events " + std::to_string(group.front()) + " (" +
-                            std::get<RecordEvent>(batch[group.front()]).Uri() + ") to " +
-                            std::to_string(group.back()) + " (" +
-                            std::get<RecordEvent>(batch[group.back()]).Uri() + ")");
-    }
-  }
-  const auto inserted = static_cast<uint64_t>(sqlite3_changes64(db_.get()));
-  stats->inserted += inserted;
-  if (inserted == kGroupRows) return Status::OK();  // the common case: every row was new
-
-  // Some rows already existed (or repeat a key earlier in the group). The statement gave the rows
-  // it inserted the rowids just below and at last_insert_rowid (each new rowid is the largest so
-  // far plus one), so a row whose key now holds such a rowid, not yet claimed by an earlier row
-  // of the group with the same key, is one it inserted; every other row takes the existing-row
-  // path in the group's order, which is the order a row-by-row apply would have used.
-  const int64_t last = sqlite3_last_insert_rowid(db_.get());
-  const int64_t first = last - static_cast<int64_t>(inserted) + 1;
-  std::array<int64_t, kGroupRows> claimed;
-  size_t n_claimed = 0;
-  auto is_own = [&](int64_t rowid) {
-    if (rowid < first || rowid > last) return false;
-    if (std::find(claimed.begin(), claimed.begin() + n_claimed, rowid) !=
-        claimed.begin() + n_claimed) {
-      return false;
-    }
-    claimed[n_claimed++] = rowid;
-    return true;
-  };
-  for (size_t k = 0; k < kGroupRows; ++k) {
-    const auto& e = std::get<RecordEvent>(batch[group[k]]);
-    Status st = ApplyToExisting(e, group_keys_[group[k]], collection_ids[k], group_cids_[k], now,
-                                stats, is_own);
-    if (!st.ok()) {
-      return st.WithContext("event " + std::to_string(group[k]) + " (" + e.Uri() + ")");
-    }
-  }
-  if (n_claimed != inserted) {
-    return Status::Internal("a grouped insert added " + std::to_string(inserted) + " rows but " +
-                            std::to_string(n_claimed) +
-                            " hold its rowids (the table's rowids are not sequential)");
-  }
-  return Status::OK();
-}
-
-template <typename IsOwn>
 Status SqliteSink::ApplyToExisting(const RecordEvent& e, int64_t did_id, int64_t collection_id,
-                                   const std::string& cid, int64_t now, WriteStats* stats,
-                                   IsOwn&& is_own) {
+                                   const std::string& cid, int64_t now, WriteStats* stats) {
   WriteVerdict verdict = WriteVerdict::kStale;
   auto decide = [&](std::string_view stored_cid, std::string_view stored_rev) {
     const bool has_rev = !e.rev.empty();
@@ -575,7 +420,6 @@ Status SqliteSink::ApplyToExisting(const RecordEvent& e, int64_t did_id, int64_t
   ATFILL_ASSIGN_OR_RETURN(std::optional<int64_t> rowid,
                           ReadRow(did_id, collection_id, e.rkey, decide));
   if (!rowid) return Status::Internal("the insert conflicted but no row matches the key");
-  if (is_own(*rowid)) return Status::OK();
   switch (verdict) {
     case WriteVerdict::kStale:
       ++stats->stale;
