@@ -58,16 +58,18 @@
 namespace atfill::sources {
 
 // The batch limits a replay runs with (atfill's [archive] batch_* defaults): larger than the
-// engine's, since an archive interleaves accounts and each commit rewrites an index page per
-// account it touches (bench/replay_bench; docs/performance.md has the measured sizes).
+// engine's. Chosen under schema version 1, whose key led with the account, so that each commit
+// rewrote an index page per account it touched; under version 2 the SQLite sink's CPU per record
+// measured the same from 5,000 to 200,000 events, and fewer commits mean fewer cursor writes
+// (bench/replay_bench; docs/performance.md has the measured sizes).
 inline constexpr pipeline::BatcherOptions kReplayBatch{
     .max_events = 100'000, .max_delay_ms = 2000, .max_chunks = 64};
 
 // The SQLite sink's WAL checkpoint size during a replay (atfill's [archive] sqlite_wal_mb default;
-// [sink.sqlite] wal_autocheckpoint_mb, 128 MiB, is every other job's). An archive interleaves
-// accounts, so each transaction rewrites index pages all over the table; a larger WAL lets a
-// checkpoint copy each such page once for several transactions (bench/replay_bench; the sizes
-// tried are in docs/performance.md).
+// [sink.sqlite] wal_autocheckpoint_mb, 128 MiB, is every other job's). Chosen under schema
+// version 1, when each transaction rewrote index pages all over the table and a larger WAL let a
+// checkpoint copy each such page once for several transactions; under version 2, 128 MiB measured
+// the same (bench/replay_bench; the sizes tried are in docs/performance.md).
 inline constexpr int64_t kReplaySqliteWalBytes = int64_t{512} << 20;
 
 struct ReplayOptions {
