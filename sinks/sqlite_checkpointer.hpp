@@ -2,9 +2,9 @@
 //
 // In WAL mode every commit appends pages to the -wal file, and a checkpoint copies them into the
 // database file. SQLite's automatic checkpoint runs inside the COMMIT of the writing connection,
-// so the sink's thread, the one thread that can write, spends a third of its time copying pages
-// (measured: 1M creates, ~200k/s with it, ~300k/s without). Here a second connection copies them
-// on another thread while the writer goes on with the next batch.
+// so the sink's thread, the one thread that can write, spends much of its time copying pages
+// (docs/performance.md). Here a second connection copies them on another thread while the writer
+// goes on with the next batch.
 //
 // The WAL can only start again from its beginning when a write transaction begins after every
 // frame has been copied. A checkpoint that runs beside a busy writer never quite catches up, so

@@ -12,7 +12,7 @@ namespace {
 
 // The record table is a rowid table with a separate unique index: measured with ~400-byte bodies,
 // appending rows in rowid order and keeping only the narrow key in the random-order index beats a
-// WITHOUT ROWID table clustered on the key by 3x when DIDs interleave (every insert would move
+// WITHOUT ROWID table clustered on the key by far when DIDs interleave (every insert would move
 // whole rows inside the tree) and ties when each repo arrives in one piece. `record` is the last
 // column so that reading cid and rev never touches the overflow pages of large records.
 constexpr const char* kSchemaV1 = R"sql(

@@ -48,18 +48,18 @@ struct SqliteSinkOptions {
   int64_t busy_timeout_ms = 5000;
   SqliteSynchronous synchronous = SqliteSynchronous::kNormal;
   // Page size of a database this sink creates, in bytes: a power of two in [512, 65536]. An
-  // existing database keeps the page size it was created with. Measured with ~400-byte records,
-  // 16 KiB pages cost 10-20% less CPU per record than SQLite's default 4 KiB.
+  // existing database keeps the page size it was created with. With records of a few hundred
+  // bytes, 16 KiB pages cost less CPU per record than SQLite's default 4 KiB (docs/performance.md).
   int64_t page_size_bytes = 16384;
   // Page cache of the sink's connection, in bytes.
   int64_t cache_bytes = 64 << 20;
   // WAL size that triggers an automatic checkpoint, in bytes (rounded to whole pages). Larger
-  // values checkpoint less often at the cost of a larger -wal file (this much plus one batch):
-  // measured, 128 MiB instead of 40 MiB cuts the CPU per record by 10-20% when DIDs interleave.
+  // values checkpoint less often at the cost of a larger -wal file (this much plus one batch),
+  // which costs less CPU per record when DIDs interleave (docs/performance.md).
   int64_t wal_autocheckpoint_bytes = 128 << 20;
   // Checkpoint on a thread of the sink's own (a second connection) instead of inside the
   // writer's COMMIT: the copying of WAL pages into the database then runs beside the writes
-  // instead of between them. Measured: 1M creates ~1.4x the records per second. The WAL stays
+  // instead of between them, which the writer's rate shows (docs/performance.md). The WAL stays
   // within wal_autocheckpoint_bytes plus a batch: at that size the writer waits for the
   // checkpoint to catch up before its next transaction (see sqlite_checkpointer.hpp).
   bool background_checkpoint = true;
