@@ -79,7 +79,7 @@ std::string CidOf(std::string_view body) {
 Result<std::unique_ptr<pipeline::Sink>> SinkTestEnv::OpenSinkWith(const SinkTweaks&) {
   return Status::Internal("this sink's test env does not implement OpenSinkWith");
 }
-Status SinkTestEnv::OpenReader() {
+Result<std::unique_ptr<RecordLookup>> SinkTestEnv::OpenReader() {
   return Status::Internal("this sink's test env does not implement OpenReader");
 }
 Status SinkTestEnv::Exec(const std::string&) {
@@ -756,10 +756,79 @@ TEST_P(SinkConformanceTest, RefusesANewerSchemaVersion) {
   EXPECT_EQ(sink.status().code(), StatusCode::kUnsupported) << sink.status().ToString();
   EXPECT_NE(sink.status().message().find("99"), std::string::npos) << sink.status().ToString();
   EXPECT_NE(sink.status().message().find("newer"), std::string::npos) << sink.status().ToString();
-  const Status reader = env_->OpenReader();
+  const Status reader = env_->OpenReader().status();
   EXPECT_EQ(reader.code(), StatusCode::kUnsupported) << reader.ToString();
   EXPECT_EQ(MustColumn("SELECT version FROM atfill_schema_version"),
             std::vector<std::string>{"99"});
+}
+
+// The backend's reader finds a record by its AT URI or its parts, refuses what is not an AT URI,
+// counts, answers whether an account holds records in a collection, runs read-only SQL, and sees
+// each batch committed while it is open.
+TEST_P(SinkConformanceTest, ReaderLooksUpByUri) {
+  MustWrite(
+      {MakeCreate(kAlice, kPost, "a", kBodyA, kRev1, "c"), MakeCreate(kAlice, kPost, "b", kBodyB)});
+  auto reader = env_->OpenReader();
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  RecordLookup& r = **reader;
+  const std::string uri = Uri(kAlice, kPost, "a");
+  auto found = r.Get(uri);
+  ASSERT_TRUE(found.ok()) << found.status().ToString();
+  ASSERT_TRUE(found->has_value());
+  const sinks::RecordRow want{
+      uri,     kAlice, kPost, "a", kBodyA, CidOf(kBodyA), kRev1, "2026-11-30T09:00:00.000000Z",
+      now_us_, "c"};
+  EXPECT_EQ(**found, want);
+  auto by_key = r.Get(kAlice, kPost, "a");
+  ASSERT_TRUE(by_key.ok()) << by_key.status().ToString();
+  EXPECT_EQ(*by_key, *found);
+  auto b = r.Get(Uri(kAlice, kPost, "b"));
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  ASSERT_TRUE(b->has_value());
+  EXPECT_EQ((*b)->record, kBodyB);
+  EXPECT_EQ((*b)->rev, "");
+  EXPECT_EQ((*b)->created_at, "");
+
+  auto missing = r.Get(Uri(kAlice, kPost, "zzz"));
+  ASSERT_TRUE(missing.ok()) << missing.status().ToString();
+  EXPECT_FALSE(missing->has_value());
+  auto other_account = r.Get(kBob, kPost, "a");
+  ASSERT_TRUE(other_account.ok()) << other_account.status().ToString();
+  EXPECT_FALSE(other_account->has_value());
+  auto count = r.Count();
+  ASSERT_TRUE(count.ok()) << count.status().ToString();
+  EXPECT_EQ(*count, 2u);
+  auto holds = r.HoldsRecords(kAlice, kPost);
+  ASSERT_TRUE(holds.ok()) << holds.status().ToString();
+  EXPECT_TRUE(*holds);
+  auto holds_not = r.HoldsRecords(kAlice, kLike);
+  ASSERT_TRUE(holds_not.ok()) << holds_not.status().ToString();
+  EXPECT_FALSE(*holds_not);
+
+  for (const char* bad :
+       {"", "http://x/y/z", "at://did:plc:x", "at://did:plc:x/coll",
+        "at://did:plc:x/coll/rkey/extra", "at:///coll/rkey", "at://d//rkey", "at://d/coll/"}) {
+    auto got = r.Get(bad);
+    ASSERT_FALSE(got.ok()) << bad;
+    EXPECT_EQ(got.status().code(), StatusCode::kInvalid) << bad;
+    EXPECT_NE(got.status().message().find("AT URI"), std::string::npos) << got.status().ToString();
+  }
+
+  // The reader's SQL is read-only.
+  EXPECT_FALSE(r.Query("DELETE FROM atfill_record_rows").ok());
+  auto query = r.Query("SELECT rkey, rev FROM atfill_records ORDER BY rkey");
+  ASSERT_TRUE(query.ok()) << query.status().ToString();
+  EXPECT_EQ(*query,
+            (std::vector<std::vector<std::string>>{{"rkey", "rev"}, {"a", kRev1}, {"b", ""}}));
+
+  // A reader open during later writes sees each committed batch.
+  MustWrite({MakeDelete(kAlice, kPost, "a")});
+  auto after = r.Get(uri);
+  ASSERT_TRUE(after.ok()) << after.status().ToString();
+  EXPECT_FALSE(after->has_value());
+  auto count_after = r.Count();
+  ASSERT_TRUE(count_after.ok()) << count_after.status().ToString();
+  EXPECT_EQ(*count_after, 1u);
 }
 
 // A version table of more than one row is corruption, not a version to guess at.

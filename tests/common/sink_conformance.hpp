@@ -18,6 +18,7 @@
 
 #include "base/status.hpp"
 #include "pipeline/sink.hpp"
+#include "sinks/sqlite_reader.hpp"  // RecordRow: one row of the atfill_records view, either sink
 
 namespace atfill::testing {
 
@@ -44,6 +45,52 @@ class TableReader {
   // The same as the view's text ("YYYY-MM-DDTHH:MM:SS.ffffffZ").
   virtual Result<std::optional<std::string>> IndexedAtText(std::string_view uri) = 0;
 };
+
+// The backend's own reader (SqliteReader, PostgresReader): what tools and scripts look records up
+// with. Each method is the reader's method of the same name.
+class RecordLookup {
+ public:
+  virtual ~RecordLookup() = default;
+  virtual Result<std::optional<sinks::RecordRow>> Get(std::string_view uri) = 0;
+  virtual Result<std::optional<sinks::RecordRow>> Get(std::string_view did,
+                                                      std::string_view collection,
+                                                      std::string_view rkey) = 0;
+  virtual Result<uint64_t> Count() = 0;
+  virtual Result<bool> HoldsRecords(std::string_view did, std::string_view collection) = 0;
+  virtual Result<std::vector<std::vector<std::string>>> Query(std::string_view sql) = 0;
+};
+
+// A RecordLookup over a reader class that has those methods.
+template <typename Reader>
+class ReaderLookup : public RecordLookup {
+ public:
+  explicit ReaderLookup(std::unique_ptr<Reader> reader) : reader_(std::move(reader)) {}
+  Result<std::optional<sinks::RecordRow>> Get(std::string_view uri) override {
+    return reader_->Get(uri);
+  }
+  Result<std::optional<sinks::RecordRow>> Get(std::string_view did, std::string_view collection,
+                                              std::string_view rkey) override {
+    return reader_->Get(did, collection, rkey);
+  }
+  Result<uint64_t> Count() override { return reader_->Count(); }
+  Result<bool> HoldsRecords(std::string_view did, std::string_view collection) override {
+    return reader_->HoldsRecords(did, collection);
+  }
+  Result<std::vector<std::vector<std::string>>> Query(std::string_view sql) override {
+    return reader_->Query(sql);
+  }
+
+ private:
+  std::unique_ptr<Reader> reader_;
+};
+
+// Wraps a reader's Open result.
+template <typename Reader>
+Result<std::unique_ptr<RecordLookup>> LookupOf(Result<std::unique_ptr<Reader>> reader) {
+  if (!reader.ok()) return reader.status();
+  return std::unique_ptr<RecordLookup>(
+      std::make_unique<ReaderLookup<Reader>>(std::move(reader).value()));
+}
 
 // Keeps the backend refusing writes transiently (Unavailable) while it lives.
 class WriteBlocker {
@@ -72,8 +119,8 @@ class SinkTestEnv {
   // The cases below fail with Internal on an env that does not override them.
   // OpenSink with some of the sink's options changed.
   virtual Result<std::unique_ptr<pipeline::Sink>> OpenSinkWith(const SinkTweaks& tweaks);
-  // Opens the backend's own reader (SqliteReader, PostgresReader) on the database, for its status.
-  virtual Status OpenReader();
+  // Opens the backend's own reader (SqliteReader, PostgresReader) on the database.
+  virtual Result<std::unique_ptr<RecordLookup>> OpenReader();
   // Runs SQL (the same text on every backend: plain statements on the atfill tables) on a
   // connection of its own.
   virtual Status Exec(const std::string& sql);

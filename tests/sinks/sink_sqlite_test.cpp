@@ -128,7 +128,9 @@ class SqliteEnv : public testing::SinkTestEnv {
     if (t.default_lock_timeout) options.busy_timeout_ms = SqliteSinkOptions().busy_timeout_ms;
     return OpenSqliteSink(options);
   }
-  Status OpenReader() override { return SqliteReader::Open(path_).status(); }
+  Result<std::unique_ptr<testing::RecordLookup>> OpenReader() override {
+    return testing::LookupOf(SqliteReader::Open(path_));
+  }
   Status Exec(const std::string& sql) override {
     RawDb db(path_);
     if (db.Exec(sql) != SQLITE_OK) {
@@ -573,51 +575,6 @@ TEST_F(SqliteSinkTest, OptionsAreValidated) {
     EXPECT_FALSE(sink.ok()) << c.field;
   }
   EXPECT_FALSE(std::filesystem::exists(Path()));
-}
-
-TEST_F(SqliteSinkTest, ReaderLooksUpByUri) {
-  auto sink = MustOpen();
-  ASSERT_NE(sink, nullptr);
-  ASSERT_TRUE(sink->Write(std::vector<Event>{MakeCreate(kAlice, kPost, "a", kBody, kRev1, "c"),
-                                             MakeCreate(kAlice, kPost, "b", kBody)})
-                  .ok());
-  auto reader = SqliteReader::Open(Path());
-  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
-  const std::string uri = std::string("at://") + kAlice + "/" + kPost + "/a";
-  auto found = (*reader)->Get(uri);
-  ASSERT_TRUE(found.ok()) << found.status().ToString();
-  ASSERT_TRUE(found->has_value());
-  RecordRow want{uri,     kAlice,
-                 kPost,   "a",
-                 kBody,   testing::CidOf(kBody),
-                 kRev1,   "2026-11-30T09:00:00.123456Z",
-                 now_us_, "c"};
-  EXPECT_EQ(**found, want);
-  auto by_key = (*reader)->Get(kAlice, kPost, "a");
-  ASSERT_TRUE(by_key.ok());
-  EXPECT_EQ(*by_key, *found);
-
-  auto missing = (*reader)->Get(std::string("at://") + kAlice + "/" + kPost + "/zzz");
-  ASSERT_TRUE(missing.ok());
-  EXPECT_FALSE(missing->has_value());
-  auto count = (*reader)->Count();
-  ASSERT_TRUE(count.ok());
-  EXPECT_EQ(*count, 2u);
-
-  for (const char* bad :
-       {"", "http://x/y/z", "at://did:plc:x", "at://did:plc:x/coll",
-        "at://did:plc:x/coll/rkey/extra", "at:///coll/rkey", "at://d//rkey", "at://d/coll/"}) {
-    auto r = (*reader)->Get(bad);
-    ASSERT_FALSE(r.ok()) << bad;
-    EXPECT_EQ(r.status().code(), StatusCode::kInvalid) << bad;
-    EXPECT_NE(r.status().message().find("AT URI"), std::string::npos) << r.status().ToString();
-  }
-
-  // A reader open during later writes sees each committed batch.
-  ASSERT_TRUE(sink->Write(std::vector<Event>{MakeDelete(kAlice, kPost, "a")}).ok());
-  auto after = (*reader)->Get(uri);
-  ASSERT_TRUE(after.ok());
-  EXPECT_FALSE(after->has_value());
 }
 
 TEST_F(SqliteSinkTest, ReaderLookupUsesTheKeyIndex) {
