@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <future>
 #include <map>
 #include <mutex>
@@ -349,6 +350,19 @@ class HttpClient::Impl {
                               transfer->request.url + " not sent"));
   }
 
+  void After(int64_t delay_ms, std::function<void()> fn) {
+    Alarm alarm{Clock::now() + milliseconds(std::max<int64_t>(delay_ms, 0)), std::move(fn)};
+    {
+      std::lock_guard lock(pending_mu_);
+      if (accepting_) {
+        pending_alarms_.push_back(std::move(alarm));
+        Wake();
+        return;
+      }
+    }
+    Ring(alarm);
+  }
+
   void RequestStop() {
     std::lock_guard lock(pending_mu_);
     stop_.store(true);
@@ -478,6 +492,12 @@ class HttpClient::Impl {
     bool operator>(const Timer& other) const { return when > other.when; }
   };
 
+  // A caller's timer (After()); kept apart from timers_, whose entries name transfers.
+  struct Alarm {
+    Clock::time_point when;
+    std::function<void()> fn;
+  };
+
   struct Counters {
     std::atomic<uint64_t> submitted{0}, completed{0}, transport_errors{0}, retries{0},
         rate_limited{0}, hosts_marked_down{0}, deferred{0}, cancelled{0}, bytes_received{0},
@@ -489,6 +509,10 @@ class HttpClient::Impl {
 
   static void Deliver(HttpCallback& done, Result<HttpResponse> outcome) noexcept {
     if (done) done(std::move(outcome));
+  }
+
+  static void Ring(Alarm& alarm) noexcept {
+    if (alarm.fn) alarm.fn();
   }
 
   // ---- libcurl callbacks (loop thread) ----
@@ -558,6 +582,7 @@ class HttpClient::Impl {
     while (!stop_.load()) {
       DrainSubmissions();
       FireTimers();
+      FireAlarms();
       if (schedule_needed_) {
         schedule_needed_ = false;
         Schedule();
@@ -626,6 +651,10 @@ class HttpClient::Impl {
           std::chrono::ceil<milliseconds>(curl_deadline_ - Clock::now()).count();
       wait = std::min(wait, std::max<int64_t>(left_ms, 0));
     }
+    if (!alarms_.empty()) {
+      const auto left = alarms_.begin()->first - Clock::now();
+      wait = std::min(wait, std::max<int64_t>(std::chrono::ceil<milliseconds>(left).count(), 0));
+    }
     if (!timers_.empty()) {
       const auto left = timers_.top().when - Clock::now();
       // Rounded up so the loop does not wake just before the timer and spin.
@@ -637,11 +666,27 @@ class HttpClient::Impl {
 
   void DrainSubmissions() {
     std::vector<std::unique_ptr<Transfer>> batch;
+    std::vector<Alarm> alarms;
     {
       std::lock_guard lock(pending_mu_);
       batch.swap(pending_);
+      alarms.swap(pending_alarms_);
     }
     for (auto& transfer : batch) Accept(std::move(transfer));
+    for (Alarm& alarm : alarms) {
+      const Clock::time_point when = alarm.when;
+      alarms_.emplace(when, std::move(alarm));
+    }
+  }
+
+  void FireAlarms() {
+    const auto now = Clock::now();
+    while (!alarms_.empty() && alarms_.begin()->first <= now) {
+      // Taken out first: the alarm may call After(), which only queues.
+      Alarm alarm = std::move(alarms_.begin()->second);
+      alarms_.erase(alarms_.begin());
+      Ring(alarm);
+    }
   }
 
   void Accept(std::unique_ptr<Transfer> owned) {
@@ -1218,10 +1263,12 @@ class HttpClient::Impl {
 
   void CancelEverything() {
     std::vector<std::unique_ptr<Transfer>> batch;
+    std::vector<Alarm> alarms;
     {
       std::lock_guard lock(pending_mu_);
       accepting_ = false;
       batch.swap(pending_);
+      alarms.swap(pending_alarms_);
     }
     cancelling_ = true;
     const Status cancelled = Status::Cancelled("HTTP client shut down");
@@ -1246,6 +1293,10 @@ class HttpClient::Impl {
     for (CURL* e : idle_easy_) curl_easy_cleanup(e);
     idle_easy_.clear();
     ready_.clear();
+    // Alarms ring early rather than never: their owners wait for them as for a request.
+    for (auto& [when, alarm] : alarms_) alarms.push_back(std::move(alarm));
+    alarms_.clear();
+    for (Alarm& alarm : alarms) Ring(alarm);
   }
 
   HttpClientOptions options_;
@@ -1264,6 +1315,7 @@ class HttpClient::Impl {
   std::mutex pending_mu_;
   bool accepting_ = false;
   std::vector<std::unique_ptr<Transfer>> pending_;
+  std::vector<Alarm> pending_alarms_;
 
   // Loop-thread state. hosts_ is also read by HostState(), so the loop changes its shape (insert,
   // erase) under hosts_mu_ and reads it without.
@@ -1272,6 +1324,7 @@ class HttpClient::Impl {
   std::unordered_map<uint64_t, std::unique_ptr<Transfer>> transfers_;
   std::deque<Host*> ready_;  // hosts with queued requests, in round-robin order
   std::priority_queue<Timer, std::vector<Timer>, std::greater<>> timers_;
+  std::multimap<Clock::time_point, Alarm> alarms_;
   std::vector<CURL*> idle_easy_;
   uint64_t next_id_ = 1;
   bool schedule_needed_ = false;
@@ -1318,6 +1371,10 @@ Result<HttpResponse> HttpClient::Fetch(HttpRequest request) {
   Submit(std::move(request),
          [promise](Result<HttpResponse> outcome) { promise->set_value(std::move(outcome)); });
   return future.get();
+}
+
+void HttpClient::After(int64_t delay_ms, std::function<void()> fn) {
+  impl_->After(delay_ms, std::move(fn));
 }
 
 void HttpClient::Shutdown() {

@@ -208,6 +208,13 @@ class HttpClient {
   // on the loop thread.
   Result<HttpResponse> Fetch(HttpRequest request);
 
+  // Runs `fn` once on the loop thread when `delay_ms` (steady clock) have passed, so that a caller
+  // can bound a chain of requests by one deadline without a thread of its own. `fn` follows the
+  // callback rules above. When the client shuts down first, `fn` runs then (on the loop thread, as
+  // it stops), and after Shutdown() at once on the calling thread: it always runs once.
+  // Thread-safe; never blocks.
+  void After(int64_t delay_ms, std::function<void()> fn);
+
   // Completes every request with Cancelled and stops the loop thread; idempotent, thread-safe.
   // Called from a callback it only asks the loop to stop; the destructor then joins it.
   void Shutdown();

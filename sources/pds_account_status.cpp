@@ -1,5 +1,6 @@
 #include "sources/pds_account_status.hpp"
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <utility>
@@ -36,29 +37,57 @@ AccountStatusAnswer Classify(const std::string& did, const std::string& pds,
 
 }  // namespace
 
+// One lookup's answer, given once: by the PDS, by a failure on the way, or by the deadline,
+// whichever comes first.
+struct PdsAccountStatus::Pending {
+  std::atomic<bool> answered{false};
+  std::atomic<bool> asking_pds{false};
+  Done done;
+
+  void Answer(AccountStatusAnswer answer) {
+    if (answered.exchange(true, std::memory_order_acq_rel)) return;
+    // Moved out first: the winner alone touches `done`, and it may free what it captured.
+    Done d = std::move(done);
+    d(std::move(answer));
+  }
+};
+
 void PdsAccountStatus::Lookup(const std::string& did, int64_t timeout_ms, Done done) const {
   const Clock::time_point deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+  auto pending = std::make_shared<Pending>();
+  pending->done = std::move(done);
+  // The resolver's own request may take far longer than the check allows (its timeout and
+  // retries are the crawl's), and a slot on a busy host may be waited for before any request
+  // starts; the alarm bounds both, and the PDS request, by the one deadline.
+  http_->After(timeout_ms, [pending, timeout_ms] {
+    pending->Answer({Verdict::kUnknown,
+                     "no answer within " + std::to_string(timeout_ms) + " ms (" +
+                         (pending->asking_pds.load() ? "asking the PDS" : "resolving the DID") +
+                         ")"});
+  });
   net::HttpClient* http = http_;
-  resolver_->Resolve(
-      did, [http, did, deadline, done = std::move(done)](sources::ResolveOutcome outcome) mutable {
-        if (!outcome.ok()) {
-          done({Verdict::kUnknown, "cannot resolve the DID: " + outcome.message});
-          return;
-        }
-        const auto left =
-            std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-        if (left <= 0) {
-          done({Verdict::kUnknown, "resolving the DID took too long"});
-          return;
-        }
-        net::HttpRequest request;
-        request.url = sources::GetRepoStatusUrl(outcome.doc->pds_endpoint, did);
-        request.timeout_ms = left;
-        request.retry = net::RetryPolicy{.max_attempts = 1};
-        http->Submit(std::move(request),
-                     [did, pds = outcome.doc->pds_endpoint, done = std::move(done)](
-                         Result<net::HttpResponse> r) { done(Classify(did, pds, r)); });
-      });
+  resolver_->Resolve(did, [http, did, deadline, pending](sources::ResolveOutcome outcome) {
+    if (pending->answered.load(std::memory_order_acquire)) return;
+    if (!outcome.ok()) {
+      pending->Answer({Verdict::kUnknown, "cannot resolve the DID: " + outcome.message});
+      return;
+    }
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) {
+      pending->Answer({Verdict::kUnknown, "resolving the DID took too long"});
+      return;
+    }
+    pending->asking_pds.store(true);
+    net::HttpRequest request;
+    request.url = sources::GetRepoStatusUrl(outcome.doc->pds_endpoint, did);
+    request.timeout_ms = left;
+    request.retry = net::RetryPolicy{.max_attempts = 1};
+    http->Submit(std::move(request),
+                 [did, pds = outcome.doc->pds_endpoint, pending](Result<net::HttpResponse> r) {
+                   pending->Answer(Classify(did, pds, r));
+                 });
+  });
 }
 
 }  // namespace atfill::sources

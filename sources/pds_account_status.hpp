@@ -19,10 +19,14 @@ class PdsAccountStatus : public pipeline::AccountStatusLookup {
       : resolver_(resolver), http_(http) {}
 
   // The answer comes on the HttpClient's loop thread (inline for a DID that cannot resolve).
-  // The deadline bounds the request to the PDS; a resolution that answers after it is not used.
+  // `timeout_ms` bounds the whole lookup, the DID's resolution included: when it passes with no
+  // answer, the answer is kUnknown at once ("no answer within N ms (resolving the DID)" names the
+  // step), and whatever answers later is ignored.
   void Lookup(const std::string& did, int64_t timeout_ms, Done done) const override;
 
  private:
+  struct Pending;
+
   sources::DidResolver* resolver_;
   net::HttpClient* http_;
 };

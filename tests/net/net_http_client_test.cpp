@@ -733,6 +733,51 @@ TEST(HttpClientTest, ShutdownCancelsQueuedWaitingAndRunningRequests) {
   server.SetHold(false);
 }
 
+// After() runs its function once on the loop thread when the delay has passed, in the order of
+// their times whatever the order of the calls; pending ones run when the client shuts down, and
+// later ones at once on the caller's thread.
+TEST(HttpClientTest, AfterRunsEachFunctionOnceWhenItsDelayHasPassed) {
+  auto client = StartClient(TestOptions());
+  ASSERT_TRUE(client);
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::string> rang;
+  std::vector<std::chrono::steady_clock::duration> waited;
+  std::vector<std::thread::id> threads;
+  const auto start = std::chrono::steady_clock::now();
+  auto ring = [&](std::string name) {
+    return [&, name] {
+      std::lock_guard lock(mu);
+      rang.push_back(name);
+      waited.push_back(std::chrono::steady_clock::now() - start);
+      threads.push_back(std::this_thread::get_id());
+      cv.notify_all();
+    };
+  };
+  client->After(300, ring("late"));
+  client->After(100, ring("early"));
+  client->After(600'000, ring("never due"));
+  {
+    std::unique_lock lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, kWait, [&] { return rang.size() >= 2; }));
+    EXPECT_EQ(rang, (std::vector<std::string>{"early", "late"}));
+    EXPECT_GE(waited[0], milliseconds(100));
+    EXPECT_GE(waited[1], milliseconds(300));
+    EXPECT_NE(threads[0], std::this_thread::get_id());
+  }
+  client->Shutdown();
+  {
+    std::lock_guard lock(mu);
+    EXPECT_EQ(rang, (std::vector<std::string>{"early", "late", "never due"}));
+    EXPECT_LT(waited[2], milliseconds(600'000));
+  }
+  client->After(600'000, ring("after shutdown"));
+  std::lock_guard lock(mu);
+  ASSERT_EQ(rang.size(), 4u);
+  EXPECT_EQ(rang[3], "after shutdown");
+  EXPECT_EQ(threads[3], std::this_thread::get_id());
+}
+
 // Shutting down with one request running and more queued for the same host: cancelling the
 // running one must not drop the host's state while the queued ones still point at it (a crawl
 // paused mid-run does exactly this; ASan caught a use after free here).
