@@ -21,6 +21,12 @@
 //    file only), vs_repo (events/s / BM_RepoOrder's).
 //  * BM_Query/<name>: the queries users run, on the final table (warm cache, LIMIT 20), through
 //    the atfill_records view.
+//  * With ATFILL_SCALE_PG set, the same stream into the PostgreSQL sink:
+//    BM_PgInterleaved/window:N (the counters of BM_Interleaved, with server_cpu_s, the CPU of
+//    the server's processes during the window when the server runs on this machine, and
+//    cpu_us_per_event counting client and server; bytes per record are the record table's and
+//    its indexes' as PostgreSQL counts them) and BM_PgQuery/<name> (the same queries through the
+//    view, as prepared statements with every value a parameter).
 //
 // Environment:
 //   ATFILL_SCALE_ROWS         rows to write (default 1,000,000)
@@ -43,11 +49,21 @@
 //                             their checkpoint thread
 //   ATFILL_SCALE_BULK         1: BM_RepoOrder's sink loads with bulk_load (a fresh backfill's
 //                             layout, indexes built when the sink closes, timed with the writes)
+//   ATFILL_SCALE_PG           a libpq connection string: run the PostgreSQL benchmarks there, in
+//                             schema ATFILL_SCALE_PG_SCHEMA (default atfill_scale_bench), dropped
+//                             and created anew at the start and kept afterwards (to EXPLAIN)
+//   ATFILL_SCALE_PG_SETUP_SQL a file of SQL run in that new schema (it is the search_path) before
+//                             the sink opens it: another layout with the same sink
 //
+//   ATFILL_SCALE_PG="host=127.0.0.1 port=15470 user=postgres dbname=postgres"
+//     build/bench/scale_bench --benchmark_filter=Pg             (the variable set for the run)
+
 //   build/bench/scale_bench                                (Release build)
 //   ATFILL_SCALE_ROWS=10000000 build/bench/scale_bench
 #include <benchmark/benchmark.h>
+#include <libpq-fe.h>
 #include <sqlite3.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -71,6 +87,7 @@
 #include "pipeline/batcher.hpp"
 #include "pipeline/event.hpp"
 #include "pipeline/sink.hpp"
+#include "sinks/postgres_sink.hpp"
 #include "sinks/sqlite_sink.hpp"
 
 namespace atfill {
@@ -638,6 +655,259 @@ void BM_Query(benchmark::State& state) {
   sqlite3_close(db);
 }
 
+// ---- PostgreSQL ----
+
+const char* PgConninfo() {
+  const char* c = std::getenv("ATFILL_SCALE_PG");
+  return c != nullptr && *c != '\0' ? c : nullptr;
+}
+
+std::string PgSchema() {
+  const char* s = std::getenv("ATFILL_SCALE_PG_SCHEMA");
+  return s != nullptr && *s != '\0' ? s : "atfill_scale_bench";
+}
+
+struct PgConnCloser {
+  void operator()(PGconn* c) const { PQfinish(c); }
+};
+using PgConn = std::unique_ptr<PGconn, PgConnCloser>;
+
+PgConn PgConnect() {
+  PgConn c(PQconnectdb(PgConninfo()));
+  if (PQstatus(c.get()) != CONNECTION_OK) return nullptr;
+  PQsetNoticeProcessor(
+      c.get(), [](void*, const char*) {}, nullptr);
+  return c;
+}
+
+// Runs statements that return no rows; the server's message on failure.
+Status PgExec(PGconn* c, const std::string& sql) {
+  PGresult* r = PQexec(c, sql.c_str());
+  const ExecStatusType st = PQresultStatus(r);
+  std::string message = PQresultErrorMessage(r);
+  PQclear(r);
+  if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK) return Status::IoError(message);
+  return Status::OK();
+}
+
+// The first cell of a query, "" on failure or no rows.
+std::string PgValue(PGconn* c, const std::string& sql) {
+  PGresult* r = PQexec(c, sql.c_str());
+  std::string out;
+  if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) > 0) out = PQgetvalue(r, 0, 0);
+  PQclear(r);
+  return out;
+}
+
+// CPU seconds of the server's processes (the postmaster, its live children, and the children it
+// has reaped), when the server runs on this machine and its data directory is readable; -1
+// otherwise. Backends that exit between two samples are counted once the postmaster reaps them.
+double PgServerCpuSeconds(PGconn* c) {
+  static const std::string data_dir = PgValue(c, "SHOW data_directory");
+  if (data_dir.empty()) return -1;
+  std::ifstream pidfile(data_dir + "/postmaster.pid");
+  long postmaster = 0;
+  if (!(pidfile >> postmaster) || postmaster <= 0) return -1;
+  const double tick = static_cast<double>(::sysconf(_SC_CLK_TCK));
+  // Fields after the command's closing parenthesis: state(3) ppid(4) ... utime(14) stime(15)
+  // cutime(16) cstime(17).
+  auto read = [&](const fs::path& stat, long* ppid, double* own, double* reaped) {
+    std::ifstream in(stat);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const size_t close = text.rfind(')');
+    if (close == std::string::npos) return false;
+    std::istringstream fields(text.substr(close + 2));
+    std::string f;
+    std::vector<std::string> v;
+    while (fields >> f && v.size() < 15) v.push_back(f);
+    if (v.size() < 15) return false;
+    *ppid = std::atol(v[1].c_str());
+    *own = (std::atof(v[11].c_str()) + std::atof(v[12].c_str())) / tick;
+    *reaped = (std::atof(v[13].c_str()) + std::atof(v[14].c_str())) / tick;
+    return true;
+  };
+  long ppid = 0;
+  double own = 0, reaped = 0;
+  if (!read(fs::path("/proc") / std::to_string(postmaster) / "stat", &ppid, &own, &reaped)) {
+    return -1;
+  }
+  double total = own + reaped;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator("/proc", ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.empty() || !std::isdigit(static_cast<unsigned char>(name[0]))) continue;
+    long parent = 0;
+    double child_own = 0, child_reaped = 0;
+    if (read(entry.path() / "stat", &parent, &child_own, &child_reaped) && parent == postmaster) {
+      total += child_own + child_reaped;
+    }
+  }
+  return total;
+}
+
+struct PgGrowing {
+  std::unique_ptr<pipeline::Sink> sink;
+  std::unique_ptr<Stream> stream;
+  PgConn admin;  // the benchmark's own connection: sizes, server CPU, queries
+  uint64_t rows = 0;
+  double seconds = 0;
+  bool stopped = false;
+};
+
+PgGrowing& PgTable() {
+  static PgGrowing g;
+  return g;
+}
+
+Status PgStart(PgGrowing* g) {
+  g->admin = PgConnect();
+  if (g->admin == nullptr) return Status::Unavailable("cannot connect to ATFILL_SCALE_PG");
+  const std::string schema = "\"" + PgSchema() + "\"";
+  ATFILL_RETURN_IF_ERROR(PgExec(
+      g->admin.get(), "DROP SCHEMA IF EXISTS " + schema + " CASCADE; CREATE SCHEMA " + schema));
+  if (const char* setup = std::getenv("ATFILL_SCALE_PG_SETUP_SQL"); setup != nullptr && *setup) {
+    std::ifstream in(setup);
+    std::stringstream sql;
+    sql << in.rdbuf();
+    ATFILL_RETURN_IF_ERROR(PgExec(
+        g->admin.get(), "SET search_path = " + schema + "; " + sql.str() + "; RESET search_path"));
+  }
+  sinks::PostgresSinkOptions options;
+  options.conninfo = PgConninfo();
+  options.schema = PgSchema();
+  ATFILL_ASSIGN_OR_RETURN(g->sink, sinks::OpenPostgresSink(options));
+  g->stream = std::make_unique<Stream>(Cfg().accounts, /*repo_order=*/false, 11);
+  return Status::OK();
+}
+
+// Bytes of the record table, its indexes and TOAST, its partitions' included.
+double PgRecordBytes(PGconn* c) {
+  const std::string table = "\"" + PgSchema() + "\".atfill_record_rows";
+  const std::string v = PgValue(c,
+                                "SELECT coalesce((SELECT sum(pg_total_relation_size(relid)) FROM "
+                                "pg_partition_tree('" +
+                                    table + "')), pg_total_relation_size('" + table + "'))");
+  return v.empty() ? 0 : std::atof(v.c_str());
+}
+
+void BM_PgInterleaved(benchmark::State& state) {
+  PgGrowing& g = PgTable();
+  if (g.stopped) return state.SkipWithError("stopped (ATFILL_SCALE_MAX_SECONDS or an error)");
+  if (g.sink == nullptr) {
+    if (Status st = PgStart(&g); !st.ok()) {
+      g.stopped = true;
+      return state.SkipWithError(st.ToString().c_str());
+    }
+  }
+  const uint64_t rows = std::min(Cfg().window, Cfg().rows - g.rows);
+  for (auto _ : state) {
+    bench::ResetPeakRss();
+    Span span;
+    const double server0 = PgServerCpuSeconds(g.admin.get());
+    Status st = WriteRows(g.sink.get(), g.stream.get(), rows, &span);
+    const double server1 = PgServerCpuSeconds(g.admin.get());
+    if (!st.ok()) {
+      g.stopped = true;
+      return state.SkipWithError(st.ToString().c_str());
+    }
+    g.rows += rows;
+    g.seconds += span.seconds;
+    state.SetIterationTime(span.seconds);
+    const double n = static_cast<double>(rows);
+    state.counters["rows_total"] = static_cast<double>(g.rows);
+    state.counters["cpu_s"] = span.cpu;
+    double cpu = span.cpu;
+    if (server0 >= 0 && server1 >= 0) {
+      state.counters["server_cpu_s"] = server1 - server0;
+      cpu += server1 - server0;
+    }
+    state.counters["cpu_us_per_event"] = cpu * 1e6 / n;
+    state.counters["peak_rss_mb"] = static_cast<double>(bench::StatusKb("VmHWM")) / 1024.0;
+    state.counters["db_bytes_per_record"] =
+        PgRecordBytes(g.admin.get()) / static_cast<double>(g.rows);
+    state.counters["avg_body_bytes"] = static_cast<double>(span.body_bytes) / n;
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(rows * state.iterations()));
+  if (Cfg().max_seconds > 0 && g.seconds >= Cfg().max_seconds) g.stopped = true;
+}
+
+// The queries of kQueries against the PostgreSQL view, every value a parameter, as a program
+// runs them; `binds` names what $1, $2... stand for: d the DID, c the collection, r the record key.
+struct PgQuery {
+  const char* name;
+  const char* sql;
+  const char* binds;
+};
+constexpr std::array<PgQuery, 4> kPgQueries = {{
+    {"collection_newest",
+     "SELECT uri, cid, created_at, record FROM atfill_records WHERE collection = $1 ORDER BY "
+     "created_at DESC LIMIT 20",
+     "c"},
+    {"did", "SELECT uri, cid, record FROM atfill_records WHERE did = $1 LIMIT 20", "d"},
+    {"did_collection",
+     "SELECT uri, cid, record FROM atfill_records WHERE did = $1 AND collection = $2 LIMIT 20",
+     "dc"},
+    {"uri",
+     "SELECT uri, cid, record FROM atfill_records WHERE did = $1 AND collection = $2 AND rkey = "
+     "$3",
+     "dcr"},
+}};
+
+void BM_PgQuery(benchmark::State& state) {
+  const PgQuery& q = kPgQueries[static_cast<size_t>(state.range(0))];
+  PgGrowing& g = PgTable();
+  g.sink.reset();  // the writes are over; the queries read what was committed
+  if (g.admin == nullptr) return state.SkipWithError("no table was written");
+  PgConn c = PgConnect();
+  if (c == nullptr) return state.SkipWithError("cannot connect");
+  const std::string schema = "\"" + PgSchema() + "\"";
+  // Statistics as autovacuum would have them by now, and the session as the reader's.
+  (void)PgExec(c.get(), "ANALYZE " + schema + ".atfill_record_rows; ANALYZE " + schema +
+                            ".atfill_dids; ANALYZE " + schema + ".atfill_collections");
+  (void)PgExec(c.get(), "SET search_path = " + schema + "; SET jit = off");
+  // A DID and a like key of it that exist: the newest like.
+  std::string did, rkey;
+  {
+    PGresult* r = PQexec(c.get(),
+                         "SELECT did, rkey FROM atfill_records WHERE collection = "
+                         "'app.bsky.feed.like' ORDER BY rkey DESC LIMIT 1");
+    if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1) {
+      did = PQgetvalue(r, 0, 0);
+      rkey = PQgetvalue(r, 0, 1);
+    }
+    PQclear(r);
+  }
+  if (did.empty()) return state.SkipWithError("no like in the table");
+  // A collection newest first reads posts (15% of the rows); the others a like of the DID.
+  const std::string collection =
+      q.binds == std::string("c") ? "app.bsky.feed.post" : "app.bsky.feed.like";
+  std::vector<const char*> bound;
+  for (const char* b = q.binds; *b != '\0'; ++b) {
+    bound.push_back(*b == 'd' ? did.c_str() : *b == 'c' ? collection.c_str() : rkey.c_str());
+  }
+  const int n_params = static_cast<int>(bound.size());
+  PGresult* prepared = PQprepare(c.get(), "q", q.sql, 0, nullptr);
+  const bool ok = PQresultStatus(prepared) == PGRES_COMMAND_OK;
+  const std::string error = PQresultErrorMessage(prepared);
+  PQclear(prepared);
+  if (!ok) return state.SkipWithError(error.c_str());
+  int64_t returned = 0;
+  for (auto _ : state) {
+    PGresult* r = PQexecPrepared(c.get(), "q", n_params, bound.data(), nullptr, nullptr, 0);
+    if (PQresultStatus(r) != PGRES_TUPLES_OK) {
+      state.SkipWithError(PQresultErrorMessage(r));
+      PQclear(r);
+      break;
+    }
+    returned += PQntuples(r);
+    PQclear(r);
+  }
+  state.counters["rows_returned"] =
+      static_cast<double>(returned) / static_cast<double>(std::max<int64_t>(1, state.iterations()));
+  state.counters["table_rows"] = static_cast<double>(g.rows);
+  state.SetLabel(q.name);
+}
+
 }  // namespace
 }  // namespace atfill
 
@@ -667,6 +937,21 @@ int main(int argc, char** argv) {
                                  atfill::BM_Query)
         ->Arg(static_cast<int64_t>(q))
         ->Unit(benchmark::kMicrosecond);
+  }
+  if (atfill::PgConninfo() != nullptr) {
+    for (uint64_t w = 1; w <= windows; ++w) {
+      benchmark::RegisterBenchmark(("BM_PgInterleaved/window:" + std::to_string(w)).c_str(),
+                                   atfill::BM_PgInterleaved)
+          ->Iterations(1)
+          ->UseManualTime()
+          ->Unit(benchmark::kSecond);
+    }
+    for (size_t q = 0; q < atfill::kPgQueries.size(); ++q) {
+      benchmark::RegisterBenchmark(
+          (std::string("BM_PgQuery/") + atfill::kPgQueries[q].name).c_str(), atfill::BM_PgQuery)
+          ->Arg(static_cast<int64_t>(q))
+          ->Unit(benchmark::kMicrosecond);
+    }
   }
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
