@@ -79,9 +79,58 @@ Status MigrateTo2(PGconn* conn, const std::string& schema) {
   return Exec(conn, WithSchema(kSchemaV2, schema).c_str(), nullptr);
 }
 
+// Version 3: each row also holds its collection's NSID, and a collection newest first is indexed
+// by it, so that `WHERE collection = $1 ORDER BY created_at DESC LIMIT n` on the view reads the
+// index from its newest end. With only the interned id in the row, the view's join to
+// atfill_collections hid the id from the planner: it joined the collection's one row in a nested
+// loop, which does not keep the inner index's order, so it sorted the whole collection. The view
+// joins atfill_collections on both the id and the NSID: a condition on `collection` then holds for
+// the row's own column (PostgreSQL's equivalence classes carry the constant across the join) and
+// for the collections table, whose id the primary key takes for a DID and a collection.
+//
+// The sink writes the NSID into every row; a row inserted without it (by other means than the
+// sink) gets it from a trigger, so every row stays in the view. The trigger's condition is
+// checked per row, its function runs only for those rows.
+// An existing table is rewritten in place, in the migration's transaction: every row gets its
+// NSID, the new index is built and the old one dropped (docs/postgres.md gives its time).
+constexpr std::string_view kSchemaV3 = R"sql(
+ALTER TABLE {S}.atfill_record_rows ADD COLUMN IF NOT EXISTS collection text COLLATE "C";
+UPDATE {S}.atfill_record_rows r SET collection = c.nsid FROM {S}.atfill_collections c
+  WHERE c.id = r.collection_id AND r.collection IS NULL;
+ALTER TABLE {S}.atfill_record_rows ALTER COLUMN collection SET NOT NULL;
+CREATE OR REPLACE FUNCTION {S}.atfill_record_rows_collection() RETURNS trigger
+  LANGUAGE plpgsql AS $$
+BEGIN
+  SELECT c.nsid INTO NEW.collection FROM {S}.atfill_collections c WHERE c.id = NEW.collection_id;
+  RETURN NEW;
+END $$;
+DROP TRIGGER IF EXISTS atfill_record_rows_collection ON {S}.atfill_record_rows;
+CREATE TRIGGER atfill_record_rows_collection BEFORE INSERT ON {S}.atfill_record_rows
+  FOR EACH ROW WHEN (NEW.collection IS NULL)
+  EXECUTE FUNCTION {S}.atfill_record_rows_collection();
+DROP INDEX IF EXISTS {S}.atfill_record_rows_by_created;
+CREATE INDEX IF NOT EXISTS atfill_record_rows_by_collection_created
+  ON {S}.atfill_record_rows(collection, created_at);
+CREATE OR REPLACE VIEW {S}.atfill_records(uri, did, collection, rkey, record, cid, rev, indexed_at,
+                                          created_at) AS
+SELECT 'at://' || d.did || '/' || c.nsid || '/' || r.rkey,
+       d.did, c.nsid, r.rkey, r.record, r.cid, r.rev,
+       to_char(timestamp '1970-01-01' + (r.indexed_at / 1000000) * interval '1 second' +
+                   (r.indexed_at % 1000000) * interval '1 microsecond',
+               'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+       r.created_at
+FROM {S}.atfill_record_rows r
+JOIN {S}.atfill_dids d ON d.id = r.did_id
+JOIN {S}.atfill_collections c ON c.id = r.collection_id AND c.nsid = r.collection;
+)sql";
+
+Status MigrateTo3(PGconn* conn, const std::string& schema) {
+  return Exec(conn, WithSchema(kSchemaV3, schema).c_str(), nullptr);
+}
+
 // kMigrations[n] takes the tables from version n to n + 1.
 using Migration = Status (*)(PGconn*, const std::string&);
-constexpr std::array<Migration, 2> kMigrations = {MigrateTo1, MigrateTo2};
+constexpr std::array<Migration, 3> kMigrations = {MigrateTo1, MigrateTo2, MigrateTo3};
 static_assert(kMigrations.size() == kPostgresSchemaVersion);
 
 // Any key both sides agree on; the second half is the schema's name, so that sinks on different

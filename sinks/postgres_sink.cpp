@@ -100,7 +100,8 @@ CREATE TEMPORARY TABLE atfill_stage(
   cid text COLLATE "C",
   rev text COLLATE "C",
   created_at text,
-  record text) ON COMMIT DELETE ROWS;
+  record text,
+  collection text COLLATE "C" NOT NULL) ON COMMIT DELETE ROWS;
 CREATE TEMPORARY TABLE atfill_net(
   did_id bigint NOT NULL,
   collection_id integer NOT NULL,
@@ -111,7 +112,8 @@ CREATE TEMPORARY TABLE atfill_net(
   cid text COLLATE "C",
   rev text COLLATE "C",
   created_at text,
-  record text) ON COMMIT DELETE ROWS;
+  record text,
+  collection text COLLATE "C" NOT NULL) ON COMMIT DELETE ROWS;
 )sql";
 
 constexpr const char* kCopyStage = "COPY pg_temp.atfill_stage FROM STDIN (FORMAT binary)";
@@ -287,9 +289,10 @@ Status PostgresSink::SetUpSession() {
   ATFILL_RETURN_IF_ERROR(prepare(
       "atfill_insert_new",
       "WITH ins AS (INSERT INTO " + rows +
-          " (did_id, collection_id, rkey, cid, rev, indexed_at, created_at, record) "
-          "SELECT did_id, collection_id, rkey, cid, rev, $1::bigint, created_at, record FROM "
-          "pg_temp.atfill_stage WHERE w ON CONFLICT (did_id, collection_id, rkey) DO NOTHING "
+          " (did_id, collection_id, rkey, cid, rev, indexed_at, created_at, record, collection) "
+          "SELECT did_id, collection_id, rkey, cid, rev, $1::bigint, created_at, record, "
+          "collection FROM pg_temp.atfill_stage WHERE w ON CONFLICT (did_id, collection_id, rkey) "
+          "DO NOTHING "
           "RETURNING 1) SELECT count(*) FROM ins",
       1));
   // Only when the insert skipped some rows, or a URI's first event is a delete: the stored cid
@@ -333,9 +336,9 @@ Status PostgresSink::SetUpSession() {
   ATFILL_RETURN_IF_ERROR(
       prepare("atfill_net_insert",
               "INSERT INTO " + rows +
-                  " (did_id, collection_id, rkey, cid, rev, indexed_at, created_at, record) SELECT "
-                  "did_id, collection_id, rkey, cid, rev, $1::bigint, created_at, record FROM "
-                  "pg_temp.atfill_net WHERE action = 'i'",
+                  " (did_id, collection_id, rkey, cid, rev, indexed_at, created_at, record, "
+                  "collection) SELECT did_id, collection_id, rkey, cid, rev, $1::bigint, "
+                  "created_at, record, collection FROM pg_temp.atfill_net WHERE action = 'i'",
               1));
   return Status::OK();
 }
@@ -594,7 +597,7 @@ Status PostgresSink::StageAndInsertNew(std::span<const Event> batch, int64_t now
     const Slot& slot = slots_[s];
     const auto& r = std::get<RecordEvent>(batch[slot.first]);
     staged_writes += slot.staged_write ? 1 : 0;
-    copy_.BeginRow(9);
+    copy_.BeginRow(10);
     copy_.Int4(static_cast<int32_t>(s));
     copy_.Int8(slot.did_id);
     copy_.Int4(slot.collection_id);
@@ -611,6 +614,7 @@ Status PostgresSink::StageAndInsertNew(std::span<const Event> batch, int64_t now
       copy_.Null();
       copy_.Null();
     }
+    copy_.Text(r.collection);
   }
   ATFILL_RETURN_IF_ERROR(copy_.Send(conn_.get(), kCopyStage, "staging the batch", &failure_));
 
@@ -826,7 +830,7 @@ Status PostgresSink::ApplyNet(std::span<const Event> batch, int64_t now) {
     }
     const Slot& slot = slots_[s];
     const auto& key = std::get<RecordEvent>(batch[slot.first]);
-    copy_.BeginRow(10);
+    copy_.BeginRow(11);
     copy_.Int8(slot.did_id);
     copy_.Int4(slot.collection_id);
     copy_.Text(key.rkey);
@@ -850,6 +854,7 @@ Status PostgresSink::ApplyNet(std::span<const Event> batch, int64_t now) {
       copy_.Null();
       copy_.Null();
     }
+    copy_.Text(key.collection);
   }
   if (deletes + updates + inserts == 0) return Status::OK();
   ATFILL_RETURN_IF_ERROR(
