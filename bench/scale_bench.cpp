@@ -870,7 +870,7 @@ void BM_PgQuery(benchmark::State& state) {
   {
     PGresult* r = PQexec(c.get(),
                          "SELECT did, rkey FROM atfill_records WHERE collection = "
-                         "'app.bsky.feed.like' ORDER BY rkey DESC LIMIT 1");
+                         "'app.bsky.feed.like' ORDER BY created_at DESC LIMIT 1");
     if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1) {
       did = PQgetvalue(r, 0, 0);
       rkey = PQgetvalue(r, 0, 1);
