@@ -500,60 +500,71 @@ Result<bool> ReplaySource::Read(EventChunk* chunk) {
   }
 }
 
-Result<bool> ReplaySource::ReadRecords(EventChunk* chunk) {
+Result<ReplaySource::Next> ReplaySource::TakeNext(std::shared_ptr<Fetch>* fetch,
+                                                  Result<std::string>* frame) {
   while (true) {
     ATFILL_RETURN_IF_ERROR(Fill());
     if (window_.empty()) {
-      if (ended_) return false;
+      if (ended_) return Next::kEnd;
       // The next plan page is on its way.
       if (!Await([&] { return plan_pending_ != nullptr && plan_pending_->has_value(); })) {
-        return Tick(chunk);
+        return Next::kWait;
       }
       continue;
     }
     const std::shared_ptr<Fetch> f = window_.front();
-    if (!Await([&] { return f->frame.has_value(); })) return Tick(chunk);
+    if (!Await([&] { return f->frame.has_value(); })) return Next::kWait;
     window_.pop_front();
     // Arrived (seen under the lock): the archive's callback is done with it.
-    Result<std::string> frame = std::move(*f->frame);
-    failed_in_a_row_ = frame.ok() ? 0 : failed_in_a_row_ + 1;
+    *frame = std::move(*f->frame);
+    failed_in_a_row_ = frame->ok() ? 0 : failed_in_a_row_ + 1;
     if (failed_in_a_row_ < options_.max_failed_in_a_row) {
       // The next request starts now, not at the next Read; an error stays for the next Fill.
       static_cast<void>(Fill());
     }
-    const PlannedBlock& b = f->block;
-    const std::string& id = f->id;
-    const uint64_t through = f->through;
-    chunk->stage =
-        only_blocks_.empty() ? state::JobStage::kReplaying : state::JobStage::kRetryingBlocks;
-    chunk->raw_first_position = b.min_seq;
-    chunk->input_done = through;
-    chunk->resume_cursor = CursorText(through);
-    if (announce_tip_) {
-      // The job's progress: seq N of the pinned tip.
-      chunk->counters.emplace_back(pipeline::kInputTotal, static_cast<int64_t>(tip_));
-      announce_tip_ = false;
-    }
-    if (!frame.ok()) {
-      RecordFailure(chunk, id, "archive_block", frame.status().message());
-      // The cursor does not pass an undelivered block until a later one is delivered: a job the
-      // streak stops reads the whole streak again when it resumes.
-      chunk->resume_cursor.clear();
-      chunk->input_done = 0;
-      done_seq_ = through;
-      if (failed_in_a_row_ >= options_.max_failed_in_a_row) {
-        return Status::Unavailable("the archive failed " + std::to_string(failed_in_a_row_) +
-                                   " blocks in a row; stopping (resume to continue)");
-      }
-      return true;
-    }
-    chunk->bytes_read = frame->size();
-    chunk->units_read = 1;
-    EncodeBlockChunk(&chunk->raw, b, f->after, tip_, f->segment.name, *frame);
+    *fetch = f;
+    return Next::kBlock;
+  }
+}
+
+Result<bool> ReplaySource::ReadRecords(EventChunk* chunk) {
+  std::shared_ptr<Fetch> f;
+  Result<std::string> frame = std::string();
+  ATFILL_ASSIGN_OR_RETURN(const Next next, TakeNext(&f, &frame));
+  if (next == Next::kEnd) return false;
+  if (next == Next::kWait) return Tick(chunk);
+  const PlannedBlock& b = f->block;
+  const std::string& id = f->id;
+  const uint64_t through = f->through;
+  chunk->stage =
+      only_blocks_.empty() ? state::JobStage::kReplaying : state::JobStage::kRetryingBlocks;
+  chunk->raw_first_position = b.min_seq;
+  chunk->input_done = through;
+  chunk->resume_cursor = CursorText(through);
+  if (announce_tip_) {
+    // The job's progress: seq N of the pinned tip.
+    chunk->counters.emplace_back(pipeline::kInputTotal, static_cast<int64_t>(tip_));
+    announce_tip_ = false;
+  }
+  if (!frame.ok()) {
+    RecordFailure(chunk, id, "archive_block", frame.status().message());
+    // The cursor does not pass an undelivered block until a later one is delivered: a job the
+    // streak stops reads the whole streak again when it resumes.
+    chunk->resume_cursor.clear();
+    chunk->input_done = 0;
     done_seq_ = through;
-    last_records_chunk_ = chunks_out_;
+    if (failed_in_a_row_ >= options_.max_failed_in_a_row) {
+      return Status::Unavailable("the archive failed " + std::to_string(failed_in_a_row_) +
+                                 " blocks in a row; stopping (resume to continue)");
+    }
     return true;
   }
+  chunk->bytes_read = frame->size();
+  chunk->units_read = 1;
+  EncodeBlockChunk(&chunk->raw, b, f->after, tip_, f->segment.name, *frame);
+  done_seq_ = through;
+  last_records_chunk_ = chunks_out_;
+  return true;
 }
 
 void ReplaySource::Decode(EventChunk* chunk) const {
@@ -867,20 +878,11 @@ Result<bool> ReplaySource::ReadAccounts(EventChunk* chunk) {
       marking_.reset();
       return hand_out();
     }
-    ATFILL_RETURN_IF_ERROR(Fill());
-    if (window_.empty()) {
-      if (ended_) return false;
-      if (!Await([&] { return plan_pending_ != nullptr && plan_pending_->has_value(); })) {
-        return Tick(chunk);
-      }
-      continue;
-    }
-    const std::shared_ptr<Fetch> f = window_.front();
-    if (!Await([&] { return f->frame.has_value(); })) return Tick(chunk);
-    window_.pop_front();
-    Result<std::string> frame = std::move(*f->frame);
-    failed_in_a_row_ = frame.ok() ? 0 : failed_in_a_row_ + 1;
-    if (failed_in_a_row_ < options_.max_failed_in_a_row) static_cast<void>(Fill());
+    std::shared_ptr<Fetch> f;
+    Result<std::string> frame = std::string();
+    ATFILL_ASSIGN_OR_RETURN(const Next next, TakeNext(&f, &frame));
+    if (next == Next::kEnd) return false;
+    if (next == Next::kWait) return Tick(chunk);
     const PlannedBlock& b = f->block;
     const uint64_t through = f->through;
     building_ = EventChunk{};

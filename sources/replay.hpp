@@ -160,6 +160,11 @@ class ReplaySource : public pipeline::Source {
   bool Arrived(const Fetch& fetch) const;
   // Sets `chunk` to a tick and returns true (Read's answer while it waits).
   static bool Tick(pipeline::EventChunk* chunk);
+  // The sweep's next block in plan order once its frame is in: kBlock sets *fetch and *frame
+  // (the failure streak counted, the next request started), kWait when nothing came within
+  // tick_ms (Read returns a tick), kEnd when the sweep's plan is used up.
+  enum class Next { kBlock, kWait, kEnd };
+  Result<Next> TakeNext(std::shared_ptr<Fetch>* fetch, Result<std::string>* frame);
   Result<bool> ReadRecords(pipeline::EventChunk* chunk);
   Result<bool> ReadAccounts(pipeline::EventChunk* chunk);
   // The account sweep's start (ListSegments for the tail); false while the listing is awaited.
