@@ -924,34 +924,27 @@ int main(int argc, char** argv) {
       ->Iterations(1)
       ->UseManualTime()
       ->Unit(benchmark::kSecond);
+  // One benchmark per window of the growing table, then one per query on the final table.
   const uint64_t windows = (Cfg().rows + Cfg().window - 1) / Cfg().window;
-  for (uint64_t w = 1; w <= windows; ++w) {
-    benchmark::RegisterBenchmark(("BM_Interleaved/window:" + std::to_string(w)).c_str(),
-                                 atfill::BM_Interleaved)
-        ->Iterations(1)
-        ->UseManualTime()
-        ->Unit(benchmark::kSecond);
-  }
-  for (size_t q = 0; q < atfill::kQueries.size(); ++q) {
-    benchmark::RegisterBenchmark((std::string("BM_Query/") + atfill::kQueries[q].name).c_str(),
-                                 atfill::BM_Query)
-        ->Arg(static_cast<int64_t>(q))
-        ->Unit(benchmark::kMicrosecond);
-  }
-  if (atfill::PgConninfo() != nullptr) {
+  auto register_table = [windows](const std::string& name, auto write, const auto& queries,
+                                  const std::string& query_name, auto query) {
     for (uint64_t w = 1; w <= windows; ++w) {
-      benchmark::RegisterBenchmark(("BM_PgInterleaved/window:" + std::to_string(w)).c_str(),
-                                   atfill::BM_PgInterleaved)
+      benchmark::RegisterBenchmark((name + "/window:" + std::to_string(w)).c_str(), write)
           ->Iterations(1)
           ->UseManualTime()
           ->Unit(benchmark::kSecond);
     }
-    for (size_t q = 0; q < atfill::kPgQueries.size(); ++q) {
-      benchmark::RegisterBenchmark(
-          (std::string("BM_PgQuery/") + atfill::kPgQueries[q].name).c_str(), atfill::BM_PgQuery)
+    for (size_t q = 0; q < queries.size(); ++q) {
+      benchmark::RegisterBenchmark((query_name + "/" + queries[q].name).c_str(), query)
           ->Arg(static_cast<int64_t>(q))
           ->Unit(benchmark::kMicrosecond);
     }
+  };
+  register_table("BM_Interleaved", atfill::BM_Interleaved, atfill::kQueries, "BM_Query",
+                 atfill::BM_Query);
+  if (atfill::PgConninfo() != nullptr) {
+    register_table("BM_PgInterleaved", atfill::BM_PgInterleaved, atfill::kPgQueries, "BM_PgQuery",
+                   atfill::BM_PgQuery);
   }
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;

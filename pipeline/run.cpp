@@ -2,6 +2,16 @@
 
 namespace atfill::pipeline {
 
+state::JobRecord NewJobRecord(std::string kind, state::JobStage stage, std::string started_by,
+                              int64_t created_us) {
+  state::JobRecord job;
+  job.kind = std::move(kind);
+  job.stage = stage;
+  job.created_us = created_us;
+  job.started_by = std::move(started_by);
+  return job;
+}
+
 Result<state::JobRecord> FindOrCreateJob(state::JobStore* jobs, const state::JobRecord& prototype,
                                          const std::vector<std::string>& match, bool* resumed) {
   ATFILL_ASSIGN_OR_RETURN(auto all, jobs->List());

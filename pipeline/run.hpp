@@ -15,6 +15,11 @@
 
 namespace atfill::pipeline {
 
+// A job record to create (or to match with FindOrCreateJob): its kind, first stage, who starts it
+// ("cli", "api"...) and when.
+state::JobRecord NewJobRecord(std::string kind, state::JobStage stage, std::string started_by,
+                              int64_t created_us = NowMicros());
+
 // The unfinished job (not completed, not cancelled) of `prototype.kind` whose params named in
 // `match` equal the prototype's, newest first; otherwise a new job made from the prototype.
 // `*resumed` says which.

@@ -7,6 +7,7 @@
 
 #include "sinks/postgres_schema.hpp"
 #include "sinks/postgres_util.hpp"
+#include "sinks/shared_reader.hpp"
 
 namespace atfill::sinks {
 namespace {
@@ -188,37 +189,9 @@ Result<std::vector<std::vector<std::string>>> PostgresReader::Query(std::string_
   return rows;
 }
 
-namespace {
-
-// One reader shared by callers on any thread; tables not created yet read as empty.
-template <typename T, typename Call>
-auto SharedReader(PostgresReaderOptions options, T empty, Call call) {
-  struct Shared {
-    std::mutex mu;
-    PostgresReaderOptions options;
-    std::unique_ptr<PostgresReader> reader;
-  };
-  auto shared = std::make_shared<Shared>();
-  shared->options = std::move(options);
-  return [shared, empty, call](auto&&... args) -> Result<T> {
-    std::lock_guard<std::mutex> lock(shared->mu);
-    if (shared->reader == nullptr) {
-      auto opened = PostgresReader::Open(shared->options);
-      if (!opened.ok()) {
-        if (opened.status().code() == StatusCode::kNotFound) return empty;
-        return opened.status();
-      }
-      shared->reader = std::move(*opened);
-    }
-    return call(*shared->reader, args...);
-  };
-}
-
-}  // namespace
-
 std::function<Result<bool>(const std::string& did, const std::string& collection)>
 PostgresHoldsRecords(PostgresReaderOptions options) {
-  return SharedReader(
+  return SharedReader<PostgresReader>(
       std::move(options), false,
       [](PostgresReader& reader, const std::string& did, const std::string& collection) {
         return reader.HoldsRecords(did, collection);
@@ -227,7 +200,7 @@ PostgresHoldsRecords(PostgresReaderOptions options) {
 
 std::function<Result<std::optional<std::string>>(std::string_view uri)> PostgresRecordReader(
     PostgresReaderOptions options) {
-  return SharedReader(
+  return SharedReader<PostgresReader>(
       std::move(options), std::optional<std::string>(),
       [](PostgresReader& reader, std::string_view uri) { return reader.ReadRecord(uri); });
 }

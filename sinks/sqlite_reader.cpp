@@ -5,6 +5,7 @@
 #include <system_error>
 #include <utility>
 
+#include "sinks/shared_reader.hpp"
 #include "sinks/sqlite_schema.hpp"
 #include "sinks/sqlite_util.hpp"
 
@@ -154,54 +155,24 @@ Result<bool> SqliteReader::HoldsRecords(std::string_view did, std::string_view c
   return impl_->Fail(rc, "looking up an account's records");
 }
 
-namespace {
-
-// One reader on `path` behind a mutex, opened at the first call (nullptr while the database does
-// not exist: it holds nothing yet).
-class SharedReader {
- public:
-  explicit SharedReader(std::string path) : path_(std::move(path)) {}
-  template <typename F>
-  auto With(F f) -> decltype(f(static_cast<SqliteReader*>(nullptr))) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (reader_ == nullptr) {
-      auto opened = SqliteReader::Open(path_);
-      if (!opened.ok() && opened.status().code() != StatusCode::kNotFound) return opened.status();
-      if (opened.ok()) reader_ = std::move(*opened);
-    }
-    return f(reader_.get());
-  }
-
- private:
-  std::mutex mu_;
-  std::string path_;
-  std::unique_ptr<SqliteReader> reader_;
-};
-
-}  // namespace
-
 std::function<Result<bool>(const std::string& did, const std::string& collection)>
 SqliteHoldsRecords(std::string path) {
-  auto shared = std::make_shared<SharedReader>(std::move(path));
-  return [shared](const std::string& did, const std::string& collection) -> Result<bool> {
-    return shared->With([&](SqliteReader* reader) -> Result<bool> {
-      if (reader == nullptr) return false;
-      return reader->HoldsRecords(did, collection);
-    });
-  };
+  return SharedReader<SqliteReader>(
+      std::move(path), false,
+      [](SqliteReader& reader, const std::string& did, const std::string& collection) {
+        return reader.HoldsRecords(did, collection);
+      });
 }
 
 std::function<Result<std::optional<std::string>>(std::string_view uri)> SqliteRecordReader(
     std::string path) {
-  auto shared = std::make_shared<SharedReader>(std::move(path));
-  return [shared](std::string_view uri) -> Result<std::optional<std::string>> {
-    return shared->With([&](SqliteReader* reader) -> Result<std::optional<std::string>> {
-      if (reader == nullptr) return std::optional<std::string>();
-      ATFILL_ASSIGN_OR_RETURN(auto row, reader->Get(uri));
-      if (!row) return std::optional<std::string>();
-      return std::optional<std::string>(std::move(row->record));
-    });
-  };
+  return SharedReader<SqliteReader>(
+      std::move(path), std::optional<std::string>(),
+      [](SqliteReader& reader, std::string_view uri) -> Result<std::optional<std::string>> {
+        ATFILL_ASSIGN_OR_RETURN(auto row, reader.Get(uri));
+        if (!row) return std::optional<std::string>();
+        return std::optional<std::string>(std::move(row->record));
+      });
 }
 
 Result<std::vector<std::vector<std::string>>> SqliteReader::Query(std::string_view sql) {

@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "net/http_client.hpp"
+#include "pipeline/run.hpp"
 #include "sources/archive_http.hpp"
 #include "sources/crawl/resolver.hpp"
 #include "sources/pds_account_status.hpp"
@@ -339,11 +340,8 @@ Result<JetstreamOptions::GapReplay> StartGapReplay(const pipeline::Environment& 
     return Status::NotFound("the archive " + location + " has sealed nothing after seq " +
                             std::to_string(last_seq));
   }
-  state::JobRecord job;
-  job.kind = "backfill";
-  job.stage = state::JobStage::kReplaying;
-  job.created_us = pipeline::NowMicros();
-  job.started_by = "live gap";
+  state::JobRecord job =
+      pipeline::NewJobRecord("backfill", state::JobStage::kReplaying, "live gap");
   job.params = {{"config", std::filesystem::absolute(env.settings->path).string()},
                 {"source", "replay"},
                 {"archive", location},

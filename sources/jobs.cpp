@@ -101,11 +101,8 @@ Result<BackfillJob> FindOrCreateBackfill(const pipeline::Environment& env,
   const int64_t now = pipeline::NowMicros();
   ATFILL_RETURN_IF_ERROR(env.tombstones->Sweep(now).status().WithContext("sweeping tombstones"));
   // The same targets resume the unfinished job that crawls them.
-  state::JobRecord prototype;
-  prototype.kind = "backfill";
-  prototype.stage = state::JobStage::kDiscovering;
-  prototype.created_us = now;
-  prototype.started_by = started_by;
+  state::JobRecord prototype =
+      pipeline::NewJobRecord("backfill", state::JobStage::kDiscovering, started_by, now);
   prototype.params = {{"config", std::filesystem::absolute(env.settings->path).string()},
                       {"relay", crawl.relay_url},
                       {"discovery", std::string(DiscoveryName(crawl.discovery))},
@@ -144,11 +141,8 @@ Result<state::JobRecord> FindOrCreateIngestJob(const pipeline::Environment& env,
   const int64_t now = pipeline::NowMicros();
   ATFILL_RETURN_IF_ERROR(env.tombstones->Sweep(now).status().WithContext("sweeping tombstones"));
   // The same files (and mode) resume the unfinished job that read them.
-  state::JobRecord prototype;
-  prototype.kind = "ingest";
-  prototype.stage = state::JobStage::kReplaying;
-  prototype.created_us = now;
-  prototype.started_by = started_by;
+  state::JobRecord prototype =
+      pipeline::NewJobRecord("ingest", state::JobStage::kReplaying, started_by, now);
   prototype.params = {{"config", std::filesystem::absolute(env.settings->path).string()},
                       {"files", pipeline::JoinLines(files)},
                       {"dry_run", dry_run ? "true" : "false"},
@@ -178,11 +172,8 @@ Result<LiveView> ReadLiveView(const pipeline::Environment& env) {
 Result<state::JobRecord> FindOrCreateLiveJob(const pipeline::Environment& env,
                                              const std::string& started_by) {
   const JetstreamOptions& live = env.settings->Get<SourceSettings>().live;
-  state::JobRecord prototype;
-  prototype.kind = "live";
-  prototype.stage = state::JobStage::kReplaying;
-  prototype.created_us = pipeline::NowMicros();
-  prototype.started_by = started_by;
+  state::JobRecord prototype =
+      pipeline::NewJobRecord("live", state::JobStage::kReplaying, started_by);
   prototype.params = {{"hosts", pipeline::JoinLines(live.hosts)},
                       {"protocol", std::string(JetstreamProtocolName(live.protocol))},
                       {"sink", env.components->SinkLocation(*env.settings)}};
@@ -206,11 +197,8 @@ Result<state::JobRecord> CreateRetryJob(const pipeline::Environment& env, uint64
   if (blocks.empty()) {
     return Status::NotFound("job " + std::to_string(id) + " has no failed block");
   }
-  state::JobRecord prototype;
-  prototype.kind = "backfill";
-  prototype.stage = state::JobStage::kRetryingBlocks;
-  prototype.created_us = pipeline::NowMicros();
-  prototype.started_by = started_by;
+  state::JobRecord prototype =
+      pipeline::NewJobRecord("backfill", state::JobStage::kRetryingBlocks, started_by);
   prototype.params = original.params;
   prototype.params["retry_of"] = std::to_string(id);
   prototype.params["blocks"] = pipeline::JoinLines(blocks);
