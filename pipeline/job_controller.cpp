@@ -87,11 +87,25 @@ void JobController::Changed(const state::JobRecord& job, const BatchReport* batc
 void JobController::Starting(uint64_t id) {
   std::lock_guard lock(mu_);
   Entry& e = entries_[id];
+  ++e.generation;
   e.starting = true;
   e.pending_stop = StopKind::kNone;
 }
 
-void JobController::Ended(uint64_t id) { Detach(id); }
+void JobController::Ended(uint64_t id) {
+  std::lock_guard lock(mu_);
+  Entry& e = entries_[id];
+  e.runner = nullptr;
+  e.starting = false;
+}
+
+uint64_t JobController::Begin(uint64_t id) {
+  std::lock_guard lock(mu_);
+  Entry& e = entries_[id];
+  // A run announced by Starting is that start's; one that was not is a start of its own.
+  if (!e.starting) ++e.generation;
+  return e.generation;
+}
 
 void JobController::Attach(uint64_t id, JobRunner* runner) {
   std::lock_guard lock(mu_);
@@ -102,9 +116,11 @@ void JobController::Attach(uint64_t id, JobRunner* runner) {
   e.pending_stop = StopKind::kNone;
 }
 
-void JobController::Detach(uint64_t id) {
+void JobController::Detach(uint64_t id, uint64_t generation) {
   std::lock_guard lock(mu_);
   Entry& e = entries_[id];
+  // A later start of the job (a resume while this run was ending) owns the entry now.
+  if (e.generation != generation) return;
   e.runner = nullptr;
   e.starting = false;
 }
@@ -159,8 +175,9 @@ Result<JobOutcome> JobController::Run(state::JobRecord job, const JobContext& ct
   struct Detacher {
     JobController* c;
     uint64_t id;
-    ~Detacher() { c->Detach(id); }
-  } detach{this, id};
+    uint64_t generation;
+    ~Detacher() { c->Detach(id, generation); }
+  } detach{this, id, Begin(id)};
   JobPlanner planner;
   {
     std::lock_guard lock(mu_);
@@ -190,7 +207,7 @@ Result<JobOutcome> JobController::Run(state::JobRecord job, const JobContext& ct
     Engine engine(engine_options, plan.source, plan.stages.InOrder(), plan.sink, kv_, &runner);
     Attach(id, &runner);
     done = runner.Run(&engine);
-    Detach(id);
+    Detach(id, detach.generation);
   }
   if (!options_.requests_dir.empty()) ClearRequests(options_.requests_dir, id);
   // The pieces go last to first: a later one may use an earlier one until it is gone.

@@ -206,10 +206,16 @@ class JobController {
     JobRunner* runner = nullptr;
     bool starting = false;
     StopKind pending_stop = StopKind::kNone;
+    // Counts the job's starts here: a run that ends after the next start was announced (a pause,
+    // then a resume at once) leaves the entry to that start.
+    uint64_t generation = 0;
   };
   void Changed(const state::JobRecord& job, const BatchReport* batch);
+  // The generation of the run of `id` beginning now (see Entry::generation).
+  uint64_t Begin(uint64_t id);
   void Attach(uint64_t id, JobRunner* runner);
-  void Detach(uint64_t id);
+  // Ends run `generation` of `id`: nothing when a later start has claimed the job.
+  void Detach(uint64_t id, uint64_t generation);
   void WatchLoop();
 
   state::KvStore* kv_;

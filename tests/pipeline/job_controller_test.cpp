@@ -12,12 +12,14 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "state/error_log.hpp"
 #include "state/job_store.hpp"
 #include "state/kv_store.hpp"
 #include "tests/common/process.hpp"
+#include "tests/common/test_util.hpp"
 
 namespace atfill::pipeline {
 namespace {
@@ -387,6 +389,36 @@ TEST_F(JobControllerTest, APlansPiecesAreReleasedLastToFirstAfterItsEndHook) {
   ASSERT_TRUE(outcome.ok()) << outcome.status().message();
   EXPECT_TRUE(after_ran_first);
   EXPECT_EQ(log, (std::vector<int>{2, 1}));
+}
+
+// A job paused and resumed at once (the admin API's resume while the paused run is still ending):
+// the next start, announced while the earlier run ends, keeps the job counted as running, so a
+// second resume is refused instead of starting the job twice.
+TEST_F(JobControllerTest, ARunEndingAfterTheNextStartLeavesTheJobToThatStart) {
+  auto c = MakeController();
+  std::mutex mu;
+  std::condition_variable cv;
+  bool open = false;
+  c->SetPlanner("gated", [&](state::JobRecord& job, const JobContext&) {
+    return Result<JobPlan>(PlanOf(std::make_shared<GatedSource>(&mu, &cv, &open),
+                                  "job/" + std::to_string(job.id) + "/gated"));
+  });
+  const state::JobRecord job = NewJob("gated", 0);
+  Result<JobOutcome> first = Status::Internal("not run");
+  std::thread run([&] { first = c->Run(job); });
+  EXPECT_TRUE(testing::WaitUntil([&] { return c->Running(job.id); }, std::chrono::seconds(20)));
+  c->Starting(job.id);  // the next run is announced before this one has ended
+  {
+    std::lock_guard lock(mu);
+    open = true;
+  }
+  cv.notify_all();
+  run.join();
+  ASSERT_TRUE(first.ok()) << first.status().message();
+  EXPECT_EQ(first->job.status, state::JobStatus::kCompleted);
+  EXPECT_TRUE(c->Running(job.id));  // still claimed by the announced start
+  c->Ended(job.id);                 // which does not run after all
+  EXPECT_FALSE(c->Running(job.id));
 }
 
 TEST_F(JobControllerTest, AnIdleStreamWaitsForTheBackfillsBesideItThenRunsAgain) {
