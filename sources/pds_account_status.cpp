@@ -81,7 +81,10 @@ void PdsAccountStatus::Lookup(const std::string& did, int64_t timeout_ms, Done d
     pending->asking_pds.store(true);
     net::HttpRequest request;
     request.url = sources::GetRepoStatusUrl(outcome.doc->pds_endpoint, did);
-    request.timeout_ms = left;
+    // The alarm owns the deadline: the request's own timeout, measured from a moment later than
+    // the alarm's, could fire a millisecond before it and answer with curl's reason instead. It
+    // only ends a request nobody waits for any more.
+    request.timeout_ms = left + 250;
     request.retry = net::RetryPolicy{.max_attempts = 1};
     http->Submit(std::move(request),
                  [did, pds = outcome.doc->pds_endpoint, pending](Result<net::HttpResponse> r) {
