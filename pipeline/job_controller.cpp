@@ -245,6 +245,10 @@ Result<JobOutcome> JobController::RunLive(LiveService service) {
   hold.hold_live = true;
   ATFILL_RETURN_IF_ERROR(backfills.Start(service.backfills, hold, service.backfill_done));
   bool waited_for_backfills = false;
+  JobGroup* added = service.added_backfills;
+  auto backfills_running = [&backfills, added] {
+    return backfills.running() || (added != nullptr && added->running());
+  };
   Result<JobOutcome> outcome = Status::Internal("the live consumer did not run");
   for (;;) {
     auto job = service.live_job ? service.live_job()
@@ -259,9 +263,11 @@ Result<JobOutcome> JobController::RunLive(LiveService service) {
     if (waited_for_backfills) {
       ctx.backfill_running = [] { return false; };
     } else if (service.backfill_running) {
-      ctx.backfill_running = service.backfill_running;
+      ctx.backfill_running = [&backfills_running, &service] {
+        return backfills_running() || service.backfill_running();
+      };
     } else {
-      ctx.backfill_running = [&backfills] { return backfills.running(); };
+      ctx.backfill_running = backfills_running;
     }
     outcome = run(std::move(*job), ctx);
     const bool idle = outcome.ok() && outcome->job.stop_reason.code == "stream_idle";
@@ -272,17 +278,19 @@ Result<JobOutcome> JobController::RunLive(LiveService service) {
       continue;
     }
     const bool interrupted = options_.interrupted && options_.interrupted();
-    if (idle && !waited_for_backfills && backfills.running() && !interrupted) {
+    if (idle && !waited_for_backfills && backfills_running() && !interrupted) {
       // The stream went quiet before the backfills ended: once they have, the consumer runs
       // again and applies what it held for their repos.
       if (service.waiting) service.waiting("backfill");
       backfills.Wait();
+      if (added != nullptr) added->Wait();
       waited_for_backfills = true;
       continue;
     }
     break;
   }
   backfills.Wait();
+  if (added != nullptr) added->Wait();
   return outcome;
 }
 

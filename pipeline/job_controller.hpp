@@ -116,9 +116,13 @@ struct LiveService {
   // Backfills run one after another on a thread of their own beside the consumer, which holds
   // their repos' events until each repo's checkpoint.
   std::vector<state::JobRecord> backfills;
-  // Backfills run elsewhere (an admin API's group): the consumer holds their repos' events while
-  // this answers true. Not waited for when the stream goes idle.
+  // Backfills run elsewhere (an admin API's group, collections added at run time): the consumer
+  // also holds their repos' events while this answers true. Not waited for when the stream goes
+  // idle.
   std::function<bool()> backfill_running;
+  // Backfills started while the consumer runs (collections added at run time), in a group of the
+  // caller's: held and waited for as `backfills` are.
+  JobGroup* added_backfills = nullptr;
   // How each job runs (the live consumer, its gap replays, the backfills); Run when not set.
   std::function<Result<JobOutcome>(state::JobRecord job, const JobContext& ctx)> run;
   // Told of each backfill's end.

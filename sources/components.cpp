@@ -328,8 +328,10 @@ Result<JetstreamOptions::GapReplay> StartGapReplay(const pipeline::Environment& 
   if (location.empty()) return Status::Invalid("no archive is configured ([archive] url or dir)");
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   ATFILL_ASSIGN_OR_RETURN(auto archive, OpenArchive(settings, location, /*probe=*/true));
+  ATFILL_ASSIGN_OR_RETURN(LiveCollections * collections, LiveCollectionsOf(env));
+  const std::vector<std::string> now = collections->Current();
   PlanRequest request;
-  request.collections = settings.live.collections;
+  request.collections = now;
   request.after_seq = last_seq;
   auto plan = archive->PlanSnapshot(request);
   if (!plan.ok()) return plan.status().WithContext("planning the gap at " + location);
@@ -345,7 +347,7 @@ Result<JetstreamOptions::GapReplay> StartGapReplay(const pipeline::Environment& 
   job.params = {{"config", std::filesystem::absolute(env.settings->path).string()},
                 {"source", "replay"},
                 {"archive", location},
-                {"collections", pipeline::JoinLines(settings.live.collections)},
+                {"collections", pipeline::JoinLines(now)},
                 {"after_seq", std::to_string(last_seq)},
                 {"before_seq", std::to_string(plan->sealed_tip)},
                 {"gap", "1"},
@@ -391,6 +393,8 @@ Status PlanJetstream(const pipeline::Environment& env, pipeline::PlanDraft& draf
   // replay job of the gap, run beside this consumer.
   pipeline::JobGroup* gaps = draft.ctx->beside;
   JetstreamOptions live = settings.live;
+  ATFILL_ASSIGN_OR_RETURN(LiveCollections * collections, LiveCollectionsOf(env));
+  live.collections = collections->Current();
   if (settings.backfill_source != "crawl" && gaps != nullptr) {
     live.gap_replay = [env, gaps](uint64_t last_seq, const std::string& host) {
       return StartGapReplay(env, *gaps, last_seq, host);
@@ -400,6 +404,11 @@ Status PlanJetstream(const pipeline::Environment& env, pipeline::PlanDraft& draf
   if (!source.ok()) return Status::Invalid(source.status().message());
   JetstreamSource* stream = draft.Keep(std::move(*source));
   draft.plan->source = stream;
+  // Changes made while it runs reach it; released before the source.
+  const uint64_t token = collections->Listen(
+      [stream](const std::vector<std::string>& now) { return stream->SetCollections(now); });
+  draft.plan->keep.push_back(std::shared_ptr<void>(
+      nullptr, [collections, token](void*) { collections->Unlisten(token); }));
   if (settings.check_deleted_accounts) ATFILL_RETURN_IF_ERROR(AddAccountStatus(env, draft));
   draft.plan->cursor_name = kLiveCursor;
   draft.plan->batch = settings.live_batch;
@@ -420,6 +429,20 @@ Status PlanJetstream(const pipeline::Environment& env, pipeline::PlanDraft& draf
 }
 
 }  // namespace
+
+Result<LiveCollections*> LiveCollectionsOf(const pipeline::Environment& env,
+                                           CollectionChange* loaded) {
+  const SourceSettings& settings = Of(env);
+  LiveCollectionsSlot& slot = *settings.live_collections;
+  std::lock_guard<std::mutex> lock(slot.mu);
+  if (slot.collections == nullptr) {
+    auto made = std::make_unique<LiveCollections>(env.kv, settings.live.collections);
+    ATFILL_ASSIGN_OR_RETURN(CollectionChange change, made->Load());
+    if (loaded != nullptr) *loaded = std::move(change);
+    slot.collections = std::move(made);
+  }
+  return slot.collections.get();
+}
 
 void Register(pipeline::Components& components) {
   components.AddConfigReader(ReadSourceConfig);

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
@@ -19,9 +20,16 @@
 #include "sources/crawl/crawl_source.hpp"
 #include "sources/event_file.hpp"
 #include "sources/jetstream.hpp"
+#include "sources/live_collections.hpp"
 #include "sources/replay.hpp"
 
 namespace atfill::sources {
+
+// The process's LiveCollections, made on first use (it needs the state).
+struct LiveCollectionsSlot {
+  std::mutex mu;
+  std::unique_ptr<LiveCollections> collections;
+};
 
 struct SourceSettings {
   EventFileOptions files;  // [files] (paths come from each job)
@@ -73,6 +81,9 @@ struct SourceSettings {
   pipeline::BatcherOptions replay_batch = kReplayBatch;
   // [archive] sqlite_wal_mb: the SQLite sink's wal_autocheckpoint during a replay job.
   int64_t replay_sqlite_wal_bytes = kReplaySqliteWalBytes;
+  // The live consumer's collections as they change at run time (shared by copies of these
+  // settings; see LiveCollectionsOf).
+  std::shared_ptr<LiveCollectionsSlot> live_collections = std::make_shared<LiveCollectionsSlot>();
 };
 
 void Register(pipeline::Components& components);
@@ -84,6 +95,13 @@ std::string ArchiveLocation(const SourceSettings& settings);
 // `probe` shortens the retries (the question "is there an archive?").
 Result<std::unique_ptr<Archive>> OpenArchive(const SourceSettings& settings,
                                              const std::string& location, bool probe = false);
+
+// The live consumer's collections for this process and state: [live] collections, or the set
+// saved by changes made at run time. Made (and loaded) on the first call; later calls return the
+// same object. `loaded`, when given, receives what the first load applied: the difference of a
+// config edited while atfill was stopped (the caller backfills what it added).
+Result<LiveCollections*> LiveCollectionsOf(const pipeline::Environment& env,
+                                           CollectionChange* loaded = nullptr);
 
 // The live consumer's cursor: "SEQ:TIME_US" of the last applied event.
 inline constexpr const char* kLiveCursor = "live/jetstream";

@@ -14,6 +14,7 @@
 
 #include "atproto/syntax.hpp"
 #include "base/bytes.hpp"
+#include "base/json_writer.hpp"
 #include "base/strings.hpp"
 #include "net/http_client.hpp"
 #include "net/xrpc_error.hpp"
@@ -220,7 +221,19 @@ struct JetstreamSource::Impl {
     // numbering last_seq is in (-1: none yet; -2: a host no longer configured).
     std::atomic<int> conn_host{-1};
     std::atomic<int> seq_host{-1};
+    // The collections filter now (SetCollections replaces it; UrlFor and Decode read it).
+    mutable std::mutex filter_mu;
+    std::shared_ptr<const std::vector<std::string>> collections;
+    std::atomic<uint64_t> filter_changes{0}, filter_from_seq{0};
+    // The next connection opened is the first with a changed filter (v2): UrlFor records its seq.
+    std::atomic<bool> filter_pending{false};
+    bool filter_reopen = false;  // under mu: Read reconnects with the new filter (v2)
   };
+
+  std::shared_ptr<const std::vector<std::string>> Collections() const {
+    std::lock_guard<std::mutex> lock(shared->filter_mu);
+    return shared->collections;
+  }
 
   int HostIndex(const std::string& host) const { return HostIndexIn(options.hosts, host); }
 
@@ -423,7 +436,7 @@ struct JetstreamSource::Impl {
       q += std::string(k) + "=" + PercentEncode(v);
     };
     if (shared->v1.load()) {
-      for (const auto& c : options.collections) add("wantedCollections", c);
+      for (const auto& c : *Collections()) add("wantedCollections", c);
       for (const auto& d : options.dids) add("wantedDids", d);
       // v1 hosts take the witnessed time (the legacy server knows nothing else); a start
       // before any event asks for the oldest event kept (time 1 is clamped up to it).
@@ -436,7 +449,8 @@ struct JetstreamSource::Impl {
       add("maxMessageSizeBytes", std::to_string(options.max_message_bytes));
       return base + "/subscribe" + q;
     }
-    for (const auto& c : options.collections) add("collections", c);
+    for (const auto& c : *Collections()) add("collections", c);
+    if (shared->filter_pending.exchange(false)) shared->filter_from_seq = seq;
     for (const auto& d : options.dids) add("dids", d);
     if ((shared->by_time.load() || other_host) && time_us > 0) {
       add("cursor", std::to_string(time_us));
@@ -622,6 +636,8 @@ Result<std::unique_ptr<JetstreamSource>> JetstreamSource::Create(JetstreamOption
   impl->options = std::move(options);
   impl->kv = kv;
   impl->shared->v1 = impl->options.protocol == JetstreamProtocol::kV1;
+  impl->shared->collections =
+      std::make_shared<const std::vector<std::string>>(impl->options.collections);
   if (!impl->options.v1_dictionary_path.empty()) {
     std::ifstream in(impl->options.v1_dictionary_path, std::ios::binary);
     std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -704,9 +720,13 @@ Result<bool> JetstreamSource::Read(pipeline::EventChunk* chunk) {
   const bool drained = sh.queue.empty();
   const bool reconnect =
       sh.reopen && sh.stopped && sh.queued_bytes < s.options.max_buffered_bytes / 2;
+  // A changed filter reconnects at once; what the old connection still sends meanwhile is kept.
+  const bool refilter = sh.filter_reopen;
+  sh.filter_reopen = false;
   lock.unlock();
   chunk->units_read = n;
-  if (reconnect) ATFILL_RETURN_IF_ERROR(s.StartSession());
+  if (refilter) sh.filter_pending = true;
+  if (reconnect || refilter) ATFILL_RETURN_IF_ERROR(s.StartSession());
   if (n == 0) {
     if (s.options.idle_exit_ms > 0 && drained &&
         SteadyMs() - sh.last_message_ms.load() >= s.options.idle_exit_ms) {
@@ -722,7 +742,7 @@ void JetstreamSource::Decode(pipeline::EventChunk* chunk) const {
   DecodeFrames(chunk, [&](JetstreamFrame& frame) {
     if (auto event = frame.TakeEvent()) {
       if (auto* a = std::get_if<pipeline::AccountEvent>(&*event); a != nullptr && a->resync) {
-        a->resync_collections = impl_->options.collections;  // the collections it indexes
+        a->resync_collections = *impl_->Collections();  // the collections it indexes
       }
       chunk->events.push_back(std::move(*event));
     }
@@ -840,6 +860,8 @@ JetstreamStats JetstreamSource::stats() const {
   st.protocol = sh.v1.load() ? "v1" : "v2";
   st.last_seq = sh.last_seq.load();
   st.last_time_us = sh.last_time_us.load();
+  st.filter_changes = sh.filter_changes.load();
+  st.filter_from_seq = sh.filter_from_seq.load();
   {
     std::lock_guard<std::mutex> lock(impl_->shared->host_mu);
     st.host = impl_->shared->host;
@@ -850,6 +872,48 @@ JetstreamStats JetstreamSource::stats() const {
     st.last_error = impl_->shared->last_error;
   }
   return st;
+}
+
+std::vector<std::string> JetstreamSource::collections() const { return *impl_->Collections(); }
+
+Status JetstreamSource::SetCollections(std::vector<std::string> collections) {
+  if (collections.empty()) {
+    return Status::Invalid(
+        "live: collections: at least one collection is needed (an empty filter takes every "
+        "collection)");
+  }
+  JetstreamOptions check = impl_->options;
+  check.collections = collections;
+  ATFILL_RETURN_IF_ERROR(check.Validate());
+  Impl::Shared& sh = *impl_->shared;
+  {
+    std::lock_guard<std::mutex> lock(sh.filter_mu);
+    sh.collections = std::make_shared<const std::vector<std::string>>(std::move(collections));
+  }
+  sh.filter_changes.fetch_add(1);
+  if (sh.v1.load()) {
+    // v1 replaces the open connection's filter in place (SPEC 1.3); when no connection is open
+    // the next one asks for the new filter in its URL.
+    JsonWriter w;
+    w.BeginObject().Key("type").String("options_update").Key("payload").BeginObject();
+    w.Key("wantedCollections").BeginArray();
+    for (const auto& c : *impl_->Collections()) w.String(c);
+    w.EndArray().Key("wantedDids").BeginArray();
+    for (const auto& d : impl_->options.dids) w.String(d);
+    w.EndArray().Key("maxMessageSizeBytes").Uint(impl_->options.max_message_bytes);
+    w.EndObject().EndObject();
+    sh.filter_from_seq = sh.last_seq.load();
+    (void)impl_->ws->Send(w.Take());  // Unavailable: between connections, the URL carries it
+    return Status::OK();
+  }
+  // v2 filters are fixed per connection: Read (on the engine's thread, where waiting for the
+  // close is fine) opens a new connection from the newest seq decoded.
+  {
+    std::lock_guard<std::mutex> lock(sh.mu);
+    sh.filter_reopen = true;
+  }
+  sh.cv.notify_one();
+  return Status::OK();
 }
 
 }  // namespace atfill::sources

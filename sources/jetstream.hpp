@@ -114,6 +114,11 @@ struct JetstreamStats {
   uint64_t last_seq = 0;        // the newest seq decoded
   int64_t last_time_us = 0;     // and its witnessed time
   uint64_t buffered_bytes = 0;  // waiting for Read
+  // SetCollections calls, and where the newest took effect: on v2 the seq the stream reconnected
+  // at (the first event the new filter applies to; 0 until that connection is asked for), on v1
+  // the newest seq received when the options_update was sent.
+  uint64_t filter_changes = 0;
+  uint64_t filter_from_seq = 0;
 };
 
 class JetstreamSource : public pipeline::Source {
@@ -140,6 +145,15 @@ class JetstreamSource : public pipeline::Source {
   state::StopReason Unfinished() const override;
 
   JetstreamStats stats() const;
+
+  // The collections to consume from now on (JetstreamOptions::collections' rules; not empty:
+  // an empty filter would take every collection), without losing the stream's place: on v1 an
+  // options_update message replaces the filter of the open connection (a connection opened later
+  // asks for the new one in its URL), on v2 the connection is closed and opened again at the
+  // newest seq decoded with the new collections[] (the events in between come again; the sink's
+  // writes are idempotent). Events already received are still applied. Thread-safe.
+  Status SetCollections(std::vector<std::string> collections);
+  std::vector<std::string> collections() const;
 
  private:
   struct Impl;

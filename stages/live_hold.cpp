@@ -36,7 +36,7 @@ struct HoldState : pipeline::TransformState {
 
 struct Candidate {
   std::string did;
-  std::string rev;
+  state::HoldCheckpoint checkpoint;
 };
 
 }  // namespace
@@ -79,7 +79,7 @@ Status LiveHold::Process(pipeline::TransformState* state, pipeline::EventChunk* 
         return false;
       }
       if (*left > 0) return true;  // another unit of the repo is still queued
-      candidates.push_back({std::string(did), std::string(rev)});
+      candidates.push_back({std::string(did), state::HoldCheckpoint::Parse(rev)});
       return candidates.size() < options_.max_releases_per_chunk;
     }));
   } else if (!s.drained) {
@@ -96,7 +96,7 @@ Status LiveHold::Process(pipeline::TransformState* state, pipeline::EventChunk* 
         inner = rev.status();
         return false;
       }
-      candidates.push_back({std::string(did), rev->value_or("")});
+      candidates.push_back({std::string(did), state::HoldCheckpoint::Parse(rev->value_or(""))});
       return candidates.size() < options_.max_releases_per_chunk;
     }));
     if (candidates.empty() && !skipped) s.drained = true;
@@ -116,7 +116,8 @@ Status LiveHold::Process(pipeline::TransformState* state, pipeline::EventChunk* 
         return true;
       }
       if (const auto* r = std::get_if<pipeline::RecordEvent>(&*event);
-          r != nullptr && !c.rev.empty() && !r->rev.empty() && r->rev <= c.rev) {
+          r != nullptr && !c.checkpoint.rev.empty() && !r->rev.empty() &&
+          r->rev <= c.checkpoint.rev && c.checkpoint.Covers(r->collection)) {
         ++dropped;  // the fetched repo at the checkpoint already has it
         return true;
       }

@@ -30,9 +30,35 @@ void LiveHolds::MarkFinished(WriteBatch* batch, std::string_view did) const {
   batch->Put(kFamily, Key("hc", did), "");
 }
 
-void LiveHolds::SetCheckpointRev(WriteBatch* batch, std::string_view did,
-                                 std::string_view rev) const {
-  batch->Put(kFamily, Key("hc", did), rev);
+void LiveHolds::SetCheckpointRev(WriteBatch* batch, std::string_view did, std::string_view rev,
+                                 const std::vector<std::string>& collections) const {
+  std::string value(rev);
+  for (const auto& c : collections) value += "\n" + c;
+  batch->Put(kFamily, Key("hc", did), value);
+}
+
+HoldCheckpoint HoldCheckpoint::Parse(std::string_view value) {
+  HoldCheckpoint c;
+  size_t nl = value.find('\n');
+  c.rev = std::string(value.substr(0, nl));
+  while (nl != std::string_view::npos) {
+    const size_t start = nl + 1;
+    nl = value.find('\n', start);
+    c.collections.emplace_back(value.substr(start, nl == std::string_view::npos ? nl : nl - start));
+  }
+  return c;
+}
+
+bool HoldCheckpoint::Covers(std::string_view collection) const {
+  if (collections.empty()) return true;
+  for (const auto& c : collections) {
+    if (c == collection) return true;
+    if (c.size() > 2 && c.ends_with(".*") &&
+        collection.starts_with(std::string_view(c).substr(0, c.size() - 1))) {
+      return true;
+    }
+  }
+  return false;
 }
 
 Result<int64_t> LiveHolds::Unfinished(std::string_view did) const {

@@ -21,6 +21,15 @@
 
 namespace atfill::state {
 
+// A checkpoint as stored: "rev" or "rev\ncollection\n...".
+struct HoldCheckpoint {
+  std::string rev;
+  std::vector<std::string> collections;  // empty: every collection
+  static HoldCheckpoint Parse(std::string_view value);
+  // Whether the crawl wrote `collection` of the repo (an NSID, or a ".*" prefix listed).
+  bool Covers(std::string_view collection) const;
+};
+
 // Stateless over a KvStore it does not own; thread-safe.
 class LiveHolds {
  public:
@@ -30,8 +39,12 @@ class LiveHolds {
   void MarkQueued(WriteBatch* batch, std::string_view did) const;
   // A unit of the repo is written: the checkpoint, with no rev yet.
   void MarkFinished(WriteBatch* batch, std::string_view did) const;
-  // The checkpoint's rev (the fetched commit's), after MarkFinished in the same batch.
-  void SetCheckpointRev(WriteBatch* batch, std::string_view did, std::string_view rev) const;
+  // The checkpoint's rev (the fetched commit's), after MarkFinished in the same batch, and the
+  // collections the crawl wrote of the repo (empty: all of them). A held record event is dropped
+  // only when the checkpoint covers its collection: a backfill of one collection added at run time
+  // says nothing of the repo's other collections.
+  void SetCheckpointRev(WriteBatch* batch, std::string_view did, std::string_view rev,
+                        const std::vector<std::string>& collections = {}) const;
 
   // The repo's unfinished units (marks queued minus finished; 0 when none or unknown).
   Result<int64_t> Unfinished(std::string_view did) const;

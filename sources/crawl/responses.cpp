@@ -100,7 +100,9 @@ void ResponseDecoder::Decode(const FetchedResponses& in, pipeline::EventChunk* c
     log->AddHost(&chunk->state_writes, job, r.pds, 0, 1, 0,
                  static_cast<int64_t>(repo->records.size()));
     recent.rev = repo->rev;
-    if (options->hold_live) holds->SetCheckpointRev(&chunk->state_writes, r.did, repo->rev);
+    if (options->hold_live) {
+      holds->SetCheckpointRev(&chunk->state_writes, r.did, repo->rev, options->collections);
+    }
     recent.records = repo->records.size();
     recent.outcome = "ok";
     log->PutRecent(&chunk->state_writes, job, recent, options->recent_repos);

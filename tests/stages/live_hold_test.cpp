@@ -194,6 +194,35 @@ TEST_F(LiveHoldTest, AReposEventsWaitForItsCheckpointThenOnlyNewerOnesApply) {
   EXPECT_EQ(Names(c4), (std::vector<std::string>{"A:a5@3l0000000000h"}));
 }
 
+// A backfill of one collection (added to the live consumer at run time) checkpoints the repo for
+// that collection alone: held events of the repo's other collections at or below its rev are
+// applied, not dropped (the fetched snapshot wrote none of them).
+TEST_F(LiveHoldTest, ACheckpointDropsOnlyTheCollectionsItsCrawlWrote) {
+  MakeHold();
+  Crawl([&](state::WriteBatch* b) { holds_.MarkQueued(b, kA); });
+  Event like = Rec(kA, "l1", "3l0000000000b");
+  std::get<RecordEvent>(like).collection = "app.bsky.feed.like";
+  auto c1 = Process({Rec(kA, "p1", "3l0000000000a"), like, Rec(kA, "p2", "3l0000000000d")});
+  EXPECT_EQ(Counter(c1, "live_held"), 3);
+  Commit(Seal());
+  Crawl([&](state::WriteBatch* b) {
+    holds_.MarkFinished(b, kA);
+    holds_.SetCheckpointRev(b, kA, "3l0000000000c", {"app.bsky.feed.like"});
+  });
+  auto c2 = Process({});
+  EXPECT_EQ(Names(c2), (std::vector<std::string>{"A:p1@3l0000000000a", "A:p2@3l0000000000d"}));
+  EXPECT_EQ(Counter(c2, "live_hold_dropped"), 1);  // the like: in the snapshot
+  Commit(Seal());
+
+  state::HoldCheckpoint all = state::HoldCheckpoint::Parse("3l0000000000c");
+  EXPECT_EQ(all.rev, "3l0000000000c");
+  EXPECT_TRUE(all.Covers("app.bsky.feed.post"));
+  state::HoldCheckpoint some = state::HoldCheckpoint::Parse("3l0000000000c\napp.bsky.graph.*");
+  EXPECT_EQ(some.rev, "3l0000000000c");
+  EXPECT_TRUE(some.Covers("app.bsky.graph.follow"));
+  EXPECT_FALSE(some.Covers("app.bsky.feed.post"));
+}
+
 TEST_F(LiveHoldTest, ARepoWithUnitsLeftStaysHeld) {
   MakeHold();
   // listRecords: one unit per collection; no rev at the checkpoint.

@@ -2,6 +2,7 @@
 // disconnects, and `atfill run` killed with SIGKILL mid-stream: the table always ends equal to the
 // ground truth of applying the whole log.
 #include <gtest/gtest.h>
+#include <httplib.h>
 #include <signal.h>
 
 #include <algorithm>
@@ -955,6 +956,234 @@ TEST(LiveTest, AConnectionThatFailsOrIsRefusedIsLoggedWithItsReason) {
     EXPECT_NE(job.out.find(c.kind), std::string::npos) << job.out;
   }
 }
+
+// --- Collections changed while `atfill run` follows the stream ---
+
+constexpr const char* kPostNsid = "app.bsky.feed.post";
+constexpr const char* kLikeNsid = "app.bsky.feed.like";
+
+std::map<std::string, std::string> OfCollection(const std::map<std::string, std::string>& rows,
+                                                const std::string& collection) {
+  std::map<std::string, std::string> out;
+  for (const auto& [uri, cid] : rows) {
+    if (uri.find("/" + collection + "/") != std::string::npos) out.emplace(uri, cid);
+  }
+  return out;
+}
+
+// Applies the log's events of `collection` with seqs [from, to] onto `rows`.
+void ApplyLog(const simnet::JetstreamLog& log, const std::string& collection, uint64_t from,
+              uint64_t to, std::map<std::string, std::string>* rows) {
+  for (uint64_t seq = from; seq <= std::min(to, log.size()); ++seq) {
+    if (!log.IsCommit(seq) || log.Collection(seq) != collection) continue;
+    if (log.event(seq).kind == simnet::JetstreamKind::kDelete) {
+      rows->erase(log.Uri(seq));
+    } else {
+      auto cid = log.RecordCid(seq);
+      ASSERT_TRUE(cid.ok()) << cid.status().ToString();
+      (*rows)[log.Uri(seq)] = cid->ToString();
+    }
+  }
+}
+
+// The seq from which the stream's filter first held `collection` (SIZE_MAX: never), and the
+// first from which it no longer did after that.
+std::pair<uint64_t, uint64_t> FilterSpan(const simnet::Simnet& net, const std::string& collection) {
+  uint64_t from = UINT64_MAX, until = UINT64_MAX;
+  for (const auto& f : net.jetstream_filter_starts()) {
+    const bool has = f.collections.empty() || std::find(f.collections.begin(), f.collections.end(),
+                                                        collection) != f.collections.end();
+    if (has && from == UINT64_MAX) from = f.from_seq;
+    if (!has && from != UINT64_MAX && until == UINT64_MAX) until = f.from_seq;
+  }
+  return {from, until};
+}
+
+struct CollectionsCase {
+  bool api;  // POST /admin/collections; else the config edited and SIGHUP
+  JetstreamProtocol protocol;
+  const char* name;
+};
+
+class LiveCollections : public ::testing::TestWithParam<CollectionsCase> {};
+
+// A collection added mid-stream is backfilled from the repos and followed from the moment the
+// filter took it, the old one keeps every event (no gap), and a removed one stops gaining rows.
+TEST_P(LiveCollections, AnAddedCollectionIsBackfilledAndFollowedAndARemovedOneStops) {
+  const CollectionsCase& c = GetParam();
+  simnet::SimnetOptions so = Network(16000);
+  so.accounts = 120;
+  so.pds_hosts = 3;
+  so.max_records = 6;
+  so.deactivated_share = 0;
+  so.takendown_share = 0;
+  so.collections = {kPostNsid, kLikeNsid};
+  so.jetstream.events_per_second = 1500;
+  so.jetstream.account_share = 0;  // purges would take backfilled records with them
+  auto net = simnet::Simnet::Start(so);
+  ASSERT_TRUE(net.ok()) << net.status().ToString();
+  TempDir dir;
+  const std::string protocol(sources::JetstreamProtocolName(c.protocol));
+  const auto write_config = [&](const std::string& collections) {
+    return RunConfig(dir.path(), **net,
+                     "[engine]\nbatch_ms = 50\nbatch_records = 500\n[progress]\ninterval_s = 60\n"
+                     "[crawl]\nrelay = \"" +
+                         (*net)->relay_url() +
+                         "\"\ncollections = [\"app.bsky.feed.post\"]\nmode = \"getRepo\"\n"
+                         "allow_loopback_endpoints = true\nbatch_records = 500\nbatch_ms = 50\n"
+                         "[resolver]\nplc = \"" +
+                         (*net)->plc_url() + "\"\n" +
+                         (c.api ? "[admin]\nport = 0\ntoken = \"t0ken\"\n" : ""),
+                     "collections = [" + collections + "]\nprotocol = \"" + protocol +
+                         "\"\nbatch_records = 500\nbatch_ms = 50\n",
+                     2500);
+  };
+  const std::string config = write_config("\"app.bsky.feed.post\"");
+  testing::Child child({ATFILL_BINARY, "run", config}, dir.path());
+  const std::string db = (dir.path() / "db.sqlite").string();
+  const auto err = [&] {
+    std::ifstream in(child.err_path());
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  };
+  int port = 0;
+  if (c.api) {
+    ASSERT_TRUE(testing::WaitUntil(
+        [&] {
+          const std::string e = err();
+          const auto at = e.find("dashboard on http://127.0.0.1:");
+          if (at != std::string::npos) port = std::atoi(e.c_str() + at + 30);
+          return port != 0 || !child.Running();
+        },
+        std::chrono::seconds(30)));
+    ASSERT_NE(port, 0) << err();
+  }
+  const auto post = [&](const std::string& body) {
+    httplib::Client client("127.0.0.1", port);
+    client.set_bearer_token_auth("t0ken");
+    client.set_read_timeout(30, 0);
+    auto r = client.Post("/admin/collections", body, "application/json");
+    EXPECT_TRUE(r) << "POST /admin/collections failed";
+    return r ? std::make_pair(r->status, r->body) : std::make_pair(0, std::string());
+  };
+  // While the run starts the database may not exist yet: no rows.
+  const auto rows_of = [&](const std::string& collection) -> size_t {
+    auto rows = sinks::ReadAllRecords(db);
+    if (!rows.ok()) return 0;
+    return static_cast<size_t>(std::count_if(
+        rows->begin(), rows->end(), [&](const auto& r) { return r.collection == collection; }));
+  };
+  // Gates: the stream's posts are landing before the change; likes land after it.
+  ASSERT_TRUE(testing::WaitUntil([&] { return rows_of(kPostNsid) >= 200 || !child.Running(); },
+                                 std::chrono::seconds(60)))
+      << err();
+  ASSERT_TRUE(child.Running()) << err();
+  EXPECT_EQ(rows_of(kLikeNsid), 0u);
+  if (c.api) {
+    auto [status, body] = post(R"({"add": ["app.bsky.feed.like"]})");
+    ASSERT_EQ(status, 200) << body;
+    EXPECT_NE(body.find(R"("collections":["app.bsky.feed.like","app.bsky.feed.post"])"),
+              std::string::npos)
+        << body;
+    EXPECT_NE(body.find(R"("added":["app.bsky.feed.like"])"), std::string::npos) << body;
+    EXPECT_EQ(body.find(R"("backfill_job":null)"), std::string::npos) << body;
+    // A change that would leave no collection is refused and changes nothing.
+    auto [refused, why] = post(R"({"remove": ["app.bsky.feed.like", "app.bsky.feed.post"]})");
+    EXPECT_EQ(refused, 400) << why;
+  } else {
+    write_config("\"app.bsky.feed.post\", \"app.bsky.feed.like\"");
+    ASSERT_TRUE(child.Kill(SIGHUP));
+  }
+  // The likes' backfill lands (simnet's repos hold some) and the stream's likes follow.
+  const size_t repo_likes = [&] {
+    auto truth = (*net)->Truth();
+    EXPECT_TRUE(truth.ok());
+    size_t n = 0;
+    for (const auto& r : truth->records) n += r.uri.find(kLikeNsid) != std::string::npos;
+    return n;
+  }();
+  ASSERT_GT(repo_likes, 20u);
+  ASSERT_TRUE(
+      testing::WaitUntil([&] { return rows_of(kLikeNsid) >= repo_likes + 100 || !child.Running(); },
+                         std::chrono::seconds(90)))
+      << err();
+  ASSERT_TRUE(child.Running()) << "the stream ended before the change could be checked\n" << err();
+  // Now the posts are removed: they stop gaining rows.
+  if (c.api) {
+    auto [status, body] = post(R"({"remove": ["app.bsky.feed.post"]})");
+    ASSERT_EQ(status, 200) << body;
+    EXPECT_NE(body.find(R"("collections":["app.bsky.feed.like"])"), std::string::npos) << body;
+  } else {
+    write_config("\"app.bsky.feed.like\"");
+    ASSERT_TRUE(child.Kill(SIGHUP));
+  }
+  // The removal took effect on the stream, then the events received before it landed.
+  ASSERT_TRUE(testing::WaitUntil(
+      [&] { return FilterSpan(**net, kPostNsid).second != UINT64_MAX || !child.Running(); },
+      std::chrono::seconds(30)));
+  const size_t likes_then = rows_of(kLikeNsid);
+  ASSERT_TRUE(
+      testing::WaitUntil([&] { return rows_of(kLikeNsid) >= likes_then + 100 || !child.Running(); },
+                         std::chrono::seconds(60)))
+      << err();
+  const auto posts_then = OfCollection(Table(db), kPostNsid);
+
+  if (c.api) {
+    // The stream ends (idle); the server keeps serving until SIGTERM.
+    ASSERT_TRUE(testing::WaitUntil(
+        [&] {
+          const std::string e = err();
+          return e.find("stream_idle") != std::string::npos || !child.Running();
+        },
+        std::chrono::seconds(120)));
+    child.Kill(SIGTERM);
+  }
+  auto done = child.Wait(std::chrono::seconds(120));
+  EXPECT_EQ(done.exit_code, c.api ? 0 : 4) << err();
+  const std::string log = err();
+  EXPECT_NE(log.find("live collections changed"), std::string::npos) << log;
+  EXPECT_NE(log.find("completed"), std::string::npos) << "the likes' backfill: " << log;
+
+  const simnet::JetstreamLog& stream = *(*net)->jetstream();
+  const auto got = Table(db);
+  // Likes: the repos' (the backfill), then every event from where the filter took them.
+  const auto [like_from, like_until] = FilterSpan(**net, kLikeNsid);
+  ASSERT_NE(like_from, UINT64_MAX);
+  EXPECT_EQ(like_until, UINT64_MAX);
+  std::map<std::string, std::string> likes;
+  {
+    auto truth = (*net)->Truth();
+    ASSERT_TRUE(truth.ok());
+    for (const auto& r : truth->records) {
+      if (r.uri.find("/" + std::string(kLikeNsid) + "/") != std::string::npos) likes[r.uri] = r.cid;
+    }
+  }
+  ApplyLog(stream, kLikeNsid, like_from, UINT64_MAX, &likes);
+  EXPECT_TRUE(OfCollection(got, kLikeNsid) == likes) << Diff(likes, OfCollection(got, kLikeNsid));
+  // Posts: every event before the removal (no gap), and none gained since it was checked.
+  const auto [post_from, post_until] = FilterSpan(**net, kPostNsid);
+  EXPECT_EQ(post_from, 1u);
+  ASSERT_NE(post_until, UINT64_MAX);
+  const auto posts = OfCollection(got, kPostNsid);
+  EXPECT_TRUE(posts == posts_then) << Diff(posts_then, posts);
+  // What landed is the stream's posts through some seq at or past the removal (the events
+  // received before it still apply).
+  std::map<std::string, std::string> want_posts;
+  ApplyLog(stream, kPostNsid, 1, post_until - 1, &want_posts);
+  uint64_t through = post_until - 1;
+  while (want_posts != posts && through < stream.size()) {
+    ++through;
+    ApplyLog(stream, kPostNsid, through, through, &want_posts);
+  }
+  EXPECT_TRUE(posts == want_posts) << Diff(want_posts, posts);
+  EXPECT_LT(through, stream.size()) << "the posts kept landing to the end of the stream";
+}
+
+INSTANTIATE_TEST_SUITE_P(Ways, LiveCollections,
+                         ::testing::Values(CollectionsCase{true, JetstreamProtocol::kV2, "api_v2"},
+                                           CollectionsCase{false, JetstreamProtocol::kV2,
+                                                           "sighup_v2"},
+                                           CollectionsCase{true, JetstreamProtocol::kV1, "api_v1"}),
+                         [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace
 }  // namespace atfill

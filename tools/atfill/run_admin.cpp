@@ -5,6 +5,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <thread>
 
 #include "net/http_client.hpp"
@@ -230,6 +231,31 @@ Result<std::vector<admin::LiveSample>> RunAdmin::LiveHistory(int64_t* interval_m
   return std::vector<admin::LiveSample>(history_.begin(), history_.end());
 }
 
+Result<admin::CollectionsAnswer> RunAdmin::Collections() {
+  if (collections_ == nullptr) return admin::AdminBackend::Collections();
+  admin::CollectionsAnswer a;
+  ATFILL_ASSIGN_OR_RETURN(a.collections, collections_->Current());
+  return a;
+}
+
+Result<admin::CollectionsAnswer> RunAdmin::ChangeCollections(
+    const admin::CollectionsRequest& request) {
+  if (collections_ == nullptr) return admin::AdminBackend::ChangeCollections(request);
+  {
+    std::lock_guard lock(mu_);
+    if (stopping_) return Status::Unavailable("atfill is shutting down; nothing changes now");
+  }
+  ATFILL_ASSIGN_OR_RETURN(
+      CollectionsOutcome outcome,
+      collections_->Change(request.add, request.remove, request.backfill, "api"));
+  admin::CollectionsAnswer a;
+  a.collections = std::move(outcome.change.now);
+  a.added = std::move(outcome.change.added);
+  a.removed = std::move(outcome.change.removed);
+  a.backfill_job = outcome.backfill_job.value_or(0);
+  return a;
+}
+
 int ServeRun(const AppConfig& config, OpenedState& st,
              const std::vector<state::JobRecord>& backfills, bool with_backfill) {
   admin::Metrics metrics;
@@ -266,6 +292,17 @@ int ServeRun(const AppConfig& config, OpenedState& st,
                  config.admin.address.c_str(), static_cast<unsigned>(server.port()));
     backend.StartRetention();
     backend.StartLiveHistory();
+    std::optional<RuntimeCollections> collections;
+    if (live) {
+      collections.emplace(config, st, [&backend](state::JobRecord job) { backend.Spawn(job); });
+      if (auto started = collections->Start(); !started.ok()) {
+        std::fprintf(stderr, "atfill run: [live] collections: %s\n",
+                     started.status().message().c_str());
+        rc = kExitUsage;
+      }
+      backend.SetRuntimeCollections(&*collections);
+      collections->WatchReloads();
+    }
     for (const auto& j : backfills) {
       std::fprintf(stderr, "atfill run: resuming backfill job %" PRIu64 " (%s)\n", j.id,
                    std::string(state::JobStatusName(j.status)).c_str());
@@ -282,7 +319,10 @@ int ServeRun(const AppConfig& config, OpenedState& st,
       }
     }
     if (live && rc == kExitOk) {
-      rc = RunLive(config, st, [&backend] { return backend.BackfillRunning(); });
+      // Backfills started here (resumed, over the API, for added collections) hold the stream's
+      // events of their repos; when the stream goes quiet before they end, the consumer waits for
+      // them and runs again to apply what it held.
+      rc = RunLive(config, st, nullptr, nullptr, {}, nullptr, backend.jobs());
       // Paused: the stream went quiet, or Ctrl-C/SIGTERM, this server's normal end (the next
       // atfill run resumes from the saved cursor).
       if (rc == kExitStopped) rc = kExitOk;
@@ -293,6 +333,8 @@ int ServeRun(const AppConfig& config, OpenedState& st,
     }
     std::fprintf(stderr, "atfill run: stopping: pausing running jobs\n");
     server.Stop();
+    if (collections) collections->Stop();
+    backend.SetRuntimeCollections(nullptr);
     backend.Shutdown();
   }
   net::SetResponseObserver(nullptr);

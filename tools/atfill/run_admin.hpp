@@ -15,6 +15,7 @@
 #include "pipeline/job_details.hpp"
 #include "tools/atfill/admin/admin_backend.hpp"
 #include "tools/atfill/app_config.hpp"
+#include "tools/atfill/run_collections.hpp"
 
 namespace atfill::cli {
 
@@ -28,8 +29,8 @@ class RunAdmin : public admin::AdminBackend {
 
   // Starts backfill `job` on a thread of its own (the API's jobs and `atfill run`'s resumed ones).
   void Spawn(state::JobRecord job);
-  // Whether a backfill started by Spawn still runs.
-  bool BackfillRunning() const { return jobs_.running(); }
+  // The backfills started by Spawn.
+  pipeline::JobGroup* jobs() { return &jobs_; }
   // Refuses new jobs, asks the running ones to pause and waits for them.
   void Shutdown();
 
@@ -56,6 +57,13 @@ class RunAdmin : public admin::AdminBackend {
   Result<admin::LiveStatus> Live() override;
   Result<std::vector<state::BatchAudit>> Batches(uint64_t id, uint64_t from, size_t limit) override;
   Result<std::vector<admin::LiveSample>> LiveHistory(int64_t* interval_ms) override;
+  Result<admin::CollectionsAnswer> Collections() override;
+  Result<admin::CollectionsAnswer> ChangeCollections(
+      const admin::CollectionsRequest& request) override;
+
+  // The live consumer's collections as they change while this process runs (nullptr when it
+  // runs no live consumer).
+  void SetRuntimeCollections(RuntimeCollections* collections) { collections_ = collections; }
 
  private:
   const AppConfig& config_;
@@ -71,6 +79,7 @@ class RunAdmin : public admin::AdminBackend {
   std::condition_variable stop_cv_;  // wakes retention_ and sampler_ at Shutdown
   std::mutex history_mu_;
   std::deque<admin::LiveSample> history_;  // guarded by history_mu_
+  RuntimeCollections* collections_ = nullptr;
 };
 
 // `atfill run` with [admin]: serves the admin API and dashboard, starts `backfills` (and, with

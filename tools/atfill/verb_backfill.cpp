@@ -12,6 +12,7 @@
 #include "tools/atfill/cli.hpp"
 #include "tools/atfill/job_run.hpp"
 #include "tools/atfill/run_admin.hpp"
+#include "tools/atfill/run_collections.hpp"
 #include "tools/atfill/verb_backfill.hpp"
 
 namespace atfill::cli {
@@ -192,9 +193,25 @@ int RunRun(std::span<char* const> args) {
   }
   if (!live) return worst;
   // The backfills run on a thread of their own while this one keeps the database current from
-  // the Jetstream, holding the live events of each repo until the crawl has written it.
+  // the Jetstream, holding the live events of each repo until the crawl has written it. Those of
+  // collections added on SIGHUP run in a group of their own beside it.
+  pipeline::JobGroup added(&controller, [&](state::JobRecord job, const pipeline::JobContext& ctx) {
+    return RunAndReport("run", *config, *st, std::move(job), ctx);
+  });
+  RuntimeCollections collections(*config, *st, [&added](state::JobRecord job) {
+    pipeline::JobContext ctx;
+    ctx.hold_live = true;
+    static_cast<void>(added.Start({std::move(job)}, ctx));  // refused only once closed
+  });
+  if (auto started = collections.Start(); !started.ok()) {
+    return Fail("run", "[live] collections: " + started.status().message(), kExitUsage);
+  }
+  collections.WatchReloads();
   int backfill_rc = kExitOk;
-  const int rc = RunLive(*config, *st, nullptr, nullptr, beside, &backfill_rc);
+  const int rc = RunLive(*config, *st, nullptr, nullptr, beside, &backfill_rc, &added);
+  collections.Stop();
+  added.Close();
+  added.Wait();
   RestoreSignals();
   return std::max({worst, rc, backfill_rc});
 }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "base/status.hpp"
+#include "pipeline/job_controller.hpp"
 #include "sources/components.hpp"
 #include "state/job_store.hpp"
 #include "tools/atfill/app_config.hpp"
@@ -24,8 +25,11 @@ Result<state::JobRecord> CreateBackfill(const AppConfig& config, OpenedState& st
 // codes' worst goes to `backfill_rc`. While `backfill_running` (or those backfills) answers true,
 // the live events of repos a crawl marked are held until their checkpoint (stages::LiveHold);
 // `stop` receives the live job's stop reason.
+// `added_backfills`: a group whose jobs (started while the consumer runs) are held and waited for
+// as `backfills` are.
 int RunLive(const AppConfig& config, OpenedState& st,
             std::function<bool()> backfill_running = nullptr, state::StopReason* stop = nullptr,
-            std::vector<state::JobRecord> backfills = {}, int* backfill_rc = nullptr);
+            std::vector<state::JobRecord> backfills = {}, int* backfill_rc = nullptr,
+            pipeline::JobGroup* added_backfills = nullptr);
 
 }  // namespace atfill::cli

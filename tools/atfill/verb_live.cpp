@@ -25,7 +25,8 @@ int Fail(const char* verb, const std::string& msg, int code) {
 }  // namespace
 
 int RunLive(const AppConfig& config, OpenedState& st, std::function<bool()> backfill_running,
-            state::StopReason* stop, std::vector<state::JobRecord> backfills, int* backfill_rc) {
+            state::StopReason* stop, std::vector<state::JobRecord> backfills, int* backfill_rc,
+            pipeline::JobGroup* added_backfills) {
   pipeline::LiveService service;
   service.live_job = [&config, &st]() -> Result<state::JobRecord> {
     auto job = sources::FindOrCreateLiveJob(EnvOf(config, st), "cli");
@@ -38,6 +39,7 @@ int RunLive(const AppConfig& config, OpenedState& st, std::function<bool()> back
   };
   service.backfills = std::move(backfills);
   service.backfill_running = std::move(backfill_running);
+  service.added_backfills = added_backfills;
   service.run = [&config, &st](state::JobRecord job, const pipeline::JobContext& ctx) {
     if (job.kind == "backfill" && ctx.hold_live) {
       std::fprintf(stderr, "atfill run: backfill job %" PRIu64 " runs beside the live consumer\n",

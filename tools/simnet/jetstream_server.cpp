@@ -4,8 +4,10 @@
 
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <boost/beast/core/buffers_to_string.hpp>
 #include <boost/beast/websocket.hpp>
 
+#include <simdjson.h>
 #include <charconv>
 #include <unordered_set>
 #include <vector>
@@ -172,6 +174,7 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
   void OnAccept(beast::error_code ec) {
     if (ec) return;
     ++server_->connections;
+    server_->RecordFilterStart({id_, sub_.version, next_, FilterNames(), false});
     if (sub_.compress) {
       cctx_ = ZSTD_createCCtx();
       if (cctx_ == nullptr ||
@@ -190,10 +193,80 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
                    [self = shared_from_this()](beast::error_code ec, size_t) { self->OnRead(ec); });
   }
 
+  std::vector<std::string> FilterNames() const {
+    std::vector<std::string> names(sub_.collections.begin(), sub_.collections.end());
+    for (const std::string& p : sub_.prefixes) names.push_back(p + "*");
+    std::sort(names.begin(), names.end());
+    return names;
+  }
+
+  // A v1 options_update (SPEC 1.3): replaces the whole filter from the next event scanned. An
+  // empty reason: applied, or not an update (ignored); else the close code and reason.
+  std::pair<websocket::close_code, std::string> OptionsUpdate(std::string_view text) {
+    simdjson::dom::parser parser;
+    simdjson::dom::element doc;
+    if (parser.parse(text.data(), text.size()).get(doc) != simdjson::SUCCESS) {
+      return {websocket::close_code::bad_payload, "bad envelope JSON"};
+    }
+    std::string_view type;
+    if (doc["type"].get(type) != simdjson::SUCCESS || type != "options_update") return {};
+    simdjson::dom::object payload;
+    if (doc["payload"].get(payload) != simdjson::SUCCESS) {
+      return {websocket::close_code::bad_payload, "bad payload JSON"};
+    }
+    Subscription next = sub_;
+    next.collections.clear();
+    next.prefixes.clear();
+    next.dids.clear();
+    simdjson::dom::array list;
+    if (payload["wantedCollections"].get(list) == simdjson::SUCCESS) {
+      for (auto item : list) {
+        std::string_view c;
+        if (item.get(c) != simdjson::SUCCESS) {
+          return {websocket::close_code::policy_error, "wantedCollections holds a non-string"};
+        }
+        if (c.ends_with(".*")) {
+          next.prefixes.emplace_back(c.substr(0, c.size() - 1));
+        } else if (c.find('*') != std::string_view::npos ||
+                   !atproto::ValidateNsid(std::string(c)).ok()) {
+          return {websocket::close_code::policy_error, "invalid wantedCollections value"};
+        } else {
+          next.collections.emplace(c);
+        }
+      }
+    }
+    if (payload["wantedDids"].get(list) == simdjson::SUCCESS) {
+      for (auto item : list) {
+        std::string_view d;
+        if (item.get(d) != simdjson::SUCCESS || !atproto::ValidateDid(std::string(d)).ok()) {
+          return {websocket::close_code::policy_error, "invalid wantedDids value"};
+        }
+        next.dids.emplace(d);
+      }
+    }
+    int64_t size = 0;
+    if (payload["maxMessageSizeBytes"].get(size) == simdjson::SUCCESS) {
+      next.max_size = size > 0 ? static_cast<uint64_t>(size) : 0;
+    }
+    sub_ = std::move(next);
+    server_->RecordFilterStart({id_, 1, next_, FilterNames(), true});
+    return {};
+  }
+
   void OnRead(beast::error_code ec) {
     if (ec) return Closed();
+    if (sub_.version == 1) {
+      const std::string text = beast::buffers_to_string(rbuf_.data());
+      rbuf_.consume(rbuf_.size());
+      auto [code, why] =
+          ws_.got_text() ? OptionsUpdate(text) : std::pair<websocket::close_code, std::string>{};
+      if (why.empty()) return DoRead();
+      // A real server closes with `code` (1007/1008); a write may be pending here, which a close
+      // frame must not overlap, so simnet drops the connection.
+      static_cast<void>(code);
+      return HardClose();
+    }
     rbuf_.consume(rbuf_.size());
-    if (sub_.version == 1) return DoRead();  // v1 client messages are ignored here
     ending_ = Ending::kClientData;
     Finish();
   }
@@ -680,6 +753,16 @@ std::optional<HttpAnswer> JetstreamServer::Handle(http::request<http::string_bod
       std::make_shared<WsSession>(this, std::move(stream), std::move(sub), next_connection_++);
   session->Start(std::move(req));
   return std::nullopt;
+}
+
+std::vector<JetstreamFilterStart> JetstreamServer::filter_starts() const {
+  std::lock_guard<std::mutex> lock(filters_mu_);
+  return filter_starts_;
+}
+
+void JetstreamServer::RecordFilterStart(JetstreamFilterStart start) {
+  std::lock_guard<std::mutex> lock(filters_mu_);
+  filter_starts_.push_back(std::move(start));
 }
 
 }  // namespace atfill::simnet

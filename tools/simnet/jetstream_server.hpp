@@ -5,8 +5,9 @@
 //   GET /xrpc/network.bsky.jetstream.getZstdDictionary    the v2 dictionary's bytes
 //   GET /simnet/legacy_subscribe.zdict                    the v1 dictionary's bytes (simnet only:
 //                                                         real v1 clients ship theirs)
-// Not simulated: v1 options_update and requireHello (client messages on v1 are read and
-// ignored), #sync events, the 503 answers of a bootstrapping server.
+// v1 options_update messages replace the connection's collections and DIDs (SPEC 1.3); other v1
+// client messages are read and ignored. Not simulated: requireHello, #sync events, the 503
+// answers of a bootstrapping server.
 #pragma once
 
 #include <vector>
@@ -18,6 +19,7 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 
@@ -66,6 +68,10 @@ class JetstreamServer {
     return log_->PublishedAt(std::chrono::steady_clock::now() - start_);
   }
 
+  // Every filter start so far, in the order they happened.
+  std::vector<JetstreamFilterStart> filter_starts() const;
+  void RecordFilterStart(JetstreamFilterStart start);
+
   std::atomic<uint64_t> connections{0};
   std::atomic<uint64_t> frames{0};
   std::atomic<uint64_t> disconnects{0};
@@ -81,6 +87,8 @@ class JetstreamServer {
   std::vector<std::string> v2_text_, v2_zstd_;  // JetstreamOptions::prerender; [0] unused
   std::chrono::steady_clock::time_point start_;
   std::atomic<uint64_t> next_connection_{0};
+  mutable std::mutex filters_mu_;
+  std::vector<JetstreamFilterStart> filter_starts_;
 };
 
 }  // namespace atfill::simnet

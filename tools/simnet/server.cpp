@@ -660,6 +660,11 @@ const JetstreamLog* Simnet::jetstream() const {
   return impl_->jetstream != nullptr ? &impl_->jetstream->log() : nullptr;
 }
 
+std::vector<JetstreamFilterStart> Simnet::jetstream_filter_starts() const {
+  return impl_->jetstream != nullptr ? impl_->jetstream->filter_starts()
+                                     : std::vector<JetstreamFilterStart>{};
+}
+
 ByteView Simnet::jetstream_dictionary(int version) const {
   return impl_->jetstream != nullptr ? impl_->jetstream->dictionary(version) : ByteView();
 }

@@ -423,6 +423,16 @@ struct SimnetStats {
 class JetstreamLog;
 struct JetstreamTruth;
 
+// Where a connection's collections filter took effect: at the connection's first seq, or at the
+// seq it had reached when a v1 options_update replaced it.
+struct JetstreamFilterStart {
+  uint64_t connection = 0;
+  int version = 2;
+  uint64_t from_seq = 0;                 // the first event the filter applies to
+  std::vector<std::string> collections;  // as asked ("prefix.*" for prefixes); empty = all
+  bool update = false;                   // a v1 options_update (else a new connection)
+};
+
 // The network served on loopback. Start() binds, generates the network and starts the io
 // threads; Stop() (also the destructor) closes every connection and joins them. Every method is
 // thread-safe.
@@ -442,6 +452,8 @@ class Simnet {
   const Network& network() const;
   // The Jetstream's event log; null when it is off.
   const JetstreamLog* jetstream() const;
+  // Where each Jetstream connection's collections filter took effect (empty when it is off).
+  std::vector<JetstreamFilterStart> jetstream_filter_starts() const;
   // The trained dictionary of stream version 1 or 2 (empty when the Jetstream is off).
   ByteView jetstream_dictionary(int version) const;
   // The state after applying the log's events 1..through_seq (see JetstreamLog::Truth).

@@ -55,6 +55,22 @@ struct BackfillRequest {
   std::string mode;                      // "listRecords" | "getRepo"; empty = the config's
 };
 
+// POST /admin/collections. AdminServer has checked the syntax: every name is an NSID, and add or
+// remove is non-empty.
+struct CollectionsRequest {
+  std::vector<std::string> add;
+  std::vector<std::string> remove;
+  bool backfill = true;  // the added collections get a backfill job
+};
+
+// GET and POST /admin/collections.
+struct CollectionsAnswer {
+  std::vector<std::string> collections;  // the live consumer's set now
+  std::vector<std::string> added;        // POST: what the request added (not there before)
+  std::vector<std::string> removed;      // POST: what it removed
+  uint64_t backfill_job = 0;             // POST: the job backfilling `added`; 0 = none
+};
+
 // The live (Jetstream) consumer, GET /admin/jetstream/status.
 struct LiveStatus {
   bool configured = false;   // false: this process runs no live consumer; the rest is unset
@@ -119,6 +135,17 @@ class AdminBackend {
 
   // The live consumer's state; {configured = false} when there is none.
   virtual Result<LiveStatus> Live() = 0;
+
+  // The live consumer's collections, and changing them while it runs (the change is saved, the
+  // consumer keeps its place, the added collections are backfilled beside it). Unsupported when
+  // this process runs no live consumer; Invalid when the change cannot apply (e.g. it would leave
+  // no collection).
+  virtual Result<CollectionsAnswer> Collections() {
+    return Status::Unsupported("this process runs no live consumer ([live] hosts)");
+  }
+  virtual Result<CollectionsAnswer> ChangeCollections(const CollectionsRequest&) {
+    return Status::Unsupported("this process runs no live consumer ([live] hosts)");
+  }
 
   // The per-batch audit trail of job `id` (kept with [jobs] record_batches): entries with
   // batch_no >= from, ascending, at most `limit`. NotFound when there is no job `id`; a job

@@ -289,6 +289,8 @@ enum class RouteId : uint8_t {
   kBatches,
   kLive,
   kLiveHistory,
+  kCollections,
+  kChangeCollections,
   kMetrics,
 };
 
@@ -313,6 +315,8 @@ constexpr Route kRoutes[] = {
     {"GET", "/admin/backfill/{id}/batches", RouteId::kBatches},
     {"GET", "/admin/jetstream/status", RouteId::kLive},
     {"GET", "/admin/jetstream/history", RouteId::kLiveHistory},
+    {"GET", "/admin/collections", RouteId::kCollections},
+    {"POST", "/admin/collections", RouteId::kChangeCollections},
     {"GET", "/metrics", RouteId::kMetrics},
 };
 
@@ -457,6 +461,67 @@ Result<BackfillRequest> ParseBackfillRequest(std::string_view body) {
     return Status::Invalid("give at least one of 'collections' or 'dids'");
   }
   return request;
+}
+
+// The body of POST /admin/collections.
+Result<CollectionsRequest> ParseCollectionsRequest(std::string_view body) {
+  simdjson::dom::parser parser;
+  const simdjson::padded_string padded(body);
+  simdjson::dom::element root;
+  if (auto err = parser.parse(padded).get(root); err != simdjson::SUCCESS) {
+    return Status::Invalid(std::string("the body is not JSON: ") + simdjson::error_message(err));
+  }
+  simdjson::dom::object object;
+  if (root.get_object().get(object) != simdjson::SUCCESS) {
+    return Status::Invalid("the body must be a JSON object");
+  }
+  CollectionsRequest request;
+  std::set<std::string_view> seen;
+  for (simdjson::dom::key_value_pair field : object) {
+    const std::string_view key = field.key;
+    if (!seen.insert(key).second) {
+      return Status::Invalid("field '" + std::string(key) + "' appears twice");
+    }
+    Status s;
+    if (key == "add") {
+      s = ParseStringArray(field.value, key, atproto::ValidateNsid, &request.add);
+    } else if (key == "remove") {
+      s = ParseStringArray(field.value, key, atproto::ValidateNsid, &request.remove);
+    } else if (key == "backfill") {
+      if (field.value.get(request.backfill) != simdjson::SUCCESS) {
+        s = Status::Invalid("field 'backfill' must be true or false");
+      }
+    } else {
+      s = Status::Invalid("unknown field '" + std::string(key) +
+                          "' (known: add, remove, backfill)");
+    }
+    ATFILL_RETURN_IF_ERROR(s);
+  }
+  if (request.add.empty() && request.remove.empty()) {
+    return Status::Invalid("give at least one of 'add' or 'remove'");
+  }
+  return request;
+}
+
+std::string CollectionsJson(const CollectionsAnswer& a, bool change) {
+  JsonWriter w;
+  w.BeginObject().Key("collections").BeginArray();
+  for (const auto& c : a.collections) w.String(c);
+  w.EndArray();
+  if (change) {
+    w.Key("added").BeginArray();
+    for (const auto& c : a.added) w.String(c);
+    w.EndArray().Key("removed").BeginArray();
+    for (const auto& c : a.removed) w.String(c);
+    w.EndArray();
+    if (a.backfill_job != 0) {
+      w.Key("backfill_job").Uint(a.backfill_job);
+    } else {
+      w.Key("backfill_job").Null();
+    }
+  }
+  w.EndObject();
+  return w.Take();
 }
 
 // --- Event streams ---
@@ -666,6 +731,8 @@ struct AdminServer::Impl {
   void Batches(uint64_t id, const Request& req, Response& res);
   void Live(Response& res);
   void LiveHistory(Response& res);
+  void Collections(Response& res);
+  void ChangeCollections(const Request& req, Response& res);
   void ServeMetrics(Response& res);
 
   bool Pump(EventStream& stream, httplib::DataSink& sink);
@@ -729,6 +796,10 @@ void AdminServer::Impl::Handle(const Route& route, const Request& req, Response&
       return Live(res);
     case RouteId::kLiveHistory:
       return LiveHistory(res);
+    case RouteId::kCollections:
+      return Collections(res);
+    case RouteId::kChangeCollections:
+      return ChangeCollections(req, res);
     case RouteId::kMetrics:
       return ServeMetrics(res);
   }
@@ -788,6 +859,20 @@ void AdminServer::Impl::List(Response& res) {
   for (const auto& j : *jobs) w.Raw(JobSummaryJson(j, now));
   w.EndArray().EndObject();
   SendJson(res, 200, w.Take());
+}
+
+void AdminServer::Impl::Collections(Response& res) {
+  auto answer = backend->Collections();
+  if (!answer.ok()) return SendStatus(res, answer.status());
+  SendJson(res, 200, CollectionsJson(*answer, false));
+}
+
+void AdminServer::Impl::ChangeCollections(const Request& req, Response& res) {
+  auto request = ParseCollectionsRequest(req.body);
+  if (!request.ok()) return SendError(res, 400, request.status().message());
+  auto answer = backend->ChangeCollections(*request);
+  if (!answer.ok()) return SendStatus(res, answer.status());
+  SendJson(res, 200, CollectionsJson(*answer, true));
 }
 
 void AdminServer::Impl::StartBackfill(const Request& req, Response& res) {

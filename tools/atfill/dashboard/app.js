@@ -407,6 +407,14 @@
         api('GET', '/admin/jetstream/status'),
         api('GET', '/admin/jetstream/history'),
       ]);
+      // 409: this process runs no live consumer, so it has no collections to change.
+      const collections = live && live.configured
+        ? await api('GET', '/admin/collections').catch((e) => {
+          if (e instanceof AuthError) throw e;
+          return null;
+        })
+        : null;
+      renderCollections(collections);
       state.lag = (history && history.samples) || [];
       state.jobs = list.jobs || [];
       if (state.detail) {
@@ -481,6 +489,44 @@
     $('live-rates').textContent =
         fmtRate(live.events_per_s) + ' events, ' + fmtRate(live.records_per_s) + ' records';
     $('live-error').textContent = live.error || '-';
+  }
+
+  function renderCollections(c) {
+    $('collections-box').hidden = !c;
+    if (!c) return;
+    $('collections-list').replaceChildren(...c.collections.map((name) => {
+      const remove = el('button', { type: 'button', text: 'Remove',
+        'data-testid': 'collection-remove-' + name });
+      remove.addEventListener('click', () => changeCollections({ remove: [name] }));
+      return el('li', { 'data-testid': 'collection-' + name }, [el('code', { text: name }),
+        document.createTextNode(' '),
+        remove]);
+    }));
+  }
+
+  async function changeCollections(body) {
+    const msg = $('collections-message');
+    try {
+      const r = await api('POST', '/admin/collections', body);
+      let text = 'Collections now: ' + r.collections.join(', ') + '.';
+      if (r.backfill_job != null) text += ' Backfill job ' + r.backfill_job + ' started.';
+      msg.textContent = text;
+      renderCollections(r);
+      await refresh();
+      if (r.backfill_job != null) await selectJob(r.backfill_job);
+    } catch (e) {
+      if (!(e instanceof AuthError)) msg.textContent = 'Not changed: ' + e.message;
+    }
+  }
+
+  async function onAddCollections(ev) {
+    ev.preventDefault();
+    const add = splitList($('collections-add').value);
+    if (!add.length) {
+      $('collections-message').textContent = 'Give at least one collection.';
+      return;
+    }
+    await changeCollections({ add, backfill: $('collections-backfill').checked });
   }
 
   // --- The selected job ---
@@ -818,6 +864,7 @@
       if (state.detail) renderHosts(state.detail);
     });
     $('start-backfill').addEventListener('submit', onStartBackfill);
+    $('add-collections').addEventListener('submit', onAddCollections);
     if (state.token) start();
     else showTokenForm('');
   });
