@@ -4,13 +4,16 @@
 // bars, the live consumer's lag chart, the recent repos 20 a page) and saves a screenshot.
 // Prints one JSON object on stdout.
 //
-//   node dashboard.mjs URL TOKEN COLLECTION SCREENSHOT
+//   node dashboard.mjs URL TOKEN COLLECTION SCREENSHOT [ADD_TO_LIVE]
+//
+// With ADD_TO_LIVE (an NSID), it then adds that collection to the live consumer from the
+// collections panel and follows the backfill job that starts to its end.
 //
 // Run by tests/integration/admin_run_test.cpp (DashboardTest), which starts atfill against simnet and checks the
 // numbers printed here against the API and the database.
 import { chromium } from 'playwright-core';
 
-const [url, token, collection, screenshot] = process.argv.slice(2);
+const [url, token, collection, screenshot, addToLive] = process.argv.slice(2);
 if (!screenshot) {
   console.error('usage: node dashboard.mjs URL TOKEN COLLECTION SCREENSHOT');
   process.exit(2);
@@ -127,6 +130,27 @@ try {
   out.recent_page2_rows = secondDids.length;
   out.recent_pages_overlap = secondDids.filter((d) => firstDids.includes(d)).length;
   out.recent_page2_prev_enabled = await page.getByTestId('recent-prev').isEnabled();
+
+  if (addToLive) {
+    // The live consumer's collections: add one from the page; its backfill starts and completes.
+    await page.getByTestId('collections-box').waitFor({ state: 'visible', timeout: 20_000 });
+    out.live_collections_before = await page.locator('#collections-list li code').allInnerTexts();
+    await page.getByTestId('collections-add').fill(addToLive);
+    await page.getByTestId('collections-submit').click();
+    await page.waitForFunction(
+      () => /Backfill job \d+ started/.test(
+        document.querySelector('[data-testid="collections-message"]')?.textContent || ''),
+      null, { timeout: 20_000 });
+    const text = (await page.getByTestId('collections-message').innerText()).trim();
+    out.collections_message = text;
+    const job = Number(text.match(/Backfill job (\d+)/)[1]);
+    out.collections_job = job;
+    await page.waitForFunction((testid) => ['completed', 'failed', 'cancelled'].includes(
+      (document.querySelector(`[data-testid="${testid}"]`)?.innerText || '').trim()),
+    `job-status-${job}`, { timeout: 120_000 });
+    out.collections_job_status = (await page.getByTestId(`job-status-${job}`).innerText()).trim();
+    out.live_collections_after = await page.locator('#collections-list li code').allInnerTexts();
+  }
   out.console_errors = consoleErrors;
 } finally {
   await browser.close();

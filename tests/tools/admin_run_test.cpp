@@ -474,7 +474,8 @@ TEST(DashboardTest, ABackfillStartedFromThePageIsFollowedToCompletion) {
   auto drive =
       testing::RunProcess({"/bin/sh", "-c",
                            "exec node '" + (e2e / "dashboard.mjs").string() + "' '" + server.url() +
-                               "' '" + kToken + "' " + kPost + " '" + shot.string() + "'"},
+                               "' '" + kToken + "' " + kPost + " '" + shot.string() + "' " +
+                           kPost},
                           server.dir(), std::chrono::seconds(240));
   ASSERT_EQ(drive.exit_code, 0) << drive.out << drive.err << server.log();
   const std::string& page = drive.out;
@@ -534,6 +535,20 @@ TEST(DashboardTest, ABackfillStartedFromThePageIsFollowedToCompletion) {
   EXPECT_EQ(NumberAfter(page, "recent_page2_rows"), 20u) << page;
   EXPECT_EQ(NumberAfter(page, "recent_pages_overlap"), 0u) << page;
   EXPECT_THAT(page, HasSubstr("\"recent_page2_prev_enabled\":true")) << page;
+  // Posts added to the live consumer (which took likes) from the collections panel: their backfill
+  // job starts, is followed on the page to its end, and the page lists both collections.
+  EXPECT_THAT(page, HasSubstr(R"("live_collections_before":["app.bsky.feed.like"])")) << page;
+  EXPECT_THAT(page, HasSubstr(R"("live_collections_after":["app.bsky.feed.like","app.bsky.feed.post"])"))
+      << page;
+  const uint64_t added_job = NumberAfter(page, "collections_job");
+  EXPECT_NE(added_job, id) << page;
+  EXPECT_EQ(StringAfter(page, "collections_job_status"), "completed") << page;
+  auto added = server.Client().Get("/admin/backfill/" + std::to_string(added_job));
+  ASSERT_TRUE(added);
+  EXPECT_THAT(added->body, HasSubstr("app.bsky.feed.post")) << added->body;
+  auto listed = server.Client().Get("/admin/collections");
+  ASSERT_TRUE(listed);
+  EXPECT_EQ(listed->body, R"({"collections":["app.bsky.feed.like","app.bsky.feed.post"]})");
   // The screenshot is a real PNG of the page.
   const std::string png = Slurp(shot);
   ASSERT_GT(png.size(), 10'000u);

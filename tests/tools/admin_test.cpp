@@ -362,6 +362,8 @@ const RouteCase kProtected[] = {
     {"GET", "/admin/backfill/1/batches"},
     {"GET", "/admin/jetstream/status"},
     {"GET", "/admin/jetstream/history"},
+    {"GET", "/admin/collections"},
+    {"POST", "/admin/collections"},
     {"GET", "/metrics"},
     // Unknown paths under /admin are refused before anything else is said about them.
     {"GET", "/admin/nope"},
@@ -538,6 +540,30 @@ TEST_F(AdminServerTest, MalformedBackfillBodiesAre400WithTheReason) {
     EXPECT_NE(ErrorOf(a).find(reason), std::string::npos) << a.body;
   }
   EXPECT_TRUE(backend_.started().empty());
+}
+
+// POST /admin/collections: bodies checked before the backend hears of them; a process without a
+// live consumer answers 409 (its refusal, Unsupported).
+TEST_F(AdminServerTest, CollectionChangesAreCheckedAndNeedALiveConsumer) {
+  StartServer();
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"{", "not JSON"},
+      {"{}", "at least one of 'add' or 'remove'"},
+      {R"({"add":["not an nsid"]})", "add[0]"},
+      {R"({"remove":"app.bsky.feed.post"})", "'remove' must be an array"},
+      {R"({"add":["app.bsky.feed.post"],"backfill":"yes"})", "'backfill' must be true or false"},
+      {R"({"add":["app.bsky.feed.post"],"purge":true})", "unknown field 'purge'"},
+  };
+  for (const auto& [body, reason] : cases) {
+    SCOPED_TRACE(body);
+    Answer a = Call("POST", "/admin/collections", body);
+    EXPECT_EQ(a.status, 400);
+    EXPECT_NE(ErrorOf(a).find(reason), std::string::npos) << a.body;
+  }
+  Answer none = Call("POST", "/admin/collections", R"({"add":["app.bsky.feed.like"]})");
+  EXPECT_EQ(none.status, 409) << none.body;
+  EXPECT_NE(ErrorOf(none).find("no live consumer"), std::string::npos) << none.body;
+  EXPECT_EQ(Call("GET", "/admin/collections").status, 409);
 }
 
 TEST_F(AdminServerTest, ListsJobsNewestFirstWithTheCliFields) {
