@@ -100,6 +100,9 @@ struct SinkReaders {
   std::function<Result<bool>(const std::string& did, const std::string& collection)> holds;
   // The record JSON stored at an AT URI (nullopt when none).
   std::function<Result<std::optional<std::string>>(std::string_view uri)> record;
+  // Deletes every row of a collection (one removed from the live consumer with purge), in
+  // transactions of a few thousand rows beside the running sink's writes; returns the rows deleted.
+  std::function<Result<uint64_t>(const std::string& collection)> purge_collection;
 };
 
 // The process's state and settings, which every factory may use. Everything must outlive the
@@ -130,6 +133,10 @@ struct PlanDraft {
   // Set by a source whose job may purge accounts the stream calls deleted: how to ask an
   // account's PDS (the account check stage uses it; nullptr: no check).
   AccountStatusLookup* account_status = nullptr;
+  // Set by a source whose collections change while it runs (the live consumer): whether a
+  // collection is still consumed now. Events held back earlier (stages/live_hold) of one no longer
+  // consumed are dropped when released. Unset: every collection.
+  std::function<bool(std::string_view collection)> consumes;
 
   // Keeps `piece` alive for the run (released after it, last made first) and returns it.
   template <typename T>

@@ -4,6 +4,7 @@
 
 #include "sinks/dry_run_sink.hpp"
 #include "sinks/postgres_reader.hpp"
+#include "sinks/purge.hpp"
 #include "sinks/sqlite_reader.hpp"
 
 namespace atfill::sinks {
@@ -68,7 +69,9 @@ pipeline::Components::SinkKind Sqlite() {
   };
   k.readers = [](const pipeline::Settings& settings) {
     const std::string& path = settings.Get<SinkSettings>().sqlite.path;
-    return pipeline::SinkReaders{SqliteHoldsRecords(path), SqliteRecordReader(path)};
+    return pipeline::SinkReaders{
+        SqliteHoldsRecords(path), SqliteRecordReader(path),
+        [path](const std::string& collection) { return SqlitePurgeCollection(path, collection); }};
   };
   return k;
 }
@@ -91,7 +94,9 @@ pipeline::Components::SinkKind Postgres() {
   };
   k.readers = [](const pipeline::Settings& settings) {
     const PostgresReaderOptions o = ReaderOptions(settings.Get<SinkSettings>().postgres);
-    return pipeline::SinkReaders{PostgresHoldsRecords(o), PostgresRecordReader(o)};
+    return pipeline::SinkReaders{
+        PostgresHoldsRecords(o), PostgresRecordReader(o),
+        [o](const std::string& collection) { return PostgresPurgeCollection(o, collection); }};
   };
   return k;
 }

@@ -406,7 +406,9 @@ Status PlanJetstream(const pipeline::Environment& env, pipeline::PlanDraft& draf
   draft.plan->source = stream;
   // Changes made while it runs reach it; released before the source.
   const uint64_t token = collections->Listen(
-      [stream](const std::vector<std::string>& now) { return stream->SetCollections(now); });
+      [stream](const std::vector<std::string>& now) { return stream->SetCollections(now); },
+      [stream](std::chrono::milliseconds timeout) { return stream->WaitFilterApplied(timeout); });
+  draft.consumes = [stream](std::string_view c) { return stream->Consumes(c); };
   draft.plan->keep.push_back(std::shared_ptr<void>(
       nullptr, [collections, token](void*) { collections->Unlisten(token); }));
   if (settings.check_deleted_accounts) ATFILL_RETURN_IF_ERROR(AddAccountStatus(env, draft));

@@ -45,6 +45,19 @@ Result<JetstreamProtocol> ParseJetstreamProtocol(std::string_view text) {
 namespace {
 // Hosts a consumer may list: messages carry the sender's index in 4 bits (see kHostShift).
 constexpr size_t kMaxHosts = 15;
+
+// Whether a collections filter (NSIDs or "prefix.*"; empty = all) takes `collection`.
+bool Wanted(const std::vector<std::string>& filter, std::string_view collection) {
+  if (filter.empty()) return true;
+  for (const auto& c : filter) {
+    if (c == collection) return true;
+    if (c.size() > 2 && c.ends_with(".*") &&
+        collection.starts_with(std::string_view(c).substr(0, c.size() - 1))) {
+      return true;
+    }
+  }
+  return false;
+}
 }  // namespace
 
 Status JetstreamOptions::Validate() const {
@@ -228,6 +241,14 @@ struct JetstreamSource::Impl {
     // The next connection opened is the first with a changed filter (v2): UrlFor records its seq.
     std::atomic<bool> filter_pending{false};
     bool filter_reopen = false;  // under mu: Read reconnects with the new filter (v2)
+    // Under mu. read_through: one past the newest chunk Read filled with messages. fence: its
+    // value at the last filter change; every chunk filled later is decoded with the new filter.
+    // committed: chunks with seq < committed are durable.
+    uint64_t reads = 0;
+    uint64_t read_through = 0;
+    uint64_t fence = 0;
+    uint64_t committed = 0;
+    std::condition_variable committed_cv;
   };
 
   std::shared_ptr<const std::vector<std::string>> Collections() const {
@@ -720,6 +741,9 @@ Result<bool> JetstreamSource::Read(pipeline::EventChunk* chunk) {
   const bool drained = sh.queue.empty();
   const bool reconnect =
       sh.reopen && sh.stopped && sh.queued_bytes < s.options.max_buffered_bytes / 2;
+  // The engine numbers the chunks Read returns from 0 (it sets chunk->seq after Read).
+  const uint64_t seq = sh.reads++;
+  if (n > 0) sh.read_through = seq + 1;
   // A changed filter reconnects at once; what the old connection still sends meanwhile is kept.
   const bool refilter = sh.filter_reopen;
   sh.filter_reopen = false;
@@ -739,14 +763,22 @@ Result<bool> JetstreamSource::Read(pipeline::EventChunk* chunk) {
 }
 
 void JetstreamSource::Decode(pipeline::EventChunk* chunk) const {
+  const std::shared_ptr<const std::vector<std::string>> wanted = impl_->Collections();
+  int64_t unwanted = 0;
   DecodeFrames(chunk, [&](JetstreamFrame& frame) {
     if (auto event = frame.TakeEvent()) {
       if (auto* a = std::get_if<pipeline::AccountEvent>(&*event); a != nullptr && a->resync) {
-        a->resync_collections = *impl_->Collections();  // the collections it indexes
+        a->resync_collections = *wanted;  // the collections it indexes
+      }
+      if (const auto* r = std::get_if<pipeline::RecordEvent>(&*event);
+          r != nullptr && !Wanted(*wanted, r->collection)) {
+        ++unwanted;  // sent before the host took a changed filter
+        return;
       }
       chunk->events.push_back(std::move(*event));
     }
   });
+  if (unwanted > 0) chunk->counters.emplace_back("live_unwanted", unwanted);
 }
 
 void JetstreamSource::DecodeFrames(
@@ -876,6 +908,30 @@ JetstreamStats JetstreamSource::stats() const {
 
 std::vector<std::string> JetstreamSource::collections() const { return *impl_->Collections(); }
 
+bool JetstreamSource::Consumes(std::string_view collection) const {
+  return Wanted(*impl_->Collections(), collection);
+}
+
+void JetstreamSource::Committed(uint64_t through_seq) {
+  Impl::Shared& sh = *impl_->shared;
+  {
+    std::lock_guard<std::mutex> lock(sh.mu);
+    sh.committed = std::max(sh.committed, through_seq + 1);
+  }
+  sh.committed_cv.notify_all();
+}
+
+Status JetstreamSource::WaitFilterApplied(std::chrono::milliseconds timeout) const {
+  Impl::Shared& sh = *impl_->shared;
+  std::unique_lock<std::mutex> lock(sh.mu);
+  const bool done =
+      sh.committed_cv.wait_for(lock, timeout, [&] { return sh.committed >= sh.fence; });
+  if (done) return Status::OK();
+  return Status::Unavailable(
+      "the live consumer did not commit the events received before the change within " +
+      std::to_string(timeout.count()) + " ms");
+}
+
 Status JetstreamSource::SetCollections(std::vector<std::string> collections) {
   if (collections.empty()) {
     return Status::Invalid(
@@ -891,6 +947,10 @@ Status JetstreamSource::SetCollections(std::vector<std::string> collections) {
     sh.collections = std::make_shared<const std::vector<std::string>>(std::move(collections));
   }
   sh.filter_changes.fetch_add(1);
+  {
+    std::lock_guard<std::mutex> lock(sh.mu);
+    sh.fence = sh.read_through;
+  }
   if (sh.v1.load()) {
     // v1 replaces the open connection's filter in place (SPEC 1.3); when no connection is open
     // the next one asks for the new filter in its URL.

@@ -18,6 +18,7 @@
 // slow sink never loses events and memory stays bounded.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -152,8 +153,17 @@ class JetstreamSource : public pipeline::Source {
   // asks for the new one in its URL), on v2 the connection is closed and opened again at the
   // newest seq decoded with the new collections[] (the events in between come again; the sink's
   // writes are idempotent). Events already received are still applied. Thread-safe.
+  // From then on, record events of other collections are dropped as they are decoded (counter
+  // live_unwanted): the events of a removed collection received before the change but decoded
+  // after it do not land either.
   Status SetCollections(std::vector<std::string> collections);
   std::vector<std::string> collections() const;
+  // Whether the filter now takes `collection`.
+  bool Consumes(std::string_view collection) const;
+  // Waits at most `timeout` until every chunk read before the last SetCollections is committed:
+  // from then on nothing of a removed collection reaches the sink (Unavailable otherwise).
+  Status WaitFilterApplied(std::chrono::milliseconds timeout) const;
+  void Committed(uint64_t through_seq) override;
 
  private:
   struct Impl;

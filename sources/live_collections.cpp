@@ -127,15 +127,28 @@ Result<CollectionChange> LiveCollections::ApplyLocked(const std::vector<std::str
   return change;
 }
 
-uint64_t LiveCollections::Listen(Listener listener) {
+uint64_t LiveCollections::Listen(Listener listener, Waiter applied) {
   std::lock_guard<std::mutex> lock(mu_);
   listener_ = std::move(listener);
+  applied_ = std::move(applied);
   return ++token_;
 }
 
 void LiveCollections::Unlisten(uint64_t token) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (token == token_) listener_ = nullptr;
+  if (token != token_) return;
+  listener_ = nullptr;
+  applied_ = nullptr;
+}
+
+Status LiveCollections::WaitApplied(std::chrono::milliseconds timeout) {
+  Waiter applied;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    applied = applied_;
+  }
+  // Outside the lock: the consumer's commits do not need it, a change made meanwhile waits.
+  return applied ? applied(timeout) : Status::OK();
 }
 
 }  // namespace atfill::sources

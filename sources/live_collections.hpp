@@ -7,6 +7,7 @@
 // the live job's plan registers; the caller starts the backfills of added collections.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <mutex>
@@ -52,8 +53,14 @@ class LiveCollections {
   // The running consumer: called with the new set after each change. One at a time; Listen
   // returns a token for Unlisten.
   using Listener = std::function<Status(const std::vector<std::string>&)>;
-  uint64_t Listen(Listener listener);
+  // `applied`: waits until nothing received before the last change can still land.
+  using Waiter = std::function<Status(std::chrono::milliseconds timeout)>;
+  uint64_t Listen(Listener listener, Waiter applied = nullptr);
   void Unlisten(uint64_t token);
+
+  // Waits until the running consumer can no longer write events of a collection removed by the
+  // last change (at once when none runs); Unavailable after `timeout`.
+  Status WaitApplied(std::chrono::milliseconds timeout);
 
  private:
   Result<CollectionChange> ApplyLocked(const std::vector<std::string>& add,
@@ -67,6 +74,7 @@ class LiveCollections {
   bool loaded_ = false;
   uint64_t token_ = 0;
   Listener listener_;
+  Waiter applied_;
 };
 
 }  // namespace atfill::sources

@@ -68,6 +68,7 @@ Status AddLiveHold(const pipeline::Environment& env, pipeline::PlanDraft& draft)
   options.backfill_running = draft.ctx->backfill_running;
   pipeline::JobGroup* gaps = draft.ctx->beside;
   options.hold_all = [gaps] { return gaps != nullptr && gaps->running(); };
+  options.consumes = draft.consumes;
   draft.plan->stages.live_hold = draft.Keep(std::make_unique<LiveHold>(holds, options));
   return Status::OK();
 }

@@ -105,6 +105,7 @@ Status LiveHold::Process(pipeline::TransformState* state, pipeline::EventChunk* 
 
   std::vector<pipeline::Event> released;
   int64_t dropped = 0;
+  int64_t unwanted = 0;
   for (const auto& c : candidates) {
     std::vector<uint64_t> orders;
     ATFILL_RETURN_IF_ERROR(holds_->ScanHeld(c.did, [&](uint64_t order, std::string_view bytes) {
@@ -113,6 +114,11 @@ Status LiveHold::Process(pipeline::TransformState* state, pipeline::EventChunk* 
       if (!event.ok()) {
         chunk->errors.push_back({"bad_held_event", c.did, event.status().message()});
         ++dropped;
+        return true;
+      }
+      if (const auto* r = std::get_if<pipeline::RecordEvent>(&*event);
+          r != nullptr && options_.consumes && !options_.consumes(r->collection)) {
+        ++unwanted;  // its collection was removed while it was held
         return true;
       }
       if (const auto* r = std::get_if<pipeline::RecordEvent>(&*event);
@@ -135,6 +141,7 @@ Status LiveHold::Process(pipeline::TransformState* state, pipeline::EventChunk* 
     chunk->counters.emplace_back("live_released", static_cast<int64_t>(released.size()));
   }
   if (dropped > 0) chunk->counters.emplace_back("live_hold_dropped", dropped);
+  if (unwanted > 0) chunk->counters.emplace_back("live_unwanted", unwanted);
 
   // 2. This chunk's events of repos being backfilled are held.
   int64_t held = 0;

@@ -35,6 +35,10 @@ struct LiveHoldOptions {
   // The order of held events: must grow across restarts (default: the wall clock in µs, made
   // strictly increasing).
   std::function<uint64_t()> clock;
+  // Whether the consumer still takes a collection (its collections change at run time): a held
+  // record event of one it no longer takes is dropped at its release (counter live_unwanted).
+  // Unset: every collection.
+  std::function<bool(std::string_view collection)> consumes;
 };
 
 // Ordered (the live consumer's graph, before the ingest guard). Counters: live_held (events

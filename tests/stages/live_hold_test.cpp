@@ -117,6 +117,7 @@ class LiveHoldTest : public ::testing::Test {
     o.backfill_running = [this] { return running_; };
     o.hold_all = [this] { return hold_all_; };
     o.clock = [this] { return ++clock_; };
+    o.consumes = consumes_;
     hold_ = std::make_unique<LiveHold>(&holds_, o);
     st_ = hold_->NewState();
   }
@@ -159,6 +160,7 @@ class LiveHoldTest : public ::testing::Test {
   uint64_t clock_ = 1000;
   std::unique_ptr<LiveHold> hold_;
   std::unique_ptr<pipeline::TransformState> st_;
+  std::function<bool(std::string_view)> consumes_;
 };
 
 TEST_F(LiveHoldTest, AReposEventsWaitForItsCheckpointThenOnlyNewerOnesApply) {
@@ -212,6 +214,19 @@ TEST_F(LiveHoldTest, ACheckpointDropsOnlyTheCollectionsItsCrawlWrote) {
   auto c2 = Process({});
   EXPECT_EQ(Names(c2), (std::vector<std::string>{"A:p1@3l0000000000a", "A:p2@3l0000000000d"}));
   EXPECT_EQ(Counter(c2, "live_hold_dropped"), 1);  // the like: in the snapshot
+  Commit(Seal());
+
+  // A collection the consumer no longer takes (removed while its events were held): dropped.
+  consumes_ = [](std::string_view c) { return c != "app.bsky.feed.post"; };
+  MakeHold();
+  Crawl([&](state::WriteBatch* b) { holds_.MarkQueued(b, kB); });
+  auto c3 = Process({Rec(kB, "p3", "3l0000000000e")});
+  EXPECT_EQ(Counter(c3, "live_held"), 1);
+  Commit(Seal());
+  Crawl([&](state::WriteBatch* b) { holds_.MarkFinished(b, kB); });
+  auto c4 = Process({});
+  EXPECT_TRUE(c4.events.empty());
+  EXPECT_EQ(Counter(c4, "live_unwanted"), 1);
   Commit(Seal());
 
   state::HoldCheckpoint all = state::HoldCheckpoint::Parse("3l0000000000c");

@@ -552,7 +552,8 @@ TEST_F(AdminServerTest, CollectionChangesAreCheckedAndNeedALiveConsumer) {
       {R"({"add":["not an nsid"]})", "add[0]"},
       {R"({"remove":"app.bsky.feed.post"})", "'remove' must be an array"},
       {R"({"add":["app.bsky.feed.post"],"backfill":"yes"})", "'backfill' must be true or false"},
-      {R"({"add":["app.bsky.feed.post"],"purge":true})", "unknown field 'purge'"},
+      {R"({"add":["app.bsky.feed.post"],"purge":1})", "'purge' must be true or false"},
+      {R"({"add":["app.bsky.feed.post"],"drop":true})", "unknown field 'drop'"},
   };
   for (const auto& [body, reason] : cases) {
     SCOPED_TRACE(body);

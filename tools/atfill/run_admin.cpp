@@ -247,12 +247,13 @@ Result<admin::CollectionsAnswer> RunAdmin::ChangeCollections(
   }
   ATFILL_ASSIGN_OR_RETURN(
       CollectionsOutcome outcome,
-      collections_->Change(request.add, request.remove, request.backfill, "api"));
+      collections_->Change(request.add, request.remove, request.backfill, request.purge, "api"));
   admin::CollectionsAnswer a;
   a.collections = std::move(outcome.change.now);
   a.added = std::move(outcome.change.added);
   a.removed = std::move(outcome.change.removed);
   a.backfill_job = outcome.backfill_job.value_or(0);
+  a.purged = std::move(outcome.purged);
   return a;
 }
 

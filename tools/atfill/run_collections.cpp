@@ -48,12 +48,27 @@ Result<CollectionsOutcome> RuntimeCollections::Start() {
 
 Result<CollectionsOutcome> RuntimeCollections::Change(const std::vector<std::string>& add,
                                                       const std::vector<std::string>& remove,
-                                                      bool backfill, const std::string& by) {
+                                                      bool backfill, bool purge,
+                                                      const std::string& by) {
   std::lock_guard<std::mutex> lock(mu_);
   ATFILL_ASSIGN_OR_RETURN(sources::LiveCollections * live,
                           sources::LiveCollectionsOf(EnvOf(config_, st_)));
   ATFILL_ASSIGN_OR_RETURN(sources::CollectionChange change, live->Apply(add, remove));
-  return Finish(std::move(change), backfill, by);
+  ATFILL_ASSIGN_OR_RETURN(CollectionsOutcome out, Finish(std::move(change), backfill, by));
+  if (!purge || out.change.removed.empty()) return out;
+  // Only once nothing received before the change can still land: the events of the removed
+  // collections decoded from here on are dropped by the consumer.
+  ATFILL_RETURN_IF_ERROR(
+      live->WaitApplied(kPurgeWait)
+          .WithContext("the collections were removed, but their rows were not purged"));
+  const pipeline::SinkReaders sink = LauncherComponents().Readers(config_.settings);
+  for (const auto& c : out.change.removed) {
+    if (c.ends_with(".*")) continue;  // a prefix names no rows by itself
+    ATFILL_ASSIGN_OR_RETURN(uint64_t n, sink.purge_collection(c));
+    std::fprintf(stderr, "atfill run: purged %s: %" PRIu64 " row(s) deleted\n", c.c_str(), n);
+    out.purged.emplace_back(c, n);
+  }
+  return out;
 }
 
 Result<CollectionsOutcome> RuntimeCollections::Finish(sources::CollectionChange change,

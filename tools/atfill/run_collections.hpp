@@ -7,6 +7,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -14,6 +15,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "base/status.hpp"
@@ -27,6 +29,7 @@ struct CollectionsOutcome {
   sources::CollectionChange change;
   std::optional<uint64_t> backfill_job;     // the job backfilling change.added
   std::vector<std::string> not_backfilled;  // added prefixes ("app.bsky.*"): a crawl needs NSIDs
+  std::vector<std::pair<std::string, uint64_t>> purged;  // removed collection, rows deleted
 };
 
 class RuntimeCollections {
@@ -39,10 +42,13 @@ class RuntimeCollections {
 
   // The set now (the saved one after the first call of anything here).
   Result<std::vector<std::string>> Current();
-  // Adds and removes collections; with `backfill`, the added ones are backfilled.
+  // Adds and removes collections; with `backfill`, the added ones are backfilled; with `purge`,
+  // the removed ones' rows are deleted once the consumer can no longer write any (waiting at most
+  // kPurgeWait for what it received before the change to be committed).
   Result<CollectionsOutcome> Change(const std::vector<std::string>& add,
                                     const std::vector<std::string>& remove, bool backfill,
-                                    const std::string& by);
+                                    bool purge, const std::string& by);
+  static constexpr std::chrono::milliseconds kPurgeWait{30'000};
   // At start: applies what the config changed while atfill was stopped, and backfills it.
   Result<CollectionsOutcome> Start();
   // From here on, SIGHUP reloads the config's [live] collections (a thread of its own until

@@ -61,6 +61,7 @@ struct CollectionsRequest {
   std::vector<std::string> add;
   std::vector<std::string> remove;
   bool backfill = true;  // the added collections get a backfill job
+  bool purge = false;    // the removed collections' rows are deleted
 };
 
 // GET and POST /admin/collections.
@@ -69,6 +70,7 @@ struct CollectionsAnswer {
   std::vector<std::string> added;        // POST: what the request added (not there before)
   std::vector<std::string> removed;      // POST: what it removed
   uint64_t backfill_job = 0;             // POST: the job backfilling `added`; 0 = none
+  std::vector<std::pair<std::string, uint64_t>> purged;  // POST with purge: rows deleted
 };
 
 // The live (Jetstream) consumer, GET /admin/jetstream/status.

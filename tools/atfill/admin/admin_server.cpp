@@ -487,13 +487,14 @@ Result<CollectionsRequest> ParseCollectionsRequest(std::string_view body) {
       s = ParseStringArray(field.value, key, atproto::ValidateNsid, &request.add);
     } else if (key == "remove") {
       s = ParseStringArray(field.value, key, atproto::ValidateNsid, &request.remove);
-    } else if (key == "backfill") {
-      if (field.value.get(request.backfill) != simdjson::SUCCESS) {
-        s = Status::Invalid("field 'backfill' must be true or false");
+    } else if (key == "backfill" || key == "purge") {
+      if (field.value.get(key == "backfill" ? request.backfill : request.purge) !=
+          simdjson::SUCCESS) {
+        s = Status::Invalid("field '" + std::string(key) + "' must be true or false");
       }
     } else {
       s = Status::Invalid("unknown field '" + std::string(key) +
-                          "' (known: add, remove, backfill)");
+                          "' (known: add, remove, backfill, purge)");
     }
     ATFILL_RETURN_IF_ERROR(s);
   }
@@ -519,6 +520,9 @@ std::string CollectionsJson(const CollectionsAnswer& a, bool change) {
     } else {
       w.Key("backfill_job").Null();
     }
+    w.Key("purged").BeginObject();
+    for (const auto& [c, n] : a.purged) w.Key(c).Uint(n);
+    w.EndObject();
   }
   w.EndObject();
   return w.Take();
