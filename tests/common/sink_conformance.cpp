@@ -8,6 +8,7 @@
 
 #include "atproto/cid.hpp"
 #include "base/bytes.hpp"
+#include "sinks/purge.hpp"
 
 namespace atfill::testing {
 
@@ -81,6 +82,9 @@ Result<std::unique_ptr<pipeline::Sink>> SinkTestEnv::OpenSinkWith(const SinkTwea
 }
 Result<std::unique_ptr<RecordLookup>> SinkTestEnv::OpenReader() {
   return Status::Internal("this sink's test env does not implement OpenReader");
+}
+Result<uint64_t> SinkTestEnv::PurgeCollection(const std::string&) {
+  return Status::Internal("this sink's test env does not implement PurgeCollection");
 }
 Status SinkTestEnv::Exec(const std::string&) {
   return Status::Internal("this sink's test env does not implement Exec");
@@ -765,6 +769,34 @@ TEST_P(SinkConformanceTest, RefusesANewerSchemaVersion) {
 // The backend's reader finds a record by its AT URI or its parts, refuses what is not an AT URI,
 // counts, answers whether an account holds records in a collection, runs read-only SQL, and sees
 // each batch committed while it is open.
+// A collection removed from the live consumer with purge: its rows go, in several transactions
+// when there are more than one holds, and every other row stays.
+TEST_P(SinkConformanceTest, PurgingACollectionDeletesItsRowsAlone) {
+  std::vector<pipeline::Event> batch;
+  const int posts = sinks::kPurgeRows + 7;
+  for (int i = 0; i < posts; ++i) {
+    batch.push_back(MakeCreate(i % 2 ? kAlice : kBob, kPost, "p" + std::to_string(i), kBodyA));
+  }
+  batch.push_back(MakeCreate(kAlice, kLike, "l1", kBodyB));
+  batch.push_back(MakeCreate(kBob, kLike, "l2", kBodyB));
+  MustWrite(batch);
+  auto purged = env_->PurgeCollection(kPost);
+  ASSERT_TRUE(purged.ok()) << purged.status().ToString();
+  EXPECT_EQ(*purged, static_cast<uint64_t>(posts));
+  auto rows = env_->reader().ReadAll();
+  ASSERT_TRUE(rows.ok()) << rows.status().ToString();
+  ASSERT_EQ(rows->size(), 2u);
+  for (const auto& r : *rows) EXPECT_NE(r.uri.find(kLike), std::string::npos) << r.uri;
+  auto again = env_->PurgeCollection(kPost);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(*again, 0u);
+  // The sink writes on after a purge.
+  MustWrite({MakeCreate(kAlice, kPost, "p-after", kBodyA)});
+  auto after = env_->reader().ReadAll();
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(after->size(), 3u);
+}
+
 TEST_P(SinkConformanceTest, ReaderLooksUpByUri) {
   MustWrite(
       {MakeCreate(kAlice, kPost, "a", kBodyA, kRev1, "c"), MakeCreate(kAlice, kPost, "b", kBodyB)});

@@ -126,6 +126,8 @@ class SinkTestEnv {
   virtual Status Exec(const std::string& sql);
   // The first column of every row of a query, as text ("NULL" for NULL).
   virtual Result<std::vector<std::string>> Column(const std::string& sql);
+  // The backend's purge of a collection's rows (sinks/purge.hpp).
+  virtual Result<uint64_t> PurgeCollection(const std::string& collection);
 };
 
 struct SinkConformanceParam {

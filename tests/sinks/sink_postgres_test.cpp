@@ -19,6 +19,7 @@
 #include "pipeline/engine.hpp"
 #include "sinks/postgres_reader.hpp"
 #include "sinks/postgres_sink.hpp"
+#include "sinks/purge.hpp"
 #include "sinks/sqlite_reader.hpp"
 #include "sinks/sqlite_sink.hpp"
 #include "state/kv_store.hpp"
@@ -122,6 +123,12 @@ class PgEnv : public testing::SinkTestEnv {
   }
   Result<std::unique_ptr<testing::RecordLookup>> OpenReader() override {
     return testing::LookupOf(PostgresReader::Open(db_->conninfo()));
+  }
+  Result<uint64_t> PurgeCollection(const std::string& collection) override {
+    PostgresReaderOptions o;
+    o.conninfo = db_->conninfo();
+    o.schema = options_.schema;
+    return PostgresPurgeCollection(o, collection);
   }
   Status Exec(const std::string& sql) override {
     ATFILL_ASSIGN_OR_RETURN(auto conn, PgConnection::Open(db_->conninfo()));

@@ -13,6 +13,7 @@
 #include <tuple>
 #include <vector>
 
+#include "sinks/purge.hpp"
 #include "sinks/sqlite_reader.hpp"
 #include "sinks/sqlite_sink.hpp"
 #include "tests/common/process.hpp"
@@ -130,6 +131,9 @@ class SqliteEnv : public testing::SinkTestEnv {
   }
   Result<std::unique_ptr<testing::RecordLookup>> OpenReader() override {
     return testing::LookupOf(SqliteReader::Open(path_));
+  }
+  Result<uint64_t> PurgeCollection(const std::string& collection) override {
+    return SqlitePurgeCollection(path_, collection);
   }
   Status Exec(const std::string& sql) override {
     RawDb db(path_);
