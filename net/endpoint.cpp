@@ -11,14 +11,12 @@
 #include <cstring>
 #include <memory>
 
-#ifndef ATFILL_NET_VERSION
-#define ATFILL_NET_VERSION "0.0.0"
-#endif
+#include "base/version.hpp"
 
 namespace atfill::net {
 
 std::string DefaultUserAgent(std::string_view version) {
-  return "atfill/" + std::string(version.empty() ? ATFILL_NET_VERSION : version) +
+  return "atfill/" + std::string(version.empty() ? kVersion : version) +
          " (+https://github.com/atfill)";
 }
 namespace {

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "base/status.hpp"
@@ -100,5 +101,9 @@ class Engine {
 };
 
 int64_t NowMicros();
+
+// The version of the oneTBB library this process runs with (TBB_runtime_version: the shared
+// library loaded, which may be newer than the headers it was built with).
+std::string TbbRuntimeVersion();
 
 }  // namespace atfill::pipeline

@@ -6,6 +6,7 @@
 
 #include <oneapi/tbb/flow_graph.h>
 #include <oneapi/tbb/task_group.h>
+#include <oneapi/tbb/version.h>
 
 #include <condition_variable>
 #include <deque>
@@ -143,3 +144,9 @@ void RunGraph(GraphBodies* bodies, uint32_t workers, uint32_t in_flight) {
 }
 
 }  // namespace atfill::pipeline::internal
+
+namespace atfill::pipeline {
+
+std::string TbbRuntimeVersion() { return TBB_runtime_version(); }
+
+}  // namespace atfill::pipeline

@@ -643,4 +643,6 @@ Result<std::unique_ptr<pipeline::Sink>> OpenSqliteSink(const SqliteSinkOptions& 
   return sink;
 }
 
+std::string SqliteVersion() { return sqlite3_libversion(); }
+
 }  // namespace atfill::sinks

@@ -106,4 +106,8 @@ struct SqliteSinkOptions {
 // Two sinks on one file serialise on SQLite's write lock.
 Result<std::unique_ptr<pipeline::Sink>> OpenSqliteSink(const SqliteSinkOptions& options);
 
+// The version of the SQLite library this process runs with (sqlite3_libversion: the shared library
+// loaded, which may be newer than the headers it was built with).
+std::string SqliteVersion();
+
 }  // namespace atfill::sinks

@@ -128,6 +128,9 @@ Result<std::unique_ptr<KvStore>> OpenRocksDb(const RocksDbOptions& options);
 // directory holds no state.
 Result<std::unique_ptr<KvStore>> OpenRocksDbReadOnly(const RocksDbOptions& options);
 
+// The version of the RocksDB library this process runs with (the shared library loaded).
+std::string RocksDbVersion();
+
 // Everything in memory; for tests. Values are copied out under a mutex, so readers never see a
 // partly applied batch.
 std::unique_ptr<KvStore> NewMemoryKvStore();

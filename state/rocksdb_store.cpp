@@ -4,6 +4,7 @@
 #include <rocksdb/filter_policy.h>
 #include <rocksdb/merge_operator.h>
 #include <rocksdb/table.h>
+#include <rocksdb/version.h>
 #include <rocksdb/write_batch.h>
 #include <unistd.h>
 
@@ -407,5 +408,7 @@ Result<std::unique_ptr<KvStore>> OpenRocksDbReadOnly(const RocksDbOptions& optio
   return std::unique_ptr<KvStore>(std::make_unique<RocksDbStore>(
       path, false, std::move(owned), std::move(handles), families, secondary));
 }
+
+std::string RocksDbVersion() { return rocksdb::GetRocksVersionAsString(); }
 
 }  // namespace atfill::state

@@ -2,6 +2,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <oneapi/tbb/version.h>
+#include <rocksdb/version.h>
+#include <sqlite3.h>
+
 #include <fstream>
 
 #include "tests/common/process.hpp"
@@ -124,6 +128,21 @@ TEST(CliTest, EveryVerbHasHelpAndUnknownVerbsAreUsageErrors) {
   auto r = Atfill(dir, {"frobnicate"});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.err, HasSubstr("unknown verb"));
+}
+
+// The version is the project's (CMake's project() version); the libraries' versions are those the
+// process loads, the same this test process loads.
+TEST(CliTest, VersionNamesTheBuildAndTheLibrariesItRunsWith) {
+  TempDir dir;
+  auto r = Atfill(dir, {"--version"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  const std::string build_type = ATFILL_EXPECTED_BUILD_TYPE;
+  EXPECT_THAT(Lines(r.out),
+              ::testing::ElementsAre(std::string("atfill ") + ATFILL_EXPECTED_VERSION,
+                                     "build type: " + (build_type.empty() ? "none" : build_type),
+                                     std::string("SQLite ") + sqlite3_libversion(),
+                                     "RocksDB " + rocksdb::GetRocksVersionAsString(),
+                                     std::string("oneTBB ") + TBB_runtime_version()));
 }
 
 TEST(CliTest, TheDemoRunsAndEveryStepAnswersAsExpected) {

@@ -2,7 +2,11 @@
 #include <string_view>
 #include <vector>
 
+#include "base/version.hpp"
+#include "pipeline/engine.hpp"
 #include "pipeline/shard.hpp"
+#include "sinks/sqlite_sink.hpp"
+#include "state/kv_store.hpp"
 #include "tools/atfill/app_config.hpp"
 #include "tools/atfill/cli.hpp"
 
@@ -15,6 +19,17 @@ void PrintOverview() {
     std::printf("  %-10.*s %.*s\n", static_cast<int>(verb.name.size()), verb.name.data(),
                 static_cast<int>(verb.summary.size()), verb.summary.data());
   }
+}
+
+// The libraries' versions are the ones loaded at run time (a Debian update of libsqlite3-0 shows
+// here without a rebuild).
+void PrintVersion() {
+  const std::string_view build_type = atfill::kBuildType.empty() ? "none" : atfill::kBuildType;
+  std::printf("atfill %s\n", ATFILL_VERSION);
+  std::printf("build type: %.*s\n", static_cast<int>(build_type.size()), build_type.data());
+  std::printf("SQLite %s\n", atfill::sinks::SqliteVersion().c_str());
+  std::printf("RocksDB %s\n", atfill::state::RocksDbVersion().c_str());
+  std::printf("oneTBB %s\n", atfill::pipeline::TbbRuntimeVersion().c_str());
 }
 
 }  // namespace
@@ -30,7 +45,7 @@ int main(int argc, char** argv) {
     return atfill::cli::kExitOk;
   }
   if (name == "--version") {
-    std::printf("atfill %s\n", ATFILL_VERSION);
+    PrintVersion();
     return atfill::cli::kExitOk;
   }
   for (const auto& verb : atfill::cli::Verbs()) {

@@ -39,10 +39,22 @@ int Show(const std::string& title, std::vector<std::string> argv,
   return rc;
 }
 
+// The demo's files: an installed atfill finds them at ../share/atfill/demo beside its own binary
+// (wherever the package or `cmake --install` put it), a build tree's in the source tree.
+std::filesystem::path DefaultDataDir() {
+  std::error_code ec;
+  const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    const auto installed = self.parent_path().parent_path() / "share" / "atfill" / "demo";
+    if (std::filesystem::is_directory(installed, ec)) return installed;
+  }
+  return std::filesystem::path(ATFILL_SOURCE_DIR) / "examples" / "data";
+}
+
 }  // namespace
 
 int RunDemo(std::span<char* const> args) {
-  std::filesystem::path dir = std::filesystem::path(ATFILL_SOURCE_DIR) / "examples" / "data";
+  std::filesystem::path dir = DefaultDataDir();
   std::string data;
   CLI::App app{"", "atfill demo"};
   PrepareVerbApp(app);

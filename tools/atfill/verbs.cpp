@@ -22,7 +22,8 @@ std::span<const Verb> Verbs() {
       {"demo", "run the demonstration on the files the repository ships",
        "usage: atfill demo [--data DIR]\n\n"
        "Shows the inspection verbs (syntax, cid, car) on examples/data.\n"
-       "  --data DIR   folder holding records.jsonl and sample.car (default: examples/data)\n",
+       "  --data DIR   folder holding records.jsonl and sample.car (default: share/atfill/demo\n"
+       "               of an installed atfill, else the source tree's examples/data)\n",
        RunDemo},
       {"ingest", "index Jetstream event files (JSON lines, plain or zstd) into the database",
        "usage: atfill ingest CONFIG FILE... [--dry-run]\n\n"
