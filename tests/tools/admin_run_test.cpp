@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <signal.h>
+#include <simdjson.h>
 
 #include <algorithm>
 #include <chrono>
@@ -13,6 +14,7 @@
 #include <functional>
 #include <map>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -387,15 +389,24 @@ TEST(AdminRunTest, PauseResumeAndCancelSteerRunningJobs) {
   EXPECT_EQ(server.Stop().exit_code, 0);
 }
 
-// With [live] set, the same process runs the live consumer; the API shows its state.
-TEST(AdminRunTest, TheLiveConsumersStateIsServed) {
+// A network whose Jetstream serves 2000 events.
+simnet::SimnetOptions LiveNetwork() {
   simnet::SimnetOptions so = Network(0);
   so.jetstream.events = 2000;
-  auto net = simnet::Simnet::Start(so);
+  return so;
+}
+
+// The [live] section that follows `net`'s Jetstream from its first event; `more`: further keys.
+std::string LiveSection(const simnet::Simnet& net, const std::string& more = "") {
+  return "[live]\nhosts = [\"" + net.jetstream_url() + "\"]\nallow_private_endpoints = true\n" +
+         more + "start_seq = 1\ncheck_deleted_accounts = false\n";
+}
+
+// With [live] set, the same process runs the live consumer; the API shows its state.
+TEST(AdminRunTest, TheLiveConsumersStateIsServed) {
+  auto net = simnet::Simnet::Start(LiveNetwork());
   ASSERT_TRUE(net.ok()) << net.status().ToString();
-  Server server(**net, "[live]\nhosts = [\"" + (*net)->jetstream_url() +
-                           "\"]\nallow_private_endpoints = true\nidle_exit_ms = 1000\n"
-                           "start_seq = 1\ncheck_deleted_accounts = false\n");
+  Server server(**net, LiveSection(**net, "idle_exit_ms = 1000\n"));
   ASSERT_NE(server.port(), 0) << server.log();
   const std::string live = Poll(server, "/admin/jetstream/status", [](const std::string& body) {
     return NumberAfter(body, "cursor") == 2000;
@@ -410,6 +421,93 @@ TEST(AdminRunTest, TheLiveConsumersStateIsServed) {
   ASSERT_TRUE(jobs);
   EXPECT_EQ(jobs->status, 200);
   EXPECT_THAT(jobs->body, HasSubstr("\"kind\":\"live\""));
+  EXPECT_EQ(server.Stop().exit_code, 0);
+}
+
+// The names of the samples in a Prometheus text exposition (comment lines left out).
+std::set<std::string> SampleNames(const std::string& scrape) {
+  std::set<std::string> names;
+  std::istringstream lines(scrape);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    names.insert(line.substr(0, line.find_first_of("{ ")));
+  }
+  return names;
+}
+
+// The PromQL queries of the Grafana dashboard: each panel's (rows' nested panels too) and the
+// template variables', each with where it is.
+void DashboardQueries(simdjson::dom::array panels,
+                      std::vector<std::pair<std::string, std::string>>* out) {
+  for (simdjson::dom::element panel : panels) {
+    std::string_view title;
+    if (panel["title"].get(title) != simdjson::SUCCESS) title = "(untitled)";
+    simdjson::dom::array nested;
+    if (panel["panels"].get(nested) == simdjson::SUCCESS) DashboardQueries(nested, out);
+    simdjson::dom::array targets;
+    if (panel["type"].get_string().value_unsafe() == "row") continue;
+    ASSERT_EQ(panel["targets"].get(targets), simdjson::SUCCESS) << "panel " << title;
+    size_t queries = 0;
+    for (simdjson::dom::element target : targets) {
+      std::string_view expr;
+      ASSERT_EQ(target["expr"].get(expr), simdjson::SUCCESS) << "panel " << title;
+      out->emplace_back("panel \"" + std::string(title) + "\"", std::string(expr));
+      ++queries;
+    }
+    EXPECT_GT(queries, 0u) << "panel " << title << " queries nothing";
+  }
+}
+
+// contrib/grafana/atfill.json against a real scrape of `atfill run` with a live consumer: every
+// metric a panel or variable queries is served, so renaming a metric fails here instead of
+// leaving a panel empty; and the panels cover what the dashboard is for.
+TEST(AdminRunTest, TheGrafanaDashboardQueriesOnlyMetricsARunningAtfillServes) {
+  auto net = simnet::Simnet::Start(LiveNetwork());
+  ASSERT_TRUE(net.ok()) << net.status().ToString();
+  Server server(**net, LiveSection(**net));
+  ASSERT_NE(server.port(), 0) << server.log();
+  // The live lag is served once the consumer has seen the stream.
+  const std::string scrape = Poll(server, "/metrics", [](const std::string& body) {
+    return SampleNames(body).count("atfill_live_lag_seconds") == 1;
+  });
+  const std::set<std::string> served = SampleNames(scrape);
+
+  const std::string text = Slurp(ATFILL_GRAFANA_DASHBOARD);
+  simdjson::dom::parser parser;
+  simdjson::dom::element dashboard;
+  ASSERT_EQ(parser.parse(simdjson::padded_string(text)).get(dashboard), simdjson::SUCCESS)
+      << ATFILL_GRAFANA_DASHBOARD << " is not JSON";
+  std::vector<std::pair<std::string, std::string>> queries;
+  simdjson::dom::array panels;
+  ASSERT_EQ(dashboard["panels"].get(panels), simdjson::SUCCESS);
+  DashboardQueries(panels, &queries);
+  simdjson::dom::array variables;
+  ASSERT_EQ(dashboard["templating"]["list"].get(variables), simdjson::SUCCESS);
+  for (simdjson::dom::element variable : variables) {
+    std::string_view definition;
+    if (variable["definition"].get(definition) == simdjson::SUCCESS) {
+      queries.emplace_back("variable " + std::string(variable["name"].get_string().value_unsafe()),
+                           std::string(definition));
+    }
+  }
+
+  const std::regex metric(R"(\batfill_[a-z0-9_]+)");
+  std::set<std::string> queried;
+  for (const auto& [where, query] : queries) {
+    size_t names = 0;
+    for (auto it = std::sregex_iterator(query.begin(), query.end(), metric);
+         it != std::sregex_iterator(); ++it, ++names) {
+      queried.insert(it->str());
+      EXPECT_EQ(served.count(it->str()), 1u)
+          << where << " queries " << it->str() << ", which /metrics does not serve: " << query;
+    }
+    EXPECT_GT(names, 0u) << where << " names no atfill metric: " << query;
+  }
+  for (const char* wanted :
+       {"atfill_stage_events_total", "atfill_stage_records_total", "atfill_errors_total",
+        "atfill_sink_batch_seconds_bucket", "atfill_live_lag_seconds", "atfill_jobs"}) {
+    EXPECT_EQ(queried.count(wanted), 1u) << "no panel charts " << wanted;
+  }
   EXPECT_EQ(server.Stop().exit_code, 0);
 }
 
