@@ -345,6 +345,13 @@ class Decoder : public Reader {
     return CheckEnd();
   }
 
+  Status DecodeFirst(Value* out, size_t* consumed) {
+    ATFILL_RETURN_IF_ERROR(CheckSize());
+    if (!Decode(out, 0)) return std::move(error_);
+    *consumed = pos_;
+    return Status::OK();
+  }
+
  private:
   bool Decode(Value* out, size_t depth) {
     Item item;
@@ -579,6 +586,13 @@ Result<Value> DecodeCbor(ByteView data, const CborLimits& limits) {
   Value value;
   Decoder decoder(data, limits);
   ATFILL_RETURN_IF_ERROR(decoder.DecodeAll(&value));
+  return value;
+}
+
+Result<Value> DecodeCborPrefix(ByteView data, size_t* consumed, const CborLimits& limits) {
+  Value value;
+  Decoder decoder(data, limits);
+  ATFILL_RETURN_IF_ERROR(decoder.DecodeFirst(&value, consumed));
   return value;
 }
 

@@ -28,6 +28,11 @@ struct CborLimits {
 // CBOR rules are checked here: atproto JSON conventions ($type, blob shape) are json.hpp's.
 Result<Value> DecodeCbor(ByteView data, const CborLimits& limits = {});
 
+// Decodes the one data item at the start of `data` and sets *consumed to its length in bytes;
+// what follows it is left unread (a firehose frame is two items back to back). The same rules
+// and errors as DecodeCbor; limits.max_bytes applies to all of `data`.
+Result<Value> DecodeCborPrefix(ByteView data, size_t* consumed, const CborLimits& limits = {});
+
 // A field of the top-level map that CborToJson also hands back (records' "createdAt").
 struct CborTopField {
   std::string_view key;
