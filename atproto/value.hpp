@@ -37,6 +37,7 @@ class Value {
   int64_t as_int() const { return std::get<int64_t>(v_); }
   const std::string& as_string() const { return std::get<std::string>(v_); }
   const Bytes& as_bytes() const { return std::get<Bytes>(v_); }
+  Bytes& as_bytes() { return std::get<Bytes>(v_); }
   const Cid& as_link() const { return std::get<Cid>(v_); }
   const Array& as_array() const { return std::get<Array>(v_); }
   Array& as_array() { return std::get<Array>(v_); }
