@@ -12,6 +12,7 @@
 #include "state/error_log.hpp"
 #include "state/failed_blocks.hpp"
 #include "state/job_store.hpp"
+#include "state/repo_chains.hpp"
 #include "state/resolver_cache.hpp"
 #include "state/tombstones.hpp"
 #include "state/work_queue.hpp"
@@ -32,6 +33,62 @@ class StateLayers : public testing::StoreFixture<Backend> {
 };
 
 TYPED_TEST_SUITE(StateLayers, Backends, BackendNames);
+
+// ---- Repo chains (the firehose's desync detection)
+
+TEST(RepoChainsJudge, ApplyStaleAndDesync) {
+  const RepoChain last{"3l2222222222b", "bafy-data-b", false};
+  std::string why;
+  EXPECT_EQ(JudgeCommit(std::nullopt, "3l2222222222a", "", &why), ChainVerdict::kApply)
+      << "a repo without a link takes its first commit";
+  EXPECT_EQ(JudgeCommit(last, "3l2222222222c", "bafy-data-b", &why), ChainVerdict::kApply);
+  EXPECT_EQ(JudgeCommit(last, "3l2222222222b", "bafy-data-a", &why), ChainVerdict::kStale);
+  EXPECT_EQ(JudgeCommit(last, "3l2222222222a", "bafy-data-a", &why), ChainVerdict::kStale);
+  EXPECT_NE(why.find("3l2222222222a"), std::string::npos) << why;
+  EXPECT_EQ(JudgeCommit(last, "3l2222222222c", "bafy-data-x", &why), ChainVerdict::kDesync);
+  EXPECT_NE(why.find("bafy-data-x"), std::string::npos) << why;
+  EXPECT_NE(why.find("bafy-data-b"), std::string::npos) << why;
+  EXPECT_EQ(JudgeCommit(last, "3l2222222222c", "", &why), ChainVerdict::kDesync);
+  EXPECT_NE(why.find("no prevData"), std::string::npos) << why;
+  RepoChain broken = last;
+  broken.desynchronized = true;
+  EXPECT_EQ(JudgeCommit(broken, "3l2222222222c", "bafy-data-b", &why), ChainVerdict::kDesync);
+  EXPECT_EQ(ChainVerdictName(ChainVerdict::kStale), "stale");
+}
+
+TYPED_TEST(StateLayers, RepoChainsSetGetAndScanDesynchronized) {
+  RepoChains chains(this->kv());
+  EXPECT_FALSE(chains.Get("did:plc:a")->has_value());
+  WriteBatch b;
+  chains.Set(&b, "did:plc:a", {"3l2222222222a", "bafy-a", false});
+  chains.Set(&b, "did:plc:b", {"3l2222222222b", "bafy-b", true});
+  chains.Set(&b, "did:plc:c", {"", "", true});
+  this->Commit(b);
+  EXPECT_EQ(**chains.Get("did:plc:a"), (RepoChain{"3l2222222222a", "bafy-a", false}));
+  EXPECT_EQ(**chains.Get("did:plc:c"), (RepoChain{"", "", true}));
+  std::vector<std::string> desync;
+  ASSERT_TRUE(chains
+                  .ScanDesynchronized([&](std::string_view did, const RepoChain& c) {
+                    EXPECT_TRUE(c.desynchronized);
+                    desync.emplace_back(did);
+                    return true;
+                  })
+                  .ok());
+  EXPECT_EQ(desync, (std::vector<std::string>{"did:plc:b", "did:plc:c"}));
+  WriteBatch rm;
+  chains.Remove(&rm, "did:plc:b");
+  WriteBatch garbage;
+  garbage.Put(Family::kCursors, "rc/did:plc:z", "no separators");
+  this->Commit(rm);
+  this->Commit(garbage);
+  EXPECT_FALSE(chains.Get("did:plc:b")->has_value());
+  auto bad = chains.Get("did:plc:z");
+  EXPECT_EQ(bad.status().code(), StatusCode::kCorrupt);
+  EXPECT_NE(bad.status().message().find("did:plc:z"), std::string::npos);
+  EXPECT_EQ(
+      chains.ScanDesynchronized([](std::string_view, const RepoChain&) { return true; }).code(),
+      StatusCode::kCorrupt);
+}
 
 // ---- Cursors
 
