@@ -211,6 +211,81 @@ class Builder {
   std::vector<std::pair<Cid, Bytes>>* nodes_;
 };
 
+// Walks one tree item by item in key order (a subtree, an entry, a subtree, ...), able to step
+// over a subtree without reading it: DiffMst's two sides.
+class DiffCursor {
+ public:
+  struct Item {
+    bool subtree = false;
+    int layer = 0;   // the subtree's layer
+    const Cid* cid;  // the subtree's CID, or the entry's value
+    const std::string* key = nullptr;
+  };
+
+  explicit DiffCursor(const BlockStore& blocks) : loader_(blocks) {}
+
+  Status Open(const Cid& root) {
+    ATFILL_ASSIGN_OR_RETURN(MstNode node, loader_.Load(root));
+    // A canonical root holds keys; one without (an empty tree) is of no layer.
+    const int layer = node.entries.empty() ? kMaxHeight + 1 : MstKeyHeight(node.entries[0].key);
+    stack_.push_back({std::move(node), layer, 0});
+    Settle();
+    return Status::OK();
+  }
+  bool done() const { return stack_.empty(); }
+  Item current() const {
+    const Frame& f = stack_.back();
+    if (f.pos % 2 == 0) {
+      const std::optional<Cid>& t = f.pos == 0 ? f.node.left : f.node.entries[f.pos / 2 - 1].tree;
+      return {true, f.layer - 1, &*t, nullptr};
+    }
+    const MstNode::Entry& e = f.node.entries[f.pos / 2];
+    return {false, f.layer, &e.value, &e.key};
+  }
+  // Past the current item (a subtree unread).
+  void Step() {
+    ++stack_.back().pos;
+    Settle();
+  }
+  // Into the current item, a subtree.
+  Status Descend() {
+    const Item item = current();
+    if (item.layer < 0 || stack_.size() > static_cast<size_t>(kMaxDepth)) {
+      return Status::Invalid("MST node " + item.cid->ToString() + " sits below layer 0");
+    }
+    ATFILL_ASSIGN_OR_RETURN(MstNode node, loader_.Load(*item.cid));
+    ++stack_.back().pos;
+    stack_.push_back({std::move(node), item.layer, 0});
+    Settle();
+    return Status::OK();
+  }
+
+ private:
+  struct Frame {
+    MstNode node;
+    int layer;
+    size_t pos;  // 0: the left subtree; 2i+1: entry i; 2i+2: entry i's subtree
+  };
+  // Moves to the next item that exists: over absent subtrees, out of finished nodes.
+  void Settle() {
+    while (!stack_.empty()) {
+      Frame& f = stack_.back();
+      if (f.pos >= 1 + 2 * f.node.entries.size()) {
+        stack_.pop_back();
+        continue;
+      }
+      if (f.pos % 2 == 0 && !(f.pos == 0 ? f.node.left : f.node.entries[f.pos / 2 - 1].tree)) {
+        ++f.pos;
+        continue;
+      }
+      return;
+    }
+  }
+
+  Loader loader_;
+  std::vector<Frame> stack_;
+};
+
 }  // namespace
 
 int MstKeyHeight(std::string_view key) {
@@ -357,6 +432,63 @@ Result<Cid> BuildMst(std::span<const MstEntry> entries, BlockStore* out) {
   ATFILL_ASSIGN_OR_RETURN(Cid root, BuildMst(entries, &nodes));
   for (auto& [cid, bytes] : nodes) out->Put(cid, std::move(bytes));
   return root;
+}
+
+Status DiffMst(const BlockStore& before_blocks, const Cid& before, const BlockStore& after_blocks,
+               const Cid& after, const MstDiffVisitor& visit) {
+  DiffCursor a(before_blocks);
+  DiffCursor b(after_blocks);
+  ATFILL_RETURN_IF_ERROR(a.Open(before));
+  ATFILL_RETURN_IF_ERROR(b.Open(after));
+  MstChange change;
+  while (!a.done() || !b.done()) {
+    if (a.done() || b.done()) {
+      // One side is through: the rest of the other is all creates (or all deletes).
+      DiffCursor& rest = a.done() ? b : a;
+      const DiffCursor::Item item = rest.current();
+      if (item.subtree) {
+        ATFILL_RETURN_IF_ERROR(rest.Descend());
+        continue;
+      }
+      change.key = *item.key;
+      change.before = a.done() ? std::nullopt : std::optional<Cid>(*item.cid);
+      change.after = a.done() ? std::optional<Cid>(*item.cid) : std::nullopt;
+      ATFILL_RETURN_IF_ERROR(visit(change));
+      rest.Step();
+      continue;
+    }
+    const DiffCursor::Item x = a.current();
+    const DiffCursor::Item y = b.current();
+    if (x.subtree && y.subtree && *x.cid == *y.cid) {
+      // The same subtree on both sides: the same keys, and every key before it already compared.
+      a.Step();
+      b.Step();
+      continue;
+    }
+    // Open the higher subtree first, so that two subtrees meet at one layer where they can be
+    // compared by CID; a subtree facing an entry is opened to compare keys.
+    if (x.subtree && (!y.subtree || x.layer >= y.layer)) {
+      ATFILL_RETURN_IF_ERROR(a.Descend());
+      continue;
+    }
+    if (y.subtree) {
+      ATFILL_RETURN_IF_ERROR(b.Descend());
+      continue;
+    }
+    const int order = x.key->compare(*y.key);
+    if (order == 0) {
+      if (*x.cid != *y.cid) ATFILL_RETURN_IF_ERROR(visit({*x.key, *x.cid, *y.cid}));
+      a.Step();
+      b.Step();
+    } else if (order < 0) {
+      ATFILL_RETURN_IF_ERROR(visit({*x.key, *x.cid, std::nullopt}));
+      a.Step();
+    } else {
+      ATFILL_RETURN_IF_ERROR(visit({*y.key, std::nullopt, *y.cid}));
+      b.Step();
+    }
+  }
+  return Status::OK();
 }
 
 Status MstCoveringProof(const BlockStore& blocks, const Cid& root, std::string_view key,

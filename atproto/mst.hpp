@@ -74,6 +74,24 @@ Result<Cid> BuildMst(std::span<const MstEntry> entries, BlockStore* out);
 // As above; node blocks are appended to `nodes` parents first, the root first of all.
 Result<Cid> BuildMst(std::span<const MstEntry> entries, std::vector<std::pair<Cid, Bytes>>* nodes);
 
+// A key whose value differs between two trees: absent before (a create), absent after (a
+// delete), or both set and different (an update).
+struct MstChange {
+  std::string key;
+  std::optional<Cid> before;
+  std::optional<Cid> after;
+};
+// Called once per change in key order; a non-OK return stops the diff and is returned.
+using MstDiffVisitor = std::function<Status(const MstChange& change)>;
+
+// Calls `visit` for every key whose value differs between the tree at `before` (its nodes in
+// `before_blocks`) and the tree at `after` (in `after_blocks`; both may be one store). Subtrees
+// with the same CID on both sides are skipped unread, so mostly the nodes that differ are read. A
+// node the diff needs but the store lacks is NotFound naming it; a malformed one is Invalid.
+// Thread-safe with respect to the stores.
+Status DiffMst(const BlockStore& before_blocks, const Cid& before, const BlockStore& after_blocks,
+               const Cid& after, const MstDiffVisitor& visit);
+
 // Adds to `proof` the node CIDs of the tree at `root` that a consumer needs to invert a write of
 // `key` (the covering proof a firehose commit carries, atproto sync 1.1): the nodes on the path to
 // the key's position, plus, when the key is present, the right-most spine of the subtree just left

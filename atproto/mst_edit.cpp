@@ -10,9 +10,6 @@
 namespace atfill::atproto {
 namespace {
 
-// Heights run 0..128 (mst.cpp), so no edit recurses deeper than this.
-constexpr int kMaxLayer = 128;
-
 // A subtree: null when empty; a stub (not loaded) until an edit reaches it; then its node.
 struct Node;
 using NodePtr = std::unique_ptr<Node>;
@@ -56,6 +53,9 @@ std::string Quote(std::string_view key) { return "\"" + std::string(key) + "\"";
 
 }  // namespace
 
+// Every recursion below goes one layer down per call and stops at layer 0 (a node there has no
+// subtrees, and a layer below 0 is refused), and layers are key heights (0..128, mst.cpp): no edit
+// recurses deeper than 129 calls, whatever the blocks hold.
 struct MstEditor::Impl {
   const BlockStore* blocks;
   NodePtr root;  // null: the empty tree

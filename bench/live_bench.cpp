@@ -24,18 +24,30 @@
 // consumer_cpu_us_per_event is what this consumer could reach on this machine with the Jetstream
 // elsewhere (an estimate: the measured figure is events_per_s).
 //
+//
+// BM_FirehoseVerify: the relay firehose's per-frame work, without the network: each frame of the
+// shared relay capture (150 real frames, 148 commits, ../shared/protocols/jetstream/data/
+// internal/corpus/testdata) decoded, every commit verified as sync 1.1 says (signature with the
+// repo's key, already resolved; record blocks; the ops inverted onto the partial MST) and turned
+// into record events with JSON bodies, on one thread. events_per_s counts record ops and
+// frames_per_s frames, both per second of that thread's CPU time (a shared machine's load
+// stretches the wall clock, not the work).
+//
 //   cmake --build build --target live_bench -j2 && build/bench/live_bench
 #include <benchmark/benchmark.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <simdjson.h>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <sstream>
 #include <string>
@@ -49,6 +61,7 @@
 #include "sinks/sqlite_reader.hpp"
 #include "sinks/sqlite_sink.hpp"
 #include "sources/crawl/resolver.hpp"
+#include "sources/firehose_frames.hpp"
 #include "sources/jetstream.hpp"
 #include "sources/pds_account_status.hpp"
 #include "stages/account_check.hpp"
@@ -335,6 +348,104 @@ void BM_LiveAtRate(benchmark::State& state) {
   state.SetLabel(compress ? "v2, zstd" : "v2, uncompressed");
 }
 
+// The shared relay capture, read once: its frames and each commit DID's key.
+struct RelayCapture {
+  std::vector<Bytes> frames;
+  std::map<std::string, atproto::PublicKey> keys;
+  std::string error;
+};
+
+// The file's bytes decompressed (one zstd frame), or "" when it cannot be read.
+std::string ReadZstdFile(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  const std::string packed((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto decoder = sources::ZstdFrameDecoder::Create(nullptr, 64u << 20);
+  std::string out, kind;
+  if (packed.empty() || !decoder.ok() || !decoder->Decompress(AsBytes(packed), &out, &kind).ok()) {
+    return "";
+  }
+  return out;
+}
+
+const RelayCapture& Capture() {
+  static const RelayCapture capture = [] {
+    RelayCapture c;
+    const char* env = std::getenv("ATFILL_SHARED");
+    const std::filesystem::path dir =
+        std::filesystem::path(env != nullptr && *env != '\0' ? env : ATFILL_DEFAULT_SHARED_DIR) /
+        "protocols/jetstream/data/internal/corpus/testdata";
+    const std::string raw = ReadZstdFile(dir / "frames.bin.zst");
+    const std::string docs = ReadZstdFile(dir / "did_docs.json.zst");
+    if (raw.empty() || docs.empty()) {
+      c.error = "the relay capture is not in " + dir.string() + " (set ATFILL_SHARED)";
+      return c;
+    }
+    for (size_t pos = 0; pos + 4 <= raw.size();) {
+      uint32_t len = 0;
+      std::memcpy(&len, raw.data() + pos, 4);
+      pos += 4;
+      if (len > raw.size() - pos) break;
+      c.frames.emplace_back(raw.begin() + static_cast<std::ptrdiff_t>(pos),
+                            raw.begin() + static_cast<std::ptrdiff_t>(pos + len));
+      pos += len;
+    }
+    simdjson::dom::parser parser;
+    simdjson::dom::object object;
+    if (parser.parse(docs).get(object) != simdjson::SUCCESS) {
+      c.error = "did_docs.json.zst is not a JSON object";
+      return c;
+    }
+    for (auto [did, doc] : object) {
+      const sources::ResolveOutcome out =
+          sources::ParseDidDocument(did, simdjson::minify(doc), sources::ResolverOptions{}, 0);
+      if (!out.ok()) continue;
+      auto key = atproto::PublicKey::FromMultibase(out.doc->signing_key);
+      if (key.ok()) c.keys.emplace(std::string(did), *key);
+    }
+    return c;
+  }();
+  return capture;
+}
+
+void BM_FirehoseVerify(benchmark::State& state) {
+  const RelayCapture& capture = Capture();
+  if (!capture.error.empty()) return state.SkipWithError(capture.error.c_str());
+  uint64_t frames = 0, events = 0, bytes = 0;
+  std::string failure;
+  std::vector<pipeline::Event> out;
+  for (auto _ : state) {
+    for (const Bytes& bytes_in : capture.frames) {
+      sources::FirehoseFrame frame;
+      std::string kind;
+      if (!sources::DecodeFirehoseFrame(bytes_in, &frame, &kind).ok()) failure = kind;
+      ++frames;
+      bytes += bytes_in.size();
+      const auto* commit = std::get_if<sources::FirehoseCommit>(&frame.payload);
+      if (commit == nullptr) continue;
+      const auto key = capture.keys.find(commit->repo);
+      if (key == capture.keys.end()) {
+        failure = "no key for " + commit->repo;
+        continue;
+      }
+      sources::VerifiedCommit verified;
+      if (!sources::VerifyFirehoseCommit(*commit, key->second, &verified, &kind).ok() ||
+          !sources::FirehoseCommitEvents(*commit, verified, pipeline::Origin::kLive, &out, &kind)
+               .ok()) {
+        failure = kind;
+      }
+      events += out.size();
+      out.clear();
+    }
+  }
+  if (!failure.empty()) return state.SkipWithError(("a frame failed: " + failure).c_str());
+  state.counters["frames_per_s"] =
+      benchmark::Counter(static_cast<double>(frames), benchmark::Counter::kIsRate);
+  state.counters["events_per_s"] =
+      benchmark::Counter(static_cast<double>(events), benchmark::Counter::kIsRate);
+  state.SetBytesProcessed(static_cast<int64_t>(bytes));
+}
+
+BENCHMARK(BM_FirehoseVerify)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_LiveCatchUp)
     ->Args({0, 0})
     ->Args({1, 0})

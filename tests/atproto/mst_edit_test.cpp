@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <simdjson.h>
 
+#include <algorithm>
 #include <map>
 #include <random>
 #include <set>
@@ -180,6 +181,110 @@ TEST(MstEditor, CommitProofFixturesInvertOnTheirProofBlocks) {
   }
   EXPECT_GT(count, 0u);
   EXPECT_GT(needed, 5 * spared) << "nearly every proof block is needed";
+}
+
+// DiffMst between random trees gives exactly the map difference, and reads only what differs:
+// the tree after a few edits diffs against the tree before from a store holding the before tree
+// and only the nodes the edits wrote.
+TEST(MstDiff, RandomTreesDiffAsTheirKeyMaps) {
+  std::mt19937 rng(7);
+  for (int round = 0; round < 30; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    std::map<std::string, Cid> before;
+    const int n = static_cast<int>(rng() % 400);
+    for (int i = 0; i < n; ++i) {
+      before["app.bsky.feed.like/k" + std::to_string(rng() % 2000)] = ValueCid(i);
+    }
+    BlockStore before_store;
+    const Cid before_root = Build(before, &before_store);
+    std::map<std::string, Cid> after = before;
+    auto editor = MstEditor::Open(&before_store, before_root);
+    ASSERT_TRUE(editor.ok());
+    const int edits = round % 3 == 0 ? 200 : 1 + static_cast<int>(rng() % 5);
+    for (int e = 0; e < edits; ++e) {
+      const std::string key = "app.bsky.feed.like/k" + std::to_string(rng() % 2000);
+      if (after.contains(key) && rng() % 2 == 0) {
+        after.erase(key);
+        ASSERT_TRUE(editor->Delete(key).ok());
+      } else {
+        after[key] = ValueCid(5000 + e);
+        ASSERT_TRUE(editor->Put(key, after[key]).ok());
+      }
+    }
+    BlockStore written;  // only the nodes the edits changed, then the before tree beside them
+    const Cid after_root = RootOf(&*editor, &written);
+    before_store.ForEach([&](const Cid& cid, ByteView data) { written.PutView(cid, data); });
+    std::vector<MstChange> want;
+    for (const auto& [k, v] : before) {
+      auto it = after.find(k);
+      if (it == after.end()) want.push_back({k, v, std::nullopt});
+      if (it != after.end() && it->second != v) want.push_back({k, v, it->second});
+    }
+    for (const auto& [k, v] : after) {
+      if (!before.contains(k)) want.push_back({k, std::nullopt, v});
+    }
+    std::sort(want.begin(), want.end(),
+              [](const MstChange& x, const MstChange& y) { return x.key < y.key; });
+    std::vector<MstChange> got;
+    ASSERT_TRUE(DiffMst(before_store, before_root, written, after_root, [&](const MstChange& c) {
+                  got.push_back(c);
+                  return Status::OK();
+                }).ok());
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_EQ(got[i].key, want[i].key);
+      EXPECT_EQ(got[i].before, want[i].before) << got[i].key;
+      EXPECT_EQ(got[i].after, want[i].after) << got[i].key;
+    }
+    // And the other way round: the creates become deletes.
+    size_t reversed = 0;
+    ASSERT_TRUE(DiffMst(written, after_root, before_store, before_root, [&](const MstChange& c) {
+                  EXPECT_EQ(c.before, want[reversed].after);
+                  EXPECT_EQ(c.after, want[reversed].before);
+                  ++reversed;
+                  return Status::OK();
+                }).ok());
+    EXPECT_EQ(reversed, want.size());
+  }
+}
+
+TEST(MstDiff, IdenticalSubtreesAreNotRead) {
+  std::map<std::string, Cid> keys;
+  for (int i = 0; i < 2000; ++i) keys["com.example.record/" + std::to_string(i)] = ValueCid(i);
+  BlockStore full;
+  const Cid root = Build(keys, &full);
+  // The same tree: not even the root's children are needed.
+  BlockStore root_only;
+  root_only.PutView(root, *full.Get(root));
+  int changes = 0;
+  EXPECT_TRUE(DiffMst(root_only, root, root_only, root, [&](const MstChange&) {
+                ++changes;
+                return Status::OK();
+              }).ok());
+  EXPECT_EQ(changes, 0);
+  // One key changed: the diff reads the two paths to it and nothing else.
+  auto editor = MstEditor::Open(&full, root);
+  ASSERT_TRUE(editor.ok());
+  ASSERT_TRUE(editor->Put("com.example.record/1234", ValueCid(99999)).ok());
+  BlockStore written;
+  const Cid changed = RootOf(&*editor, &written);
+  std::vector<Cid> paths;
+  ASSERT_TRUE(MstCoveringProof(full, root, "com.example.record/1234", &paths).ok());
+  BlockStore path_only = written;
+  for (const Cid& cid : paths) path_only.PutView(cid, *full.Get(cid));
+  std::vector<MstChange> got;
+  Status s = DiffMst(path_only, root, path_only, changed, [&](const MstChange& c) {
+    got.push_back(c);
+    return Status::OK();
+  });
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].key, "com.example.record/1234");
+  EXPECT_EQ(got[0].after, ValueCid(99999));
+  EXPECT_EQ(
+      DiffMst(root_only, root, root_only, changed, [](const MstChange&) { return Status::OK(); })
+          .code(),
+      StatusCode::kNotFound);
 }
 
 }  // namespace

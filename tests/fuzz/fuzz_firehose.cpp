@@ -6,7 +6,6 @@
 // the editor meets node bytes no hash would let through. Seeds: ours, and each frame of the shared
 // relay capture (frames.bin.zst, written to the work folder at start).
 #include <simdjson.h>
-#include <zstd.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -17,6 +16,7 @@
 #include "atproto/mst_edit.hpp"
 #include "sources/crawl/resolver.hpp"
 #include "sources/firehose_frames.hpp"
+#include "sources/jetstream_frames.hpp"
 #include "tests/fuzz/fuzz_util.hpp"
 
 namespace {
@@ -39,12 +39,10 @@ const atproto::PublicKey& FallbackKey() {
 }
 
 std::string Unzstd(const std::string& packed) {
-  const unsigned long long size = ZSTD_getFrameContentSize(packed.data(), packed.size());
-  Check(size != ZSTD_CONTENTSIZE_ERROR && size != ZSTD_CONTENTSIZE_UNKNOWN && size < (64u << 20),
-        "the shared capture states its size");
-  std::string out(size, '\0');
-  const size_t n = ZSTD_decompress(out.data(), out.size(), packed.data(), packed.size());
-  Check(!ZSTD_isError(n) && n == size, "the shared capture decompresses");
+  auto decoder = sources::ZstdFrameDecoder::Create(nullptr, 64u << 20);
+  std::string out, kind;
+  Check(decoder.ok() && decoder->Decompress(atfill::AsBytes(packed), &out, &kind).ok(),
+        "the shared capture decompresses");
   return out;
 }
 
