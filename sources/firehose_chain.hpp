@@ -40,8 +40,8 @@ struct FirehoseChainOptions {
   size_t max_held_per_repo = 1000;
 };
 
-// A resync's fetched repo: the signed commit's rev and MST root, and its records (creates, as
-// sources/crawl/fetcher.hpp's ReadRepoRecords makes them).
+// A resync's fetched repo: the signed commit's rev and MST root, and its records (creates):
+// sources/crawl/fetcher.hpp's ReadRepoRecords gives them as rev, data_cid and records.
 struct FetchedRepo {
   std::string rev;
   std::string data;  // the MST root CID, as text

@@ -121,6 +121,7 @@ std::string_view RepoFailureKind(RepoFailure failure);
 struct RepoRecords {
   std::string rev;         // the signed commit's rev
   std::string commit_cid;  // the commit block's CID ("bafy...")
+  std::string data_cid;    // the commit's MST root ("bafy..."): a firehose resync's new link
   std::vector<pipeline::RecordEvent> records;
   // Records left out while the rest are kept: "oversize_record" (JSON text larger than
   // FetchLimits::max_record_bytes) or "bad_record" (block missing from the CAR, not DAG-CBOR, or

@@ -89,6 +89,7 @@ Result<RepoRecords> ReadRepoRecords(std::string_view did, std::string_view signi
   RepoRecords out;
   out.rev = commit.rev;
   out.commit_cid = reader->commit_cid().ToString();
+  out.data_cid = commit.data.ToString();
   const auto wanted = [&](std::string_view collection) {
     return collections.empty() ||
            std::find(collections.begin(), collections.end(), collection) != collections.end();

@@ -608,6 +608,7 @@ void ExpectRepoRecords(const RepoRecords& got, const Account& a,
                        const std::vector<GeneratedRecord>& want, const BuiltRepo& repo) {
   EXPECT_EQ(got.rev, a.rev);
   EXPECT_EQ(got.commit_cid, repo.written.commit_cid.ToString());
+  EXPECT_EQ(got.data_cid, repo.written.commit.data.ToString());
   EXPECT_TRUE(got.errors.empty()) << got.errors.front().message;
   ASSERT_EQ(got.records.size(), want.size());
   for (size_t i = 0; i < want.size(); ++i) {
