@@ -341,10 +341,10 @@ Status VerifyFirehoseCommit(const FirehoseCommit& frame, const atproto::PublicKe
   auto invalid = [&](std::string_view k, std::string what) {
     return Fail(error_kind, k, Status::Invalid("firehose " + name + ": " + what));
   };
+  *out = VerifiedCommit();
   if (frame.too_big) return invalid("too_big", "tooBig: its blocks are incomplete");
   ATFILL_RETURN_IF_ERROR(VerifySigned(frame.blocks, frame.commit, frame.repo, frame.rev, key, name,
                                       &out->blocks, &out->commit, error_kind));
-  out->ops.clear();
   out->ops.reserve(frame.ops.size());
   std::set<std::string_view> paths;
   for (const FirehoseOp& op : frame.ops) {

@@ -156,8 +156,8 @@ struct VerifiedCommit {
 // hash to their CIDs; the commit block decodes and names the frame's repo and rev; its signature
 // verifies; each create and update has its record block, and the commit's tree holds each op's
 // cid (a delete: no value); inverting the ops onto that tree (a create deleted, an update or a
-// delete restored to `prev`) reaches prev_data. *out holds views into `frame.blocks`, which must
-// outlive it. Thread-safe.
+// delete restored to `prev`) reaches prev_data. *out is replaced; it holds views into
+// `frame.blocks`, which must outlive it. Thread-safe.
 Status VerifyFirehoseCommit(const FirehoseCommit& frame, const atproto::PublicKey& key,
                             VerifiedCommit* out, std::string* error_kind);
 
