@@ -1,6 +1,7 @@
 #include "sources/firehose_frames.hpp"
 
 #include <set>
+#include <type_traits>
 #include <utility>
 
 #include "atproto/cbor.hpp"
@@ -436,6 +437,154 @@ Status FirehoseCommitEvents(const FirehoseCommit& frame, const VerifiedCommit& v
     events->push_back(std::move(e));
   }
   return Status::OK();
+}
+
+namespace {
+
+Value LinkOrNull(const std::optional<Cid>& cid) { return cid ? Value::Link(*cid) : Value::Null(); }
+
+Value::Map BodyOf(const FirehoseFrame::Payload& payload, std::string* type) {
+  return std::visit(
+      [&](const auto& p) -> Value::Map {
+        using T = std::decay_t<decltype(p)>;
+        if constexpr (std::is_same_v<T, FirehoseCommit>) {
+          *type = "#commit";
+          Value::Array ops;
+          for (const FirehoseOp& op : p.ops) {
+            Value::Map m{
+                {"action", Value::String(op.action == FirehoseAction::kCreate   ? "create"
+                                         : op.action == FirehoseAction::kUpdate ? "update"
+                                                                                : "delete")},
+                {"path", Value::String(op.path)},
+                {"cid", LinkOrNull(op.cid)}};
+            if (op.prev) m.emplace_back("prev", Value::Link(*op.prev));
+            ops.push_back(Value::MakeMap(std::move(m)));
+          }
+          Value::Map m{{"seq", Value::Int(p.seq)},
+                       {"repo", Value::String(p.repo)},
+                       {"rev", Value::String(p.rev)},
+                       {"since", p.since.empty() ? Value::Null() : Value::String(p.since)},
+                       {"commit", Value::Link(p.commit)},
+                       {"blocks", Value::BytesValue(p.blocks)},
+                       {"ops", Value::MakeArray(std::move(ops))},
+                       {"blobs", Value::MakeArray()},
+                       {"rebase", Value::Bool(p.rebase)},
+                       {"tooBig", Value::Bool(p.too_big)},
+                       {"time", Value::String(p.time)}};
+          if (p.prev_data) m.emplace_back("prevData", Value::Link(*p.prev_data));
+          return m;
+        } else if constexpr (std::is_same_v<T, FirehoseSync>) {
+          *type = "#sync";
+          return {{"seq", Value::Int(p.seq)},
+                  {"did", Value::String(p.did)},
+                  {"rev", Value::String(p.rev)},
+                  {"blocks", Value::BytesValue(p.blocks)},
+                  {"time", Value::String(p.time)}};
+        } else if constexpr (std::is_same_v<T, FirehoseIdentity>) {
+          *type = "#identity";
+          Value::Map m{{"seq", Value::Int(p.seq)},
+                       {"did", Value::String(p.did)},
+                       {"time", Value::String(p.time)}};
+          if (!p.handle.empty()) m.emplace_back("handle", Value::String(p.handle));
+          return m;
+        } else if constexpr (std::is_same_v<T, FirehoseAccount>) {
+          *type = "#account";
+          Value::Map m{{"seq", Value::Int(p.seq)},
+                       {"did", Value::String(p.did)},
+                       {"active", Value::Bool(p.active)},
+                       {"time", Value::String(p.time)}};
+          if (!p.status.empty()) m.emplace_back("status", Value::String(p.status));
+          return m;
+        } else if constexpr (std::is_same_v<T, FirehoseInfo>) {
+          *type = "#info";
+          Value::Map m{{"name", Value::String(p.name)}};
+          if (!p.message.empty()) m.emplace_back("message", Value::String(p.message));
+          return m;
+        } else {
+          type->clear();
+          Value::Map m{{"error", Value::String(p.name)}};
+          if (!p.message.empty()) m.emplace_back("message", Value::String(p.message));
+          return m;
+        }
+      },
+      payload);
+}
+
+}  // namespace
+
+Bytes EncodeFirehoseFrame(const FirehoseFrame& frame) {
+  std::string type;
+  Value body = Value::MakeMap(BodyOf(frame.payload, &type));
+  Value header = type.empty() ? Value::MakeMap({{"op", Value::Int(-1)}})
+                              : Value::MakeMap({{"op", Value::Int(1)}, {"t", Value::String(type)}});
+  header.Canonicalize();
+  body.Canonicalize();
+  Bytes out = atproto::EncodeCbor(header);
+  atproto::EncodeCbor(body, &out);
+  return out;
+}
+
+Result<FirehoseCommit> BuildFirehoseCommit(std::string_view did, std::string_view rev,
+                                           std::string_view since,
+                                           std::map<std::string, Bytes>* records,
+                                           const std::vector<RepoWrite>& writes,
+                                           const atproto::PrivateKey& key, int64_t seq) {
+  auto tree = [](const std::map<std::string, Bytes>& recs, atproto::BlockStore* store) {
+    std::vector<atproto::MstEntry> entries;
+    entries.reserve(recs.size());
+    for (const auto& [path, block] : recs) {
+      entries.push_back({path, Cid::Compute(Cid::Codec::kDagCbor, block)});
+    }
+    return atproto::BuildMst(entries, store);
+  };
+  atproto::BlockStore before_store;
+  ATFILL_ASSIGN_OR_RETURN(Cid before, tree(*records, &before_store));
+  FirehoseCommit c;
+  c.seq = seq;
+  c.repo = std::string(did);
+  c.rev = std::string(rev);
+  c.since = std::string(since);
+  c.prev_data = before;
+  c.time = "2024-01-01T00:00:00.000Z";
+  std::set<std::string_view> paths;
+  for (const RepoWrite& w : writes) {
+    if (!paths.insert(w.path).second) return Status::Invalid("two writes on " + w.path);
+    auto it = records->find(w.path);
+    const bool present = it != records->end();
+    if (present == (w.action == FirehoseAction::kCreate)) {
+      return Status::Invalid("a write does not fit the repo at " + w.path);
+    }
+    FirehoseOp op{w.action, w.path, std::nullopt, std::nullopt};
+    if (present) op.prev = Cid::Compute(Cid::Codec::kDagCbor, it->second);
+    if (w.action == FirehoseAction::kDelete) {
+      records->erase(it);
+    } else {
+      op.cid = Cid::Compute(Cid::Codec::kDagCbor, w.record);
+      (*records)[w.path] = w.record;
+    }
+    c.ops.push_back(std::move(op));
+  }
+  atproto::BlockStore after_store;
+  ATFILL_ASSIGN_OR_RETURN(Cid after, tree(*records, &after_store));
+  atproto::Commit commit;
+  commit.did = std::string(did);
+  commit.data = after;
+  commit.rev = std::string(rev);
+  ATFILL_ASSIGN_OR_RETURN(Bytes commit_block, atproto::SignCommit(&commit, key));
+  c.commit = Cid::Compute(Cid::Codec::kDagCbor, commit_block);
+  std::vector<Cid> proof;
+  for (const RepoWrite& w : writes) {
+    ATFILL_RETURN_IF_ERROR(atproto::MstCoveringProof(after_store, after, w.path, &proof));
+  }
+  atproto::CarWriter car(std::vector<Cid>{c.commit});
+  ATFILL_RETURN_IF_ERROR(car.Add(c.commit, commit_block));
+  for (const Cid& cid : proof) ATFILL_RETURN_IF_ERROR(car.Add(cid, *after_store.Get(cid)));
+  for (const RepoWrite& w : writes) {
+    if (w.action != FirehoseAction::kDelete)
+      ATFILL_RETURN_IF_ERROR(car.AddBlock(w.record).status());
+  }
+  c.blocks = car.TakeBytes();
+  return c;
 }
 
 }  // namespace atfill::sources

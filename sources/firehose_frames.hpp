@@ -35,6 +35,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -173,5 +174,29 @@ Status VerifyFirehoseSync(const FirehoseSync& frame, const atproto::PublicKey& k
 Status FirehoseCommitEvents(const FirehoseCommit& frame, const VerifiedCommit& verified,
                             pipeline::Origin origin, std::vector<pipeline::Event>* events,
                             std::string* error_kind);
+
+// The binary message a relay sends for `frame` (DecodeFirehoseFrame's inverse): for simulated
+// relays and tests.
+Bytes EncodeFirehoseFrame(const FirehoseFrame& frame);
+
+// One write of a commit BuildFirehoseCommit makes.
+struct RepoWrite {
+  FirehoseAction action = FirehoseAction::kCreate;
+  std::string path;  // "collection/rkey"
+  Bytes record;      // the record's DAG-CBOR block; empty for a delete
+};
+
+// Applies `writes` to the repo whose records are *records (path -> record block; updated in
+// place), signs the commit of `rev` with `key`, and returns the #commit a relay sends for it:
+// blocks = the signed commit, the new tree's nodes a consumer needs to invert the writes (the
+// covering proof of each written path) and the records written; ops with prev set as sync 1.1
+// asks; prevData = the tree before. Invalid when a write does not fit the records (a create of a
+// present path, an update or delete of an absent one, two writes on one path). For simulated
+// relays and tests: it builds both trees whole.
+Result<FirehoseCommit> BuildFirehoseCommit(std::string_view did, std::string_view rev,
+                                           std::string_view since,
+                                           std::map<std::string, Bytes>* records,
+                                           const std::vector<RepoWrite>& writes,
+                                           const atproto::PrivateKey& key, int64_t seq);
 
 }  // namespace atfill::sources

@@ -8,11 +8,14 @@
 #include <simdjson.h>
 
 #include <map>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "atproto/cbor.hpp"
 #include "atproto/json.hpp"
+#include "atproto/mst.hpp"
+#include "atproto/tid.hpp"
 #include "atproto/value.hpp"
 #include "sources/crawl/resolver.hpp"
 #include "sources/jetstream_frames.hpp"
@@ -418,6 +421,119 @@ TEST(FirehoseFramesTest, CorpusFramesCutOrFlippedAreErrorsNeverCrashes) {
     }
   }
   EXPECT_GT(refused, static_cast<int>(frame.size() / 3 * 9 / 10));
+}
+
+Bytes Record(int n) {
+  Value v = Value::MakeMap({{"$type", Value::String("app.bsky.feed.post")},
+                            {"text", Value::String("post " + std::to_string(n))}});
+  v.Canonicalize();
+  return atproto::EncodeCbor(v);
+}
+
+// Commits of many writes each (creates, updates and deletes mixed), built as a PDS would send
+// them, go through the wire encoding and verify; without any one of their proof's nodes (when a
+// write needs it) or with a write left out, they are refused.
+TEST(FirehoseFramesTest, BuiltMultiWriteCommitsRoundTripAndVerify) {
+  auto key = atproto::PrivateKey::FromBytes(atproto::KeyType::kSecp256k1, Bytes(32, 0x21));
+  ASSERT_TRUE(key.ok());
+  const atproto::PublicKey public_key = key->public_key();
+  std::mt19937 rng(21);
+  std::map<std::string, Bytes> records;
+  for (int i = 0; i < 300; ++i) records["app.bsky.feed.post/p" + std::to_string(i)] = Record(i);
+  std::string since;
+  int counter = 1000;
+  std::map<FirehoseAction, int> actions;
+  int needed = 0, spared = 0;
+  for (int n = 0; n < 40; ++n) {
+    std::vector<RepoWrite> writes;
+    std::set<std::string> touched;
+    const int count = 1 + static_cast<int>(rng() % 8);
+    for (int w = 0; w < count; ++w) {
+      const std::string path = "app.bsky.feed.post/p" + std::to_string(rng() % 400);
+      if (!touched.insert(path).second) continue;
+      const bool present = records.contains(path);
+      const FirehoseAction action = !present         ? FirehoseAction::kCreate
+                                    : rng() % 2 == 0 ? FirehoseAction::kUpdate
+                                                     : FirehoseAction::kDelete;
+      ++actions[action];
+      writes.push_back(
+          {action, path, action == FirehoseAction::kDelete ? Bytes() : Record(++counter)});
+    }
+    const std::string rev = atproto::Tid::FromParts(1'700'000'000'000'000 + n, 0)->str();
+    auto built = BuildFirehoseCommit("did:plc:abcdefghijklmnopqrstuvwx", rev, since, &records,
+                                     writes, *key, 500 + n);
+    ASSERT_TRUE(built.ok()) << built.status().ToString();
+    since = rev;
+    FirehoseFrame frame = Decode(EncodeFirehoseFrame(FirehoseFrame{*built}));
+    ASSERT_EQ(frame.kind(), FirehoseKind::kCommit);
+    const FirehoseCommit& got = std::get<FirehoseCommit>(frame.payload);
+    EXPECT_EQ(got.seq, 500 + n);
+    EXPECT_EQ(got.since, built->since);
+    EXPECT_EQ(got.prev_data, built->prev_data);
+    EXPECT_EQ(got.blocks, built->blocks);
+    ASSERT_EQ(got.ops.size(), writes.size());
+    std::string message;
+    ASSERT_EQ(VerifyKind(got, public_key, &message), "ok") << message;
+    if (writes.size() > 1) {
+      FirehoseCommit short_one = got;
+      short_one.ops.pop_back();
+      EXPECT_EQ(VerifyKind(short_one, public_key), "inversion_mismatch");
+    }
+    // Each node of the CAR but the commit: dropped, the inversion cannot be done, or (a spine it
+    // did not read) still verifies.
+    auto reader = atproto::CarReader::Open(got.blocks);
+    ASSERT_TRUE(reader.ok());
+    atproto::CarBlock block;
+    std::vector<Cid> nodes;
+    while (*reader->Next(&block)) {
+      if (block.cid != got.commit && atproto::DecodeMstNode(block.data).ok())
+        nodes.push_back(block.cid);
+    }
+    for (const Cid& node : nodes) {
+      FirehoseCommit dropped = got;
+      RewriteBlocks(&dropped, [&](std::vector<std::pair<Cid, Bytes>>* blocks) {
+        std::erase_if(*blocks, [&](const auto& b) { return b.first == node; });
+      });
+      const std::string kind = VerifyKind(dropped, public_key);
+      EXPECT_TRUE(kind == "incomplete_proof" || kind == "ok") << kind;
+      ++(kind == "ok" ? spared : needed);
+    }
+  }
+  EXPECT_GT(actions[FirehoseAction::kCreate], 20);
+  EXPECT_GT(actions[FirehoseAction::kUpdate], 20);
+  EXPECT_GT(actions[FirehoseAction::kDelete], 20);
+  EXPECT_GT(needed, 5 * spared) << "nearly every proof node is needed";
+
+  // A write that does not fit the repo is refused.
+  std::vector<RepoWrite> bad{{FirehoseAction::kUpdate, "app.bsky.feed.post/none", Record(1)}};
+  EXPECT_EQ(
+      BuildFirehoseCommit("did:plc:abcdefghijklmnopqrstuvwx", since, "", &records, bad, *key, 1)
+          .status()
+          .code(),
+      StatusCode::kInvalid);
+}
+
+TEST(FirehoseFramesTest, EveryFrameKindRoundTripsThroughTheWireEncoding) {
+  FirehoseAccount account{7, "did:plc:abcdefghijklmnopqrstuvwx", false, "deleted",
+                          "2024-01-01T00:00:00Z"};
+  FirehoseFrame a = Decode(EncodeFirehoseFrame(FirehoseFrame{account}));
+  EXPECT_EQ(std::get<FirehoseAccount>(a.payload).status, "deleted");
+  EXPECT_FALSE(std::get<FirehoseAccount>(a.payload).active);
+  FirehoseIdentity identity{8, "did:plc:abcdefghijklmnopqrstuvwx", "alice.test",
+                            "2024-01-01T00:00:00Z"};
+  EXPECT_EQ(std::get<FirehoseIdentity>(Decode(EncodeFirehoseFrame(FirehoseFrame{identity})).payload)
+                .handle,
+            "alice.test");
+  FirehoseSync sync{9, "did:plc:abcdefghijklmnopqrstuvwx", "3l2222222222a", Bytes{1, 2},
+                    "2024-01-01T00:00:00Z"};
+  EXPECT_EQ(std::get<FirehoseSync>(Decode(EncodeFirehoseFrame(FirehoseFrame{sync})).payload).blocks,
+            (Bytes{1, 2}));
+  FirehoseError error{"ConsumerTooSlow", "slow"};
+  EXPECT_EQ(
+      std::get<FirehoseError>(Decode(EncodeFirehoseFrame(FirehoseFrame{error})).payload).message,
+      "slow");
+  FirehoseInfo info{"OutdatedCursor", ""};
+  EXPECT_EQ(Decode(EncodeFirehoseFrame(FirehoseFrame{info})).kind(), FirehoseKind::kInfo);
 }
 
 }  // namespace
