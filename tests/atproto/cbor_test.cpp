@@ -329,5 +329,28 @@ TEST(CborEncodeTest, RoundTripsEveryKind) {
   EXPECT_EQ(back->Find("nested")->Find("link")->as_link(), cid);
 }
 
+TEST(CborDecodeTest, PrefixDecodesTheFirstOfTwoItems) {
+  Value first = Value::MakeMap({{"op", Value::Int(1)}, {"t", Value::String("#commit")}});
+  first.Canonicalize();
+  Bytes both = EncodeCbor(first);
+  const size_t first_size = both.size();
+  EncodeCbor(Value::Int(7), &both);
+  size_t consumed = 0;
+  auto got = DecodeCborPrefix(both, &consumed);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(*got, first);
+  EXPECT_EQ(consumed, first_size);
+  EXPECT_EQ(DecodeCbor(ByteView(both).subspan(consumed))->as_int(), 7);
+  // The same rules as DecodeCbor: a truncated first item is Corrupt, a broken one Invalid.
+  EXPECT_EQ(DecodeCborPrefix(ByteView(both).first(first_size - 1), &consumed).status().code(),
+            StatusCode::kCorrupt);
+  const Bytes unsorted = {0xa2, 0x62, 'o', 'p', 0x01, 0x61, 't', 0x01};  // "op" before "t"
+  EXPECT_EQ(DecodeCborPrefix(unsorted, &consumed).status().code(), StatusCode::kInvalid);
+  CborLimits small;
+  small.max_bytes = both.size() - 1;
+  EXPECT_EQ(DecodeCborPrefix(both, &consumed, small).status().code(), StatusCode::kOutOfRange)
+      << "the limit applies to the whole input";
+}
+
 }  // namespace
 }  // namespace atfill::atproto
