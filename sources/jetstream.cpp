@@ -15,6 +15,7 @@
 #include "atproto/syntax.hpp"
 #include "base/bytes.hpp"
 #include "base/json_writer.hpp"
+#include "base/patterns.hpp"
 #include "base/strings.hpp"
 #include "net/http_client.hpp"
 #include "net/xrpc_error.hpp"
@@ -45,19 +46,6 @@ Result<JetstreamProtocol> ParseJetstreamProtocol(std::string_view text) {
 namespace {
 // Hosts a consumer may list: messages carry the sender's index in 4 bits (see kHostShift).
 constexpr size_t kMaxHosts = 15;
-
-// Whether a collections filter (NSIDs or "prefix.*"; empty = all) takes `collection`.
-bool Wanted(const std::vector<std::string>& filter, std::string_view collection) {
-  if (filter.empty()) return true;
-  for (const auto& c : filter) {
-    if (c == collection) return true;
-    if (c.size() > 2 && c.ends_with(".*") &&
-        collection.starts_with(std::string_view(c).substr(0, c.size() - 1))) {
-      return true;
-    }
-  }
-  return false;
-}
 }  // namespace
 
 Status JetstreamOptions::Validate() const {
@@ -771,7 +759,7 @@ void JetstreamSource::Decode(pipeline::EventChunk* chunk) const {
         a->resync_collections = *wanted;  // the collections it indexes
       }
       if (const auto* r = std::get_if<pipeline::RecordEvent>(&*event);
-          r != nullptr && !Wanted(*wanted, r->collection)) {
+          r != nullptr && !MatchesAnyPattern(*wanted, r->collection)) {
         ++unwanted;  // sent before the host took a changed filter
         return;
       }
@@ -909,7 +897,7 @@ JetstreamStats JetstreamSource::stats() const {
 std::vector<std::string> JetstreamSource::collections() const { return *impl_->Collections(); }
 
 bool JetstreamSource::Consumes(std::string_view collection) const {
-  return Wanted(*impl_->Collections(), collection);
+  return MatchesAnyPattern(*impl_->Collections(), collection);
 }
 
 void JetstreamSource::Committed(uint64_t through_seq) {

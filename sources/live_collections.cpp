@@ -1,7 +1,9 @@
 #include "sources/live_collections.hpp"
 
 #include <algorithm>
+#include <iterator>
 #include <set>
+#include <utility>
 
 #include "atproto/syntax.hpp"
 #include "base/strings.hpp"
@@ -17,6 +19,15 @@ std::vector<std::string> Sorted(std::vector<std::string> v) {
   std::sort(v.begin(), v.end());
   v.erase(std::unique(v.begin(), v.end()), v.end());
   return v;
+}
+
+// What `to` adds to `from` and what it removes (both sorted).
+std::pair<std::vector<std::string>, std::vector<std::string>> Difference(
+    const std::vector<std::string>& from, const std::vector<std::string>& to) {
+  std::vector<std::string> added, removed;
+  std::set_difference(to.begin(), to.end(), from.begin(), from.end(), std::back_inserter(added));
+  std::set_difference(from.begin(), from.end(), to.begin(), to.end(), std::back_inserter(removed));
+  return {std::move(added), std::move(removed)};
 }
 
 Status CheckName(const std::string& c) {
@@ -52,11 +63,7 @@ Result<CollectionChange> LiveCollections::Load() {
     none.now = current_;
     return none;
   }
-  std::vector<std::string> add, remove;
-  std::set_difference(config.begin(), config.end(), config_.begin(), config_.end(),
-                      std::back_inserter(add));
-  std::set_difference(config_.begin(), config_.end(), config.begin(), config.end(),
-                      std::back_inserter(remove));
+  auto [add, remove] = Difference(config_, config);
   return ApplyLocked(add, remove, &config);
 }
 
@@ -74,11 +81,7 @@ Result<CollectionChange> LiveCollections::Apply(const std::vector<std::string>& 
 Result<CollectionChange> LiveCollections::Reload(const std::vector<std::string>& config) {
   std::lock_guard<std::mutex> lock(mu_);
   const std::vector<std::string> now = Sorted(config);
-  std::vector<std::string> add, remove;
-  std::set_difference(now.begin(), now.end(), config_.begin(), config_.end(),
-                      std::back_inserter(add));
-  std::set_difference(config_.begin(), config_.end(), now.begin(), now.end(),
-                      std::back_inserter(remove));
+  auto [add, remove] = Difference(config_, now);
   return ApplyLocked(add, remove, &now);
 }
 

@@ -1,5 +1,6 @@
 #include "state/live_holds.hpp"
 
+#include "base/patterns.hpp"
 #include "state/codec.hpp"
 
 namespace atfill::state {
@@ -50,15 +51,7 @@ HoldCheckpoint HoldCheckpoint::Parse(std::string_view value) {
 }
 
 bool HoldCheckpoint::Covers(std::string_view collection) const {
-  if (collections.empty()) return true;
-  for (const auto& c : collections) {
-    if (c == collection) return true;
-    if (c.size() > 2 && c.ends_with(".*") &&
-        collection.starts_with(std::string_view(c).substr(0, c.size() - 1))) {
-      return true;
-    }
-  }
-  return false;
+  return MatchesAnyPattern(collections, collection);
 }
 
 Result<int64_t> LiveHolds::Unfinished(std::string_view did) const {

@@ -12,6 +12,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <ctime>
+#include <functional>
 #include <initializer_list>
 #include <iterator>
 #include <map>
@@ -423,8 +424,11 @@ Status ParseChoice(simdjson::dom::element value, std::string_view field,
                          names);
 }
 
-// The body of POST /admin/backfill; every problem is Invalid with a sentence for the client.
-Result<BackfillRequest> ParseBackfillRequest(std::string_view body) {
+// A request body: a JSON object whose fields `on_field` takes one at a time (a field given twice
+// is refused before it sees it). Every problem is Invalid with a sentence for the client.
+Status ForEachField(
+    std::string_view body,
+    const std::function<Status(std::string_view key, simdjson::dom::element value)>& on_field) {
   simdjson::dom::parser parser;
   const simdjson::padded_string padded(body);
   simdjson::dom::element root;
@@ -435,28 +439,30 @@ Result<BackfillRequest> ParseBackfillRequest(std::string_view body) {
   if (root.get_object().get(object) != simdjson::SUCCESS) {
     return Status::Invalid("the body must be a JSON object");
   }
-  BackfillRequest request;
   std::set<std::string_view> seen;
   for (simdjson::dom::key_value_pair field : object) {
-    const std::string_view key = field.key;
-    if (!seen.insert(key).second) {
-      return Status::Invalid("field '" + std::string(key) + "' appears twice");
+    if (!seen.insert(field.key).second) {
+      return Status::Invalid("field '" + std::string(field.key) + "' appears twice");
     }
-    Status s;
-    if (key == "collections") {
-      s = ParseStringArray(field.value, key, atproto::ValidateNsid, &request.collections);
-    } else if (key == "dids") {
-      s = ParseStringArray(field.value, key, atproto::ValidateDid, &request.dids);
-    } else if (key == "source") {
-      s = ParseChoice(field.value, key, {"crawl", "auto", "replay"}, &request.source);
-    } else if (key == "mode") {
-      s = ParseChoice(field.value, key, {"listRecords", "getRepo"}, &request.mode);
-    } else {
-      s = Status::Invalid("unknown field '" + std::string(key) +
-                          "' (known: collections, dids, source, mode)");
-    }
-    ATFILL_RETURN_IF_ERROR(s);
+    ATFILL_RETURN_IF_ERROR(on_field(field.key, field.value));
   }
+  return Status::OK();
+}
+
+// The body of POST /admin/backfill.
+Result<BackfillRequest> ParseBackfillRequest(std::string_view body) {
+  BackfillRequest request;
+  ATFILL_RETURN_IF_ERROR(ForEachField(body, [&](std::string_view key, auto value) -> Status {
+    if (key == "collections") {
+      return ParseStringArray(value, key, atproto::ValidateNsid, &request.collections);
+    }
+    if (key == "dids") return ParseStringArray(value, key, atproto::ValidateDid, &request.dids);
+    if (key == "source")
+      return ParseChoice(value, key, {"crawl", "auto", "replay"}, &request.source);
+    if (key == "mode") return ParseChoice(value, key, {"listRecords", "getRepo"}, &request.mode);
+    return Status::Invalid("unknown field '" + std::string(key) +
+                           "' (known: collections, dids, source, mode)");
+  }));
   if (request.collections.empty() && request.dids.empty()) {
     return Status::Invalid("give at least one of 'collections' or 'dids'");
   }
@@ -465,39 +471,21 @@ Result<BackfillRequest> ParseBackfillRequest(std::string_view body) {
 
 // The body of POST /admin/collections.
 Result<CollectionsRequest> ParseCollectionsRequest(std::string_view body) {
-  simdjson::dom::parser parser;
-  const simdjson::padded_string padded(body);
-  simdjson::dom::element root;
-  if (auto err = parser.parse(padded).get(root); err != simdjson::SUCCESS) {
-    return Status::Invalid(std::string("the body is not JSON: ") + simdjson::error_message(err));
-  }
-  simdjson::dom::object object;
-  if (root.get_object().get(object) != simdjson::SUCCESS) {
-    return Status::Invalid("the body must be a JSON object");
-  }
   CollectionsRequest request;
-  std::set<std::string_view> seen;
-  for (simdjson::dom::key_value_pair field : object) {
-    const std::string_view key = field.key;
-    if (!seen.insert(key).second) {
-      return Status::Invalid("field '" + std::string(key) + "' appears twice");
+  ATFILL_RETURN_IF_ERROR(ForEachField(body, [&](std::string_view key, auto value) -> Status {
+    if (key == "add") return ParseStringArray(value, key, atproto::ValidateNsid, &request.add);
+    if (key == "remove") {
+      return ParseStringArray(value, key, atproto::ValidateNsid, &request.remove);
     }
-    Status s;
-    if (key == "add") {
-      s = ParseStringArray(field.value, key, atproto::ValidateNsid, &request.add);
-    } else if (key == "remove") {
-      s = ParseStringArray(field.value, key, atproto::ValidateNsid, &request.remove);
-    } else if (key == "backfill" || key == "purge") {
-      if (field.value.get(key == "backfill" ? request.backfill : request.purge) !=
-          simdjson::SUCCESS) {
-        s = Status::Invalid("field '" + std::string(key) + "' must be true or false");
+    if (key == "backfill" || key == "purge") {
+      if (value.get(key == "backfill" ? request.backfill : request.purge) != simdjson::SUCCESS) {
+        return Status::Invalid("field '" + std::string(key) + "' must be true or false");
       }
-    } else {
-      s = Status::Invalid("unknown field '" + std::string(key) +
-                          "' (known: add, remove, backfill, purge)");
+      return Status::OK();
     }
-    ATFILL_RETURN_IF_ERROR(s);
-  }
+    return Status::Invalid("unknown field '" + std::string(key) +
+                           "' (known: add, remove, backfill, purge)");
+  }));
   if (request.add.empty() && request.remove.empty()) {
     return Status::Invalid("give at least one of 'add' or 'remove'");
   }
