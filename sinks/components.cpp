@@ -38,6 +38,7 @@ Status ReadSinkConfig(pipeline::ConfigFile& file, pipeline::Settings& settings) 
   sq.wal_autocheckpoint_bytes = wal_mb << 20;
   ATFILL_RETURN_IF_ERROR(
       file.ReadBool("sink.sqlite.background_checkpoint", &sq.background_checkpoint));
+  ATFILL_RETURN_IF_ERROR(file.ReadBool("sink.sqlite.compress", &sq.compress));
   const std::string& path = file.source_name();
   if (Status s = sq.Validate(); !s.ok()) return s.WithContext(path + ": [sink.sqlite]");
   if (Status s = pg.Validate(); !s.ok()) return s.WithContext(path + ": [sink.postgres]");

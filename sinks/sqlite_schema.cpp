@@ -2,6 +2,7 @@
 
 #include <array>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "sinks/sqlite_sink.hpp"
@@ -93,10 +94,18 @@ INSERT INTO sqlite_stat1(tbl, idx, stat) VALUES
 ANALYZE sqlite_schema;
 )sql";
 
-constexpr const char* kRecordsView = R"sql(
+// The view over the record table; `record` is the stored value itself (kRecordColumn) until the
+// database holds a compressed row, then atfill_json's (kDecodedRecordColumn).
+constexpr std::string_view kRecordColumn = "r.record";
+constexpr std::string_view kDecodedRecordColumn = "atfill_json(r.record)";
+
+std::string RecordsView(std::string_view record_column) {
+  std::string sql = R"sql(
 CREATE VIEW atfill_records(uri, did, collection, rkey, record, cid, rev, indexed_at, created_at) AS
 SELECT 'at://' || d.did || '/' || c.nsid || '/' || r.rkey,
-       d.did, c.nsid, r.rkey, r.record, r.cid, r.rev,
+       d.did, c.nsid, r.rkey, )sql";
+  sql += record_column;
+  sql += R"sql(, r.cid, r.rev,
        strftime('%Y-%m-%dT%H:%M:%S', r.indexed_at / 1000000, 'unixepoch') ||
            printf('.%06dZ', r.indexed_at % 1000000),
        r.created_at
@@ -104,6 +113,8 @@ FROM atfill_record_rows r
 JOIN atfill_dids d ON d.id = r.did_id
 JOIN atfill_collections c ON c.id = r.collection_id;
 )sql";
+  return sql;
+}
 
 // Rebuilds the record table (a table constraint cannot be dropped), keeping every row and its id.
 // Indexes and triggers a user added to the table are created again on the new one; the view is
@@ -126,7 +137,7 @@ Status MigrateTo2(sqlite3* db) {
   ATFILL_RETURN_IF_ERROR(Exec(db, "PRAGMA legacy_alter_table = ON"));
   Status st = Exec(db, "DROP VIEW atfill_records");
   if (st.ok()) st = Exec(db, kRecordRowsV2);
-  if (st.ok()) st = Exec(db, kRecordsView);
+  if (st.ok()) st = Exec(db, RecordsView(kRecordColumn).c_str());
   for (size_t i = 0; st.ok() && i < user_objects.size(); ++i) {
     st = Exec(db, user_objects[i].c_str());
   }
@@ -134,9 +145,24 @@ Status MigrateTo2(sqlite3* db) {
   return st.ok() ? off : st;
 }
 
+// Version 3: the dictionaries of compressed record bodies. No row is rewritten: every existing
+// body stays text, which atfill_json returns as it is, and the view keeps reading the column
+// directly until the first dictionary is stored (UseDecodingView).
+constexpr const char* kSchemaV3 = R"sql(
+CREATE TABLE atfill_dicts(
+  id INTEGER PRIMARY KEY,
+  collection_id INTEGER NOT NULL REFERENCES atfill_collections(id),
+  dict BLOB NOT NULL,
+  samples INTEGER NOT NULL,
+  created_at INTEGER NOT NULL);
+CREATE INDEX atfill_dicts_by_collection ON atfill_dicts(collection_id, id);
+)sql";
+
+Status MigrateTo3(sqlite3* db) { return Exec(db, kSchemaV3); }
+
 // kMigrations[n] takes a database from version n to n + 1.
 using Migration = Status (*)(sqlite3*);
-constexpr std::array<Migration, 2> kMigrations = {MigrateTo1, MigrateTo2};
+constexpr std::array<Migration, 3> kMigrations = {MigrateTo1, MigrateTo2, MigrateTo3};
 static_assert(kMigrations.size() == kSqliteSchemaVersion);
 
 Status SetVersion(sqlite3* db, int version) {
@@ -212,6 +238,19 @@ Status InWriteTransaction(sqlite3* db, Body&& body) {
 }
 
 }  // namespace
+
+Status UseDecodingView(sqlite3* db) {
+  ATFILL_ASSIGN_OR_RETURN(Stmt find, Prepare(db,
+                                             "SELECT count(*) FROM sqlite_schema WHERE type = "
+                                             "'view' AND name = 'atfill_records' AND sql LIKE "
+                                             "'%atfill_json(%'",
+                                             false));
+  const int rc = sqlite3_step(find.get());
+  if (rc != SQLITE_ROW) return ErrorStatus(db, rc, "reading the schema catalogue");
+  if (sqlite3_column_int(find.get(), 0) != 0) return Status::OK();
+  ATFILL_RETURN_IF_ERROR(Exec(db, "DROP VIEW atfill_records"));
+  return Exec(db, RecordsView(kDecodedRecordColumn).c_str());
+}
 
 Result<bool> HasRecordRows(sqlite3* db) {
   ATFILL_ASSIGN_OR_RETURN(Stmt any, Prepare(db, "SELECT 1 FROM atfill_record_rows LIMIT 1", false));

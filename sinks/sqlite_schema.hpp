@@ -15,6 +15,18 @@
 //   atfill_record_rows_by_did      (did_epoch, did_id, collection_id)
 //   atfill_record_rows_by_created  (collection_id, created_at)
 //
+// Version 3: no row rewritten;
+//   atfill_dicts(id, collection_id, dict, samples, created_at)
+//       zstd dictionaries of compressed bodies, one per collection in use (a later one may
+//       replace it for new rows; old rows keep naming theirs); dict holds the dictionary with
+//       `id` as its zstd dictionary id, which every frame made with it names; samples is the
+//       number of bodies it was trained on, created_at unix microseconds
+//   atfill_dicts_by_collection     (collection_id, id)
+//   atfill_record_rows.record      the JSON text (TEXT), or a zstd frame of it (BLOB) made with a
+//                                  dictionary of atfill_dicts (sqlite_compressor.hpp)
+//   atfill_records.record          r.record while the database holds no dictionary, then
+//                                  atfill_json(r.record) (sqlite_functions.hpp)
+//
 // The bulk-load layout (not a version: a state of a version 2 database while a fresh backfill
 // loads it): atfill_record_rows_key and atfill_record_rows_by_created are absent and
 //   atfill_record_rows_bulk_key    unique (did_id, collection_id, rkey)
@@ -40,6 +52,10 @@ Status MigrateSchema(sqlite3* db);
 // Fails unless the database is exactly at kSqliteSchemaVersion (used by read-only openers, which
 // never migrate).
 Status CheckSchemaCurrent(sqlite3* db);
+
+// Makes the atfill_records view return atfill_json(record) (the exact JSON text of compressed
+// and uncompressed rows) unless it already does; inside the caller's write transaction.
+Status UseDecodingView(sqlite3* db);
 
 // Whether the record table holds any row.
 Result<bool> HasRecordRows(sqlite3* db);

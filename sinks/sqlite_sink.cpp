@@ -16,6 +16,7 @@
 #include "sinks/event_checks.hpp"
 #include "sinks/intern_cache.hpp"
 #include "sinks/sqlite_checkpointer.hpp"
+#include "sinks/sqlite_compressor.hpp"
 #include "sinks/sqlite_schema.hpp"
 #include "sinks/sqlite_util.hpp"
 
@@ -39,6 +40,11 @@ int64_t SystemNowUs() {
       .count();
 }
 
+// zstd's trainer needs a few samples to learn from at all; past the maximum, the bodies held for
+// training would cost more memory than a dictionary saves.
+constexpr size_t kMinDictionarySamples = 8;
+constexpr size_t kMaxDictionarySamples = 100'000;
+
 bool IsBusyCode(int rc) { return (rc & 0xff) == SQLITE_BUSY || (rc & 0xff) == SQLITE_LOCKED; }
 
 using Clock = std::chrono::steady_clock;
@@ -54,11 +60,20 @@ bool WaitToRetryBusy(Clock::time_point deadline, std::chrono::milliseconds* back
   return true;
 }
 
+// Binds the record column's value: the JSON text, or the zstd frame of it as a blob (what
+// atfill_json tells apart); without a copy, so it must outlive the step. The code of the bind
+// (SQLITE_TOOBIG for a body past SQLite's limit).
+int BindBody(sqlite3_stmt* s, int index, const sqlite::EncodedBody& body) {
+  if (!body.compressed) return BindText(s, index, body.bytes);
+  return sqlite3_bind_blob(s, index, body.bytes.data(), static_cast<int>(body.bytes.size()),
+                           SQLITE_STATIC);
+}
+
 // Binds the record INSERT's parameters (did_id, collection_id, rkey, cid, rev, indexed_at,
 // created_at, record); the code of the body's bind (the only one that can fail: SQLITE_TOOBIG).
 // Texts are bound without a copy and must outlive the step.
 int BindRow(sqlite3_stmt* s, const RecordEvent& e, int64_t did_id, int64_t collection_id,
-            std::string_view cid, int64_t now) {
+            std::string_view cid, int64_t now, const sqlite::EncodedBody& body) {
   sqlite3_bind_int64(s, 1, did_id);
   sqlite3_bind_int64(s, 2, collection_id);
   BindText(s, 3, e.rkey);
@@ -66,7 +81,7 @@ int BindRow(sqlite3_stmt* s, const RecordEvent& e, int64_t did_id, int64_t colle
   BindTextOrNull(s, 5, e.rev);
   sqlite3_bind_int64(s, 6, now);
   BindTextOrNull(s, 7, e.created_at);
-  return BindText(s, 8, e.body);
+  return BindBody(s, 8, body);
 }
 
 // The owner lock of a bulk load: flock(2) on a file beside the database, held by the loading
@@ -150,7 +165,8 @@ class SqliteSink final : public pipeline::Sink {
   Status ApplyWrite(const RecordEvent& e, int64_t now, WriteStats* stats);
   // A create/update whose INSERT conflicted: the rev guard against the stored row.
   Status ApplyToExisting(const RecordEvent& e, int64_t did_id, int64_t collection_id,
-                         const std::string& cid, int64_t now, WriteStats* stats);
+                         const std::string& cid, int64_t now, const sqlite::EncodedBody& body,
+                         WriteStats* stats);
   Status ApplyDelete(const RecordEvent& e, WriteStats* stats);
   Status ApplyAccount(const AccountEvent& e, WriteStats* stats);
   // Removes the DID's rows in `collections` (all when empty); the number removed.
@@ -176,6 +192,8 @@ class SqliteSink final : public pipeline::Sink {
       purge_did_before_;
   InternTable dids_;
   InternTable collections_;
+  // Null when bodies are stored as text (compress off).
+  std::unique_ptr<sqlite::Compressor> compressor_;
   int last_failure_rc_ = SQLITE_OK;
   // Held while this sink owns a bulk load, to be finished by the destructor.
   BulkOwnerLock bulk_owner_;
@@ -279,6 +297,11 @@ Result<std::unique_ptr<pipeline::Sink>> SqliteSink::Open(const SqliteSinkOptions
   sink->checkpointer_ = std::move(checkpointer);
   sink->bulk_owner_ = std::move(owner);
   ATFILL_RETURN_IF_ERROR(sink->Prepare());
+  if (options.compress) {
+    sqlite::CompressorOptions compressor;
+    compressor.train_samples = options.dictionary_samples;
+    ATFILL_ASSIGN_OR_RETURN(sink->compressor_, sqlite::Compressor::Open(raw, compressor));
+  }
   return std::unique_ptr<pipeline::Sink>(std::move(sink));
 }
 
@@ -336,7 +359,10 @@ Result<WriteStats> SqliteSink::Write(std::span<const Event> batch) {
     last_failure_rc_ = SQLITE_OK;
     stats = WriteStats{};
     Status st = WriteOnce(batch, now, &stats);
-    if (st.ok()) return stats;
+    if (st.ok()) {
+      if (compressor_ != nullptr) compressor_->Committed();
+      return stats;
+    }
     Rollback();
     if (!IsBusyCode(last_failure_rc_)) return st;
     if (!WaitToRetryBusy(deadline, &backoff)) {
@@ -384,10 +410,19 @@ Status SqliteSink::ApplyWrite(const RecordEvent& e, int64_t now, WriteStats* sta
   ATFILL_ASSIGN_OR_RETURN(int64_t did_id, Intern(dids_, e.did));
   ATFILL_ASSIGN_OR_RETURN(int64_t collection_id, Intern(collections_, e.collection));
   const std::string cid = e.cid.ToString();
+  sqlite::EncodedBody body{e.body, false};
+  if (compressor_ != nullptr) {
+    auto encoded = compressor_->Encode(collection_id, e.body);
+    if (!encoded.ok()) {
+      last_failure_rc_ = sqlite3_extended_errcode(db_.get());
+      return encoded.status().WithContext("SQLite database " + options_.path);
+    }
+    body = *encoded;
+  }
   {
     sqlite3_stmt* s = insert_row_.get();
     ResetOnExit reset(s);
-    int rc = BindRow(s, e, did_id, collection_id, cid, now);
+    int rc = BindRow(s, e, did_id, collection_id, cid, now, body);
     if (rc != SQLITE_OK) return Failed(rc, "binding the record body");
     ATFILL_RETURN_IF_ERROR(Run(s, "inserting the record"));
     if (sqlite3_changes(db_.get()) > 0) {
@@ -395,11 +430,12 @@ Status SqliteSink::ApplyWrite(const RecordEvent& e, int64_t now, WriteStats* sta
       return Status::OK();
     }
   }
-  return ApplyToExisting(e, did_id, collection_id, cid, now, stats);
+  return ApplyToExisting(e, did_id, collection_id, cid, now, body, stats);
 }
 
 Status SqliteSink::ApplyToExisting(const RecordEvent& e, int64_t did_id, int64_t collection_id,
-                                   const std::string& cid, int64_t now, WriteStats* stats) {
+                                   const std::string& cid, int64_t now,
+                                   const sqlite::EncodedBody& body, WriteStats* stats) {
   WriteVerdict verdict = WriteVerdict::kStale;
   auto decide = [&](std::string_view stored_cid, std::string_view stored_rev) {
     const bool has_rev = !e.rev.empty();
@@ -443,7 +479,7 @@ Status SqliteSink::ApplyToExisting(const RecordEvent& e, int64_t did_id, int64_t
       BindTextOrNull(s, 2, e.rev);
       sqlite3_bind_int64(s, 3, now);
       BindTextOrNull(s, 4, e.created_at);
-      int rc = BindText(s, 5, e.body);
+      int rc = BindBody(s, 5, body);
       if (rc != SQLITE_OK) return Failed(rc, "binding the record body");
       sqlite3_bind_int64(s, 6, *rowid);
       ATFILL_RETURN_IF_ERROR(Run(s, "updating the record"));
@@ -602,6 +638,7 @@ void SqliteSink::Rollback() {
   // An id interned by the rolled-back transaction no longer exists; the cache may hold some.
   dids_.cache.Clear();
   collections_.cache.Clear();
+  if (compressor_ != nullptr) compressor_->RolledBack();
 }
 
 }  // namespace
@@ -632,6 +669,12 @@ Status SqliteSinkOptions::Validate() const {
   }
   if (intern_cache_entries == 0) {
     return Status::Invalid("SqliteSinkOptions.intern_cache_entries must be positive");
+  }
+  if (dictionary_samples < kMinDictionarySamples || dictionary_samples > kMaxDictionarySamples) {
+    return Status::Invalid("SqliteSinkOptions.dictionary_samples must be in [" +
+                           std::to_string(kMinDictionarySamples) + ", " +
+                           std::to_string(kMaxDictionarySamples) + "], got " +
+                           std::to_string(dictionary_samples));
   }
   return Status::OK();
 }

@@ -4,7 +4,10 @@
 //   atfill_records(uri, did, collection, rkey, record, cid, rev, indexed_at, created_at)
 // where
 //   uri         'at://' || did || '/' || collection || '/' || rkey
-//   record      the record's JSON text exactly as received
+//   record      the record's JSON text exactly as received (stored compressed when `compress` is
+//               on; the view gives back the text through the SQL function atfill_json, which
+//               atfill registers on its connections and the sqlite3 shell gets by loading
+//               build/sinks/libatfill_sqlite_ext: see sqlite_functions.hpp, docs/queries.md)
 //   cid         the record CID, multibase base32 ("bafyrei...")
 //   rev         the repo revision (TID) that wrote it; NULL when the source gave none
 //   indexed_at  when atfill wrote the current version of the row: ISO-8601 UTC with microseconds,
@@ -28,7 +31,7 @@
 namespace atfill::sinks {
 
 // The schema version this build writes and reads.
-inline constexpr int kSqliteSchemaVersion = 2;
+inline constexpr int kSqliteSchemaVersion = 3;
 
 // When a commit reaches the disk. The sink always runs in WAL mode.
 enum class SqliteSynchronous : uint8_t {
@@ -82,6 +85,14 @@ struct SqliteSinkOptions {
   // first. A table that already holds rows is written as it is. Wrong for a stream's order
   // (accounts interleaved): leave it off there.
   bool bulk_load = false;
+  // Store record bodies as zstd frames made with a dictionary per collection, trained on the
+  // collection's first `dictionary_samples` bodies this sink writes (rows before those stay
+  // text). Off: every body is stored as its text, and a database that never held a compressed
+  // row keeps a view that any SQLite program reads without atfill's extension. Rows already
+  // compressed stay readable either way.
+  bool compress = true;
+  // Bodies of a collection the sink sees before it trains the collection's dictionary.
+  size_t dictionary_samples = 1000;
   // The clock for indexed_at, unix microseconds. Empty: the system clock. Tests pass a fake.
   std::function<int64_t()> now_us;
 

@@ -4,6 +4,8 @@
 #include <chrono>
 #include <thread>
 
+#include "sinks/sqlite_functions.hpp"
+
 namespace atfill::sinks::sqlite {
 
 Status ErrorStatus(sqlite3* db, int rc, std::string_view what) {
@@ -53,6 +55,9 @@ Result<Db> Open(const std::string& path, int flags) {
   Db db(raw);
   if (rc != SQLITE_OK) return ErrorStatus(raw, rc, "cannot open");
   sqlite3_extended_result_codes(raw, 1);
+  // Every atfill connection reads the view, whose record column may call atfill_json.
+  rc = RegisterSqliteFunctions(raw);
+  if (rc != SQLITE_OK) return ErrorStatus(raw, rc, "registering atfill_json");
   return db;
 }
 

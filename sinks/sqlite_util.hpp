@@ -29,7 +29,8 @@ using Stmt = std::unique_ptr<sqlite3_stmt, StmtFinalizer>;
 // "<what>: <sqlite message> (<code's generic text>)", the last part only when it adds something.
 Status ErrorStatus(sqlite3* db, int rc, std::string_view what);
 
-// Opens `path` with `flags` (SQLITE_OPEN_*), with extended result codes on. The error does not
+// Opens `path` with `flags` (SQLITE_OPEN_*), with extended result codes on and atfill's SQL
+// functions registered (sqlite_functions.hpp). The error does not
 // name the path; callers add it.
 Result<Db> Open(const std::string& path, int flags);
 

@@ -17,6 +17,7 @@
 #include "sinks/sqlite_reader.hpp"
 #include "sinks/sqlite_sink.hpp"
 #include "tests/common/process.hpp"
+#include "tests/common/raw_sqlite.hpp"
 #include "tests/common/sink_conformance.hpp"
 
 namespace atfill::sinks {
@@ -31,19 +32,7 @@ using testing::MakeUpdate;
 
 // The first column of every row of `sql` on the database at `path`, as text.
 std::vector<std::string> Column(const std::string& path, const std::string& sql) {
-  std::vector<std::string> out;
-  sqlite3* db = nullptr;
-  EXPECT_EQ(sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READONLY, nullptr), SQLITE_OK);
-  sqlite3_stmt* s = nullptr;
-  EXPECT_EQ(sqlite3_prepare_v2(db, sql.c_str(), -1, &s, nullptr), SQLITE_OK)
-      << sql << ": " << sqlite3_errmsg(db);
-  while (s != nullptr && sqlite3_step(s) == SQLITE_ROW) {
-    const unsigned char* t = sqlite3_column_text(s, 0);
-    out.push_back(t == nullptr ? "NULL" : reinterpret_cast<const char*>(t));
-  }
-  sqlite3_finalize(s);
-  sqlite3_close(db);
-  return out;
+  return testing::RawDb(path).Column(sql);
 }
 
 // The record table's indexes, "name: sql", by name.

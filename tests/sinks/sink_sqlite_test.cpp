@@ -17,6 +17,7 @@
 #include "sinks/sqlite_reader.hpp"
 #include "sinks/sqlite_sink.hpp"
 #include "tests/common/process.hpp"
+#include "tests/common/raw_sqlite.hpp"
 #include "tests/common/sink_conformance.hpp"
 
 namespace atfill::sinks {
@@ -28,41 +29,9 @@ using testing::MakeAccount;
 using testing::MakeCreate;
 using testing::MakeDelete;
 using testing::MakeUpdate;
+using testing::RawDb;
 using testing::SinkConformanceTest;
 using testing::TempDir;
-
-// A raw connection for what the sink API does not offer (inspecting the schema, holding locks).
-class RawDb {
- public:
-  explicit RawDb(const std::string& path) {
-    EXPECT_EQ(sqlite3_open(path.c_str(), &db_), SQLITE_OK) << path;
-  }
-  ~RawDb() { sqlite3_close(db_); }
-  sqlite3* get() const { return db_; }
-  // Runs `sql`; returns sqlite3_exec's code.
-  int Exec(const std::string& sql) const {
-    char* err = nullptr;
-    int rc = sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, &err);
-    if (err != nullptr) sqlite3_free(err);
-    return rc;
-  }
-  // The first column of every row of `sql`, as text ("NULL" for NULL).
-  std::vector<std::string> Column(const std::string& sql) const {
-    std::vector<std::string> out;
-    sqlite3_stmt* s = nullptr;
-    EXPECT_EQ(sqlite3_prepare_v2(db_, sql.c_str(), -1, &s, nullptr), SQLITE_OK)
-        << sql << ": " << sqlite3_errmsg(db_);
-    while (s != nullptr && sqlite3_step(s) == SQLITE_ROW) {
-      const unsigned char* t = sqlite3_column_text(s, 0);
-      out.push_back(t == nullptr ? "NULL" : reinterpret_cast<const char*>(t));
-    }
-    sqlite3_finalize(s);
-    return out;
-  }
-
- private:
-  sqlite3* db_ = nullptr;
-};
 
 class SqliteTableReader : public testing::TableReader {
  public:
@@ -108,13 +77,15 @@ class SqliteLock : public testing::WriteBlocker {
 
 class SqliteEnv : public testing::SinkTestEnv {
  public:
-  SqliteEnv(std::function<int64_t()> now_us, bool background_checkpoint, bool bulk_load)
+  SqliteEnv(std::function<int64_t()> now_us, bool background_checkpoint, bool bulk_load,
+            size_t dictionary_samples)
       : path_((dir_.path() / "atfill.db").string()), reader_(path_) {
     options_.path = path_;
     options_.now_us = std::move(now_us);
     options_.busy_timeout_ms = 100;
     options_.background_checkpoint = background_checkpoint;
     options_.bulk_load = bulk_load;
+    options_.dictionary_samples = dictionary_samples;
   }
   Result<std::unique_ptr<pipeline::Sink>> OpenSink() override { return OpenSqliteSink(options_); }
   testing::TableReader& reader() override { return reader_; }
@@ -155,21 +126,24 @@ class SqliteEnv : public testing::SinkTestEnv {
 
 // The writer checkpoints on a thread of the sink's own (the default), or inside its COMMIT; a
 // bulk-loading sink (a fresh backfill's) writes in the load layout and builds the final indexes
-// when it closes.
+// when it closes. With the default 1,000 samples the suite's collections rarely get a
+// dictionary; SqliteCompressed trains one after a collection's 8th body, so nearly every row of
+// the suite is stored compressed.
 testing::SinkConformanceParam SqliteParam(std::string name, bool background_checkpoint,
-                                          bool bulk_load) {
+                                          bool bulk_load, size_t dictionary_samples = 1000) {
   return {std::move(name),
-          [background_checkpoint, bulk_load](
+          [background_checkpoint, bulk_load, dictionary_samples](
               std::function<int64_t()> now_us) -> Result<std::unique_ptr<testing::SinkTestEnv>> {
-            return std::unique_ptr<testing::SinkTestEnv>(
-                std::make_unique<SqliteEnv>(std::move(now_us), background_checkpoint, bulk_load));
+            return std::unique_ptr<testing::SinkTestEnv>(std::make_unique<SqliteEnv>(
+                std::move(now_us), background_checkpoint, bulk_load, dictionary_samples));
           }};
 }
 
 INSTANTIATE_TEST_SUITE_P(Sqlite, SinkConformanceTest,
                          ::testing::Values(SqliteParam("Sqlite", true, false),
                                            SqliteParam("SqliteInlineCheckpoint", false, false),
-                                           SqliteParam("SqliteBulkLoad", true, true)),
+                                           SqliteParam("SqliteBulkLoad", true, true),
+                                           SqliteParam("SqliteCompressed", true, false, 8)),
                          testing::SinkConformanceName);
 
 constexpr const char* kAlice = "did:plc:alice2ixhq5mvvcy4ygqtfp";
@@ -208,7 +182,8 @@ TEST_F(SqliteSinkTest, CreatesTheSchemaInAnEmptyFile) {
             std::vector<std::string>{std::to_string(kSqliteSchemaVersion)});
   EXPECT_EQ(db.Column("SELECT name FROM sqlite_schema WHERE type IN ('table', 'view') "
                       "ORDER BY name"),
-            (std::vector<std::string>{"atfill_collections", "atfill_dids", "atfill_record_rows",
+            (std::vector<std::string>{"atfill_collections", "atfill_dicts", "atfill_dids",
+                                      "atfill_record_rows",
                                       "atfill_records", "atfill_schema_version",
                                       // SQLite's own: the planner's statistics (the schema's
                                       // hints for the record table's indexes)
@@ -644,6 +619,8 @@ TEST_F(SqliteSinkTest, CheckpointsKeepTheWalWithinItsCap) {
     std::filesystem::remove(Path() + "-shm");
     options_.background_checkpoint = background;
     options_.wal_autocheckpoint_bytes = 256 << 10;
+    // Text bodies, so that the 4 MB written stays 4 MB on disk.
+    options_.compress = false;
     auto sink = MustOpen();
     ASSERT_NE(sink, nullptr);
     uint64_t largest_wal = 0;

@@ -1,0 +1,490 @@
+// The SQLite sink's compressed bodies (schema version 3): every body reads back byte for byte
+// through the view, the reader and the loadable extension; a collection's dictionary commits with
+// the first rows that need it or not at all (a failed batch, a SIGKILL); compressed and text rows
+// mix across reopens and `compress` settings; a version 2 database migrates without rewriting a
+// row.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sqlite3.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "sinks/sqlite_reader.hpp"
+#include "sinks/sqlite_sink.hpp"
+#include "tests/common/process.hpp"
+#include "tests/common/raw_sqlite.hpp"
+#include "tests/common/sink_conformance.hpp"
+
+namespace atfill::sinks {
+namespace {
+
+using pipeline::Event;
+using testing::MakeCreate;
+using testing::RawDb;
+
+constexpr const char* kAlice = "did:plc:alice2ixhq5mvvcy4ygqtfp";
+constexpr const char* kLike = "app.bsky.feed.like";
+constexpr const char* kPost = "app.bsky.feed.post";
+constexpr size_t kSamples = 20;
+
+std::string RandomText(std::mt19937_64& rng, size_t n, std::string_view alphabet) {
+  std::string out(n, ' ');
+  for (char& c : out) c = alphabet[rng() % alphabet.size()];
+  return out;
+}
+
+// A like as the network writes it: its subject's CID and URI are random to a compressor.
+std::string LikeBody(uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  constexpr std::string_view kBase32 = "abcdefghijklmnopqrstuvwxyz234567";
+  return R"({"$type":"app.bsky.feed.like","createdAt":"2024-0)" + std::to_string(1 + seed % 9) +
+         "-1" + std::to_string(seed % 10) + "T0" + std::to_string(seed % 10) +
+         R"(:12:34.567Z","subject":{"cid":"bafyrei)" + RandomText(rng, 52, kBase32) +
+         R"(","uri":"at://did:plc:)" + RandomText(rng, 24, kBase32) +
+         R"(/app.bsky.feed.post/3k)" + RandomText(rng, 11, kBase32) + R"("}})";
+}
+
+std::string Rkey(const std::string& prefix, size_t i) {
+  std::string n = std::to_string(i);
+  return prefix + std::string(6 - std::min<size_t>(6, n.size()), '0') + n;
+}
+
+// `n` likes with record keys prefix000000...; their bodies are LikeBody(seed + i).
+std::vector<Event> Likes(const std::string& prefix, size_t n, uint64_t seed) {
+  std::vector<Event> batch;
+  for (size_t i = 0; i < n; ++i) {
+    batch.push_back(MakeCreate(kAlice, kLike, Rkey(prefix, i), LikeBody(seed + i)));
+  }
+  return batch;
+}
+
+class SqliteCompressTest : public ::testing::Test {
+ protected:
+  SqliteCompressTest() {
+    options_.path = Path();
+    options_.dictionary_samples = kSamples;
+  }
+  std::string Path() const { return (dir_.path() / "atfill.db").string(); }
+  std::unique_ptr<pipeline::Sink> MustOpen() {
+    auto sink = OpenSqliteSink(options_);
+    EXPECT_TRUE(sink.ok()) << sink.status().ToString();
+    return sink.ok() ? std::move(sink).value() : nullptr;
+  }
+  void MustWrite(pipeline::Sink& sink, const std::vector<Event>& batch) {
+    auto stats = sink.Write(batch);
+    ASSERT_TRUE(stats.ok()) << stats.status().ToString();
+    for (const Event& e : batch) {
+      const auto& r = std::get<pipeline::RecordEvent>(e);
+      want_[r.Uri()] = r.body;
+    }
+  }
+  // Every record through the reader (the view, atfill_json) equals the body written.
+  void ExpectAllExact() {
+    auto rows = ReadAllRecords(Path());
+    ASSERT_TRUE(rows.ok()) << rows.status().ToString();
+    std::map<std::string, std::string> got;
+    for (const RecordRow& r : *rows) got[r.uri] = r.record;
+    ASSERT_EQ(got.size(), want_.size());
+    for (const auto& [uri, body] : want_) {
+      ASSERT_EQ(got[uri].size(), body.size()) << uri;
+      EXPECT_TRUE(got[uri] == body) << uri;
+    }
+  }
+  // How the rows of a collection are stored: "text" or "blob", in record key order.
+  std::vector<std::string> Storage(const std::string& collection) {
+    return RawDb(Path()).Column(
+        "SELECT typeof(r.record) FROM atfill_record_rows r JOIN atfill_collections c ON c.id = "
+        "r.collection_id WHERE c.nsid = '" +
+        collection + "' ORDER BY r.rkey");
+  }
+  std::vector<std::string> Dictionaries() {
+    return RawDb(Path()).Column(
+        "SELECT d.id || ' ' || c.nsid || ' ' || d.samples FROM atfill_dicts d JOIN "
+        "atfill_collections c ON c.id = d.collection_id ORDER BY d.id");
+  }
+  bool ViewDecodes() {
+    return RawDb(Path())
+               .Column("SELECT count(*) FROM sqlite_schema WHERE name = 'atfill_records' AND sql "
+                       "LIKE '%atfill_json(%'")
+               .at(0) == "1";
+  }
+
+  testing::TempDir dir_;
+  SqliteSinkOptions options_;
+  std::map<std::string, std::string> want_;  // uri -> body
+};
+
+std::vector<std::string> Repeat(const std::string& value, size_t n) {
+  return std::vector<std::string>(n, value);
+}
+
+// A collection's first kSamples - 1 bodies stay text; the kSamples-th trains its dictionary and
+// is stored compressed, as are the ones after; odd bodies (unicode, escapes, whitespace, tiny and
+// large ones) read back exactly, stored compressed or, when a frame would not be smaller, as text.
+TEST_F(SqliteCompressTest, EveryBodyReadsBackExactly) {
+  auto sink = MustOpen();
+  ASSERT_NE(sink, nullptr);
+  MustWrite(*sink, Likes("a", 60, 1));
+  std::vector<std::string> want_storage = Repeat("text", kSamples - 1);
+  for (const std::string& s : Repeat("blob", 60 - kSamples + 1)) want_storage.push_back(s);
+  EXPECT_EQ(Storage(kLike), want_storage);
+  EXPECT_EQ(Dictionaries(), std::vector<std::string>{"1 app.bsky.feed.like 20"});
+  EXPECT_TRUE(ViewDecodes());
+
+  std::mt19937_64 rng(7);
+  std::vector<std::string> odd = {
+      "{}",
+      R"({"text":"héllo wörld 日本語 🎉 Ωμέγα","langs":["ja","el"]})",
+      R"({"text":"escapes \u0000 \ud83d\ude00 \" \\ \/ \n\t"})",
+      " { \"b\" : 1 ,\n \"a\" : [ 1 , 2 , { \"c\" : null } ] } ",
+      R"({"text":")" + RandomText(rng, 300 << 10, "abcdefghijklmnopqrstuvwxyz ") + "\"}",
+      R"({"text":")" + std::string(3 << 20, 'z') + "\"}",
+      "x",
+  };
+  std::vector<Event> posts;
+  for (size_t i = 0; i < kSamples; ++i) {
+    posts.push_back(MakeCreate(kAlice, kPost, Rkey("p", i),
+                               R"({"$type":"app.bsky.feed.post","text":"post number )" +
+                                   std::to_string(i * 7919) + R"(","createdAt":"2024-01-01"})"));
+  }
+  for (size_t i = 0; i < odd.size(); ++i) {
+    posts.push_back(MakeCreate(kAlice, kPost, Rkey("q", i), odd[i]));
+  }
+  MustWrite(*sink, posts);
+  ExpectAllExact();
+  // "{}" and "x" are smaller as text than as a frame; the large bodies compress.
+  const std::vector<std::string> storage = Storage(kPost);
+  ASSERT_EQ(storage.size(), kSamples + odd.size());
+  EXPECT_EQ(storage[kSamples], "text");
+  EXPECT_EQ(storage[kSamples + 4], "blob");
+  EXPECT_EQ(storage[kSamples + 5], "blob");
+  EXPECT_EQ(storage[kSamples + 6], "text");
+  // SQL through the view sees the text: JSON functions, lengths, comparisons.
+  RawDb db(Path());
+  const std::string like = LikeBody(60);
+  const size_t uri_at = like.find("at://did:plc:");
+  EXPECT_EQ(db.Column("SELECT json_extract(record, '$.subject.uri') FROM atfill_records WHERE "
+                      "rkey = 'a000059'"),
+            std::vector<std::string>{like.substr(uri_at, like.find('"', uri_at) - uri_at)});
+  EXPECT_EQ(db.Column("SELECT json_extract(record, '$.text') FROM atfill_records WHERE rkey = "
+                      "'q000001'"),
+            std::vector<std::string>{"héllo wörld 日本語 🎉 Ωμέγα"});
+  EXPECT_EQ(db.Column("SELECT length(record) FROM atfill_records WHERE rkey = 'q000005'"),
+            std::vector<std::string>{std::to_string((3 << 20) + 11)});
+  // The record reader the stages use gives the same text.
+  auto read = SqliteRecordReader(Path());
+  const std::string uri = "at://" + std::string(kAlice) + "/" + kLike + "/a000042";
+  auto one = read(uri);
+  ASSERT_TRUE(one.ok()) << one.status().ToString();
+  ASSERT_TRUE(one->has_value());
+  EXPECT_EQ(**one, want_[uri]);
+  // Compressed rows take less room than their text.
+  EXPECT_LT(std::stoll(db.Column("SELECT sum(length(record)) FROM atfill_record_rows WHERE "
+                                 "typeof(record) = 'blob' AND rkey LIKE 'a%'")
+                           .at(0)),
+            std::stoll(db.Column("SELECT sum(length(record)) FROM atfill_records WHERE rkey "
+                                 ">= 'a000019' AND rkey LIKE 'a%'")
+                           .at(0)) /
+                2);
+}
+
+// Updates replace a compressed body with a compressed body of the new text; reopening with
+// compress off stores text beside the compressed rows, and on again uses the stored dictionary.
+TEST_F(SqliteCompressTest, CompressedAndTextRowsMixAcrossReopens) {
+  {
+    auto sink = MustOpen();
+    ASSERT_NE(sink, nullptr);
+    MustWrite(*sink, Likes("a", 30, 100));
+    std::vector<Event> updates;
+    for (size_t i = 25; i < 30; ++i) {
+      updates.push_back(testing::MakeUpdate(kAlice, kLike, Rkey("a", i), LikeBody(1000 + i)));
+    }
+    MustWrite(*sink, updates);
+  }
+  options_.compress = false;
+  {
+    auto sink = MustOpen();
+    ASSERT_NE(sink, nullptr);
+    MustWrite(*sink, Likes("b", 10, 200));
+  }
+  options_.compress = true;
+  {
+    auto sink = MustOpen();
+    ASSERT_NE(sink, nullptr);
+    MustWrite(*sink, Likes("c", 5, 300));
+  }
+  std::vector<std::string> want = Repeat("text", kSamples - 1);
+  for (const auto& part : {Repeat("blob", 30 - kSamples + 1), Repeat("text", 10),
+                           Repeat("blob", 5)}) {
+    want.insert(want.end(), part.begin(), part.end());
+  }
+  EXPECT_EQ(Storage(kLike), want);
+  EXPECT_EQ(Dictionaries(), std::vector<std::string>{"1 app.bsky.feed.like 20"});
+  ExpectAllExact();
+}
+
+// A database whose sink never compressed keeps the view any SQLite program reads.
+TEST_F(SqliteCompressTest, CompressOffKeepsAViewWithoutTheFunction) {
+  options_.compress = false;
+  auto sink = MustOpen();
+  ASSERT_NE(sink, nullptr);
+  MustWrite(*sink, Likes("a", 50, 1));
+  EXPECT_EQ(Storage(kLike), Repeat("text", 50));
+  EXPECT_TRUE(Dictionaries().empty());
+  EXPECT_FALSE(ViewDecodes());
+  RawDb plain(Path(), false);
+  EXPECT_EQ(plain.Column("SELECT record FROM atfill_records WHERE rkey = 'a000003'"),
+            std::vector<std::string>{LikeBody(4)});
+}
+
+// The batch that trains a dictionary fails (an invalid event after the training row): the
+// dictionary goes with it, and the sink does not go on compressing with it.
+TEST_F(SqliteCompressTest, AFailedBatchTakesItsDictionaryWithIt) {
+  auto sink = MustOpen();
+  ASSERT_NE(sink, nullptr);
+  std::vector<Event> batch = Likes("a", 25, 1);
+  batch.push_back(MakeCreate(kAlice, kLike, "", LikeBody(99)));
+  auto failed = sink->Write(batch);
+  ASSERT_FALSE(failed.ok());
+  EXPECT_EQ(failed.status().code(), StatusCode::kInvalid) << failed.status().ToString();
+  EXPECT_TRUE(Dictionaries().empty());
+  EXPECT_FALSE(ViewDecodes());
+  EXPECT_EQ(RawDb(Path()).Column("SELECT count(*) FROM atfill_record_rows"),
+            std::vector<std::string>{"0"});
+  MustWrite(*sink, Likes("b", 10, 500));
+  MustWrite(*sink, Likes("c", 30, 600));
+  EXPECT_EQ(Dictionaries().size(), 1u);
+  EXPECT_EQ(
+      RawDb(Path()).Column("SELECT count(*) FROM atfill_record_rows WHERE typeof(record) = 'blob'"),
+      std::vector<std::string>{std::to_string(40 - kSamples + 1)});
+  ExpectAllExact();
+}
+
+// A child writes batches of new likes, writing a byte to `ready` after each commit, until it is
+// killed.
+pid_t StartWriter(const SqliteSinkOptions& options, int ready) {
+  const pid_t pid = fork();
+  if (pid != 0) return pid;
+  auto sink = OpenSqliteSink(options);
+  if (!sink.ok()) _exit(2);
+  for (size_t b = 0;; ++b) {
+    if (!(*sink)->Write(Likes("k" + std::to_string(b) + "-", 7, b * 7)).ok()) _exit(3);
+    const char byte = 1;
+    if (write(ready, &byte, 1) != 1) _exit(4);
+  }
+}
+
+// SIGKILL at any moment, the training batch's included, never leaves a row naming a dictionary
+// that is not committed: every row reads back, and a sink opened again goes on.
+TEST_F(SqliteCompressTest, SigkillNeverLeavesARowWithoutItsDictionary) {
+  for (int commits : {1, 2, 3, 4, 6}) {
+    SCOPED_TRACE("killed after " + std::to_string(commits) + " commits");
+    for (const char* suffix : {"", "-wal", "-shm"}) std::filesystem::remove(Path() + suffix);
+    int fds[2];
+    ASSERT_EQ(pipe(fds), 0);
+    const pid_t pid = StartWriter(options_, fds[1]);
+    ASSERT_GT(pid, 0);
+    for (int i = 0; i < commits; ++i) {
+      char byte = 0;
+      ASSERT_EQ(read(fds[0], &byte, 1), 1);
+    }
+    ASSERT_EQ(kill(pid, SIGKILL), 0);
+    int status = 0;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << status;
+    close(fds[0]);
+    close(fds[1]);
+    auto rows = ReadAllRecords(Path());
+    ASSERT_TRUE(rows.ok()) << rows.status().ToString();
+    ASSERT_GE(rows->size(), static_cast<size_t>(commits) * 7);
+    for (const RecordRow& r : *rows) {
+      // k<batch>-<i>: the body of LikeBody(batch * 7 + i).
+      const size_t dash = r.rkey.find('-');
+      const uint64_t seed = std::stoull(r.rkey.substr(1, dash - 1)) * 7 +
+                            std::stoull(r.rkey.substr(dash + 1));
+      ASSERT_EQ(r.record, LikeBody(seed)) << r.uri;
+    }
+    EXPECT_LE(Dictionaries().size(), 1u);
+    auto sink = MustOpen();
+    ASSERT_NE(sink, nullptr);
+    want_.clear();
+    for (const RecordRow& r : *rows) want_[r.uri] = r.record;
+    MustWrite(*sink, Likes("z", 30, 10'000));
+    sink.reset();
+    ExpectAllExact();
+    EXPECT_EQ(Dictionaries().size(), 1u);
+  }
+}
+
+// The schema atfill wrote at version 2, as it wrote it (tables, indexes, planner statistics).
+constexpr const char* kSchemaV2 = R"sql(
+CREATE TABLE atfill_schema_version(version INTEGER NOT NULL);
+INSERT INTO atfill_schema_version(version) VALUES (2);
+CREATE TABLE atfill_dids(
+  id INTEGER PRIMARY KEY,
+  did TEXT NOT NULL UNIQUE);
+CREATE TABLE atfill_collections(
+  id INTEGER PRIMARY KEY,
+  nsid TEXT NOT NULL UNIQUE);
+CREATE TABLE atfill_record_rows(
+  id INTEGER PRIMARY KEY,
+  did_id INTEGER NOT NULL REFERENCES atfill_dids(id),
+  collection_id INTEGER NOT NULL REFERENCES atfill_collections(id),
+  rkey TEXT NOT NULL,
+  cid TEXT NOT NULL,
+  rev TEXT,
+  indexed_at INTEGER NOT NULL,
+  created_at TEXT,
+  record TEXT NOT NULL,
+  did_epoch INTEGER GENERATED ALWAYS AS (id >> 18) VIRTUAL);
+CREATE UNIQUE INDEX atfill_record_rows_key ON atfill_record_rows(collection_id, rkey, did_id);
+CREATE INDEX atfill_record_rows_by_did ON atfill_record_rows(did_epoch, did_id, collection_id);
+CREATE INDEX atfill_record_rows_by_created ON atfill_record_rows(collection_id, created_at);
+ANALYZE sqlite_schema;
+INSERT INTO sqlite_stat1(tbl, idx, stat) VALUES
+  ('atfill_record_rows', 'atfill_record_rows_key', '100000000 10000000 10 1'),
+  ('atfill_record_rows', 'atfill_record_rows_by_did', '100000000 262144 20 5'),
+  ('atfill_record_rows', 'atfill_record_rows_by_created', '100000000 10000000 2');
+CREATE VIEW atfill_records(uri, did, collection, rkey, record, cid, rev, indexed_at, created_at) AS
+SELECT 'at://' || d.did || '/' || c.nsid || '/' || r.rkey,
+       d.did, c.nsid, r.rkey, r.record, r.cid, r.rev,
+       strftime('%Y-%m-%dT%H:%M:%S', r.indexed_at / 1000000, 'unixepoch') ||
+           printf('.%06dZ', r.indexed_at % 1000000),
+       r.created_at
+FROM atfill_record_rows r
+JOIN atfill_dids d ON d.id = r.did_id
+JOIN atfill_collections c ON c.id = r.collection_id;
+INSERT INTO atfill_dids(id, did) VALUES (1, 'did:plc:alice2ixhq5mvvcy4ygqtfp');
+INSERT INTO atfill_collections(id, nsid) VALUES (4, 'app.bsky.feed.like');
+)sql";
+
+// A database written at version 2 migrates to 3 without rewriting a row: its rows stay text, its
+// view stays readable without atfill's function until the first dictionary, and its collections
+// get dictionaries from the bodies written after.
+TEST_F(SqliteCompressTest, MigratesAVersion2DatabaseWithoutRewritingRows) {
+  {
+    RawDb db(Path(), false);
+    ASSERT_EQ(db.Exec("PRAGMA journal_mode = WAL"), SQLITE_OK);
+    ASSERT_EQ(db.Exec(kSchemaV2), SQLITE_OK) << sqlite3_errmsg(db.get());
+    for (size_t i = 0; i < 30; ++i) {
+      const std::string body = LikeBody(i);
+      want_["at://" + std::string(kAlice) + "/" + kLike + "/" + Rkey("old", i)] = body;
+      ASSERT_EQ(db.Exec("INSERT INTO atfill_record_rows(did_id, collection_id, rkey, cid, rev, "
+                        "indexed_at, created_at, record) VALUES (1, 4, '" +
+                        Rkey("old", i) + "', '" + testing::CidOf(body) +
+                        "', '3kaaaaaaaaa2a', 1796029200123456, NULL, '" + body + "')"),
+                SQLITE_OK)
+          << sqlite3_errmsg(db.get());
+    }
+  }
+  const std::string all_rows =
+      "SELECT id || ' ' || cid || ' ' || typeof(record) || ' ' || record FROM atfill_record_rows "
+      "ORDER BY id";
+  const std::vector<std::string> before = RawDb(Path(), false).Column(all_rows);
+  ASSERT_EQ(before.size(), 30u);
+  auto sink = MustOpen();
+  ASSERT_NE(sink, nullptr);
+  {
+    RawDb plain(Path(), false);
+    EXPECT_EQ(plain.Column("SELECT version FROM atfill_schema_version"),
+              std::vector<std::string>{"3"});
+    EXPECT_EQ(plain.Column(all_rows), before);
+    EXPECT_EQ(plain.Column("SELECT count(*) FROM atfill_records"), std::vector<std::string>{"30"});
+    EXPECT_EQ(plain.Column("SELECT record FROM atfill_records WHERE rkey = 'old000002'"),
+              std::vector<std::string>{LikeBody(2)});
+  }
+  EXPECT_FALSE(ViewDecodes());
+  ExpectAllExact();
+  MustWrite(*sink, Likes("new", 25, 1000));
+  EXPECT_TRUE(ViewDecodes());
+  EXPECT_EQ(Dictionaries(), std::vector<std::string>{"1 app.bsky.feed.like 20"});
+  EXPECT_EQ(RawDb(Path()).Column(all_rows + " LIMIT 30"), before);
+  ExpectAllExact();
+  // Without atfill's function the view no longer prepares; the table's text rows still read.
+  RawDb plain(Path(), false);
+  sqlite3_stmt* s = nullptr;
+  EXPECT_NE(sqlite3_prepare_v2(plain.get(), "SELECT record FROM atfill_records", -1, &s, nullptr),
+            SQLITE_OK);
+  EXPECT_NE(std::string(sqlite3_errmsg(plain.get())).find("atfill_json"), std::string::npos)
+      << sqlite3_errmsg(plain.get());
+  sqlite3_finalize(s);
+}
+
+// atfill_json names what it cannot read.
+TEST_F(SqliteCompressTest, AtfillJsonRejectsBlobsItCannotRead) {
+  auto sink = MustOpen();
+  ASSERT_NE(sink, nullptr);
+  MustWrite(*sink, Likes("a", 25, 1));
+  RawDb db(Path());
+  auto error_of = [&](const std::string& sql) {
+    sqlite3_stmt* s = nullptr;
+    EXPECT_EQ(sqlite3_prepare_v2(db.get(), sql.c_str(), -1, &s, nullptr), SQLITE_OK) << sql;
+    const int rc = sqlite3_step(s);
+    std::string message = rc == SQLITE_ERROR ? sqlite3_errmsg(db.get()) : "no error";
+    sqlite3_finalize(s);
+    return message;
+  };
+  EXPECT_EQ(error_of("SELECT atfill_json(x'00112233')"),
+            "atfill_json: the record is a blob but not a zstd frame that atfill wrote");
+  // A frame of dictionary 1 with its id changed to 9 (the frame header's dictionary id byte:
+  // after the 4-byte magic number and the frame header descriptor).
+  const std::string frame_hex =
+      db.Column("SELECT hex(record) FROM atfill_record_rows WHERE typeof(record) = 'blob' LIMIT 1")
+          .at(0);
+  ASSERT_EQ(frame_hex.substr(10, 2), "01") << frame_hex;
+  std::string other = frame_hex;
+  other.replace(10, 2, "09");
+  EXPECT_EQ(error_of("SELECT atfill_json(x'" + other + "')"),
+            "atfill_json: the record names dictionary 9, which atfill_dicts does not hold");
+  EXPECT_EQ(db.Column("SELECT atfill_json('plain text') || atfill_json(NULL) IS NULL"),
+            std::vector<std::string>{"1"});
+  EXPECT_EQ(db.Column("SELECT atfill_json('{\"a\":1}')"), std::vector<std::string>{"{\"a\":1}"});
+}
+
+// The loadable extension gives a program that knows nothing of atfill the same text: a plain
+// connection that loads it, and the sqlite3 shell.
+TEST_F(SqliteCompressTest, TheLoadableExtensionReadsTheView) {
+  auto sink = MustOpen();
+  ASSERT_NE(sink, nullptr);
+  MustWrite(*sink, Likes("a", 40, 1));
+  ASSERT_EQ(Storage(kLike).back(), "blob");
+  const std::string query = "SELECT record FROM atfill_records WHERE rkey = 'a000039'";
+  {
+    RawDb plain(Path(), false);
+    ASSERT_EQ(sqlite3_db_config(plain.get(), SQLITE_DBCONFIG_ENABLE_LOAD_EXTENSION, 1, nullptr),
+              SQLITE_OK);
+    char* error = nullptr;
+    ASSERT_EQ(sqlite3_load_extension(plain.get(), ATFILL_SQLITE_EXT, nullptr, &error), SQLITE_OK)
+        << (error != nullptr ? error : "");
+    sqlite3_free(error);
+    EXPECT_EQ(plain.Column(query), std::vector<std::string>{LikeBody(40)});
+    EXPECT_EQ(plain.Column("SELECT count(*) FROM atfill_records WHERE json_extract(record, "
+                           "'$.$type') = 'app.bsky.feed.like'"),
+              std::vector<std::string>{"40"});
+  }
+  // The shell, as a user runs it (the path without its suffix, as docs/queries.md shows it).
+  std::string shell;
+  for (const char* dir : {"/usr/bin", "/usr/local/bin", "/bin"}) {
+    if (std::filesystem::exists(std::string(dir) + "/sqlite3")) {
+      shell = std::string(dir) + "/sqlite3";
+      break;
+    }
+  }
+  ASSERT_FALSE(shell.empty()) << "the sqlite3 shell is not installed (tools/setup installs it)";
+  std::string ext = ATFILL_SQLITE_EXT;
+  ext = ext.substr(0, ext.rfind('.'));
+  testing::TempDir out;
+  auto result = testing::RunProcess({shell, Path(), ".load " + ext, query}, out.path());
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_EQ(result.out, LikeBody(40) + "\n") << result.err;
+}
+
+}  // namespace
+}  // namespace atfill::sinks
