@@ -79,6 +79,12 @@ std::map<int, ThreadCpu> ThreadTicks() {
   return out;
 }
 
+bool SqliteCompress(bool otherwise) {
+  const char* v = std::getenv("ATFILL_BENCH_SQLITE_COMPRESS");
+  if (v == nullptr || *v == '\0') return otherwise;
+  return std::string_view(v) != "0";
+}
+
 std::string RecordInsertSql(size_t rows) {
   std::string sql =
       "INSERT INTO atfill_record_rows(did_id, collection_id, rkey, cid, rev, indexed_at, "

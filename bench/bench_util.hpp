@@ -29,6 +29,10 @@ double ProcessCpuSeconds();
 // write the sink's table.
 std::string RecordInsertSql(size_t rows);
 
+// Whether the benchmarks' SQLite sinks compress record bodies: ATFILL_BENCH_SQLITE_COMPRESS=0 or 1,
+// else `otherwise` (the sink's default).
+bool SqliteCompress(bool otherwise);
+
 // Per live thread id: its name (/proc/self/task/*/comm) and the CPU clock ticks it used so far.
 struct ThreadCpu {
   std::string name;

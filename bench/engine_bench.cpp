@@ -11,6 +11,7 @@
 // bulk_load, as a fresh crawl's does): its time then includes building the indexes at the end.
 // ATFILL_BENCH_SQLITE_CHECKPOINT=inline makes the sink checkpoint inside its COMMIT (as SQLite
 // does by default, and as the raw loop does) instead of on its checkpoint thread.
+// ATFILL_BENCH_SQLITE_COMPRESS=0 makes the sink store bodies as text (default: compressed).
 //
 //   build/bench/engine_bench                      (Release build)
 #include <benchmark/benchmark.h>
@@ -90,6 +91,7 @@ void BM_EndToEnd(benchmark::State& state) {
     auto source = sources::EventFileSource::Open(in);
     sinks::SqliteSinkOptions out;
     out.path = (dir / "out.db").string();
+    out.compress = bench::SqliteCompress(out.compress);
     if (const char* c = std::getenv("ATFILL_BENCH_SQLITE_CHECKPOINT")) {
       out.background_checkpoint = std::string_view(c) != "inline";
     }

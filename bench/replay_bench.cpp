@@ -15,6 +15,7 @@
 //                                                 64,512,16: the WAL as atfill replays)
 //   ATFILL_BENCH_SQLITE_CHECKPOINT=inline         (the writer checkpoints inside its COMMIT,
 //                                                 as before background_checkpoint)
+//   ATFILL_BENCH_SQLITE_COMPRESS=0                (bodies stored as text; default compressed)
 //   ATFILL_REPLAY_BENCH_PG=CONNINFO               (Replay/0 into the PostgreSQL sink instead, a
 //   fresh
 //                                                 schema of the run on that server)
@@ -140,6 +141,7 @@ void BM_Replay(benchmark::State& state) {
       sinks::SqliteSinkOptions out;
       out.path = (dir / "out.db").string();
       out.wal_autocheckpoint_bytes = sources::kReplaySqliteWalBytes;  // as atfill replays
+      out.compress = bench::SqliteCompress(out.compress);
       if (const char* e = std::getenv("ATFILL_REPLAY_BENCH_SQLITE")) {
         long long cache_mb = 0, wal_mb = 0, page_kb = 0;
         if (std::sscanf(e, "%lld,%lld,%lld", &cache_mb, &wal_mb, &page_kb) == 3) {

@@ -43,8 +43,8 @@ Result<std::unique_ptr<Compressor>> Compressor::Open(sqlite3* db, CompressorOpti
                                             "SELECT id, dict FROM atfill_dicts WHERE "
                                             "collection_id = ?1 ORDER BY id DESC LIMIT 1",
                                             true));
-  ATFILL_ASSIGN_OR_RETURN(
-      c->next_id_, Prepare(db, "SELECT ifnull(max(id), 0) + 1 FROM atfill_dicts", true));
+  ATFILL_ASSIGN_OR_RETURN(c->next_id_,
+                          Prepare(db, "SELECT ifnull(max(id), 0) + 1 FROM atfill_dicts", true));
   ATFILL_ASSIGN_OR_RETURN(c->insert_, Prepare(db,
                                               "INSERT INTO atfill_dicts(id, collection_id, dict, "
                                               "samples, created_at) VALUES (?1, ?2, ?3, ?4, ?5)",
@@ -74,9 +74,8 @@ Status Compressor::LookUp(int64_t collection_id, Collection& c) {
   c.looked_up = true;
   if (rc == SQLITE_DONE) return Status::OK();
   if (rc != SQLITE_ROW) return ErrorStatus(db_, rc, "reading atfill_dicts");
-  ZSTD_CDict* cdict =
-      ZSTD_createCDict(sqlite3_column_blob(s, 1), static_cast<size_t>(sqlite3_column_bytes(s, 1)),
-                       options_.level);
+  ZSTD_CDict* cdict = ZSTD_createCDict(
+      sqlite3_column_blob(s, 1), static_cast<size_t>(sqlite3_column_bytes(s, 1)), options_.level);
   if (cdict == nullptr) {
     return Status::Corrupt("atfill_dicts: dictionary " +
                            std::to_string(sqlite3_column_int64(s, 0)) + " is not a zstd one");
@@ -126,7 +125,8 @@ Status Compressor::Train(int64_t collection_id, Collection& c) {
   }
   if (id <= 0 || id > UINT32_MAX) return Status::OutOfRange("atfill_dicts has no id left");
   for (size_t i = 0; i < 4; ++i) {
-    dict[kDictionaryIdOffset + i] = static_cast<char>((static_cast<uint64_t>(id) >> (8 * i)) & 0xff);
+    dict[kDictionaryIdOffset + i] =
+        static_cast<char>((static_cast<uint64_t>(id) >> (8 * i)) & 0xff);
   }
   {
     sqlite3_stmt* s = insert_.get();

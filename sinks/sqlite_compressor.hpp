@@ -40,7 +40,7 @@ struct CompressorOptions {
 
 // What to store in the record column.
 struct EncodedBody {
-  std::string_view bytes;  // valid until the next Encode
+  std::string_view bytes;   // valid until the next Encode
   bool compressed = false;  // a blob (zstd frame) when true, else the JSON text
 };
 

@@ -128,9 +128,9 @@ void DestroyDecoder(void* decoder) { delete static_cast<Decoder*>(decoder); }
 int RegisterSqliteFunctions(sqlite3* db) {
   // Deterministic (a committed dictionary never changes) and innocuous (no side effects), so
   // the view may call it also where the schema is not trusted (PRAGMA trusted_schema = OFF).
-  return sqlite3_create_function_v2(
-      db, "atfill_json", 1, SQLITE_UTF8 | SQLITE_DETERMINISTIC | SQLITE_INNOCUOUS, new Decoder(),
-      AtfillJson, nullptr, nullptr, DestroyDecoder);
+  return sqlite3_create_function_v2(db, "atfill_json", 1,
+                                    SQLITE_UTF8 | SQLITE_DETERMINISTIC | SQLITE_INNOCUOUS,
+                                    new Decoder(), AtfillJson, nullptr, nullptr, DestroyDecoder);
 }
 
 }  // namespace atfill::sinks

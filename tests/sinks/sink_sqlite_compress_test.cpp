@@ -47,8 +47,8 @@ std::string LikeBody(uint64_t seed) {
   return R"({"$type":"app.bsky.feed.like","createdAt":"2024-0)" + std::to_string(1 + seed % 9) +
          "-1" + std::to_string(seed % 10) + "T0" + std::to_string(seed % 10) +
          R"(:12:34.567Z","subject":{"cid":"bafyrei)" + RandomText(rng, 52, kBase32) +
-         R"(","uri":"at://did:plc:)" + RandomText(rng, 24, kBase32) +
-         R"(/app.bsky.feed.post/3k)" + RandomText(rng, 11, kBase32) + R"("}})";
+         R"(","uri":"at://did:plc:)" + RandomText(rng, 24, kBase32) + R"(/app.bsky.feed.post/3k)" +
+         RandomText(rng, 11, kBase32) + R"("}})";
 }
 
 std::string Rkey(const std::string& prefix, size_t i) {
@@ -111,8 +111,9 @@ class SqliteCompressTest : public ::testing::Test {
   }
   bool ViewDecodes() {
     return RawDb(Path())
-               .Column("SELECT count(*) FROM sqlite_schema WHERE name = 'atfill_records' AND sql "
-                       "LIKE '%atfill_json(%'")
+               .Column(
+                   "SELECT count(*) FROM sqlite_schema WHERE name = 'atfill_records' AND sql "
+                   "LIKE '%atfill_json(%'")
                .at(0) == "1";
   }
 
@@ -221,8 +222,8 @@ TEST_F(SqliteCompressTest, CompressedAndTextRowsMixAcrossReopens) {
     MustWrite(*sink, Likes("c", 5, 300));
   }
   std::vector<std::string> want = Repeat("text", kSamples - 1);
-  for (const auto& part : {Repeat("blob", 30 - kSamples + 1), Repeat("text", 10),
-                           Repeat("blob", 5)}) {
+  for (const auto& part :
+       {Repeat("blob", 30 - kSamples + 1), Repeat("text", 10), Repeat("blob", 5)}) {
     want.insert(want.end(), part.begin(), part.end());
   }
   EXPECT_EQ(Storage(kLike), want);
@@ -307,8 +308,8 @@ TEST_F(SqliteCompressTest, SigkillNeverLeavesARowWithoutItsDictionary) {
     for (const RecordRow& r : *rows) {
       // k<batch>-<i>: the body of LikeBody(batch * 7 + i).
       const size_t dash = r.rkey.find('-');
-      const uint64_t seed = std::stoull(r.rkey.substr(1, dash - 1)) * 7 +
-                            std::stoull(r.rkey.substr(dash + 1));
+      const uint64_t seed =
+          std::stoull(r.rkey.substr(1, dash - 1)) * 7 + std::stoull(r.rkey.substr(dash + 1));
       ASSERT_EQ(r.record, LikeBody(seed)) << r.uri;
     }
     EXPECT_LE(Dictionaries().size(), 1u);
