@@ -19,6 +19,7 @@
 #include "tests/common/process.hpp"
 #include "tests/common/raw_sqlite.hpp"
 #include "tests/common/sink_conformance.hpp"
+#include "tests/common/sqlite_fixtures.hpp"
 
 namespace atfill::sinks {
 namespace {
@@ -189,19 +190,9 @@ TEST(SqliteBulkLoadTest, ATableThatHoldsRowsIsWrittenInItsLayout) {
 // `gate` batches are committed, and goes on writing the same batches again until it is killed.
 pid_t StartLoader(const std::string& path, const std::vector<std::vector<Event>>& batches,
                   size_t gate, int ready) {
-  const pid_t pid = fork();
-  if (pid != 0) return pid;
-  auto sink = OpenSqliteSink(Options(path, true));
-  if (!sink.ok()) _exit(2);
-  for (size_t round = 0;; ++round) {
-    for (size_t i = 0; i < batches.size(); ++i) {
-      if (!(*sink)->Write(batches[i]).ok()) _exit(3);
-      if (round == 0 && i + 1 == gate) {
-        const char byte = 1;
-        if (write(ready, &byte, 1) != 1) _exit(4);
-      }
-    }
-  }
+  return testing::ForkSinkWriter(
+      Options(path, true), [&](size_t i) { return batches[i % batches.size()]; },
+      [gate](size_t i) { return i + 1 == gate; }, ready);
 }
 
 // Kills a loader mid-load; the table is left in the load layout, with some of the batches.

@@ -21,6 +21,7 @@
 #include "tests/common/process.hpp"
 #include "tests/common/raw_sqlite.hpp"
 #include "tests/common/sink_conformance.hpp"
+#include "tests/common/sqlite_fixtures.hpp"
 
 namespace atfill::sinks {
 namespace {
@@ -268,20 +269,6 @@ TEST_F(SqliteCompressTest, AFailedBatchTakesItsDictionaryWithIt) {
   ExpectAllExact();
 }
 
-// A child writes batches of new likes, writing a byte to `ready` after each commit, until it is
-// killed.
-pid_t StartWriter(const SqliteSinkOptions& options, int ready) {
-  const pid_t pid = fork();
-  if (pid != 0) return pid;
-  auto sink = OpenSqliteSink(options);
-  if (!sink.ok()) _exit(2);
-  for (size_t b = 0;; ++b) {
-    if (!(*sink)->Write(Likes("k" + std::to_string(b) + "-", 7, b * 7)).ok()) _exit(3);
-    const char byte = 1;
-    if (write(ready, &byte, 1) != 1) _exit(4);
-  }
-}
-
 // SIGKILL at any moment, the training batch's included, never leaves a row naming a dictionary
 // that is not committed: every row reads back, and a sink opened again goes on.
 TEST_F(SqliteCompressTest, SigkillNeverLeavesARowWithoutItsDictionary) {
@@ -290,7 +277,10 @@ TEST_F(SqliteCompressTest, SigkillNeverLeavesARowWithoutItsDictionary) {
     for (const char* suffix : {"", "-wal", "-shm"}) std::filesystem::remove(Path() + suffix);
     int fds[2];
     ASSERT_EQ(pipe(fds), 0);
-    const pid_t pid = StartWriter(options_, fds[1]);
+    // Batch b holds likes k<b>-000000...k<b>-000006, of bodies LikeBody(b * 7 + i).
+    const pid_t pid = testing::ForkSinkWriter(
+        options_, [](size_t b) { return Likes("k" + std::to_string(b) + "-", 7, b * 7); },
+        [](size_t) { return true; }, fds[1]);
     ASSERT_GT(pid, 0);
     for (int i = 0; i < commits; ++i) {
       char byte = 0;
@@ -324,48 +314,6 @@ TEST_F(SqliteCompressTest, SigkillNeverLeavesARowWithoutItsDictionary) {
   }
 }
 
-// The schema atfill wrote at version 2, as it wrote it (tables, indexes, planner statistics).
-constexpr const char* kSchemaV2 = R"sql(
-CREATE TABLE atfill_schema_version(version INTEGER NOT NULL);
-INSERT INTO atfill_schema_version(version) VALUES (2);
-CREATE TABLE atfill_dids(
-  id INTEGER PRIMARY KEY,
-  did TEXT NOT NULL UNIQUE);
-CREATE TABLE atfill_collections(
-  id INTEGER PRIMARY KEY,
-  nsid TEXT NOT NULL UNIQUE);
-CREATE TABLE atfill_record_rows(
-  id INTEGER PRIMARY KEY,
-  did_id INTEGER NOT NULL REFERENCES atfill_dids(id),
-  collection_id INTEGER NOT NULL REFERENCES atfill_collections(id),
-  rkey TEXT NOT NULL,
-  cid TEXT NOT NULL,
-  rev TEXT,
-  indexed_at INTEGER NOT NULL,
-  created_at TEXT,
-  record TEXT NOT NULL,
-  did_epoch INTEGER GENERATED ALWAYS AS (id >> 18) VIRTUAL);
-CREATE UNIQUE INDEX atfill_record_rows_key ON atfill_record_rows(collection_id, rkey, did_id);
-CREATE INDEX atfill_record_rows_by_did ON atfill_record_rows(did_epoch, did_id, collection_id);
-CREATE INDEX atfill_record_rows_by_created ON atfill_record_rows(collection_id, created_at);
-ANALYZE sqlite_schema;
-INSERT INTO sqlite_stat1(tbl, idx, stat) VALUES
-  ('atfill_record_rows', 'atfill_record_rows_key', '100000000 10000000 10 1'),
-  ('atfill_record_rows', 'atfill_record_rows_by_did', '100000000 262144 20 5'),
-  ('atfill_record_rows', 'atfill_record_rows_by_created', '100000000 10000000 2');
-CREATE VIEW atfill_records(uri, did, collection, rkey, record, cid, rev, indexed_at, created_at) AS
-SELECT 'at://' || d.did || '/' || c.nsid || '/' || r.rkey,
-       d.did, c.nsid, r.rkey, r.record, r.cid, r.rev,
-       strftime('%Y-%m-%dT%H:%M:%S', r.indexed_at / 1000000, 'unixepoch') ||
-           printf('.%06dZ', r.indexed_at % 1000000),
-       r.created_at
-FROM atfill_record_rows r
-JOIN atfill_dids d ON d.id = r.did_id
-JOIN atfill_collections c ON c.id = r.collection_id;
-INSERT INTO atfill_dids(id, did) VALUES (1, 'did:plc:alice2ixhq5mvvcy4ygqtfp');
-INSERT INTO atfill_collections(id, nsid) VALUES (4, 'app.bsky.feed.like');
-)sql";
-
 // A database written at version 2 migrates to 3 without rewriting a row: its rows stay text, its
 // view stays readable without atfill's function until the first dictionary, and its collections
 // get dictionaries from the bodies written after.
@@ -373,7 +321,11 @@ TEST_F(SqliteCompressTest, MigratesAVersion2DatabaseWithoutRewritingRows) {
   {
     RawDb db(Path(), false);
     ASSERT_EQ(db.Exec("PRAGMA journal_mode = WAL"), SQLITE_OK);
-    ASSERT_EQ(db.Exec(kSchemaV2), SQLITE_OK) << sqlite3_errmsg(db.get());
+    ASSERT_EQ(db.Exec(testing::FrozenSchemaV2() + "INSERT INTO atfill_dids(id, did) VALUES (1, '" +
+                      kAlice + "'); INSERT INTO atfill_collections(id, nsid) VALUES (4, '" + kLike +
+                      "')"),
+              SQLITE_OK)
+        << sqlite3_errmsg(db.get());
     for (size_t i = 0; i < 30; ++i) {
       const std::string body = LikeBody(i);
       want_["at://" + std::string(kAlice) + "/" + kLike + "/" + Rkey("old", i)] = body;

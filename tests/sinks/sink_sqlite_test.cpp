@@ -19,6 +19,7 @@
 #include "tests/common/process.hpp"
 #include "tests/common/raw_sqlite.hpp"
 #include "tests/common/sink_conformance.hpp"
+#include "tests/common/sqlite_fixtures.hpp"
 
 namespace atfill::sinks {
 namespace {
@@ -127,8 +128,8 @@ class SqliteEnv : public testing::SinkTestEnv {
 // The writer checkpoints on a thread of the sink's own (the default), or inside its COMMIT; a
 // bulk-loading sink (a fresh backfill's) writes in the load layout and builds the final indexes
 // when it closes. With the default 1,000 samples the suite's collections rarely get a
-// dictionary; SqliteCompressed trains one after a collection's 8th body, so nearly every row of
-// the suite is stored compressed.
+// dictionary; SqliteCompressed and SqliteBulkLoadCompressed train one after a collection's 8th
+// body, so the rows of the suite's larger collections are stored compressed.
 testing::SinkConformanceParam SqliteParam(std::string name, bool background_checkpoint,
                                           bool bulk_load, size_t dictionary_samples = 1000) {
   return {std::move(name),
@@ -143,7 +144,8 @@ INSTANTIATE_TEST_SUITE_P(Sqlite, SinkConformanceTest,
                          ::testing::Values(SqliteParam("Sqlite", true, false),
                                            SqliteParam("SqliteInlineCheckpoint", false, false),
                                            SqliteParam("SqliteBulkLoad", true, true),
-                                           SqliteParam("SqliteCompressed", true, false, 8)),
+                                           SqliteParam("SqliteCompressed", true, false, 8),
+                                           SqliteParam("SqliteBulkLoadCompressed", true, true, 8)),
                          testing::SinkConformanceName);
 
 constexpr const char* kAlice = "did:plc:alice2ixhq5mvvcy4ygqtfp";
@@ -249,38 +251,6 @@ TEST_F(SqliteSinkTest, HoldsRecordsLooksUpAnAccountsCollection) {
   EXPECT_FALSE(*after);
 }
 
-// The schema atfill wrote at version 1, as it wrote it.
-constexpr const char* kSchemaV1 = R"sql(
-CREATE TABLE atfill_schema_version(version INTEGER NOT NULL);
-INSERT INTO atfill_schema_version(version) VALUES (1);
-CREATE TABLE atfill_dids(
-  id INTEGER PRIMARY KEY,
-  did TEXT NOT NULL UNIQUE);
-CREATE TABLE atfill_collections(
-  id INTEGER PRIMARY KEY,
-  nsid TEXT NOT NULL UNIQUE);
-CREATE TABLE atfill_record_rows(
-  id INTEGER PRIMARY KEY,
-  did_id INTEGER NOT NULL REFERENCES atfill_dids(id),
-  collection_id INTEGER NOT NULL REFERENCES atfill_collections(id),
-  rkey TEXT NOT NULL,
-  cid TEXT NOT NULL,
-  rev TEXT,
-  indexed_at INTEGER NOT NULL,
-  created_at TEXT,
-  record TEXT NOT NULL,
-  UNIQUE(did_id, collection_id, rkey));
-CREATE VIEW atfill_records(uri, did, collection, rkey, record, cid, rev, indexed_at, created_at) AS
-SELECT 'at://' || d.did || '/' || c.nsid || '/' || r.rkey,
-       d.did, c.nsid, r.rkey, r.record, r.cid, r.rev,
-       strftime('%Y-%m-%dT%H:%M:%S', r.indexed_at / 1000000, 'unixepoch') ||
-           printf('.%06dZ', r.indexed_at % 1000000),
-       r.created_at
-FROM atfill_record_rows r
-JOIN atfill_dids d ON d.id = r.did_id
-JOIN atfill_collections c ON c.id = r.collection_id;
-)sql";
-
 // A database written by atfill at schema version 1 opens, migrates to the current version and
 // keeps every row (ids included), a user's own index and view over the table, and its key.
 TEST_F(SqliteSinkTest, MigratesAVersion1DatabaseKeepingItsRows) {
@@ -288,7 +258,7 @@ TEST_F(SqliteSinkTest, MigratesAVersion1DatabaseKeepingItsRows) {
   {
     RawDb db(Path());
     ASSERT_EQ(db.Exec("PRAGMA journal_mode = WAL"), SQLITE_OK);
-    ASSERT_EQ(db.Exec(kSchemaV1), SQLITE_OK) << sqlite3_errmsg(db.get());
+    ASSERT_EQ(db.Exec(testing::FrozenSchemaV1()), SQLITE_OK) << sqlite3_errmsg(db.get());
     ASSERT_EQ(db.Exec("INSERT INTO atfill_dids(id, did) VALUES (1, '" + std::string(kAlice) +
                       "'), (7, '" + bob + "')"),
               SQLITE_OK);

@@ -1,0 +1,96 @@
+// What the SQLite sink's tests share: the schemas older atfill versions wrote (frozen: these are
+// what databases in the field hold, so they never follow the current schema code), and a child
+// process that writes into a database until the test kills it.
+#pragma once
+
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <cstddef>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "pipeline/sink.hpp"
+#include "sinks/sqlite_sink.hpp"
+
+namespace atfill::testing {
+
+// The interned tables and the view, as versions 1 and 2 wrote them.
+inline constexpr const char* kFrozenInternTables = R"sql(
+CREATE TABLE atfill_dids(
+  id INTEGER PRIMARY KEY,
+  did TEXT NOT NULL UNIQUE);
+CREATE TABLE atfill_collections(
+  id INTEGER PRIMARY KEY,
+  nsid TEXT NOT NULL UNIQUE);
+)sql";
+inline constexpr const char* kFrozenRecordColumns = R"sql(
+  id INTEGER PRIMARY KEY,
+  did_id INTEGER NOT NULL REFERENCES atfill_dids(id),
+  collection_id INTEGER NOT NULL REFERENCES atfill_collections(id),
+  rkey TEXT NOT NULL,
+  cid TEXT NOT NULL,
+  rev TEXT,
+  indexed_at INTEGER NOT NULL,
+  created_at TEXT,
+  record TEXT NOT NULL,)sql";
+inline constexpr const char* kFrozenView = R"sql(
+CREATE VIEW atfill_records(uri, did, collection, rkey, record, cid, rev, indexed_at, created_at) AS
+SELECT 'at://' || d.did || '/' || c.nsid || '/' || r.rkey,
+       d.did, c.nsid, r.rkey, r.record, r.cid, r.rev,
+       strftime('%Y-%m-%dT%H:%M:%S', r.indexed_at / 1000000, 'unixepoch') ||
+           printf('.%06dZ', r.indexed_at % 1000000),
+       r.created_at
+FROM atfill_record_rows r
+JOIN atfill_dids d ON d.id = r.did_id
+JOIN atfill_collections c ON c.id = r.collection_id;
+)sql";
+
+// The schema atfill wrote at version 1, as it wrote it.
+inline std::string FrozenSchemaV1() {
+  return std::string(R"sql(
+CREATE TABLE atfill_schema_version(version INTEGER NOT NULL);
+INSERT INTO atfill_schema_version(version) VALUES (1);
+)sql") + kFrozenInternTables +
+         "CREATE TABLE atfill_record_rows(" + kFrozenRecordColumns +
+         "\n  UNIQUE(did_id, collection_id, rkey));" + kFrozenView;
+}
+
+// The schema atfill wrote at version 2, as it wrote it (indexes and planner statistics too).
+inline std::string FrozenSchemaV2() {
+  return std::string(R"sql(
+CREATE TABLE atfill_schema_version(version INTEGER NOT NULL);
+INSERT INTO atfill_schema_version(version) VALUES (2);
+)sql") + kFrozenInternTables +
+         "CREATE TABLE atfill_record_rows(" + kFrozenRecordColumns + R"sql(
+  did_epoch INTEGER GENERATED ALWAYS AS (id >> 18) VIRTUAL);
+CREATE UNIQUE INDEX atfill_record_rows_key ON atfill_record_rows(collection_id, rkey, did_id);
+CREATE INDEX atfill_record_rows_by_did ON atfill_record_rows(did_epoch, did_id, collection_id);
+CREATE INDEX atfill_record_rows_by_created ON atfill_record_rows(collection_id, created_at);
+ANALYZE sqlite_schema;
+INSERT INTO sqlite_stat1(tbl, idx, stat) VALUES
+  ('atfill_record_rows', 'atfill_record_rows_key', '100000000 10000000 10 1'),
+  ('atfill_record_rows', 'atfill_record_rows_by_did', '100000000 262144 20 5'),
+  ('atfill_record_rows', 'atfill_record_rows_by_created', '100000000 10000000 2');
+)sql" + kFrozenView;
+}
+
+// A child process that opens a sink with `options` and writes batch_at(0), batch_at(1), ... until
+// it is killed, writing a byte to `ready` after each batch i committed for which signal_after(i)
+// holds. Exits 2/3/4 when the open, a write or the signal fails. The parent's pid of it.
+inline pid_t ForkSinkWriter(const sinks::SqliteSinkOptions& options,
+                            const std::function<std::vector<pipeline::Event>(size_t)>& batch_at,
+                            const std::function<bool(size_t)>& signal_after, int ready) {
+  const pid_t pid = fork();
+  if (pid != 0) return pid;
+  auto sink = sinks::OpenSqliteSink(options);
+  if (!sink.ok()) _exit(2);
+  for (size_t i = 0;; ++i) {
+    if (!(*sink)->Write(batch_at(i)).ok()) _exit(3);
+    const char byte = 1;
+    if (signal_after(i) && write(ready, &byte, 1) != 1) _exit(4);
+  }
+}
+
+}  // namespace atfill::testing
