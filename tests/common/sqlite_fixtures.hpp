@@ -1,9 +1,12 @@
 // What the SQLite sink's tests share: the schemas older atfill versions wrote (frozen: these are
 // what databases in the field hold, so they never follow the current schema code), and a child
-// process that writes into a database until the test kills it.
+// process that writes into a database until the test kills it with SIGKILL.
 #pragma once
 
+#include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/types.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstddef>
@@ -76,21 +79,36 @@ INSERT INTO sqlite_stat1(tbl, idx, stat) VALUES
 )sql" + kFrozenView;
 }
 
-// A child process that opens a sink with `options` and writes batch_at(0), batch_at(1), ... until
-// it is killed, writing a byte to `ready` after each batch i committed for which signal_after(i)
-// holds. Exits 2/3/4 when the open, a write or the signal fails. The parent's pid of it.
-inline pid_t ForkSinkWriter(const sinks::SqliteSinkOptions& options,
-                            const std::function<std::vector<pipeline::Event>(size_t)>& batch_at,
-                            const std::function<bool(size_t)>& signal_after, int ready) {
+// Forks a child process that opens a sink with `options` and writes batch_at(0), batch_at(1), ...
+// until it is killed; once `commits` of the batches i for which signal_after(i) holds are
+// committed, kills it with SIGKILL and reaps it. A child that ends otherwise (its open, a write
+// or its signal failed: exit 2, 3 or 4) fails the test.
+inline void KillSinkWriterAfter(const sinks::SqliteSinkOptions& options,
+                                const std::function<std::vector<pipeline::Event>(size_t)>& batch_at,
+                                const std::function<bool(size_t)>& signal_after, int commits) {
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
   const pid_t pid = fork();
-  if (pid != 0) return pid;
-  auto sink = sinks::OpenSqliteSink(options);
-  if (!sink.ok()) _exit(2);
-  for (size_t i = 0;; ++i) {
-    if (!(*sink)->Write(batch_at(i)).ok()) _exit(3);
-    const char byte = 1;
-    if (signal_after(i) && write(ready, &byte, 1) != 1) _exit(4);
+  if (pid == 0) {
+    auto sink = sinks::OpenSqliteSink(options);
+    if (!sink.ok()) _exit(2);
+    for (size_t i = 0;; ++i) {
+      if (!(*sink)->Write(batch_at(i)).ok()) _exit(3);
+      const char byte = 1;
+      if (signal_after(i) && write(fds[1], &byte, 1) != 1) _exit(4);
+    }
   }
+  ASSERT_GT(pid, 0);
+  for (int i = 0; i < commits; ++i) {
+    char byte = 0;
+    ASSERT_EQ(read(fds[0], &byte, 1), 1);
+  }
+  ASSERT_EQ(kill(pid, SIGKILL), 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << status;
+  close(fds[0]);
+  close(fds[1]);
 }
 
 }  // namespace atfill::testing

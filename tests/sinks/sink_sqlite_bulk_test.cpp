@@ -186,29 +186,14 @@ TEST(SqliteBulkLoadTest, ATableThatHoldsRowsIsWrittenInItsLayout) {
   EXPECT_EQ(Indexes(path), kFinalIndexes);
 }
 
-// A child process bulk-loads `batches` into `path`, writes a byte to `ready` after the first
-// `gate` batches are committed, and goes on writing the same batches again until it is killed.
-pid_t StartLoader(const std::string& path, const std::vector<std::vector<Event>>& batches,
-                  size_t gate, int ready) {
-  return testing::ForkSinkWriter(
-      Options(path, true), [&](size_t i) { return batches[i % batches.size()]; },
-      [gate](size_t i) { return i + 1 == gate; }, ready);
-}
-
-// Kills a loader mid-load; the table is left in the load layout, with some of the batches.
+// Kills a loader mid-load; the table is left in the load layout, with some of the batches. The
+// loader writes the batches, and again, until killed after the first half is committed.
 void KillMidLoad(const std::string& path, const std::vector<std::vector<Event>>& batches) {
-  int fds[2];
-  ASSERT_EQ(pipe(fds), 0);
-  const pid_t pid = StartLoader(path, batches, batches.size() / 2, fds[1]);
-  ASSERT_GT(pid, 0);
-  char byte = 0;
-  ASSERT_EQ(read(fds[0], &byte, 1), 1);
-  ASSERT_EQ(kill(pid, SIGKILL), 0);
-  int status = 0;
-  ASSERT_EQ(waitpid(pid, &status, 0), pid);
-  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << status;
-  close(fds[0]);
-  close(fds[1]);
+  const size_t gate = batches.size() / 2;
+  testing::KillSinkWriterAfter(
+      Options(path, true), [&](size_t i) { return batches[i % batches.size()]; },
+      [gate](size_t i) { return i + 1 == gate; }, 1);
+  if (::testing::Test::HasFatalFailure()) return;
   EXPECT_EQ(
       Column(path, "SELECT name FROM sqlite_schema WHERE name = 'atfill_record_rows_bulk_key'"),
       std::vector<std::string>{"atfill_record_rows_bulk_key"});

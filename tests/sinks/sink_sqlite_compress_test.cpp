@@ -275,23 +275,11 @@ TEST_F(SqliteCompressTest, SigkillNeverLeavesARowWithoutItsDictionary) {
   for (int commits : {1, 2, 3, 4, 6}) {
     SCOPED_TRACE("killed after " + std::to_string(commits) + " commits");
     for (const char* suffix : {"", "-wal", "-shm"}) std::filesystem::remove(Path() + suffix);
-    int fds[2];
-    ASSERT_EQ(pipe(fds), 0);
     // Batch b holds likes k<b>-000000...k<b>-000006, of bodies LikeBody(b * 7 + i).
-    const pid_t pid = testing::ForkSinkWriter(
+    testing::KillSinkWriterAfter(
         options_, [](size_t b) { return Likes("k" + std::to_string(b) + "-", 7, b * 7); },
-        [](size_t) { return true; }, fds[1]);
-    ASSERT_GT(pid, 0);
-    for (int i = 0; i < commits; ++i) {
-      char byte = 0;
-      ASSERT_EQ(read(fds[0], &byte, 1), 1);
-    }
-    ASSERT_EQ(kill(pid, SIGKILL), 0);
-    int status = 0;
-    ASSERT_EQ(waitpid(pid, &status, 0), pid);
-    ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << status;
-    close(fds[0]);
-    close(fds[1]);
+        [](size_t) { return true; }, commits);
+    if (HasFatalFailure()) return;
     auto rows = ReadAllRecords(Path());
     ASSERT_TRUE(rows.ok()) << rows.status().ToString();
     ASSERT_GE(rows->size(), static_cast<size_t>(commits) * 7);
