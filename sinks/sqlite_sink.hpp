@@ -90,7 +90,7 @@ struct SqliteSinkOptions {
   // text). Off: every body is stored as its text, and a database that never held a compressed
   // row keeps a view that any SQLite program reads without atfill's extension. Rows already
   // compressed stay readable either way.
-  bool compress = true;
+  bool compress = false;
   // Bodies of a collection the sink sees before it trains the collection's dictionary.
   size_t dictionary_samples = 1000;
   // The clock for indexed_at, unix microseconds. Empty: the system clock. Tests pass a fake.

@@ -70,6 +70,7 @@ class SqliteCompressTest : public ::testing::Test {
  protected:
   SqliteCompressTest() {
     options_.path = Path();
+    options_.compress = true;
     options_.dictionary_samples = kSamples;
   }
   std::string Path() const { return (dir_.path() / "atfill.db").string(); }

@@ -87,6 +87,8 @@ class SqliteEnv : public testing::SinkTestEnv {
     options_.background_checkpoint = background_checkpoint;
     options_.bulk_load = bulk_load;
     options_.dictionary_samples = dictionary_samples;
+    // The suite's plain parameters run the default (text bodies), the *Compressed ones compress.
+    options_.compress = dictionary_samples != 1000;
   }
   Result<std::unique_ptr<pipeline::Sink>> OpenSink() override { return OpenSqliteSink(options_); }
   testing::TableReader& reader() override { return reader_; }
@@ -128,8 +130,8 @@ class SqliteEnv : public testing::SinkTestEnv {
 // The writer checkpoints on a thread of the sink's own (the default), or inside its COMMIT; a
 // bulk-loading sink (a fresh backfill's) writes in the load layout and builds the final indexes
 // when it closes. With the default 1,000 samples the suite's collections rarely get a
-// dictionary; SqliteCompressed and SqliteBulkLoadCompressed train one after a collection's 8th
-// body, so the rows of the suite's larger collections are stored compressed.
+// dictionary; SqliteCompressed and SqliteBulkLoadCompressed turn compression on and train one
+// after a collection's 8th body, so the rows of the suite's larger collections are compressed.
 testing::SinkConformanceParam SqliteParam(std::string name, bool background_checkpoint,
                                           bool bulk_load, size_t dictionary_samples = 1000) {
   return {std::move(name),
