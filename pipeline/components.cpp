@@ -145,6 +145,12 @@ Result<std::unique_ptr<Sink>> Components::OpenSink(const Settings& settings,
   return sink->open(settings, hints);
 }
 
+Result<std::unique_ptr<LabelSink>> Components::OpenLabelSink(const Settings& settings) const {
+  ATFILL_ASSIGN_OR_RETURN(const SinkKind* sink, ChosenSink(settings));
+  if (!sink->open_labels) return Status::Unsupported("this sink kind stores no labels");
+  return sink->open_labels(settings);
+}
+
 std::string Components::SinkLocation(const Settings& settings) const {
   auto sink = ChosenSink(settings);
   return sink.ok() && (*sink)->location ? (*sink)->location(settings) : std::string();

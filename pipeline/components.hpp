@@ -35,6 +35,7 @@
 #include "pipeline/engine.hpp"
 #include "pipeline/job.hpp"
 #include "pipeline/job_controller.hpp"
+#include "pipeline/label.hpp"
 #include "pipeline/shard.hpp"
 #include "pipeline/transform.hpp"
 #include "state/error_log.hpp"
@@ -170,6 +171,8 @@ class Components {
     std::function<std::string(const Settings&)> location;
     // Its readers (made lazily: a reader opens its connection at its first call).
     std::function<SinkReaders(const Settings&)> readers;
+    // Its label sink (pipeline/label.hpp); empty when the kind stores no labels.
+    std::function<Result<std::unique_ptr<LabelSink>>(const Settings&)> open_labels;
   };
   // Which sink kind the settings choose ("sqlite", "postgres"...).
   using SinkChooser = std::function<std::string(const Settings&)>;
@@ -201,6 +204,8 @@ class Components {
   Result<std::unique_ptr<Sink>> OpenSink(const Settings& settings,
                                          const SinkHints& hints = {}) const;
   std::string SinkLocation(const Settings& settings) const;
+  // The configured sink kind's label sink; Unsupported when that kind stores no labels.
+  Result<std::unique_ptr<LabelSink>> OpenLabelSink(const Settings& settings) const;
   SinkReaders Readers(const Settings& settings) const;
 
   // The options a JobController of these settings takes (engine, jobs, shard).

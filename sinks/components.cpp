@@ -3,6 +3,7 @@
 #include <regex>
 
 #include "sinks/dry_run_sink.hpp"
+#include "sinks/label_sinks.hpp"
 #include "sinks/postgres_reader.hpp"
 #include "sinks/purge.hpp"
 #include "sinks/sqlite_reader.hpp"
@@ -68,6 +69,9 @@ pipeline::Components::SinkKind Sqlite() {
   k.location = [](const pipeline::Settings& settings) {
     return "sqlite:" + settings.Get<SinkSettings>().sqlite.path;
   };
+  k.open_labels = [](const pipeline::Settings& settings) {
+    return OpenSqliteLabelSink(settings.Get<SinkSettings>().sqlite);
+  };
   k.readers = [](const pipeline::Settings& settings) {
     const std::string& path = settings.Get<SinkSettings>().sqlite.path;
     return pipeline::SinkReaders{
@@ -83,6 +87,9 @@ pipeline::Components::SinkKind Postgres() {
               const pipeline::SinkHints& hints) -> Result<std::unique_ptr<pipeline::Sink>> {
     if (hints.dry_run) return NewDryRunSink();
     return OpenPostgresSink(settings.Get<SinkSettings>().postgres);
+  };
+  k.open_labels = [](const pipeline::Settings& settings) {
+    return OpenPostgresLabelSink(settings.Get<SinkSettings>().postgres);
   };
   k.location = [](const pipeline::Settings& settings) {
     const PostgresSinkOptions& pg = settings.Get<SinkSettings>().postgres;

@@ -128,9 +128,36 @@ Status MigrateTo3(PGconn* conn, const std::string& schema) {
   return Exec(conn, WithSchema(kSchemaV3, schema).c_str(), nullptr);
 }
 
+// Version 4: labels from labelers (sinks/postgres_labels.hpp). The primary key leads with the
+// subject, so the query by subject (the labels of a record or an account) reads one range of it.
+// Negations are not stored: a negation removes the label it negates. The view leaves out labels
+// whose expiry has passed, at the time of the query.
+constexpr std::string_view kSchemaV4 = R"sql(
+CREATE TABLE IF NOT EXISTS {S}.atfill_label_rows(
+  uri text COLLATE "C" NOT NULL,
+  src text COLLATE "C" NOT NULL,
+  val text COLLATE "C" NOT NULL,
+  cid text,
+  cts text NOT NULL,
+  cts_us bigint NOT NULL,
+  exp text,
+  exp_us bigint,
+  indexed_at bigint NOT NULL,
+  PRIMARY KEY (uri, src, val));
+CREATE OR REPLACE VIEW {S}.atfill_labels(src, uri, cid, val, neg, cts, exp) AS
+SELECT l.src, l.uri, l.cid, l.val, false, l.cts, l.exp
+FROM {S}.atfill_label_rows l
+WHERE l.exp_us IS NULL
+   OR l.exp_us > (extract(epoch FROM clock_timestamp()) * 1000000)::bigint;
+)sql";
+
+Status MigrateTo4(PGconn* conn, const std::string& schema) {
+  return Exec(conn, WithSchema(kSchemaV4, schema).c_str(), nullptr);
+}
+
 // kMigrations[n] takes the tables from version n to n + 1.
 using Migration = Status (*)(PGconn*, const std::string&);
-constexpr std::array<Migration, 3> kMigrations = {MigrateTo1, MigrateTo2, MigrateTo3};
+constexpr std::array<Migration, 4> kMigrations = {MigrateTo1, MigrateTo2, MigrateTo3, MigrateTo4};
 static_assert(kMigrations.size() == kPostgresSchemaVersion);
 
 // Any key both sides agree on; the second half is the schema's name, so that sinks on different

@@ -10,6 +10,10 @@
 //       jsonb, so the bytes stay exact)
 //   atfill_records                           the view raw SQL reads (see postgres_sink.hpp)
 // Version 2: the index atfill_record_rows_by_created on (collection_id, created_at).
+// Version 3: atfill_record_rows.collection (the NSID) and its (collection, created_at) index.
+// Version 4: atfill_label_rows(uri, src, val, cid, cts, cts_us, exp, exp_us, indexed_at), primary
+//   key (uri, src, val), and the view atfill_labels(src, uri, cid, val, neg, cts, exp) of the
+//   labels not expired.
 // Text that is compared or sorted (did, nsid, rkey, rev) uses the "C" collation: byte order, as
 // SQLite compares, whatever the database's locale.
 #pragma once

@@ -194,6 +194,30 @@ Status ReadLive(ConfigFile& file, SourceSettings& c) {
   return pipeline::ReadBatchOptions(file, "live", &c.live_batch);
 }
 
+// [labels]: the labelers followed beside the live consumer (sources/labeler.hpp). Their DID
+// documents come from [resolver]'s PLC directory, over [net]'s HTTP settings.
+Status ReadLabels(ConfigFile& file, SourceSettings& c) {
+  LabelerOptions& l = c.labels;
+  ATFILL_RETURN_IF_ERROR(file.ReadStringList("labels.labelers", &l.labelers));
+  ATFILL_RETURN_IF_ERROR(file.ReadUint("labels.batch_labels", &l.batch_labels, 1, 1'000'000));
+  ATFILL_RETURN_IF_ERROR(file.ReadInt("labels.batch_ms", &l.batch_ms, 1, 3'600'000));
+  ATFILL_RETURN_IF_ERROR(
+      file.ReadUint("labels.max_pending_labels", &l.max_pending_labels, 1, 100'000'000));
+  ATFILL_RETURN_IF_ERROR(
+      file.ReadBool("labels.allow_private_endpoints", &l.allow_private_endpoints));
+  ATFILL_RETURN_IF_ERROR(file.ReadInt("labels.idle_exit_ms", &l.idle_exit_ms, 0, 86'400'000));
+  ATFILL_RETURN_IF_ERROR(
+      file.ReadInt("labels.idle_timeout_ms", &l.idle_timeout_ms, 0, 3'600'000));
+  ATFILL_RETURN_IF_ERROR(
+      file.ReadInt("labels.reconnect_base_ms", &l.reconnect.base_backoff_ms, 1, 3'600'000));
+  ATFILL_RETURN_IF_ERROR(
+      file.ReadInt("labels.reconnect_max_ms", &l.reconnect.max_backoff_ms, 1, 3'600'000));
+  l.resolver = c.crawl.resolver;
+  l.http = c.crawl.resolver_http;
+  if (Status s = l.Validate(); !s.ok()) return s.WithContext(file.source_name());
+  return Status::OK();
+}
+
 Status ReadSourceConfig(ConfigFile& file, pipeline::Settings& settings) {
   SourceSettings& c = settings.Mutable<SourceSettings>();
   ATFILL_RETURN_IF_ERROR(file.ReadUint("files.chunk_lines", &c.files.chunk_lines, 1, 1'000'000));
@@ -202,6 +226,7 @@ Status ReadSourceConfig(ConfigFile& file, pipeline::Settings& settings) {
   ATFILL_RETURN_IF_ERROR(ReadCrawl(file, c));
   ATFILL_RETURN_IF_ERROR(ReadArchive(file, settings.Get<pipeline::CoreSettings>(), c));
   ATFILL_RETURN_IF_ERROR(ReadLive(file, c));
+  ATFILL_RETURN_IF_ERROR(ReadLabels(file, c));
   const std::string& path = file.source_name();
   if (Status s = c.live_batch.Validate(); !s.ok()) return s.WithContext(path + ": [live]");
   if (Status s = c.crawl_batch.Validate(); !s.ok()) return s.WithContext(path + ": [crawl]");

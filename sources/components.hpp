@@ -1,5 +1,5 @@
 // The sources' part of the component registry (pipeline/components.hpp): [files], [crawl],
-// [resolver], [net], [live] and [archive] into SourceSettings, and the sources a job's kind runs:
+// [resolver], [net], [live], [labels] and [archive] into SourceSettings, and the sources a job's kind runs:
 // "crawl" and "replay" (backfill jobs), "files" (ingest jobs) and "jetstream" (the live consumer,
 // with its gap replays and the way its account check asks PDSs). Also what creates backfill jobs:
 // the choice between a crawl and an archive replay, and the job that retries a replay's failed
@@ -20,6 +20,7 @@
 #include "sources/crawl/crawl_source.hpp"
 #include "sources/event_file.hpp"
 #include "sources/jetstream.hpp"
+#include "sources/labeler.hpp"
 #include "sources/live_collections.hpp"
 #include "sources/replay.hpp"
 
@@ -35,6 +36,7 @@ struct SourceSettings {
   EventFileOptions files;  // [files] (paths come from each job)
   CrawlOptions crawl;      // [crawl], [resolver], [net]
   JetstreamOptions live;   // [live] (no hosts: no live consumer)
+  LabelerOptions labels;   // [labels] (no labelers: no label subscription)
   // [live] allow_private_endpoints: the account check may reach PDSs that DID documents place on
   // loopback or private addresses (as [crawl] allow_private_endpoints). The hosts themselves
   // are always reached.

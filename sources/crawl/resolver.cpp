@@ -285,7 +285,7 @@ ResolveOutcome ParseDidDocument(std::string_view did, std::string_view json,
       std::string_view service_id;
       if (item.get_object().get(service) != simdjson::SUCCESS ||
           service["id"].get_string().get(service_id) != simdjson::SUCCESS ||
-          !NamesFragment(service_id, did, "#atproto_pds")) {
+          !NamesFragment(service_id, did, options.service_id)) {
         continue;
       }
       has_service = true;
@@ -294,15 +294,19 @@ ResolveOutcome ParseDidDocument(std::string_view did, std::string_view json,
       break;
     }
   }
-  if (!has_service) return Failure("no_pds_endpoint", who + " has no #atproto_pds service");
+  if (!has_service) {
+    return Failure("no_pds_endpoint", who + " has no " + options.service_id + " service");
+  }
   if (!endpoint) {
-    return Failure("bad_endpoint", who + " has an #atproto_pds service without a string endpoint");
+    return Failure("bad_endpoint",
+                   who + " has an " + options.service_id + " service without a string endpoint");
   }
   std::string_view url = *endpoint;
   while (!url.empty() && url.back() == '/') url.remove_suffix(1);
   if (Status st = CheckResolvedEndpoint(url, options); !st.ok()) {
     return Failure("bad_endpoint",
-                   "the #atproto_pds endpoint in " + who + " is refused: " + st.message());
+                   "the " + options.service_id + " endpoint in " + who +
+                                       " is refused: " + st.message());
   }
 
   state::ResolvedDid resolved;
@@ -314,7 +318,7 @@ ResolveOutcome ParseDidDocument(std::string_view did, std::string_view json,
       std::string_view method_id;
       if (item.get_object().get(method) != simdjson::SUCCESS ||
           method["id"].get_string().get(method_id) != simdjson::SUCCESS ||
-          !NamesFragment(method_id, did, "#atproto")) {
+          !NamesFragment(method_id, did, options.key_id)) {
         continue;
       }
       std::string_view key;

@@ -56,6 +56,12 @@ struct ResolverOptions {
   int64_t timeout_ms = 10'000;
   // Largest DID document accepted, in bytes; 1..16 MiB.
   uint64_t max_document_bytes = 256 * 1024;
+  // The service whose endpoint is resolved and the verification method whose key is read: a
+  // PDS's by default; a labeler's ("#atproto_labeler", "#atproto_label") for the label
+  // subscription, which then reads ResolvedDid::pds_endpoint as the labeler's endpoint. A
+  // resolver for other fragments must not share a cache with one for the defaults.
+  std::string service_id = "#atproto_pds";
+  std::string key_id = "#atproto";
 
   // OK, or Invalid naming the first field out of range and its value.
   Status Validate() const;

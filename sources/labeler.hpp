@@ -1,0 +1,88 @@
+// The labeler subscription: com.atproto.label.subscribeLabels of each configured labeler into the
+// sink's label tables (pipeline/label.hpp), resuming from each labeler's saved cursor.
+//
+//   labeler WebSocket ─ label decoder ─ signature check ─ label batcher ─ LabelSink ─ cursors
+//
+// Each labeler is resolved through its DID document: the service #atproto_labeler gives the
+// endpoint (refused, as a PDS's would be, when it is not http(s) or points at loopback or private
+// addresses, unless allowed), the verification method #atproto_label the key every label must be
+// signed with. A label that fails (another src, no or a bad signature, a malformed field) is
+// refused, counted and logged with the reason; the rest of its frame is stored.
+//
+// Delivery: labels are written in batches (batch_labels or batch_ms, whichever first), one
+// transaction each; only then is each labeler's cursor (the seq of its last frame in the batch)
+// saved in state, under "labels/<did>". A crash replays from the saved cursor, and the sinks'
+// rules (an upsert by (uri, src, val) that keeps the newer label, negations that remove older
+// ones) make the replay converge: nothing lost, nothing doubled. A labeler never seen starts at
+// cursor 0, which replays the history it keeps.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "base/status.hpp"
+#include "net/http_client.hpp"
+#include "net/reconnect_policy.hpp"
+#include "pipeline/label.hpp"
+#include "sources/crawl/resolver.hpp"
+#include "state/kv_store.hpp"
+
+namespace atfill::sources {
+
+struct LabelerOptions {
+  // DIDs of the labelers to follow ([labels] labelers); none: no subscription.
+  std::vector<std::string> labelers;
+  // A batch is written once it holds this many labels...
+  uint64_t batch_labels = 1000;
+  // ...or its oldest label has waited this long, in milliseconds.
+  int64_t batch_ms = 200;
+  // Labels received and not yet written, at most; past it the connection is closed and opened
+  // again from the last label kept once the writer has caught up.
+  uint64_t max_pending_labels = 100'000;
+  // Accept labeler endpoints on loopback and private addresses (tests, simnet, private networks).
+  bool allow_private_endpoints = false;
+  // Stop once every labeler has sent nothing for this long (milliseconds; 0 = run until asked).
+  int64_t idle_exit_ms = 0;
+  // Time without any frame after which a connection is considered dead (milliseconds).
+  int64_t idle_timeout_ms = 90'000;
+  net::ReconnectPolicy reconnect;
+  // How DID documents are fetched (plc_url, timeouts); the cache is not used.
+  ResolverOptions resolver;
+  net::HttpClientOptions http;
+
+  Status Validate() const;
+};
+
+// The cursor of one labeler in state.
+std::string LabelCursorName(std::string_view labeler);
+
+struct LabelerStats {
+  uint64_t frames = 0;       // #labels frames received
+  uint64_t labels = 0;       // labels accepted (stored, negations and stale ones)
+  uint64_t stored = 0;       // LabelWriteStats::stored
+  uint64_t negated = 0;      // LabelWriteStats::negated
+  uint64_t refused = 0;      // labels refused (bad label, wrong source, bad signature)
+  uint64_t bad_frames = 0;   // messages that were not a frame of subscribeLabels
+  uint64_t batches = 0;      // batches written
+  uint64_t applied_seq = 0;  // the saved cursor
+};
+
+struct LabelRunSummary {
+  std::map<std::string, LabelerStats> labelers;  // by DID
+  bool idle = false;                             // ended by idle_exit_ms
+};
+
+// Runs the subscriptions until `stop` answers true (polled every few milliseconds), every labeler
+// is idle for idle_exit_ms, or something fails: a labeler that cannot be resolved, a sink write
+// that fails other than Unavailable (Unavailable is retried with backoff), a state write. What was
+// written before a failure stays written, its cursors saved. `log` receives one line per notable
+// event ("atfill labels: ..."): connections, refusals with their reason, #info and error frames.
+Result<LabelRunSummary> RunLabelers(const LabelerOptions& options, pipeline::LabelSink* sink,
+                                    state::KvStore* kv, const std::function<bool()>& stop,
+                                    const std::function<void(std::string_view)>& log);
+
+}  // namespace atfill::sources
