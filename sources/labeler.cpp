@@ -12,6 +12,7 @@
 
 #include "atproto/crypto.hpp"
 #include "net/websocket.hpp"
+#include "sources/components.hpp"
 #include "sources/label_frames.hpp"
 #include "state/cursors.hpp"
 
@@ -407,6 +408,30 @@ Status LabelerOptions::Validate() const {
     }
   }
   return resolver.Validate();
+}
+
+Result<std::unique_ptr<LabelThread>> LabelThread::Start(const pipeline::Environment& env) {
+  const LabelerOptions& options = env.settings->Get<SourceSettings>().labels;
+  std::unique_ptr<LabelThread> t(new LabelThread());
+  auto sink = env.components->OpenLabelSink(*env.settings);
+  if (!sink.ok()) return sink.status().WithContext("[labels]: the label tables");
+  t->sink_ = std::move(*sink);
+  LabelThread* self = t.get();
+  t->thread_ = std::thread([self, &options, env] {
+    self->outcome_ = RunLabelers(
+        options, self->sink_.get(), env.kv, [self] { return self->stop_.load(); },
+        [&env](std::string_view line) { env.Log(line); });
+    self->done_ = true;
+  });
+  return t;
+}
+
+LabelThread::~LabelThread() { (void)Stop(); }
+
+Result<LabelRunSummary> LabelThread::Stop() {
+  stop_ = true;
+  if (thread_.joinable()) thread_.join();
+  return outcome_;
 }
 
 }  // namespace atfill::sources

@@ -19,14 +19,19 @@
 
 #include <cstdint>
 #include <functional>
+#include <atomic>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "base/status.hpp"
 #include "net/http_client.hpp"
 #include "net/reconnect_policy.hpp"
+#include "pipeline/components.hpp"
 #include "pipeline/label.hpp"
 #include "sources/crawl/resolver.hpp"
 #include "state/kv_store.hpp"
@@ -84,5 +89,33 @@ struct LabelRunSummary {
 Result<LabelRunSummary> RunLabelers(const LabelerOptions& options, pipeline::LabelSink* sink,
                                     state::KvStore* kv, const std::function<bool()>& stop,
                                     const std::function<void(std::string_view)>& log);
+
+// The subscriptions of [labels] on a thread of their own, beside the live consumer or alone, into
+// the configured sink's label tables (pipeline::Components::OpenLabelSink): what `atfill run`
+// does when [labels] labelers is set, and what a program embedding atfill does the same way.
+class LabelThread {
+ public:
+  // Opens the label sink and starts the thread; `env` (its settings, state and log) must outlive
+  // the thread. Unsupported when the sink kind stores no labels.
+  static Result<std::unique_ptr<LabelThread>> Start(const pipeline::Environment& env);
+  // Stop().
+  ~LabelThread();
+  LabelThread(const LabelThread&) = delete;
+  LabelThread& operator=(const LabelThread&) = delete;
+
+  // The run ended by itself (idle_exit_ms or a failure). Thread-safe.
+  bool done() const { return done_.load(); }
+  // Asks the run to end (what it holds is written first), waits for it and returns how it ended.
+  // Idempotent: later calls return the same outcome.
+  Result<LabelRunSummary> Stop();
+
+ private:
+  LabelThread() = default;
+  std::unique_ptr<pipeline::LabelSink> sink_;
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> done_{false};
+  Result<LabelRunSummary> outcome_ = LabelRunSummary{};
+  std::thread thread_;
+};
 
 }  // namespace atfill::sources

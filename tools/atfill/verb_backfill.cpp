@@ -1,9 +1,11 @@
 // atfill backfill CONFIG [--collection NSID]... [--did DID]... [--mode listRecords|getRepo]:
 // the crawl as a job (discover, resolve, fetch, verify, write), resumable.
-// atfill run CONFIG: resumes every unfinished job after a restart.
+// atfill run CONFIG: resumes every unfinished job after a restart, and follows [labels]' labelers.
 #include <algorithm>
+#include <chrono>
 #include <cinttypes>
 #include <cstdio>
+#include <thread>
 
 #include "pipeline/job.hpp"
 #include "pipeline/run.hpp"
@@ -129,6 +131,32 @@ int RunRetryFailed(std::span<char* const> args) {
   return rc;
 }
 
+namespace {
+
+// The label subscriptions alone (no [live] hosts): until Ctrl-C or [labels] idle_exit_ms.
+int FollowLabels(sources::LabelThread& labels) {
+  while (!StopSignalled() && !labels.done()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  auto outcome = labels.Stop();
+  RestoreSignals();
+  if (!outcome.ok()) {
+    std::fprintf(stderr, "atfill run: labels: %s\n", outcome.status().message().c_str());
+    return kExitIo;
+  }
+  for (const auto& [did, s] : outcome->labelers) {
+    std::fprintf(stderr,
+                 "atfill run: labels from %s: %" PRIu64 " frames, %" PRIu64
+                 " labels (%" PRIu64 " stored, %" PRIu64 " removed by negations), %" PRIu64
+                 " refused, %" PRIu64 " bad frames, cursor %" PRIu64 "\n",
+                 did.c_str(), s.frames, s.labels, s.stored, s.negated, s.refused, s.bad_frames,
+                 s.applied_seq);
+  }
+  return kExitStopped;
+}
+
+}  // namespace
+
 int RunRun(std::span<char* const> args) {
   std::string config_path;
   bool with_backfill = false;
@@ -146,6 +174,14 @@ int RunRun(std::span<char* const> args) {
   pipeline::JobController& controller = ControllerOf(*config, *st);
   auto unfinished = controller.Recover();
   if (!unfinished.ok()) return Fail("run", unfinished.status().message(), kExitIo);
+  // [labels]: the labelers' subscriptions run on a thread of their own for as long as this verb
+  // (its destructor stops them, writing what they hold first).
+  std::unique_ptr<sources::LabelThread> labels;
+  if (!config->sources().labels.labelers.empty()) {
+    auto started = sources::LabelThread::Start(EnvOf(*config, *st));
+    if (!started.ok()) return Fail("run", started.status().message(), kExitIo);
+    labels = std::move(*started);
+  }
   std::vector<state::JobRecord> todo;
   // With a live consumer (or the admin API), backfills run beside it (its events of repos they
   // crawl are held). The live job is run below (when configured), not resumed.
@@ -191,7 +227,7 @@ int RunRun(std::span<char* const> args) {
       return std::max(worst, rc);
     }
   }
-  if (!live) return worst;
+  if (!live) return labels ? std::max(worst, FollowLabels(*labels)) : worst;
   // The backfills run on a thread of their own while this one keeps the database current from
   // the Jetstream, holding the live events of each repo until the crawl has written it. Those of
   // collections added on SIGHUP run in a group of their own beside it.
