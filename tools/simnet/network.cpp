@@ -163,6 +163,7 @@ Status SimnetOptions::Validate() const {
   }
   ATFILL_RETURN_IF_ERROR(jetstream.Validate());
   ATFILL_RETURN_IF_ERROR(archive.Validate().WithContext("archive"));
+  ATFILL_RETURN_IF_ERROR(labeler.Validate().WithContext("labeler"));
   if (archive.from_jetstream && jetstream.events == 0) {
     return Status::Invalid("archive.from_jetstream needs a Jetstream (jetstream.events > 0)");
   }

@@ -21,6 +21,7 @@
 #include "tools/simnet/archive_server.hpp"
 #include "tools/simnet/http_util.hpp"
 #include "tools/simnet/jetstream_server.hpp"
+#include "tools/simnet/labeler_server.hpp"
 #include "tools/simnet/simnet.hpp"
 
 #include <pthread.h>
@@ -85,9 +86,8 @@ struct RepoData {
   size_t bytes = 0;
 };
 
-// True when the Host header names jetstream.localhost (any case, any port).
-bool IsJetstreamHost(std::string_view host_header) {
-  constexpr std::string_view kName = "jetstream.localhost";
+// True when the Host header names `kName` (lower case; any case, any port).
+bool IsHost(std::string_view host_header, std::string_view kName) {
   const std::string_view name = host_header.substr(0, host_header.rfind(':'));
   return name.size() == kName.size() &&
          std::equal(name.begin(), name.end(), kName.begin(), [](char a, char b) {
@@ -104,6 +104,7 @@ struct Simnet::Impl {
   // Declared before the io_context: WebSocket sessions it destroys still point at it.
   std::unique_ptr<JetstreamServer> jetstream;
   std::unique_ptr<ArchiveServer> archive;
+  std::unique_ptr<LabelerServer> labeler;
   asio::io_context ioc;
   tcp::acceptor acceptor{ioc};
   std::vector<std::thread> threads;
@@ -184,7 +185,7 @@ class Simnet::Impl::Session : public std::enable_shared_from_this<Session> {
       }
     }
     if (server_->jetstream != nullptr &&
-        IsJetstreamHost(std::string_view(host.data(), host.size()))) {
+        IsHost(std::string_view(host.data(), host.size()), "jetstream.localhost")) {
       ++server_->requests;
       std::optional<JetstreamServer::HttpAnswer> answer =
           server_->jetstream->Handle(parser_->release(), stream_);
@@ -194,6 +195,18 @@ class Simnet::Impl::Session : public std::enable_shared_from_this<Session> {
       r.status = answer->status;
       r.content_type = std::move(answer->content_type);
       r.body = std::move(answer->body);
+      return Respond(std::move(r));
+    }
+    if (server_->labeler != nullptr &&
+        IsHost(std::string_view(host.data(), host.size()), "labeler.localhost")) {
+      ++server_->requests;
+      auto answer = server_->labeler->Handle(parser_->release(), stream_);
+      if (!answer) return;  // the connection is now a WebSocket session's
+      server_->CountStatus(answer->first);
+      Reply r;
+      r.status = answer->first;
+      r.content_type = "application/json";
+      r.body = std::move(answer->second);
       return Respond(std::move(r));
     }
     const auto target = req.target();
@@ -321,6 +334,10 @@ Reply Simnet::Impl::Route(size_t host, const Target& t) {
   if (t.path == "/xrpc/_health") return Json(200, "{\"version\":\"atfill-simnet\"}");
   if (host == 0) return Relay(t, std::nullopt);
   if (host == 1) {
+    if (labeler != nullptr && t.path.size() > 1 && t.path.substr(1) == labeler->log().did()) {
+      return Json(200, labeler->log().DidDocument("http://labeler.localhost:" +
+                                                  std::to_string(net->port())));
+    }
     const Account* a =
         t.path.size() > 1 ? net->FindDid(std::string_view(t.path).substr(1)) : nullptr;
     if (a == nullptr || a->web >= 0) {
@@ -604,6 +621,9 @@ Result<std::unique_ptr<Simnet>> Simnet::Start(SimnetOptions options) {
   if (options.jetstream.events > 0) {
     ATFILL_ASSIGN_OR_RETURN(impl->jetstream, JetstreamServer::Create(net, options.jetstream));
   }
+  if (options.labeler.labels > 0) {
+    ATFILL_ASSIGN_OR_RETURN(impl->labeler, LabelerServer::Create(net, options.labeler));
+  }
   if (!options.archive.dir.empty()) {
     const JetstreamServer* j = impl->jetstream.get();
     ATFILL_ASSIGN_OR_RETURN(
@@ -635,6 +655,13 @@ void Simnet::Stop() {
 uint16_t Simnet::port() const { return impl_->net->port(); }
 std::string Simnet::relay_url() const { return impl_->net->relay_url(); }
 std::string Simnet::plc_url() const { return impl_->net->plc_url(); }
+std::string Simnet::labeler_url() const {
+  return impl_->labeler == nullptr ? std::string()
+                                   : "http://labeler.localhost:" + std::to_string(port());
+}
+const LabelerLog* Simnet::labeler() const {
+  return impl_->labeler == nullptr ? nullptr : &impl_->labeler->log();
+}
 std::string Simnet::pds_url(uint32_t pds) const { return impl_->net->pds_url(pds); }
 const Network& Simnet::network() const { return *impl_->net; }
 

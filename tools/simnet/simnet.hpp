@@ -15,6 +15,8 @@
 //                            listSegments, planSnapshot, getSegment, getBlock,
 //                            getZstdDictionary (also at jetstream.localhost), with faults
 //   cdn.localhost:PORT       where the archive's redirect fault sends getBlock
+//   labeler.localhost:PORT   a labeler (when SimnetOptions::labeler.labels > 0; see labeler.hpp):
+//                            com.atproto.label.subscribeLabels; its DID document at plc.localhost
 // Everything (accounts, keys, records, statuses, which records and accounts carry a fault) is
 // derived from the seed, so the ground truth can be printed without serving. Two things are not
 // reproducible across processes: commit signatures (OpenSSL's ECDSA is randomized; within one
@@ -259,6 +261,23 @@ enum class RecordCountDistribution {
   kLogUniform,  // log-uniform: many small repos, a few large ones (as on the real network)
 };
 
+// The labeler host (labeler.localhost) and its DID: see labeler.hpp.
+struct LabelerOptions {
+  // #labels frames (one label each), 0..1,000,000; 0 = no labeler.
+  uint64_t labels = 0;
+  // Shares of the frames (each 0..1, together at most 1) that negate an earlier label still in
+  // force, carry a label that expired long ago, one that expires in 2099, and one signed with
+  // another key (which atfill must refuse). The rest are plain labels.
+  double negation_share = 0.15;
+  double expired_share = 0.1;
+  double expiring_share = 0.05;
+  double bad_signature_share = 0.05;
+  // Frames sent per second per connection; 0 = as fast as the connection takes them.
+  double frames_per_second = 0;
+
+  Status Validate() const;
+};
+
 struct SimnetOptions {
   // Seed of every generated thing.
   uint64_t seed = 1;
@@ -295,6 +314,8 @@ struct SimnetOptions {
   JetstreamOptions jetstream;
   // The archive host (off unless archive.dir is set).
   ArchiveOptions archive;
+  // The labeler (off unless labeler.labels > 0).
+  LabelerOptions labeler;
 
   Status Validate() const;
 };
@@ -421,6 +442,7 @@ struct SimnetStats {
 };
 
 class JetstreamLog;
+class LabelerLog;
 struct JetstreamTruth;
 
 // Where a connection's collections filter took effect: at the connection's first seq, or at the
@@ -466,6 +488,9 @@ class Simnet {
   // Replaces the archive's faults (their hit counts start again). No-op when it is off.
   void SetArchiveFaults(ArchiveFaults faults);
   ArchiveStats archive_stats() const;
+  // "http://labeler.localhost:PORT" and the labeler's log; empty / null when it is off.
+  std::string labeler_url() const;
+  const LabelerLog* labeler() const;
   // Requests answered (or held) by one host so far.
   uint64_t host_requests(size_t host_id) const;
   // Idempotent.
