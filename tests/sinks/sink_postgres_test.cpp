@@ -231,8 +231,9 @@ TEST_F(PostgresSinkTest, CreatesTheSchemaAndTheDocumentedView) {
             std::vector<std::string>{std::to_string(kPostgresSchemaVersion)});
   EXPECT_EQ(Column("SELECT table_name FROM information_schema.tables WHERE table_schema = "
                    "'public' ORDER BY table_name"),
-            (std::vector<std::string>{"atfill_collections", "atfill_dids", "atfill_record_rows",
-                                      "atfill_records", "atfill_schema_version"}));
+            (std::vector<std::string>{"atfill_collections", "atfill_dids", "atfill_label_rows",
+                                      "atfill_labels", "atfill_record_rows", "atfill_records",
+                                      "atfill_schema_version"}));
   EXPECT_EQ(Column("SELECT column_name FROM information_schema.columns WHERE table_name = "
                    "'atfill_records' ORDER BY ordinal_position"),
             (std::vector<std::string>{"uri", "did", "collection", "rkey", "record", "cid", "rev",
@@ -453,8 +454,9 @@ TEST_F(PostgresSinkTest, TablesGoInTheConfiguredSchema) {
   ASSERT_TRUE(sink->Write(std::vector<Event>{MakeCreate(kAlice, kPost, "a", kBody, kRev1)}).ok());
   EXPECT_EQ(Column("SELECT table_name FROM information_schema.tables WHERE table_schema = "
                    "'atfill \"data\"' ORDER BY table_name"),
-            (std::vector<std::string>{"atfill_collections", "atfill_dids", "atfill_record_rows",
-                                      "atfill_records", "atfill_schema_version"}));
+            (std::vector<std::string>{"atfill_collections", "atfill_dids", "atfill_label_rows",
+                                      "atfill_labels", "atfill_record_rows", "atfill_records",
+                                      "atfill_schema_version"}));
   EXPECT_EQ(Column("SELECT count(*) FROM information_schema.tables WHERE table_schema = "
                    "'public'"),
             std::vector<std::string>{"0"});
