@@ -15,12 +15,12 @@ namespace atfill::pipeline {
 
 // One verified label.
 struct Label {
-  std::string src;  // the labeler's DID
-  std::string uri;  // the subject: an AT URI (a record) or a DID (an account)
-  std::string cid;  // the record version the label is pinned to; empty for every version
-  std::string val;  // the label value ("spam", "!hide"...)
-  bool neg = false;  // a negation: removes the label (src, uri, val)
-  std::string cts;   // creation time, as the labeler wrote it
+  std::string src;     // the labeler's DID
+  std::string uri;     // the subject: an AT URI (a record) or a DID (an account)
+  std::string cid;     // the record version the label is pinned to; empty for every version
+  std::string val;     // the label value ("spam", "!hide"...)
+  bool neg = false;    // a negation: removes the label (src, uri, val)
+  std::string cts;     // creation time, as the labeler wrote it
   int64_t cts_us = 0;  // the same in unix microseconds
   std::string exp;     // expiry, as written; empty when the label does not expire
   int64_t exp_us = 0;  // the same in unix microseconds; 0 when none

@@ -122,8 +122,8 @@ class SqliteLabelSink final : public pipeline::LabelSink {
 }  // namespace
 
 Result<std::unique_ptr<pipeline::LabelSink>> OpenSqliteLabelSink(const SqliteSinkOptions& options) {
-  auto db = sqlite::Open(options.path,
-                         SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX);
+  auto db =
+      sqlite::Open(options.path, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX);
   if (!db.ok()) return db.status().WithContext("opening SQLite database " + options.path);
   sqlite3* raw = db->get();
   sqlite3_busy_timeout(raw, static_cast<int>(options.busy_timeout_ms));

@@ -206,8 +206,7 @@ Status ReadLabels(ConfigFile& file, SourceSettings& c) {
   ATFILL_RETURN_IF_ERROR(
       file.ReadBool("labels.allow_private_endpoints", &l.allow_private_endpoints));
   ATFILL_RETURN_IF_ERROR(file.ReadInt("labels.idle_exit_ms", &l.idle_exit_ms, 0, 86'400'000));
-  ATFILL_RETURN_IF_ERROR(
-      file.ReadInt("labels.idle_timeout_ms", &l.idle_timeout_ms, 0, 3'600'000));
+  ATFILL_RETURN_IF_ERROR(file.ReadInt("labels.idle_timeout_ms", &l.idle_timeout_ms, 0, 3'600'000));
   ATFILL_RETURN_IF_ERROR(
       file.ReadInt("labels.reconnect_base_ms", &l.reconnect.base_backoff_ms, 1, 3'600'000));
   ATFILL_RETURN_IF_ERROR(

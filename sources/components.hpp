@@ -1,9 +1,9 @@
 // The sources' part of the component registry (pipeline/components.hpp): [files], [crawl],
-// [resolver], [net], [live], [labels] and [archive] into SourceSettings, and the sources a job's kind runs:
-// "crawl" and "replay" (backfill jobs), "files" (ingest jobs) and "jetstream" (the live consumer,
-// with its gap replays and the way its account check asks PDSs). Also what creates backfill jobs:
-// the choice between a crawl and an archive replay, and the job that retries a replay's failed
-// blocks.
+// [resolver], [net], [live], [labels] and [archive] into SourceSettings, and the sources a job's
+// kind runs: "crawl" and "replay" (backfill jobs), "files" (ingest jobs) and "jetstream" (the live
+// consumer, with its gap replays and the way its account check asks PDSs). Also what creates
+// backfill jobs: the choice between a crawl and an archive replay, and the job that retries a
+// replay's failed blocks.
 #pragma once
 
 #include <cstdint>

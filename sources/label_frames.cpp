@@ -164,9 +164,9 @@ Result<LabelFrame> DecodeLabelFrame(ByteView message) {
     if (ReadLabel(item, &raw, &why)) {
       frame.labels.push_back(std::move(raw));
     } else {
-      frame.errors.push_back(LabelError{
-          "bad_label", "seq " + std::to_string(frame.seq) + " label " + std::to_string(index),
-          why});
+      frame.errors.push_back(
+          LabelError{"bad_label",
+                     "seq " + std::to_string(frame.seq) + " label " + std::to_string(index), why});
     }
     ++index;
   }
@@ -210,9 +210,9 @@ Bytes EncodeLabelsFrame(int64_t seq, const std::vector<Bytes>& labels) {
     auto v = atproto::DecodeCbor(b);
     items.push_back(v.ok() ? std::move(*v) : Value());
   }
-  return Concat(Value::MakeMap({{"op", Value::Int(1)}, {"t", Str("#labels")}}),
-                Value::MakeMap({{"seq", Value::Int(seq)},
-                                {"labels", Value::MakeArray(std::move(items))}}));
+  return Concat(
+      Value::MakeMap({{"op", Value::Int(1)}, {"t", Str("#labels")}}),
+      Value::MakeMap({{"seq", Value::Int(seq)}, {"labels", Value::MakeArray(std::move(items))}}));
 }
 
 Bytes EncodeInfoFrame(const std::string& name, const std::string& message) {

@@ -72,10 +72,9 @@ void OnMessage(Subscription* sub, Shared* shared, uint64_t max_pending, std::str
   if (sub->overflowed) return;
   if (!frame.ok()) {
     ++sub->stats.bad_frames;
-    shared->lines.push_back("atfill labels: " + sub->did + ": a message of " +
-                            std::to_string(data.size()) +
-                            " bytes is not a subscribeLabels frame, skipped: " +
-                            frame.status().message());
+    shared->lines.push_back(
+        "atfill labels: " + sub->did + ": a message of " + std::to_string(data.size()) +
+        " bytes is not a subscribeLabels frame, skipped: " + frame.status().message());
     return;
   }
   switch (frame->kind) {
@@ -85,8 +84,7 @@ void OnMessage(Subscription* sub, Shared* shared, uint64_t max_pending, std::str
       return;
     case LabelFrame::Kind::kError:
       shared->lines.push_back("atfill labels: " + sub->did + " ended the stream with error " +
-                              frame->name +
-                              (frame->message.empty() ? "" : ": " + frame->message));
+                              frame->name + (frame->message.empty() ? "" : ": " + frame->message));
       return;
     case LabelFrame::Kind::kUnknown:
       return;  // a frame type this reader does not know
@@ -113,8 +111,8 @@ void OnMessage(Subscription* sub, Shared* shared, uint64_t max_pending, std::str
     if (Status st = VerifyLabel(raw, sub->did, *sub->key, &kind); !st.ok()) {
       ++sub->stats.refused;
       shared->lines.push_back("atfill labels: refused " + kind + " from " + sub->did + " (seq " +
-                              std::to_string(seq) + ", " + raw.label.val + " on " +
-                              raw.label.uri + "): " + st.message());
+                              std::to_string(seq) + ", " + raw.label.val + " on " + raw.label.uri +
+                              "): " + st.message());
       continue;
     }
     r.labels.push_back(std::move(raw.label));
@@ -180,8 +178,8 @@ Status Resolve(const LabelerOptions& options, net::HttpClient* http, Subscriptio
   }
   auto key = atproto::PublicKey::FromMultibase(outcome.doc->signing_key);
   if (!key.ok()) {
-    return Status::Invalid("labeler " + sub->did + ": its #atproto_label key: " +
-                           key.status().message());
+    return Status::Invalid("labeler " + sub->did +
+                           ": its #atproto_label key: " + key.status().message());
   }
   sub->key = std::move(*key);
   sub->endpoint = outcome.doc->pds_endpoint;
@@ -392,9 +390,7 @@ Result<LabelRunSummary> RunLabelers(const LabelerOptions& options, pipeline::Lab
   return summary;
 }
 
-std::string LabelCursorName(std::string_view labeler) {
-  return "labels/" + std::string(labeler);
-}
+std::string LabelCursorName(std::string_view labeler) { return "labels/" + std::string(labeler); }
 
 Status LabelerOptions::Validate() const {
   if (batch_labels == 0) return Status::Invalid("[labels] batch_labels must be at least 1");

@@ -17,9 +17,9 @@
 // cursor 0, which replays the history it keeps.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
-#include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>

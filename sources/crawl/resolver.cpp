@@ -304,8 +304,7 @@ ResolveOutcome ParseDidDocument(std::string_view did, std::string_view json,
   std::string_view url = *endpoint;
   while (!url.empty() && url.back() == '/') url.remove_suffix(1);
   if (Status st = CheckResolvedEndpoint(url, options); !st.ok()) {
-    return Failure("bad_endpoint",
-                   "the " + options.service_id + " endpoint in " + who +
+    return Failure("bad_endpoint", "the " + options.service_id + " endpoint in " + who +
                                        " is refused: " + st.message());
   }
 

@@ -102,7 +102,8 @@ TEST(LabelFramesTest, AnotherKeyAnAlteredFieldOrAnotherSourceIsRefused) {
   ASSERT_TRUE(sig.ok());
   Label altered = l;
   altered.val = "spam";
-  auto changed = DecodeLabelFrame(sources::EncodeLabelsFrame(1, {sources::EncodeLabel(altered, *sig)}));
+  auto changed =
+      DecodeLabelFrame(sources::EncodeLabelsFrame(1, {sources::EncodeLabel(altered, *sig)}));
   ASSERT_TRUE(changed.ok());
   kind.clear();
   EXPECT_FALSE(sources::VerifyLabel(changed->labels[0], l.src, key.public_key(), &kind).ok());
@@ -117,9 +118,8 @@ TEST(LabelFramesTest, AnotherKeyAnAlteredFieldOrAnotherSourceIsRefused) {
   auto good = DecodeLabelFrame(sources::EncodeLabelsFrame(1, {Signed(l, key)}));
   ASSERT_TRUE(good.ok());
   kind.clear();
-  EXPECT_FALSE(sources::VerifyLabel(good->labels[0], "did:plc:someoneelse", key.public_key(),
-                                    &kind)
-                   .ok());
+  EXPECT_FALSE(
+      sources::VerifyLabel(good->labels[0], "did:plc:someoneelse", key.public_key(), &kind).ok());
   EXPECT_EQ(kind, "wrong_source");
 }
 
@@ -141,20 +141,20 @@ TEST(LabelFramesTest, InfoErrorAndMalformedFramesAreToldApart) {
   EXPECT_FALSE(DecodeLabelFrame(ByteView(frame.data(), frame.size() - 1)).ok());
   EXPECT_FALSE(DecodeLabelFrame(ByteView()).ok());
   using atproto::Value;
-  Bytes not_map = atproto::EncodeCbor(
-      Value::MakeMap({{"op", Value::Int(1)}, {"t", Value::String("#labels")}}));
+  Bytes not_map =
+      atproto::EncodeCbor(Value::MakeMap({{"op", Value::Int(1)}, {"t", Value::String("#labels")}}));
   atproto::EncodeCbor(Value::Int(3), &not_map);
   EXPECT_FALSE(DecodeLabelFrame(not_map).ok());
-  Bytes no_seq = atproto::EncodeCbor(
-      Value::MakeMap({{"op", Value::Int(1)}, {"t", Value::String("#labels")}}));
+  Bytes no_seq =
+      atproto::EncodeCbor(Value::MakeMap({{"op", Value::Int(1)}, {"t", Value::String("#labels")}}));
   atproto::EncodeCbor(Value::MakeMap({{"labels", Value::MakeArray()}}), &no_seq);
   EXPECT_FALSE(DecodeLabelFrame(no_seq).ok());
-  Bytes bad_label = atproto::EncodeCbor(
-      Value::MakeMap({{"op", Value::Int(1)}, {"t", Value::String("#labels")}}));
+  Bytes bad_label =
+      atproto::EncodeCbor(Value::MakeMap({{"op", Value::Int(1)}, {"t", Value::String("#labels")}}));
   atproto::EncodeCbor(
       Value::MakeMap({{"seq", Value::Int(5)},
-                      {"labels", Value::MakeArray({Value::Int(1),
-                                                   Value::MakeMap({{"val", Value::Int(2)}})})}}),
+                      {"labels", Value::MakeArray(
+                                     {Value::Int(1), Value::MakeMap({{"val", Value::Int(2)}})})}}),
       &bad_label);
   auto bad = DecodeLabelFrame(bad_label);
   ASSERT_TRUE(bad.ok()) << bad.status().ToString();
@@ -173,13 +173,15 @@ std::vector<Row> SqliteView(const std::string& path, const char* table = "atfill
   std::vector<Row> out;
   sqlite3* db = nullptr;
   EXPECT_EQ(sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READONLY, nullptr), SQLITE_OK);
-  const std::string sql = std::string("SELECT uri, val, cts, coalesce(exp, '') FROM ") + table +
-                          " ORDER BY uri, val";
+  const std::string sql =
+      std::string("SELECT uri, val, cts, coalesce(exp, '') FROM ") + table + " ORDER BY uri, val";
   sqlite3_stmt* stmt = nullptr;
   EXPECT_EQ(sqlite3_prepare_v2(db, sql.c_str(), -1, &stmt, nullptr), SQLITE_OK)
       << sqlite3_errmsg(db);
   while (stmt != nullptr && sqlite3_step(stmt) == SQLITE_ROW) {
-    auto text = [&](int i) { return std::string(reinterpret_cast<const char*>(sqlite3_column_text(stmt, i))); };
+    auto text = [&](int i) {
+      return std::string(reinterpret_cast<const char*>(sqlite3_column_text(stmt, i)));
+    };
     out.emplace_back(text(0), text(1), text(2), text(3));
   }
   sqlite3_finalize(stmt);
@@ -295,13 +297,13 @@ std::vector<Row> Want(const simnet::LabelerLog& log) {
 std::string Config(const std::filesystem::path& dir, const simnet::Simnet& net,
                    const std::string& extra) {
   const std::string path = (dir / "atfill.toml").string();
-  testing::WriteFile(path, "[state]\ndir = \"state\"\n[sink.sqlite]\npath = \"db.sqlite\"\n"
-                           "[resolver]\nplc = \"" +
-                               net.plc_url() +
-                               "\"\n[labels]\nlabelers = [\"" + net.labeler()->did() +
-                               "\"]\nallow_private_endpoints = true\nidle_exit_ms = 1500\n"
-                               "reconnect_base_ms = 20\nreconnect_max_ms = 200\n" +
-                               extra);
+  testing::WriteFile(path,
+                     "[state]\ndir = \"state\"\n[sink.sqlite]\npath = \"db.sqlite\"\n"
+                     "[resolver]\nplc = \"" +
+                         net.plc_url() + "\"\n[labels]\nlabelers = [\"" + net.labeler()->did() +
+                         "\"]\nallow_private_endpoints = true\nidle_exit_ms = 1500\n"
+                         "reconnect_base_ms = 20\nreconnect_max_ms = 200\n" +
+                         extra);
   return path;
 }
 
@@ -406,8 +408,7 @@ TEST(LabelsRunTest, SigkilledMidStreamThenResumedLosesAndDoublesNothing) {
   auto net = simnet::Simnet::Start(so);
   ASSERT_TRUE(net.ok()) << net.status().ToString();
   TempDir dir;
-  const std::string config =
-      Config(dir.path(), **net, "batch_labels = 40\nbatch_ms = 20\n");
+  const std::string config = Config(dir.path(), **net, "batch_labels = 40\nbatch_ms = 20\n");
   const std::string db = (dir.path() / "db.sqlite").string();
   const uint64_t seed = testing::TestSeed();
   std::mt19937_64 rng(seed);
@@ -444,10 +445,9 @@ TEST(LabelsRunTest, PostgresHoldsTheSameLabels) {
   auto net = simnet::Simnet::Start(Network(400));
   ASSERT_TRUE(net.ok()) << net.status().ToString();
   TempDir dir;
-  const std::string config =
-      Config(dir.path(), **net,
-             "[sink]\nkind = \"postgres\"\n[sink.postgres]\nconninfo = \"" + (*pg)->conninfo() +
-                 "\"\nschema = \"lab\"\n");
+  const std::string config = Config(dir.path(), **net,
+                                    "[sink]\nkind = \"postgres\"\n[sink.postgres]\nconninfo = \"" +
+                                        (*pg)->conninfo() + "\"\nschema = \"lab\"\n");
   auto run = testing::RunProcess({ATFILL_BINARY, "run", config}, dir.path());
   ASSERT_EQ(run.exit_code, 4) << run.err;
   const auto want = Want(*(*net)->labeler());

@@ -89,20 +89,18 @@ class Session : public std::enable_shared_from_this<Session> {
   void Pump() {
     if (future_) {
       out_ = sources::EncodeErrorFrame("FutureCursor", "cursor is past the labeler's last seq");
-      ws_.async_write(asio::buffer(out_), [self = shared_from_this()](beast::error_code ec,
-                                                                      size_t) {
-        if (ec) return;
-        self->ws_.async_close(websocket::close_code::normal,
-                              [self](beast::error_code) {});
-      });
+      ws_.async_write(
+          asio::buffer(out_), [self = shared_from_this()](beast::error_code ec, size_t) {
+            if (ec) return;
+            self->ws_.async_close(websocket::close_code::normal, [self](beast::error_code) {});
+          });
       return;
     }
     const LabelerLog& log = server_->log();
     if (next_ > log.size()) return;  // the tip: idle, the read loop keeps the session
     const double rate = server_->options().frames_per_second;
     if (rate > 0) {
-      const auto due =
-          start_ + std::chrono::microseconds(static_cast<int64_t>(1e6 * sent_ / rate));
+      const auto due = start_ + std::chrono::microseconds(static_cast<int64_t>(1e6 * sent_ / rate));
       if (std::chrono::steady_clock::now() < due) {
         timer_.expires_at(due);
         timer_.async_wait([self = shared_from_this()](beast::error_code ec) {
@@ -181,8 +179,8 @@ Result<std::unique_ptr<LabelerLog>> LabelerLog::Generate(const Network& net,
     } else {
       const auto& a = accounts[Mix(r ^ 3) % accounts.size()];
       // Half the labels are on an account, half on one of its (possibly made-up) posts.
-      e.uri = (r & 1) ? a.did
-                      : "at://" + a.did + "/app.bsky.feed.post/3l" + std::to_string(r % 100000);
+      e.uri =
+          (r & 1) ? a.did : "at://" + a.did + "/app.bsky.feed.post/3l" + std::to_string(r % 100000);
       e.val = kVals[(r >> 8) % std::size(kVals)];
       if (u >= edge && u < (edge += options.expired_share)) {
         e.exp = Time(kStartUs + static_cast<int64_t>(seq) * 1'000'000 + 60'000'000);
@@ -204,10 +202,9 @@ Result<std::unique_ptr<LabelerLog>> LabelerLog::Generate(const Network& net,
     l.cts = e.cts;
     l.exp = e.exp;
     const Bytes unsigned_bytes = sources::EncodeLabel(l, {});
-    ATFILL_ASSIGN_OR_RETURN(Bytes sig,
-                            (e.bad_signature ? other : key).Sign(unsigned_bytes));
-    log->frames_.push_back(sources::EncodeLabelsFrame(
-        static_cast<int64_t>(seq), {sources::EncodeLabel(l, sig)}));
+    ATFILL_ASSIGN_OR_RETURN(Bytes sig, (e.bad_signature ? other : key).Sign(unsigned_bytes));
+    log->frames_.push_back(
+        sources::EncodeLabelsFrame(static_cast<int64_t>(seq), {sources::EncodeLabel(l, sig)}));
     const auto k = std::make_pair(e.uri, e.val);
     if (!e.bad_signature) {
       auto it = in_force_at.find(k);
@@ -283,8 +280,9 @@ std::optional<std::pair<int, std::string>> LabelerServer::Handle(
     return std::make_pair(501, "{\"error\":\"MethodNotImplemented\"}");
   }
   if (!websocket::is_upgrade(req)) {
-    return std::make_pair(400, "{\"error\":\"InvalidRequest\",\"message\":\"subscribeLabels is a "
-                               "WebSocket endpoint\"}");
+    return std::make_pair(400,
+                          "{\"error\":\"InvalidRequest\",\"message\":\"subscribeLabels is a "
+                          "WebSocket endpoint\"}");
   }
   uint64_t next = log_->size() + 1;  // no cursor: only what is published later
   bool future = false;

@@ -1,7 +1,7 @@
 // simnet's labeler (when SimnetOptions::labeler.labels > 0): its log here, its host in
-// labeler_server.hpp. Its DID (LabelerLog::did, a did:plc) is served by plc.localhost with the service #atproto_labeler
-// (http://labeler.localhost:PORT) and the verification method #atproto_label (a secp256k1 key
-// derived from the seed). It serves
+// labeler_server.hpp. Its DID (LabelerLog::did, a did:plc) is served by plc.localhost with the
+// service #atproto_labeler (http://labeler.localhost:PORT) and the verification method
+// #atproto_label (a secp256k1 key derived from the seed). It serves
 //   GET /xrpc/com.atproto.label.subscribeLabels?cursor=N   a WebSocket of DAG-CBOR frames
 // one #labels frame per seq 1..labels, generated from the seed over the network's accounts:
 // labels on accounts and on record URIs, negations of earlier labels, labels that expired long
