@@ -13,23 +13,19 @@ namespace {
 using pg::Clock;
 using pg::Failure;
 
-int64_t NowUs() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
 // Labels come a few at a time: one statement per label, in one transaction per batch.
 class PostgresLabelSink final : public pipeline::LabelSink {
  public:
   explicit PostgresLabelSink(PostgresSinkOptions options) : options_(std::move(options)) {
     const std::string rows = pg::QualifiedName(options_.schema, "atfill_label_rows");
-    upsert_sql_ = "INSERT INTO " + rows +
-                  " AS l (uri, src, val, cid, cts, cts_us, exp, exp_us, indexed_at) VALUES ($1, "
-                  "$2, $3, $4, $5, $6::bigint, $7, $8::bigint, $9::bigint) ON CONFLICT (uri, src, "
-                  "val) DO UPDATE SET cid = excluded.cid, cts = excluded.cts, cts_us = "
-                  "excluded.cts_us, exp = excluded.exp, exp_us = excluded.exp_us, indexed_at = "
-                  "excluded.indexed_at WHERE excluded.cts_us >= l.cts_us";
+    upsert_sql_ =
+        "INSERT INTO " + rows +
+        " AS l (uri, src, val, cid, cts, cts_us, exp, exp_us, indexed_at) VALUES ($1, "
+        "$2, $3, $4, $5, $6::bigint, $7, $8::bigint, (extract(epoch FROM clock_timestamp()) * "
+        "1000000)::bigint) ON CONFLICT (uri, src, "
+        "val) DO UPDATE SET cid = excluded.cid, cts = excluded.cts, cts_us = "
+        "excluded.cts_us, exp = excluded.exp, exp_us = excluded.exp_us, indexed_at = "
+        "excluded.indexed_at WHERE excluded.cts_us >= l.cts_us";
     negate_sql_ = "DELETE FROM " + rows +
                   " WHERE uri = $1 AND src = $2 AND val = $3 AND cts_us <= $4::bigint";
   }
@@ -57,9 +53,8 @@ class PostgresLabelSink final : public pipeline::LabelSink {
     Failure failure = Failure::kNone;
     PGconn* c = conn_.get();
     Status st = pg::Exec(c, "BEGIN", &failure);
-    const std::string now = std::to_string(NowUs());
     for (size_t i = 0; st.ok() && i < labels.size(); ++i) {
-      st = Apply(labels[i], now, &stats, &failure);
+      st = Apply(labels[i], &stats, &failure);
     }
     if (st.ok()) st = pg::Exec(c, "COMMIT", &failure);
     if (st.ok()) return stats;
@@ -80,8 +75,7 @@ class PostgresLabelSink final : public pipeline::LabelSink {
   }
 
  private:
-  Status Apply(const pipeline::Label& l, const std::string& now, pipeline::LabelWriteStats* stats,
-               Failure* failure) {
+  Status Apply(const pipeline::Label& l, pipeline::LabelWriteStats* stats, Failure* failure) {
     const std::string cts_us = std::to_string(l.cts_us);
     const std::string exp_us = std::to_string(l.exp_us);
     if (!pg::IsStorableText(l.uri) || !pg::IsStorableText(l.val) || !pg::IsStorableText(l.cid)) {
@@ -94,7 +88,7 @@ class PostgresLabelSink final : public pipeline::LabelSink {
                           {l.uri.c_str(), l.src.c_str(), l.val.c_str(),
                            l.cid.empty() ? nullptr : l.cid.c_str(), l.cts.c_str(), cts_us.c_str(),
                            l.exp.empty() ? nullptr : l.exp.c_str(),
-                           l.exp.empty() ? nullptr : exp_us.c_str(), now.c_str()},
+                           l.exp.empty() ? nullptr : exp_us.c_str()},
                           failure);
     if (!r.ok()) return r.status();
     const char* tuples = PQcmdTuples(r->get());

@@ -11,8 +11,8 @@ using sqlite::Stmt;
 
 // WITHOUT ROWID, keyed by subject first: the labels of a record or an account are one range of
 // the key (the index by subject), and a label is found by (uri, src, val) for its upsert or its
-// negation. The view compares exp_us with the query's clock (julianday has millisecond
-// precision, enough for a label's expiry).
+// negation. indexed_at is the database's clock at the write. The view compares exp_us with the
+// query's clock (julianday has millisecond precision, enough for a label's expiry).
 constexpr const char* kLabelSchema = R"sql(
 CREATE TABLE IF NOT EXISTS atfill_label_rows(
   uri TEXT NOT NULL,
@@ -31,12 +31,6 @@ WHERE exp_us IS NULL
    OR exp_us > CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER);
 )sql";
 
-int64_t NowUs() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
 class SqliteLabelSink final : public pipeline::LabelSink {
  public:
   SqliteLabelSink(std::string path, sqlite::Db db) : path_(std::move(path)), db_(std::move(db)) {}
@@ -46,7 +40,8 @@ class SqliteLabelSink final : public pipeline::LabelSink {
         upsert_,
         sqlite::Prepare(db_.get(),
                         "INSERT INTO atfill_label_rows(uri, src, val, cid, cts, cts_us, exp, "
-                        "exp_us, indexed_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) "
+                        "exp_us, indexed_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, "
+                        "CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER)) "
                         "ON CONFLICT (uri, src, val) DO UPDATE SET cid = excluded.cid, "
                         "cts = excluded.cts, cts_us = excluded.cts_us, exp = excluded.exp, "
                         "exp_us = excluded.exp_us, indexed_at = excluded.indexed_at "
@@ -65,8 +60,7 @@ class SqliteLabelSink final : public pipeline::LabelSink {
     if (labels.empty()) return stats;
     sqlite3* db = db_.get();
     Status st = sqlite::Exec(db, "BEGIN IMMEDIATE");
-    const int64_t now = NowUs();
-    for (size_t i = 0; st.ok() && i < labels.size(); ++i) st = Apply(labels[i], now, &stats);
+    for (size_t i = 0; st.ok() && i < labels.size(); ++i) st = Apply(labels[i], &stats);
     if (st.ok()) st = sqlite::Exec(db, "COMMIT");
     if (!st.ok()) {
       if (!sqlite3_get_autocommit(db)) (void)sqlite::Exec(db, "ROLLBACK");
@@ -78,7 +72,7 @@ class SqliteLabelSink final : public pipeline::LabelSink {
   std::string Describe() const override { return "sqlite:" + path_; }
 
  private:
-  Status Apply(const pipeline::Label& l, int64_t now, pipeline::LabelWriteStats* stats) {
+  Status Apply(const pipeline::Label& l, pipeline::LabelWriteStats* stats) {
     sqlite3_stmt* s = l.neg ? negate_.get() : upsert_.get();
     sqlite::ResetOnExit reset(s);
     sqlite::BindText(s, 1, l.uri);
@@ -96,7 +90,6 @@ class SqliteLabelSink final : public pipeline::LabelSink {
       } else {
         sqlite3_bind_int64(s, 8, l.exp_us);
       }
-      sqlite3_bind_int64(s, 9, now);
     }
     const int rc = sqlite3_step(s);
     if (rc != SQLITE_DONE) {

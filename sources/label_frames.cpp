@@ -98,6 +98,15 @@ bool ReadLabel(const Value& item, RawLabel* out, std::string* why) {
   return true;
 }
 
+// An #info or error body's name (under `name_key`) and message, when they are text.
+void ReadNameAndMessage(const Value& body, std::string_view name_key, LabelFrame* frame) {
+  bool ok = true;
+  const std::string* name = Text(body, name_key, &ok);
+  const std::string* msg = Text(body, "message", &ok);
+  frame->name = name != nullptr ? *name : "";
+  frame->message = msg != nullptr ? *msg : "";
+}
+
 Value Str(std::string s) { return Value::String(std::move(s)); }
 
 Bytes Concat(const Value& header, const Value& body) {
@@ -124,10 +133,7 @@ Result<LabelFrame> DecodeLabelFrame(ByteView message) {
   bool ok = true;
   if (op->as_int() == -1) {
     frame.kind = LabelFrame::Kind::kError;
-    const std::string* error = Text(*body, "error", &ok);
-    const std::string* msg = Text(*body, "message", &ok);
-    frame.name = error != nullptr ? *error : "";
-    frame.message = msg != nullptr ? *msg : "";
+    ReadNameAndMessage(*body, "error", &frame);
     return frame;
   }
   if (op->as_int() != 1) {
@@ -139,10 +145,7 @@ Result<LabelFrame> DecodeLabelFrame(ByteView message) {
   frame.type = *type;
   if (frame.type == "#info") {
     frame.kind = LabelFrame::Kind::kInfo;
-    const std::string* name = Text(*body, "name", &ok);
-    const std::string* msg = Text(*body, "message", &ok);
-    frame.name = name != nullptr ? *name : "";
-    frame.message = msg != nullptr ? *msg : "";
+    ReadNameAndMessage(*body, "name", &frame);
     return frame;
   }
   if (frame.type != "#labels") return frame;  // a type this reader does not know: skipped

@@ -1,4 +1,5 @@
 #include "tools/simnet/jetstream.hpp"
+#include "tools/simnet/mix.hpp"
 
 #include <zdict.h>
 
@@ -28,13 +29,6 @@ enum Tag : uint64_t {
   kTagTime,
   kTagRecord,
 };
-
-uint64_t Mix(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
 
 uint64_t Draw(uint64_t seed, uint64_t tag, uint64_t a) { return Mix(Mix(seed ^ Mix(tag)) ^ a); }
 

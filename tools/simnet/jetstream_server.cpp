@@ -1,4 +1,5 @@
 #include "tools/simnet/jetstream_server.hpp"
+#include "tools/simnet/mix.hpp"
 
 #include <zstd.h>
 
@@ -38,13 +39,6 @@ constexpr int kScanSlice = 4096;
 constexpr uint64_t kTrainingEvents = 3000;
 constexpr size_t kV1DictionaryCapacity = 112'640;
 constexpr size_t kV2DictionaryCapacity = 65'536;
-
-uint64_t Mix(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
 
 HttpAnswer Xrpc(int status, std::string_view error, std::string_view message) {
   JsonWriter w;

@@ -1,4 +1,5 @@
 #include "tools/simnet/labeler_server.hpp"
+#include "tools/simnet/mix.hpp"
 
 #include <boost/asio/steady_timer.hpp>
 #include <boost/beast/websocket.hpp>
@@ -28,14 +29,6 @@ constexpr const char* kVals[] = {"spam", "rude", "nudity", "!hide", "misleading"
 // Label times: 2025-01-01T00:00:00Z plus one second per seq.
 constexpr int64_t kStartUs = 1'735'689'600'000'000;
 constexpr int64_t kFarFutureUs = 4'070'908'800'000'000;  // 2099-01-01T00:00:00Z
-
-uint64_t Mix(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-double Unit(uint64_t random) { return static_cast<double>(random >> 11) * 0x1.0p-53; }
 
 Result<atproto::PrivateKey> KeyFrom(std::string label) {
   for (int attempt = 0; attempt < 16; ++attempt, label.push_back('+')) {

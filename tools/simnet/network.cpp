@@ -9,6 +9,7 @@
 #include "atproto/tid.hpp"
 #include "base/json_writer.hpp"
 #include "base/sha256.hpp"
+#include "tools/simnet/mix.hpp"
 #include "tools/simnet/simnet.hpp"
 
 namespace atfill::simnet {
@@ -23,19 +24,10 @@ constexpr const char* kWords[] = {"atproto", "index",  "backfill", "stream", "re
                                   "sky",     "blue",   "graph",    "like",   "post",   "reply",
                                   "the",     "a",      "of",       "and",    "today",  "network"};
 
-uint64_t Mix(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
 // A 64-bit value determined by the seed, a purpose tag and up to two indexes.
 uint64_t Draw(uint64_t seed, uint64_t tag, uint64_t a, uint64_t b = 0) {
   return Mix(Mix(Mix(seed ^ Mix(tag)) ^ a) ^ Mix(b + 0x51ED));
 }
-
-double Unit(uint64_t random) { return static_cast<double>(random >> 11) * 0x1.0p-53; }
 
 enum Tag : uint64_t {
   kTagDid = 1,

@@ -22,6 +22,7 @@
 #include "tools/simnet/http_util.hpp"
 #include "tools/simnet/jetstream_server.hpp"
 #include "tools/simnet/labeler_server.hpp"
+#include "tools/simnet/mix.hpp"
 #include "tools/simnet/simnet.hpp"
 
 #include <pthread.h>
@@ -35,13 +36,6 @@ namespace http = beast::http;
 using tcp = asio::ip::tcp;
 
 constexpr size_t kLockStripes = 64;
-
-uint64_t Mix(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
 
 struct Reply {
   enum class Fault { kNone, kTruncate, kHold };
