@@ -29,7 +29,18 @@ struct Label {
 struct LabelWriteStats {
   uint64_t stored = 0;   // labels inserted or replacing an older one of (src, uri, val)
   uint64_t negated = 0;  // stored labels removed by negations
-  uint64_t stale = 0;    // labels and negations older (cts) than the stored label: ignored
+  uint64_t stale = 0;    // labels older (cts) than the stored label: ignored
+
+  // Counts one applied label or negation that changed `rows` rows.
+  void Count(const Label& label, uint64_t rows) {
+    if (label.neg) {
+      negated += rows;
+    } else if (rows > 0) {
+      ++stored;
+    } else {
+      ++stale;
+    }
+  }
 };
 
 // The write rules every label sink implements, in one transaction per batch, in order:

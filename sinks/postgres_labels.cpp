@@ -93,13 +93,7 @@ class PostgresLabelSink final : public pipeline::LabelSink {
     if (!r.ok()) return r.status();
     const char* tuples = PQcmdTuples(r->get());
     const uint64_t changed = tuples != nullptr ? std::strtoull(tuples, nullptr, 10) : 0;
-    if (l.neg) {
-      stats->negated += changed;
-    } else if (changed > 0) {
-      ++stats->stored;
-    } else {
-      ++stats->stale;
-    }
+    stats->Count(l, changed);
     return Status::OK();
   }
 

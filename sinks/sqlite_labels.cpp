@@ -96,13 +96,7 @@ class SqliteLabelSink final : public pipeline::LabelSink {
       return sqlite::ErrorStatus(db_.get(), rc, l.neg ? "applying a negation" : "storing a label");
     }
     const uint64_t changed = static_cast<uint64_t>(sqlite3_changes(db_.get()));
-    if (l.neg) {
-      stats->negated += changed;
-    } else if (changed > 0) {
-      ++stats->stored;
-    } else {
-      ++stats->stale;
-    }
+    stats->Count(l, changed);
     return Status::OK();
   }
 
