@@ -172,7 +172,7 @@ class Components {
     // Its readers (made lazily: a reader opens its connection at its first call).
     std::function<SinkReaders(const Settings&)> readers;
     // Its label sink (pipeline/label.hpp); empty when the kind stores no labels.
-    std::function<Result<std::unique_ptr<LabelSink>>(const Settings&)> open_labels;
+    std::function<Result<std::unique_ptr<LabelSink>>(const Settings&)> open_labels = nullptr;
   };
   // Which sink kind the settings choose ("sqlite", "postgres"...).
   using SinkChooser = std::function<std::string(const Settings&)>;
