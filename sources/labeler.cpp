@@ -417,6 +417,9 @@ Result<std::unique_ptr<LabelThread>> LabelThread::Start(const pipeline::Environm
     self->outcome_ = RunLabelers(
         options, self->sink_.get(), env.kv, [self] { return self->stop_.load(); },
         [&env](std::string_view line) { env.Log(line); });
+    if (!self->outcome_.ok()) {
+      env.Log("atfill labels: the subscriptions stopped: " + self->outcome_.status().message());
+    }
     self->done_ = true;
   });
   return t;

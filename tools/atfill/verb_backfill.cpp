@@ -133,13 +133,10 @@ int RunRetryFailed(std::span<char* const> args) {
 
 namespace {
 
-// The label subscriptions alone (no [live] hosts): until Ctrl-C or [labels] idle_exit_ms.
-int FollowLabels(sources::LabelThread& labels) {
-  while (!StopSignalled() && !labels.done()) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
+// Stops the label subscriptions and prints how each labeler's ended; the exit code of that
+// (kExitIo when the subscriptions failed, else kExitStopped: they only end when asked or idle).
+int StopLabels(sources::LabelThread& labels) {
   auto outcome = labels.Stop();
-  RestoreSignals();
   if (!outcome.ok()) {
     std::fprintf(stderr, "atfill run: labels: %s\n", outcome.status().message().c_str());
     return kExitIo;
@@ -153,6 +150,16 @@ int FollowLabels(sources::LabelThread& labels) {
                  s.applied_seq);
   }
   return kExitStopped;
+}
+
+// The label subscriptions alone (no [live] hosts): until Ctrl-C or [labels] idle_exit_ms.
+int FollowLabels(sources::LabelThread& labels) {
+  while (!StopSignalled() && !labels.done()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  const int rc = StopLabels(labels);
+  RestoreSignals();
+  return rc;
 }
 
 }  // namespace
@@ -244,10 +251,12 @@ int RunRun(std::span<char* const> args) {
   }
   collections.WatchReloads();
   int backfill_rc = kExitOk;
-  const int rc = RunLive(*config, *st, nullptr, nullptr, beside, &backfill_rc, &added);
+  int rc = RunLive(*config, *st, nullptr, nullptr, beside, &backfill_rc, &added);
   collections.Stop();
   added.Close();
   added.Wait();
+  // The labels stop with the live consumer; only their failure changes the exit code.
+  if (labels && StopLabels(*labels) == kExitIo) rc = std::max(rc, kExitIo);
   RestoreSignals();
   return std::max({worst, rc, backfill_rc});
 }
