@@ -572,8 +572,7 @@ TEST(DashboardTest, ABackfillStartedFromThePageIsFollowedToCompletion) {
   auto drive =
       testing::RunProcess({"/bin/sh", "-c",
                            "exec node '" + (e2e / "dashboard.mjs").string() + "' '" + server.url() +
-                               "' '" + kToken + "' " + kPost + " '" + shot.string() + "' " +
-                           kPost},
+                               "' '" + kToken + "' " + kPost + " '" + shot.string() + "' " + kPost},
                           server.dir(), std::chrono::seconds(240));
   ASSERT_EQ(drive.exit_code, 0) << drive.out << drive.err << server.log();
   const std::string& page = drive.out;
@@ -636,7 +635,8 @@ TEST(DashboardTest, ABackfillStartedFromThePageIsFollowedToCompletion) {
   // Posts added to the live consumer (which took likes) from the collections panel: their backfill
   // job starts, is followed on the page to its end, and the page lists both collections.
   EXPECT_THAT(page, HasSubstr(R"("live_collections_before":["app.bsky.feed.like"])")) << page;
-  EXPECT_THAT(page, HasSubstr(R"("live_collections_after":["app.bsky.feed.like","app.bsky.feed.post"])"))
+  EXPECT_THAT(page,
+              HasSubstr(R"("live_collections_after":["app.bsky.feed.like","app.bsky.feed.post"])"))
       << page;
   const uint64_t added_job = NumberAfter(page, "collections_job");
   EXPECT_NE(added_job, id) << page;
