@@ -30,8 +30,11 @@ void DelayQueue::Loop() {
       cv_.wait(lock);
       continue;
     }
-    if (!done_ && Clock::now() < queue_.top().due) {
-      cv_.wait_until(lock, queue_.top().due);
+    // A copy: wait_until reads the time again after waking, when an After() meanwhile may have
+    // grown the queue's storage and freed the entry it would refer to.
+    const Clock::time_point due = queue_.top().due;
+    if (!done_ && Clock::now() < due) {
+      cv_.wait_until(lock, due);
       continue;
     }
     std::function<void()> fn = std::move(const_cast<Entry&>(queue_.top()).fn);
