@@ -134,6 +134,14 @@ class JobControllerTest : public ::testing::Test {
   }
 
   // A plan of `source` (owned by it) into the shared sink.
+  // Kind "gated": each run reads a GatedSource that waits until `*open`.
+  void SetGatedPlanner(JobController& c, std::mutex* mu, std::condition_variable* cv, bool* open) {
+    c.SetPlanner("gated", [this, mu, cv, open](state::JobRecord& job, const JobContext&) {
+      return Result<JobPlan>(PlanOf(std::make_shared<GatedSource>(mu, cv, open),
+                                    "job/" + std::to_string(job.id) + "/gated"));
+    });
+  }
+
   JobPlan PlanOf(std::shared_ptr<Source> source, std::string cursor) {
     JobPlan plan;
     plan.source = source.get();
@@ -399,10 +407,7 @@ TEST_F(JobControllerTest, ARunEndingAfterTheNextStartLeavesTheJobToThatStart) {
   std::mutex mu;
   std::condition_variable cv;
   bool open = false;
-  c->SetPlanner("gated", [&](state::JobRecord& job, const JobContext&) {
-    return Result<JobPlan>(PlanOf(std::make_shared<GatedSource>(&mu, &cv, &open),
-                                  "job/" + std::to_string(job.id) + "/gated"));
-  });
+  SetGatedPlanner(*c, &mu, &cv, &open);
   const state::JobRecord job = NewJob("gated", 0);
   Result<JobOutcome> first = Status::Internal("not run");
   std::thread run([&] { first = c->Run(job); });
@@ -426,10 +431,7 @@ TEST_F(JobControllerTest, AnIdleStreamWaitsForTheBackfillsBesideItThenRunsAgain)
   std::mutex mu;
   std::condition_variable cv;
   bool open = false;
-  c->SetPlanner("gated", [&](state::JobRecord& job, const JobContext&) {
-    return Result<JobPlan>(PlanOf(std::make_shared<GatedSource>(&mu, &cv, &open),
-                                  "job/" + std::to_string(job.id) + "/gated"));
-  });
+  SetGatedPlanner(*c, &mu, &cv, &open);
   std::vector<bool> held_at_start;  // per run of the consumer: did it hold for a backfill?
   c->SetPlanner("live", [&](state::JobRecord&, const JobContext& ctx) {
     held_at_start.push_back(ctx.backfill_running && ctx.backfill_running());

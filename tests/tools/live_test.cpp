@@ -57,6 +57,17 @@ simnet::SimnetOptions Network(uint64_t events) {
   return o;
 }
 
+// Network(events) with repos a crawl beside the stream backfills: 120 active accounts on 3 hosts.
+simnet::SimnetOptions CrawledNetwork(uint64_t events) {
+  simnet::SimnetOptions o = Network(events);
+  o.accounts = 120;
+  o.pds_hosts = 3;
+  o.max_records = 6;
+  o.deactivated_share = 0;
+  o.takendown_share = 0;
+  return o;
+}
+
 JetstreamOptions Live(const simnet::Simnet& net, JetstreamProtocol protocol) {
   JetstreamOptions o;
   o.hosts = {net.jetstream_url()};
@@ -778,12 +789,7 @@ TEST(LiveTest, SigkilledMidStreamThenResumedEqualsTheGroundTruth) {
 // holds the live events of every repo the crawl has queued until the crawl has written it, then
 // applies them. The table ends as the crawled repos with the whole live log applied on top.
 TEST(LiveTest, ABackfillBesideTheStreamHoldsEachReposEventsUntilItIsWritten) {
-  simnet::SimnetOptions so = Network(4000);
-  so.accounts = 120;
-  so.pds_hosts = 3;
-  so.max_records = 6;
-  so.deactivated_share = 0;
-  so.takendown_share = 0;
+  simnet::SimnetOptions so = CrawledNetwork(4000);
   so.latency_ms = 40;  // a slow crawl: repos wait in its queue while their events stream by
   so.jetstream.events_per_second = 2000;
   so.jetstream.account_share = 0;  // purges would take crawled records with them
@@ -1011,12 +1017,7 @@ class LiveCollections : public ::testing::TestWithParam<CollectionsCase> {};
 // filter took it, the old one keeps every event (no gap), and a removed one stops gaining rows.
 TEST_P(LiveCollections, AnAddedCollectionIsBackfilledAndFollowedAndARemovedOneStops) {
   const CollectionsCase& c = GetParam();
-  simnet::SimnetOptions so = Network(16000);
-  so.accounts = 120;
-  so.pds_hosts = 3;
-  so.max_records = 6;
-  so.deactivated_share = 0;
-  so.takendown_share = 0;
+  simnet::SimnetOptions so = CrawledNetwork(16000);
   so.collections = {kPostNsid, kLikeNsid};
   so.jetstream.events_per_second = 1500;
   so.jetstream.account_share = 0;  // purges would take backfilled records with them
