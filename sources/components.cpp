@@ -164,8 +164,14 @@ Status ReadLive(ConfigFile& file, SourceSettings& c) {
   JetstreamOptions& l = c.live;
   ATFILL_RETURN_IF_ERROR(file.ReadStringList("live.hosts", &l.hosts));
   std::string protocol(JetstreamProtocolName(l.protocol));
-  ATFILL_RETURN_IF_ERROR(file.ReadEnum("live.protocol", &protocol, {"auto", "v2", "v1"}));
-  l.protocol = *ParseJetstreamProtocol(protocol);
+  ATFILL_RETURN_IF_ERROR(
+      file.ReadEnum("live.protocol", &protocol, {"auto", "v2", "v1", "firehose"}));
+  c.live_firehose = protocol == "firehose";
+  l.protocol = c.live_firehose ? JetstreamProtocol::kAuto : *ParseJetstreamProtocol(protocol);
+  ATFILL_RETURN_IF_ERROR(
+      file.ReadUint("live.max_resyncs_in_flight", &c.firehose_max_resyncs, 1, 10'000));
+  ATFILL_RETURN_IF_ERROR(
+      file.ReadInt("live.resync_retry_ms", &c.firehose_resync_retry_ms, 1, 86'400'000));
   ATFILL_RETURN_IF_ERROR(file.ReadStringList("live.collections", &l.collections));
   ATFILL_RETURN_IF_ERROR(file.ReadStringList("live.dids", &l.dids));
   ATFILL_RETURN_IF_ERROR(file.ReadUint("live.start_seq", &l.start_seq, 0, INT64_MAX));
@@ -410,9 +416,62 @@ Status AddAccountStatus(const pipeline::Environment& env, pipeline::PlanDraft& d
   return Status::OK();
 }
 
+// The live consumer with [live] protocol = "firehose": a relay firehose, every commit verified,
+// into the sink.
+Status PlanFirehose(const pipeline::Environment& env, pipeline::PlanDraft& draft) {
+  const SourceSettings& settings = Of(env);
+  const JetstreamOptions& live = settings.live;
+  FirehoseOptions o;
+  o.hosts = live.hosts;
+  ATFILL_ASSIGN_OR_RETURN(LiveCollections * collections, LiveCollectionsOf(env));
+  o.collections = collections->Current();
+  o.dids = live.dids;
+  o.start_seq = live.start_seq;
+  o.max_message_bytes = live.max_message_bytes;
+  o.max_buffered_bytes = live.max_buffered_bytes;
+  o.chunk_messages = live.chunk_messages;
+  o.tick_ms = live.tick_ms;
+  o.idle_exit_ms = live.idle_exit_ms;
+  o.websocket = live.websocket;
+  o.max_resyncs_in_flight = settings.firehose_max_resyncs;
+  o.resync_retry_ms = settings.firehose_resync_retry_ms;
+  o.limits = settings.crawl.limits;
+  // Keys and PDSs come from DID documents, so their endpoints are checked as the crawl's are.
+  o.http = settings.crawl.resolver_http;
+  o.resolver = settings.crawl.resolver;
+  const bool loopback = settings.live_allow_private_endpoints ||
+                        settings.crawl.allow_loopback_endpoints ||
+                        settings.crawl.allow_private_endpoints;
+  o.http.allow_private_addresses = loopback;
+  o.resolver.allow_loopback_endpoints = loopback;
+  o.resolver.allow_private_endpoints =
+      settings.live_allow_private_endpoints || settings.crawl.allow_private_endpoints;
+  auto source = FirehoseSource::Create(std::move(o), env.kv);
+  if (!source.ok()) return Status::Invalid(source.status().message());
+  FirehoseSource* stream = draft.Keep(std::move(*source));
+  draft.plan->source = stream;
+  if (settings.check_deleted_accounts) ATFILL_RETURN_IF_ERROR(AddAccountStatus(env, draft));
+  draft.plan->cursor_name = kFirehoseCursor;
+  draft.plan->batch = settings.live_batch;
+  draft.plan->after = [stream, env](const state::JobRecord&) {
+    const FirehoseStats s = stream->stats();
+    char line[512];
+    std::snprintf(line, sizeof(line),
+                  "atfill run: live: firehose %s, %" PRIu64 " connection(s), %" PRIu64
+                  " failed, last seq %" PRIu64 ", %" PRIu64 " commit(s) verified, %" PRIu64
+                  " refused, %" PRIu64 " resync(s) started, %" PRIu64 " repo(s) desynchronized",
+                  s.host.c_str(), s.connections, s.connection_failures, s.last_seq, s.verified,
+                  s.refused, s.resyncs_started, s.desynchronized);
+    env.Log(line);
+    if (!s.last_error.empty()) env.Log("atfill run: live: last connection error: " + s.last_error);
+  };
+  return Status::OK();
+}
+
 // The live consumer ([live]): a Jetstream into the sink.
 Status PlanJetstream(const pipeline::Environment& env, pipeline::PlanDraft& draft) {
   const SourceSettings& settings = Of(env);
+  if (settings.live_firehose) return PlanFirehose(env, draft);
   // With [crawl] source = auto or replay, a cursor below the host's floor (CursorTooOld) becomes a
   // replay job of the gap, run beside this consumer.
   pipeline::JobGroup* gaps = draft.ctx->beside;

@@ -19,6 +19,7 @@
 #include "sources/archive.hpp"
 #include "sources/crawl/crawl_source.hpp"
 #include "sources/event_file.hpp"
+#include "sources/firehose.hpp"
 #include "sources/jetstream.hpp"
 #include "sources/labeler.hpp"
 #include "sources/live_collections.hpp"
@@ -36,7 +37,14 @@ struct SourceSettings {
   EventFileOptions files;  // [files] (paths come from each job)
   CrawlOptions crawl;      // [crawl], [resolver], [net]
   JetstreamOptions live;   // [live] (no hosts: no live consumer)
-  LabelerOptions labels;   // [labels] (no labelers: no label subscription)
+  // [live] protocol = "firehose": the hosts are relays (or PDSs) whose
+  // com.atproto.sync.subscribeRepos the live consumer reads, verifying every commit
+  // (sources/firehose.hpp), instead of Jetstreams. live.protocol is then left at auto.
+  bool live_firehose = false;
+  // [live] max_resyncs_in_flight, resync_retry_ms: the firehose's resyncs (FirehoseOptions).
+  uint32_t firehose_max_resyncs = 8;
+  int64_t firehose_resync_retry_ms = 30'000;
+  LabelerOptions labels;  // [labels] (no labelers: no label subscription)
   // [live] allow_private_endpoints: the account check may reach PDSs that DID documents place on
   // loopback or private addresses (as [crawl] allow_private_endpoints). The hosts themselves
   // are always reached.
@@ -107,6 +115,8 @@ Result<LiveCollections*> LiveCollectionsOf(const pipeline::Environment& env,
 
 // The live consumer's cursor: "SEQ:TIME_US" of the last applied event.
 inline constexpr const char* kLiveCursor = "live/jetstream";
+// The firehose consumer's cursor: the relay's seq of the applied watermark.
+inline constexpr const char* kFirehoseCursor = "live/firehose";
 
 // The live consumer as its state shows it: the newest live job and its cursor.
 struct LiveView {

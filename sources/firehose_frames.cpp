@@ -383,7 +383,12 @@ Status VerifyFirehoseCommit(const FirehoseCommit& frame, const atproto::PublicKe
                                         (op.cid ? op.cid->ToString() : std::string("nothing")));
     }
   }
-  if (!frame.prev_data) return invalid("no_prev_data", "no prevData to check the ops against");
+  // A repo's first commit (no previous rev) inverts onto the empty tree; any other commit must
+  // name the tree it follows.
+  const bool genesis = !frame.prev_data && frame.since.empty();
+  if (!frame.prev_data && !genesis) {
+    return invalid("no_prev_data", "no prevData to check the ops against");
+  }
   for (const FirehoseOp& op : frame.ops) {
     const Status s = op.action == FirehoseAction::kCreate ? editor->Delete(op.path)
                                                           : editor->Put(op.path, *op.prev);
@@ -391,6 +396,18 @@ Status VerifyFirehoseCommit(const FirehoseCommit& frame, const atproto::PublicKe
   }
   auto root = editor->Root();
   if (!root.ok()) return MstFail(error_kind, name, root.status());
+  if (genesis) {
+    atproto::MstEditor empty(&out->blocks);
+    auto empty_root = empty.Root();
+    if (!empty_root.ok()) return MstFail(error_kind, name, empty_root.status());
+    if (*root != *empty_root) {
+      return invalid("inversion_mismatch",
+                     "the ops of a first commit (no since, no prevData) "
+                     "inverted give the tree " +
+                         root->ToString() + ", not the empty tree");
+    }
+    return Status::OK();
+  }
   if (*root != *frame.prev_data) {
     return invalid("inversion_mismatch", "the ops inverted give the tree " + root->ToString() +
                                              ", not prevData " + frame.prev_data->ToString());

@@ -30,7 +30,9 @@
 //     op_mismatch     the commit's tree does not hold what an op says it wrote
 //     incomplete_proof the blocks lack an MST node the inversion needs
 //     bad_mst         an MST node is malformed
-//     no_prev_data    the commit has no prevData to check the inversion against
+//     no_prev_data    the commit has no prevData to check the inversion against (a repo's
+//                     first commit, without since, may have none: its ops must invert onto
+//                     the empty tree)
 //     inversion_mismatch the ops inverted onto the new tree do not reach prevData
 #pragma once
 

@@ -157,7 +157,8 @@ Result<LiveView> ReadLiveView(const pipeline::Environment& env) {
     if (j.kind == "live" && (!view.job || j.id > view.job->id)) view.job = std::move(j);
   }
   state::Cursors cursors(*env.kv);
-  ATFILL_ASSIGN_OR_RETURN(auto cursor, cursors.Get(kLiveCursor));
+  const bool firehose = env.settings->Get<SourceSettings>().live_firehose;
+  ATFILL_ASSIGN_OR_RETURN(auto cursor, cursors.Get(firehose ? kFirehoseCursor : kLiveCursor));
   if (cursor) {
     // "SEQ:TIME_US"
     view.seq = std::strtoull(cursor->c_str(), nullptr, 10);
@@ -175,7 +176,9 @@ Result<state::JobRecord> FindOrCreateLiveJob(const pipeline::Environment& env,
   state::JobRecord prototype =
       pipeline::NewJobRecord("live", state::JobStage::kReplaying, started_by);
   prototype.params = {{"hosts", pipeline::JoinLines(live.hosts)},
-                      {"protocol", std::string(JetstreamProtocolName(live.protocol))},
+                      {"protocol", env.settings->Get<SourceSettings>().live_firehose
+                                       ? std::string("firehose")
+                                       : std::string(JetstreamProtocolName(live.protocol))},
                       {"sink", env.components->SinkLocation(*env.settings)}};
   bool resumed = false;
   return pipeline::FindOrCreateJob(env.jobs, prototype, {}, &resumed);

@@ -513,6 +513,40 @@ TEST(FirehoseFramesTest, BuiltMultiWriteCommitsRoundTripAndVerify) {
       StatusCode::kInvalid);
 }
 
+// A repo's first commit (no since) may come without prevData, as a PDS sends it when the repo is
+// created: its ops inverted must then leave the empty tree. A later commit without prevData is
+// still refused.
+TEST(FirehoseFramesTest, AFirstCommitWithoutPrevDataInvertsOntoTheEmptyTree) {
+  auto key = atproto::PrivateKey::FromBytes(atproto::KeyType::kSecp256k1, Bytes(32, 0x22));
+  ASSERT_TRUE(key.ok());
+  const atproto::PublicKey public_key = key->public_key();
+  std::map<std::string, Bytes> records;
+  const std::string rev = atproto::Tid::FromParts(1'700'000'000'000'000, 0)->str();
+  auto first = BuildFirehoseCommit("did:plc:abcdefghijklmnopqrstuvwx", rev, "", &records,
+                                   {{FirehoseAction::kCreate, "app.bsky.feed.post/a", Record(1)},
+                                    {FirehoseAction::kCreate, "app.bsky.feed.post/b", Record(2)}},
+                                   *key, 1);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  FirehoseCommit genesis = *first;
+  genesis.prev_data.reset();
+  std::string message;
+  EXPECT_EQ(VerifyKind(genesis, public_key, &message), "ok") << message;
+  // One create left out: the tree it inverts to still holds a record.
+  FirehoseCommit short_one = genesis;
+  short_one.ops.pop_back();
+  EXPECT_EQ(VerifyKind(short_one, public_key, &message), "inversion_mismatch") << message;
+  // A commit that follows another names the tree it follows.
+  const std::string rev2 = atproto::Tid::FromParts(1'700'000'000'000'001, 0)->str();
+  auto second =
+      BuildFirehoseCommit("did:plc:abcdefghijklmnopqrstuvwx", rev2, rev, &records,
+                          {{FirehoseAction::kCreate, "app.bsky.feed.post/c", Record(3)}}, *key, 2);
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  EXPECT_EQ(VerifyKind(*second, public_key, &message), "ok") << message;
+  FirehoseCommit unlinked = *second;
+  unlinked.prev_data.reset();
+  EXPECT_EQ(VerifyKind(unlinked, public_key, &message), "no_prev_data") << message;
+}
+
 TEST(FirehoseFramesTest, EveryFrameKindRoundTripsThroughTheWireEncoding) {
   FirehoseAccount account{7, "did:plc:abcdefghijklmnopqrstuvwx", false, "deleted",
                           "2024-01-01T00:00:00Z"};

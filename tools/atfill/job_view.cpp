@@ -86,6 +86,15 @@ std::string ProgressLine(const state::JobRecord& job, int64_t now_us) {
   if (auto it = job.counters.extra.find("refused"); it != job.counters.extra.end()) {
     line += " | " + FormatCount(it->second) + " refused";
   }
+  if (const auto protocol = job.params.find("protocol");
+      protocol != job.params.end() && protocol->second == "firehose") {
+    // The relay firehose: what verification refused, and the repos whose chain broke.
+    line += " | " + FormatCount(extra("firehose_verified")) + " verified, " +
+            FormatCount(extra("firehose_refused")) + " refused commits";
+    line += " | " + FormatCount(extra("firehose_desync")) + " desync, " +
+            FormatCount(extra("firehose_resynced")) + " resynced, " +
+            FormatCount(extra("firehose_failed")) + " resyncs failed";
+  }
   return line;
 }
 

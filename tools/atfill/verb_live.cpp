@@ -34,7 +34,9 @@ int RunLive(const AppConfig& config, OpenedState& st, std::function<bool()> back
     std::fprintf(
         stderr, "atfill run: live job %" PRIu64 " from %s (%s)\n", job->id,
         config.sources().live.hosts.front().c_str(),
-        std::string(sources::JetstreamProtocolName(config.sources().live.protocol)).c_str());
+        config.sources().live_firehose
+            ? "firehose"
+            : std::string(sources::JetstreamProtocolName(config.sources().live.protocol)).c_str());
     return job;
   };
   service.backfills = std::move(backfills);
@@ -146,6 +148,19 @@ int RunStatus(std::span<char* const> args) {
       "checkpoint, %s dropped (at or below its rev)\n",
       FormatCount(extra("live_held")).c_str(), FormatCount(extra("live_released")).c_str(),
       FormatCount(extra("live_hold_dropped")).c_str());
+  if (live->params.count("protocol") && live->params.at("protocol") == "firehose") {
+    std::printf("  firehose    %s commits verified, %s refused (atfill job CONFIG %" PRIu64
+                " --errors), %s bad frames\n",
+                FormatCount(extra("firehose_verified")).c_str(),
+                FormatCount(extra("firehose_refused")).c_str(), live->id,
+                FormatCount(extra("firehose_bad_frames")).c_str());
+    std::printf("  chains      %s applied, %s stale, %s desync, %s resynced, %s resyncs failed\n",
+                FormatCount(extra("firehose_applied")).c_str(),
+                FormatCount(extra("firehose_stale")).c_str(),
+                FormatCount(extra("firehose_desync")).c_str(),
+                FormatCount(extra("firehose_resynced")).c_str(),
+                FormatCount(extra("firehose_failed")).c_str());
+  }
   if (!live->stop_reason.empty()) {
     std::printf("  stopped     %s: %s\n", live->stop_reason.code.c_str(),
                 live->stop_reason.sentence.c_str());

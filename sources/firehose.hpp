@@ -1,0 +1,126 @@
+// The verifying live source: a relay firehose consumer (com.atproto.sync.subscribeRepos) over the
+// WebSocket client (net/websocket.hpp: reconnect with jittered backoff, failover along the hosts).
+//
+// Delivery: the WebSocket loop thread only queues binary messages. Read (the engine's one reader
+// thread) decodes them in seq order (sources/firehose_frames.hpp), verifies every #commit and
+// #sync against the account's signing key (sync 1.1: CAR hashes, signature, record blocks, MST
+// inversion onto prevData) and runs each repo's chain (sources/firehose_chain.hpp): applied,
+// stale (a redelivery), or desynchronized, in which case the repo is fetched again with getRepo
+// and its rows are replaced (so records that vanished are deleted) while its commits are held.
+// A commit that fails verification is refused: nothing of it lands, it is counted
+// (firehose_refused and firehose_refused_<kind>) and logged in the job's error log (kind its
+// verification kind, key "seq <seq> <did>"); every valid frame around it still lands.
+//
+// Nothing blocks the stream on the network: the signing key (and PDS endpoint) of an account not
+// yet known is resolved through the resolver (cached in state) on the HTTP client's loop thread;
+// meanwhile that account's frames wait, in order, while other accounts go on. A resync's getRepo
+// runs on the HTTP client too; its answer is read and verified by Read.
+//
+// Cursor: the relay's seq, as the applied watermark: a chunk's resume cursor is the newest seq
+// such that every frame at or below it was judged (frames waiting for a key hold it back). A
+// restart resumes after it (subscribeRepos' cursor is exclusive of nothing: the relay sends the
+// events after it, and a repeat is stale in the chain anyway). Repos a crash left desynchronized
+// are resynced at Seek.
+//
+// Counters (job counters): firehose_frames, firehose_verified (commits that verified),
+// firehose_refused(_<kind>), firehose_bad_frames, firehose_applied, firehose_stale,
+// firehose_desync, firehose_resynced, firehose_failed.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "base/status.hpp"
+#include "net/http_client.hpp"
+#include "net/websocket.hpp"
+#include "pipeline/source.hpp"
+#include "sources/crawl/fetcher.hpp"
+#include "sources/crawl/resolver.hpp"
+#include "state/kv_store.hpp"
+
+namespace atfill::sources {
+
+struct FirehoseOptions {
+  // Relays (or PDSs) tried in order (failover): "wss://bsky.network" or "ws://127.0.0.1:2583";
+  // the path /xrpc/com.atproto.sync.subscribeRepos is appended. At least one. The operator's, so
+  // reached wherever they point.
+  std::vector<std::string> hosts;
+  // Commit collections indexed (NSIDs or "prefix.*"); empty = all. The firehose carries every
+  // collection, so the filter is applied here (commits are verified whole either way).
+  std::vector<std::string> collections;
+  // Accounts indexed; empty = all. Others' frames are read and skipped.
+  std::vector<std::string> dids;
+  // Where a consumer without a saved cursor starts: 0 = the live tip, else after this seq.
+  uint64_t start_seq = 0;
+  // Largest message accepted, bytes.
+  uint64_t max_message_bytes = uint64_t{8} << 20;
+  // Messages received and not yet read, bytes, before the connection is dropped and resumed
+  // later from the newest seq read.
+  uint64_t max_buffered_bytes = uint64_t{256} << 20;
+  // Messages per chunk at most.
+  uint32_t chunk_messages = 1024;
+  // How long Read waits for input before it returns a tick chunk, milliseconds.
+  int64_t tick_ms = 50;
+  // End the input after this long without a message and with nothing waiting (no key being
+  // resolved, no resync in flight), milliseconds; 0 = never. For tests and benchmarks.
+  int64_t idle_exit_ms = 0;
+  // Resolution of DIDs to their signing key and PDS (the crawl's [resolver] and [net]).
+  ResolverOptions resolver;
+  net::HttpClientOptions http;
+  // Resyncs: getRepo requests in flight at most; a failed one is tried again after
+  // resync_retry_ms (milliseconds); records larger than the limits are left out (logged).
+  uint32_t max_resyncs_in_flight = 8;
+  int64_t resync_retry_ms = 30'000;
+  FetchLimits limits;
+  // Largest getRepo answer, bytes.
+  uint64_t max_repo_bytes = uint64_t{512} << 20;
+  // Commits held per desynchronized repo (FirehoseChainOptions::max_held_per_repo).
+  size_t max_held_per_repo = 1000;
+  net::WebSocketOptions websocket;
+
+  Status Validate() const;
+};
+
+struct FirehoseStats {
+  uint64_t messages = 0;     // received
+  uint64_t bytes = 0;        // received
+  uint64_t connections = 0;  // upgrades that succeeded
+  uint64_t connection_failures = 0;
+  uint64_t last_seq = 0;  // the newest seq read
+  uint64_t verified = 0;  // commits that verified
+  uint64_t refused = 0;   // commits and syncs that did not
+  uint64_t resyncs_started = 0;
+  uint64_t desynchronized = 0;  // repos awaiting their resync now
+  std::string host;
+  std::string last_error;
+};
+
+class FirehoseSource : public pipeline::Source {
+ public:
+  // `kv` holds the chains, the resolver cache and nothing else of ours; it must outlive the
+  // source. Starts the WebSocket and HTTP clients; the connection opens at Seek.
+  static Result<std::unique_ptr<FirehoseSource>> Create(FirehoseOptions options,
+                                                        state::KvStore* kv);
+  ~FirehoseSource() override;
+
+  // `resume_cursor`: "" (start_seq or the live tip) or "<seq>" as Read writes it.
+  Status Seek(const std::string& resume_cursor) override;
+  // One thread, in order (the engine's reader). See the header comment.
+  Result<bool> Read(pipeline::EventChunk* chunk) override;
+  std::string Describe() const override;
+  state::StopReason Unfinished() const override;
+  // On the sink thread: the chain's links through that chunk are in state.
+  void Committed(uint64_t through_seq) override;
+
+  // Thread-safe snapshot.
+  FirehoseStats stats() const;
+
+ private:
+  struct Impl;
+  explicit FirehoseSource(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace atfill::sources
