@@ -1,0 +1,228 @@
+// The relay firehose consumer (sources/firehose.hpp) against a relay serving simnet's repos as
+// chains of signed commits (tools/simnet/firehose_relay.hpp), over loopback, into SQLite with
+// RocksDB state: commits dropped from the stream, #sync frames, commits signed with another key
+// and commits with a tampered block. The tampered and mis-signed commits are refused and logged
+// naming their seq and DID, the repos whose chain broke are resynced from their PDS's getRepo,
+// and the table ends equal to the served repos, with no deleted record left behind.
+#include "sources/firehose.hpp"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+
+#include "sinks/sqlite_reader.hpp"
+#include "state/repo_chains.hpp"
+#include "tests/common/job_harness.hpp"
+#include "tests/common/process.hpp"
+#include "tests/common/test_util.hpp"
+#include "tools/simnet/firehose_relay.hpp"
+#include "tools/simnet/simnet.hpp"
+
+namespace atfill {
+namespace {
+
+using sources::FirehoseOptions;
+using sources::FirehoseSource;
+using testing::TempDir;
+
+simnet::SimnetOptions Network() {
+  simnet::SimnetOptions o;
+  o.seed = 21;
+  o.accounts = 40;
+  o.pds_hosts = 2;
+  o.min_records = 1;
+  o.max_records = 12;
+  o.deactivated_share = 0;
+  o.takendown_share = 0;
+  o.threads = 2;
+  return o;
+}
+
+FirehoseOptions Options(const simnet::Simnet& net, const simnet::FirehoseRelay& relay) {
+  FirehoseOptions o;
+  o.hosts = {relay.url()};
+  o.start_seq = 1;
+  o.idle_exit_ms = 1000;
+  o.tick_ms = 20;
+  o.resolver.plc_url = net.plc_url();
+  o.resolver.allow_loopback_endpoints = true;
+  o.http.allow_private_addresses = true;
+  o.resync_retry_ms = 100;
+  o.websocket.reconnect.base_backoff_ms = 20;
+  o.websocket.reconnect.max_backoff_ms = 200;
+  return o;
+}
+
+std::map<std::string, std::string> Truth(const simnet::Simnet& net) {
+  std::map<std::string, std::string> out;
+  auto truth = net.Truth();
+  EXPECT_TRUE(truth.ok()) << truth.status().ToString();
+  if (!truth.ok()) return out;
+  for (const auto& r : truth->records) out[r.uri] = r.cid;
+  return out;
+}
+
+std::map<std::string, std::string> Table(const std::string& db) {
+  std::map<std::string, std::string> out;
+  auto rows = sinks::ReadAllRecords(db);
+  EXPECT_TRUE(rows.ok()) << rows.status().ToString();
+  if (!rows.ok()) return out;
+  for (const auto& r : *rows) out[r.uri] = r.cid;
+  return out;
+}
+
+std::string Diff(const std::map<std::string, std::string>& want,
+                 const std::map<std::string, std::string>& got) {
+  std::string out;
+  int shown = 0;
+  for (const auto& [uri, cid] : want) {
+    auto it = got.find(uri);
+    if (it == got.end() && shown++ < 5) out += "missing: " + uri + "\n";
+    if (it != got.end() && it->second != cid && shown++ < 5) out += "different: " + uri + "\n";
+  }
+  shown = 0;
+  for (const auto& [uri, cid] : got) {
+    if (want.count(uri) == 0 && shown++ < 5) out += "unexpected: " + uri + "\n";
+  }
+  return out;
+}
+
+uint64_t Counter(const state::JobRecord& job, const std::string& name) {
+  auto it = job.counters.extra.find(name);
+  return it == job.counters.extra.end() ? 0 : it->second;
+}
+
+struct Consumed {
+  testing::SourceJobRun job;
+  sources::FirehoseStats stats;
+  size_t desynchronized_left = 0;
+};
+
+Consumed Consume(const std::filesystem::path& dir, const FirehoseOptions& options) {
+  Consumed out;
+  std::unique_ptr<FirehoseSource> made;
+  out.job = testing::RunSourceJob(
+      dir / "state", (dir / "db.sqlite").string(), "live", "live",
+      [&](state::KvStore& kv,
+          const state::JobRecord&) -> Result<std::unique_ptr<pipeline::Source>> {
+        ATFILL_ASSIGN_OR_RETURN(made, FirehoseSource::Create(options, &kv));
+        return testing::Borrow(made.get());
+      },
+      nullptr,
+      [&](state::KvStore& kv, const state::JobRecord&) {
+        if (made != nullptr) out.stats = made->stats();
+        made.reset();
+        EXPECT_TRUE(state::RepoChains(kv)
+                        .ScanDesynchronized([&](std::string_view, const state::RepoChain&) {
+                          ++out.desynchronized_left;
+                          return true;
+                        })
+                        .ok());
+      });
+  return out;
+}
+
+TEST(FirehoseSource, VerifiedStreamWithGapsAndForgeriesEndsEqualToTheServedRepos) {
+  auto net = simnet::Simnet::Start(Network());
+  ASSERT_TRUE(net.ok()) << net.status().ToString();
+  simnet::FirehoseLogOptions lo;
+  lo.seed = 5;
+  lo.drop_share = 0.08;
+  lo.sync_share = 0.1;
+  lo.bad_signature_share = 0.05;
+  lo.tampered_share = 0.05;
+  auto log = simnet::BuildFirehoseLog((*net)->network(), lo);
+  ASSERT_TRUE(log.ok()) << log.status().ToString();
+  // The faults this test is about happened.
+  ASSERT_GT(log->dropped, 0u);
+  ASSERT_GT(log->syncs, 0u);
+  ASSERT_GT(log->bad_signatures, 0u);
+  ASSERT_GT(log->tampered, 0u);
+  const std::vector<simnet::FirehoseLogFrame> frames = log->frames;
+  auto relay = simnet::FirehoseRelay::Start(std::move(log->frames));
+  ASSERT_TRUE(relay.ok()) << relay.status().ToString();
+
+  TempDir dir;
+  Consumed run = Consume(dir.path(), Options(**net, **relay));
+  const state::JobRecord& job = run.job.job;
+  EXPECT_EQ(job.stop_reason.code, "stream_idle") << job.stop_reason.sentence;
+
+  // Every commit was verified: those that verified, plus those refused, are all of them.
+  const uint64_t forged = log->bad_signatures + log->tampered;
+  EXPECT_EQ(Counter(job, "firehose_verified"), log->commits - forged);
+  EXPECT_EQ(Counter(job, "firehose_refused"), forged);
+  EXPECT_EQ(Counter(job, "firehose_refused_bad_signature"), log->bad_signatures);
+  EXPECT_EQ(Counter(job, "firehose_refused_bad_car"), log->tampered);
+  EXPECT_EQ(run.job.error_kinds["bad_signature"], log->bad_signatures);
+  EXPECT_EQ(run.job.error_kinds["bad_car"], log->tampered);
+  // Each refusal is logged naming the frame's seq and its DID.
+  uint64_t named = 0;
+  for (const state::ErrorEntry& e : run.job.errors) {
+    if (e.kind != "bad_signature" && e.kind != "bad_car") continue;
+    const int64_t seq = std::strtoll(e.key.c_str() + 4, nullptr, 10);
+    for (const auto& f : frames) {
+      if (f.seq == seq && e.key == "seq " + std::to_string(seq) + " " + f.did) ++named;
+    }
+  }
+  EXPECT_EQ(named, forged);
+
+  // The broken chains were found and their repos fetched again, all of them successfully.
+  EXPECT_GE(Counter(job, "firehose_desync"), log->broken_dids.size());
+  EXPECT_EQ(Counter(job, "firehose_resynced"), Counter(job, "firehose_desync"));
+  EXPECT_EQ(Counter(job, "firehose_failed"), 0u);
+  EXPECT_EQ(run.job.error_kinds["repo_desync"], Counter(job, "firehose_desync"));
+  EXPECT_EQ(run.desynchronized_left, 0u);
+  EXPECT_GT(Counter(job, "firehose_applied"), 0u);
+  EXPECT_GT(Counter(job, "firehose_stale"), 0u);  // held commits older than the resync
+
+  const auto truth = Truth(**net);
+  const auto table = Table((dir.path() / "db.sqlite").string());
+  EXPECT_EQ(table.size(), truth.size());
+  EXPECT_TRUE(table == truth) << Diff(truth, table);
+  for (const auto& [uri, cid] : table) {
+    EXPECT_EQ(uri.find("/ephemeral-"), std::string::npos) << "a deleted record stayed: " << uri;
+  }
+}
+
+TEST(FirehoseSource, ResumesFromItsCursorAcrossDisconnectsAndRuns) {
+  auto net = simnet::Simnet::Start(Network());
+  ASSERT_TRUE(net.ok()) << net.status().ToString();
+  auto log = simnet::BuildFirehoseLog((*net)->network(), simnet::FirehoseLogOptions{});
+  ASSERT_TRUE(log.ok()) << log.status().ToString();
+  ASSERT_TRUE(log->broken_dids.empty());
+  const uint64_t commits = log->commits;
+  const int64_t last_seq = log->frames.back().seq;
+  // The first run sees the first half of the log only (a relay that has not sent more yet), over
+  // connections that drop every 25 frames.
+  std::vector<simnet::FirehoseLogFrame> half(log->frames.begin(),
+                                             log->frames.begin() + log->frames.size() / 2);
+  const int64_t half_seq = half.back().seq;
+  TempDir dir;
+  {
+    simnet::FirehoseRelayOptions ro;
+    ro.disconnect_after_frames = 25;
+    auto relay = simnet::FirehoseRelay::Start(std::move(half), ro);
+    ASSERT_TRUE(relay.ok()) << relay.status().ToString();
+    Consumed first = Consume(dir.path(), Options(**net, **relay));
+    EXPECT_EQ(first.stats.last_seq, static_cast<uint64_t>(half_seq));
+    EXPECT_GT((*relay)->connections(), 2u);
+    EXPECT_EQ(Counter(first.job.job, "firehose_desync"), 0u);
+  }
+  // The second run resumes after the saved cursor: no commit comes twice, none is missing.
+  auto relay = simnet::FirehoseRelay::Start(std::move(log->frames));
+  ASSERT_TRUE(relay.ok()) << relay.status().ToString();
+  Consumed second = Consume(dir.path(), Options(**net, **relay));
+  EXPECT_EQ(second.stats.last_seq, static_cast<uint64_t>(last_seq));
+  const state::JobRecord& job = second.job.job;
+  EXPECT_EQ(Counter(job, "firehose_verified"), commits);
+  EXPECT_EQ(Counter(job, "firehose_applied"), commits);
+  EXPECT_EQ(Counter(job, "firehose_stale"), 0u);
+  EXPECT_EQ(Counter(job, "firehose_desync"), 0u);
+  const auto truth = Truth(**net);
+  const auto table = Table((dir.path() / "db.sqlite").string());
+  EXPECT_TRUE(table == truth) << Diff(truth, table);
+}
+
+}  // namespace
+}  // namespace atfill
