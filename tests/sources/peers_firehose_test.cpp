@@ -1,0 +1,147 @@
+// The relay firehose consumer (sources/firehose.hpp) against the reference PDS's own
+// com.atproto.sync.subscribeRepos (../shared/peers), consumed while the seed script writes: every
+// commit the PDS sent is verified (the counter equals the commits an independent reader counts),
+// none is refused, and the table ends equal to the manifests of both seedings.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "net/websocket.hpp"
+#include "sinks/sqlite_reader.hpp"
+#include "sources/firehose.hpp"
+#include "sources/firehose_frames.hpp"
+#include "tests/common/job_harness.hpp"
+#include "tests/common/peers.hpp"
+#include "tests/common/process.hpp"
+#include "tests/common/test_util.hpp"
+
+namespace atfill::testing {
+namespace {
+
+std::string WsOf(const std::string& http) { return "ws://" + http.substr(http.find("://") + 3); }
+
+uint64_t Counter(const state::JobRecord& job, const std::string& name) {
+  auto it = job.counters.extra.find(name);
+  return it == job.counters.extra.end() ? 0 : it->second;
+}
+
+// The #commit frames the PDS's firehose replays from the start, counted by a plain reader.
+Result<uint64_t> CountCommits(const std::string& ws_base) {
+  net::WebSocketOptions o;
+  o.allow_private_addresses = true;
+  o.max_message_bytes = 16 << 20;
+  ATFILL_ASSIGN_OR_RETURN(auto client, net::WebSocketClient::Start(o));
+  std::mutex mu;
+  std::condition_variable cv;
+  uint64_t commits = 0, frames = 0;
+  auto last = std::chrono::steady_clock::now();
+  net::WebSocketTarget target;
+  target.hosts = {ws_base + "/xrpc/com.atproto.sync.subscribeRepos?cursor=0"};
+  net::WebSocketHandlers h;
+  h.on_message = [&](std::string_view data, bool) {
+    sources::FirehoseFrame frame;
+    std::string kind;
+    const bool commit = sources::DecodeFirehoseFrame(AsBytes(data), &frame, &kind).ok() &&
+                        frame.kind() == sources::FirehoseKind::kCommit;
+    std::lock_guard<std::mutex> lock(mu);
+    ++frames;
+    if (commit) ++commits;
+    last = std::chrono::steady_clock::now();
+    cv.notify_one();
+  };
+  ATFILL_RETURN_IF_ERROR(client->Connect(std::move(target), std::move(h)));
+  // The replay is over once nothing more came for a second (bounded: 60 s in all).
+  std::unique_lock<std::mutex> lock(mu);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (std::chrono::steady_clock::now() < deadline) {
+    cv.wait_for(lock, std::chrono::milliseconds(200));
+    if (frames > 0 && std::chrono::steady_clock::now() - last > std::chrono::seconds(1)) break;
+  }
+  lock.unlock();
+  client->Close();
+  return commits;
+}
+
+TEST(PeersFirehoseTest, ThePdsFirehoseConsumedWhileTheSeedWritesEqualsTheManifests) {
+  ATFILL_SHARED_PATH(harness, "peers/network.sh");
+  // A first seeding before the consumer starts (replayed from the PDS's first event), then a
+  // second one while it runs.
+  auto up = PeerNetwork::Up(SharedDir().string(), ATFILL_PEERS_HOME,
+                            {"--accounts", "1", "--records", "6", "--prefix", "early"});
+  ASSERT_TRUE(up.ok()) << up.status().ToString();
+  PeerNetwork& peers = **up;
+  TempDir dir;
+
+  sources::FirehoseOptions o;
+  o.hosts = {WsOf(peers.pds_url_ip())};
+  o.start_seq = 1;  // from the PDS's first event
+  o.idle_exit_ms = 4000;
+  o.tick_ms = 20;
+  o.resolver.plc_url = peers.plc_url();
+  o.resolver.allow_loopback_endpoints = true;
+  o.http.allow_private_addresses = true;
+  o.resync_retry_ms = 200;
+  testing::SourceJobRun run;
+  sources::FirehoseStats stats;
+  std::thread consumer([&] {
+    std::unique_ptr<sources::FirehoseSource> made;
+    run = RunSourceJob(
+        dir.path() / "state", (dir.path() / "db.sqlite").string(), "live", "live",
+        [&](state::KvStore& kv,
+            const state::JobRecord&) -> Result<std::unique_ptr<pipeline::Source>> {
+          ATFILL_ASSIGN_OR_RETURN(made, sources::FirehoseSource::Create(o, &kv));
+          return Borrow(made.get());
+        },
+        nullptr,
+        [&](state::KvStore&, const state::JobRecord&) {
+          if (made != nullptr) stats = made->stats();
+          made.reset();
+        });
+  });
+  const std::string second = (dir.path() / "manifest2.json").string();
+  ProcessResult seeded =
+      RunProcess({"/usr/bin/env", "PEERS_HOME=" + peers.peers_home(), peers.node(),
+                  peers.peers_home() + "/seed.mjs", "--accounts", "2", "--records", "20",
+                  "--prefix", "live", "--batch", "5", "--quiet", "--out", second},
+                 dir.path(), std::chrono::seconds(120));
+  consumer.join();
+  ASSERT_EQ(seeded.exit_code, 0) << seeded.err;
+  auto later = ParsePeerManifest(ReadFileOrDie(second));
+  ASSERT_TRUE(later.ok()) << later.status().ToString();
+
+  std::map<std::string, std::string> want;
+  for (const PeerManifest* m : {&peers.manifest(), &*later}) {
+    for (const PeerAccount& a : m->accounts) {
+      for (const PeerRecord& r : a.records) want[r.uri] = r.cid;
+    }
+  }
+  ASSERT_EQ(want.size(), peers.manifest().live_records + later->live_records);
+  std::map<std::string, std::string> table;
+  auto rows = sinks::ReadAllRecords((dir.path() / "db.sqlite").string());
+  ASSERT_TRUE(rows.ok()) << rows.status().ToString();
+  for (const auto& r : *rows) table[r.uri] = r.cid;
+  EXPECT_EQ(table, want);
+
+  // Every commit the PDS sent was verified, none refused.
+  const state::JobRecord& job = run.job;
+  auto commits = CountCommits(WsOf(peers.pds_url_ip()));
+  ASSERT_TRUE(commits.ok()) << commits.status().ToString();
+  EXPECT_GT(*commits, 40u);
+  EXPECT_EQ(Counter(job, "firehose_verified"), *commits);
+  EXPECT_EQ(Counter(job, "firehose_refused"), 0u);
+  EXPECT_EQ(Counter(job, "firehose_failed"), 0u);
+  EXPECT_GE(Counter(job, "firehose_applied"), *commits - Counter(job, "firehose_desync"));
+  std::string kinds;
+  for (const auto& [k, n] : run.error_kinds) kinds += k + "=" + std::to_string(n) + " ";
+  EXPECT_EQ(run.error_kinds.count("bad_signature") + run.error_kinds.count("bad_car"), 0u) << kinds;
+  EXPECT_EQ(stats.refused, 0u);
+  EXPECT_TRUE(peers.Down().ok());
+}
+
+}  // namespace
+}  // namespace atfill::testing
