@@ -115,7 +115,8 @@ TEST(PeersFirehoseTest, ThePdsFirehoseConsumedWhileTheSeedWritesEqualsTheManifes
   ASSERT_TRUE(later.ok()) << later.status().ToString();
 
   std::map<std::string, std::string> want;
-  for (const PeerManifest* m : {&peers.manifest(), &*later}) {
+  for (const PeerManifest* m :
+       std::initializer_list<const PeerManifest*>{&peers.manifest(), &*later}) {
     for (const PeerAccount& a : m->accounts) {
       for (const PeerRecord& r : a.records) want[r.uri] = r.cid;
     }
