@@ -61,6 +61,7 @@
 #include "sinks/sqlite_reader.hpp"
 #include "sinks/sqlite_sink.hpp"
 #include "sources/crawl/resolver.hpp"
+#include "sources/firehose.hpp"
 #include "sources/firehose_frames.hpp"
 #include "sources/jetstream.hpp"
 #include "sources/pds_account_status.hpp"
@@ -74,6 +75,7 @@
 #include "state/live_holds.hpp"
 #include "state/resolver_cache.hpp"
 #include "state/tombstones.hpp"
+#include "tools/simnet/firehose_relay.hpp"
 #include "tools/simnet/jetstream.hpp"
 #include "tools/simnet/simnet.hpp"
 
@@ -115,11 +117,18 @@ long SimnetTicks() {
   return ticks;
 }
 
+// A relay firehose for BM_FirehoseCatchUp: the relay serving a log of the network's repos as
+// signed commits, and how many events (record ops and #account frames) the log holds.
+struct FirehoseFeed {
+  const simnet::FirehoseRelay* relay = nullptr;
+  uint64_t events = 0;
+};
+
 struct LiveRun {
   std::string error;
   state::JobRecord job;
-  sources::JetstreamStats stats;
-  double seconds = 0;  // from the job's start to its end, the idle wait excluded
+  sources::JetstreamStats stats;  // with a firehose: messages, bytes and connections only
+  double seconds = 0;             // from the job's start to its end, the idle wait excluded
   uint64_t max_lag_events = 0;
   double final_lag_ms = 0;
   uint64_t batches = 0;  // committed
@@ -129,9 +138,12 @@ struct LiveRun {
 
 // One live job in a fresh directory, from seq 1 until the stream has been idle for kIdleMs.
 // `published` (may be null) says how many events simnet has published now.
+// With `firehose` set, the source is the relay firehose instead of simnet's Jetstream.
 LiveRun RunLive(const simnet::Simnet& net, bool compress,
-                const std::function<uint64_t()>& published, bool dry_run = false) {
+                const std::function<uint64_t()>& published, bool dry_run = false,
+                const FirehoseFeed* firehose = nullptr) {
   LiveRun out;
+  const uint64_t events = firehose != nullptr ? firehose->events : kEvents;
   const fs::path dir = WorkDir() / "live";
   fs::remove_all(dir);
   fs::create_directories(dir);
@@ -164,7 +176,42 @@ LiveRun RunLive(const simnet::Simnet& net, bool compress,
   options.compress = compress;
   options.idle_exit_ms = kIdleMs;
   options.start_seq = 1;
-  auto source = sources::JetstreamSource::Create(options, kv->get());
+  Result<std::unique_ptr<pipeline::Source>> source = Status::Internal("no source");
+  std::function<sources::JetstreamStats()> stats;
+  if (firehose == nullptr) {
+    auto jetstream = sources::JetstreamSource::Create(options, kv->get());
+    if (jetstream.ok()) {
+      stats = [s = jetstream->get()] { return s->stats(); };
+      source = std::unique_ptr<pipeline::Source>(std::move(*jetstream));
+    } else {
+      source = jetstream.status();
+    }
+  } else {
+    // `atfill run` with [live] protocol = "firehose": every commit verified, keys resolved
+    // through simnet's PLC directory.
+    sources::FirehoseOptions fo;
+    fo.hosts = {firehose->relay->url()};
+    fo.start_seq = 1;
+    fo.idle_exit_ms = kIdleMs;
+    fo.resolver.plc_url = net.plc_url();
+    fo.resolver.allow_loopback_endpoints = true;
+    fo.http.allow_private_addresses = true;
+    auto made = sources::FirehoseSource::Create(std::move(fo), kv->get());
+    if (made.ok()) {
+      stats = [s = made->get()] {
+        const sources::FirehoseStats f = s->stats();
+        sources::JetstreamStats j;
+        j.messages = f.messages;
+        j.bytes = f.bytes;
+        j.connections = f.connections;
+        j.last_seq = f.last_seq;
+        return j;
+      };
+      source = std::unique_ptr<pipeline::Source>(std::move(*made));
+    } else {
+      source = made.status();
+    }
+  }
   if (!source.ok()) {
     out.error = source.status().ToString();
     return out;
@@ -223,9 +270,9 @@ LiveRun RunLive(const simnet::Simnet& net, bool compress,
     std::unique_lock<std::mutex> lock(mu);
     while (!done) {
       const uint64_t applied = runner.Snapshot().counters.events_read;
-      const uint64_t pub = published ? published() : kEvents;
+      const uint64_t pub = published ? published() : events;
       if (pub > applied) out.max_lag_events = std::max(out.max_lag_events, pub - applied);
-      if (applied >= kEvents && caught_up_us.load() < 0) {
+      if (applied >= events && caught_up_us.load() < 0) {
         caught_up_us = std::chrono::duration_cast<std::chrono::microseconds>(
                            std::chrono::steady_clock::now() - start)
                            .count();
@@ -252,7 +299,7 @@ LiveRun RunLive(const simnet::Simnet& net, bool compress,
   cv.notify_one();
   watcher.join();
   out.seconds = wall - static_cast<double>(kIdleMs) / 1000.0;
-  out.stats = (*source)->stats();
+  out.stats = stats();
   if (!ran.ok()) {
     out.error = ran.status().ToString();
     return out;
@@ -261,9 +308,12 @@ LiveRun RunLive(const simnet::Simnet& net, bool compress,
   if (auto audit = jobs.ListBatchAudit(out.job.id, 0, 1'000'000); audit.ok()) {
     out.batches = audit->size();
   }
-  if (out.job.counters.events_read != kEvents) {
+  if (out.job.counters.events_read != events) {
     out.error = "the job applied " + std::to_string(out.job.counters.events_read) + " of " +
-                std::to_string(kEvents) + " events (" + out.job.stop_reason.code + ")";
+                std::to_string(events) + " events (" + out.job.stop_reason.code + ")";
+    if (auto kinds = errors.CountsByKind(out.job.id); kinds.ok()) {
+      for (const auto& [kind, n] : *kinds) out.error += "; " + kind + " " + std::to_string(n);
+    }
   }
   // When the watcher did not see the last event committed before the run ended, the run's end
   // (the idle wait excluded) is when it was.
@@ -278,6 +328,8 @@ void Report(benchmark::State& state, const LiveRun& run) {
   state.counters["events_per_s"] = static_cast<double>(run.job.counters.events_read) / s;
   state.counters["records_written"] = static_cast<double>(run.job.counters.records_written);
   state.counters["wire_mb"] = static_cast<double>(run.stats.bytes) / 1e6;
+  state.counters["wire_bytes_per_event"] =
+      static_cast<double>(run.stats.bytes) / static_cast<double>(run.job.counters.events_read);
   state.counters["batches"] = static_cast<double>(run.batches);
   state.counters["connections"] = static_cast<double>(run.stats.connections);
   state.counters["overflow_drops"] = static_cast<double>(run.stats.overflow_drops);
@@ -445,7 +497,87 @@ void BM_FirehoseVerify(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<int64_t>(bytes));
 }
 
+// The relay firehose into SQLite, as `atfill run` runs it with [live] protocol = "firehose": a
+// relay (in this process, on loopback) serves simnet's repos as chains of signed commits from
+// seq 1; the consumer decodes and verifies every commit, follows each repo's chain and writes
+// through the same stages and sink as BM_LiveCatchUp. events counts the frames the job applied
+// (each a commit of 1 to 4 record ops), ops the record ops (ops_per_s, wire_bytes_per_op and
+// consumer_cpu_us_per_op compare with BM_LiveCatchUp's per-event figures: one op per event);
+// wire_mb is what it read.
+void BM_FirehoseCatchUp(benchmark::State& state) {
+  struct Feed {
+    std::unique_ptr<simnet::Simnet> net;
+    std::unique_ptr<simnet::FirehoseRelay> relay;
+    uint64_t events = 0;  // frames (the job counts each as one event)
+    uint64_t ops = 0;     // record ops in them
+    std::string error;
+  };
+  static Feed feed = [] {
+    Feed f;
+    simnet::SimnetOptions o = Network(0);
+    o.jetstream.events = 0;
+    o.accounts = 4'000;
+    o.min_records = 4;
+    o.max_records = 40;
+    o.distribution = simnet::RecordCountDistribution::kUniform;
+    o.deactivated_share = 0;
+    o.takendown_share = 0;
+    auto net = simnet::Simnet::Start(o);
+    if (!net.ok()) {
+      f.error = net.status().ToString();
+      return f;
+    }
+    simnet::FirehoseLogOptions lo;
+    lo.records_per_commit = 4;
+    auto log = simnet::BuildFirehoseLog((*net)->network(), lo);
+    if (!log.ok()) {
+      f.error = log.status().ToString();
+      return f;
+    }
+    uint64_t ops = 0;
+    for (const auto& frame : log->frames) {
+      sources::FirehoseFrame decoded;
+      std::string kind;
+      if (sources::DecodeFirehoseFrame(frame.bytes, &decoded, &kind).ok() &&
+          decoded.kind() == sources::FirehoseKind::kCommit) {
+        ops += std::get<sources::FirehoseCommit>(decoded.payload).ops.size();
+      }
+    }
+    f.events = log->frames.size();
+    f.ops = ops;
+    auto relay = simnet::FirehoseRelay::Start(std::move(log->frames));
+    if (!relay.ok()) {
+      f.error = relay.status().ToString();
+      return f;
+    }
+    f.net = std::move(*net);
+    f.relay = std::move(*relay);
+    return f;
+  }();
+  if (!feed.error.empty()) return state.SkipWithError(feed.error.c_str());
+  const FirehoseFeed firehose{feed.relay.get(), feed.events};
+  LiveRun run;
+  for (auto _ : state) {
+    run = RunLive(*feed.net, false, nullptr, false, &firehose);
+    state.SetIterationTime(run.seconds);
+    if (!run.error.empty()) return state.SkipWithError(run.error.c_str());
+  }
+  Report(state, run);
+  // A frame is a commit of several record ops; Jetstream sends one op per event.
+  const double ops = static_cast<double>(feed.ops);
+  state.counters["ops"] = ops;
+  state.counters["ops_per_s"] = ops / run.seconds;
+  state.counters["wire_bytes_per_op"] = static_cast<double>(run.stats.bytes) / ops;
+  state.counters["consumer_cpu_us_per_op"] = run.consumer_cpu_s * 1e6 / ops;
+  state.counters["verified"] =
+      static_cast<double>(run.job.counters.extra.count("firehose_verified")
+                              ? run.job.counters.extra.at("firehose_verified")
+                              : 0);
+  state.SetLabel("relay firehose, verified, sqlite");
+}
+
 BENCHMARK(BM_FirehoseVerify)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_FirehoseCatchUp)->Unit(benchmark::kMillisecond)->UseManualTime()->Iterations(2);
 BENCHMARK(BM_LiveCatchUp)
     ->Args({0, 0})
     ->Args({1, 0})
