@@ -173,8 +173,12 @@ TEST(FirehoseSource, VerifiedStreamWithGapsAndForgeriesEndsEqualToTheServedRepos
   EXPECT_EQ(Counter(job, "firehose_failed"), 0u);
   EXPECT_EQ(run.job.error_kinds["repo_desync"], Counter(job, "firehose_desync"));
   EXPECT_EQ(run.desynchronized_left, 0u);
+  // Every verified commit was judged in the end: applied, or stale (held until its repo's
+  // resync, which is newer).
+  EXPECT_EQ(Counter(job, "firehose_applied") + Counter(job, "firehose_stale"),
+            Counter(job, "firehose_verified"));
   EXPECT_GT(Counter(job, "firehose_applied"), 0u);
-  EXPECT_GT(Counter(job, "firehose_stale"), 0u);  // held commits older than the resync
+  EXPECT_GT(Counter(job, "firehose_stale"), 0u);
 
   const auto truth = Truth(**net);
   const auto table = Table((dir.path() / "db.sqlite").string());

@@ -132,11 +132,15 @@ TEST(PeersFirehoseTest, ThePdsFirehoseConsumedWhileTheSeedWritesEqualsTheManifes
   const state::JobRecord& job = run.job;
   auto commits = CountCommits(WsOf(peers.pds_url_ip()));
   ASSERT_TRUE(commits.ok()) << commits.status().ToString();
-  EXPECT_GT(*commits, 40u);
+  EXPECT_GT(*commits, 20u);
   EXPECT_EQ(Counter(job, "firehose_verified"), *commits);
   EXPECT_EQ(Counter(job, "firehose_refused"), 0u);
   EXPECT_EQ(Counter(job, "firehose_failed"), 0u);
-  EXPECT_GE(Counter(job, "firehose_applied"), *commits - Counter(job, "firehose_desync"));
+  // Each was applied, or was stale: the PDS sends a #sync as it creates a repo, and the resync's
+  // getRepo, taken while the seed goes on writing, is newer than the commits that follow.
+  EXPECT_EQ(Counter(job, "firehose_applied") + Counter(job, "firehose_stale"), *commits);
+  EXPECT_GT(Counter(job, "firehose_applied"), 0u);
+  EXPECT_EQ(Counter(job, "firehose_resynced"), Counter(job, "firehose_desync"));
   std::string kinds;
   for (const auto& [k, n] : run.error_kinds) kinds += k + "=" + std::to_string(n) + " ";
   EXPECT_EQ(run.error_kinds.count("bad_signature") + run.error_kinds.count("bad_car"), 0u) << kinds;
