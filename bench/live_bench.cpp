@@ -122,6 +122,7 @@ long SimnetTicks() {
 struct FirehoseFeed {
   const simnet::FirehoseRelay* relay = nullptr;
   uint64_t events = 0;
+  uint32_t verify_threads = 2;  // FirehoseOptions::verify_threads
 };
 
 struct LiveRun {
@@ -196,6 +197,7 @@ LiveRun RunLive(const simnet::Simnet& net, bool compress,
     fo.resolver.plc_url = net.plc_url();
     fo.resolver.allow_loopback_endpoints = true;
     fo.http.allow_private_addresses = true;
+    fo.verify_threads = firehose->verify_threads;
     auto made = sources::FirehoseSource::Create(std::move(fo), kv->get());
     if (made.ok()) {
       stats = [s = made->get()] {
@@ -555,7 +557,7 @@ void BM_FirehoseCatchUp(benchmark::State& state) {
     return f;
   }();
   if (!feed.error.empty()) return state.SkipWithError(feed.error.c_str());
-  const FirehoseFeed firehose{feed.relay.get(), feed.events};
+  const FirehoseFeed firehose{feed.relay.get(), feed.events, static_cast<uint32_t>(state.range(0))};
   LiveRun run;
   for (auto _ : state) {
     run = RunLive(*feed.net, false, nullptr, false, &firehose);
@@ -573,11 +575,18 @@ void BM_FirehoseCatchUp(benchmark::State& state) {
       static_cast<double>(run.job.counters.extra.count("firehose_verified")
                               ? run.job.counters.extra.at("firehose_verified")
                               : 0);
-  state.SetLabel("relay firehose, verified, sqlite");
+  state.SetLabel("relay firehose, verified on " + std::to_string(state.range(0)) +
+                 " thread(s), sqlite");
 }
 
 BENCHMARK(BM_FirehoseVerify)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_FirehoseCatchUp)->Unit(benchmark::kMillisecond)->UseManualTime()->Iterations(2);
+// Argument: FirehoseOptions::verify_threads.
+BENCHMARK(BM_FirehoseCatchUp)
+    ->Arg(1)
+    ->Arg(2)
+    ->Unit(benchmark::kMillisecond)
+    ->UseManualTime()
+    ->Iterations(2);
 BENCHMARK(BM_LiveCatchUp)
     ->Args({0, 0})
     ->Args({1, 0})

@@ -44,6 +44,8 @@ struct SourceSettings {
   // [live] max_resyncs_in_flight, resync_retry_ms: the firehose's resyncs (FirehoseOptions).
   uint32_t firehose_max_resyncs = 8;
   int64_t firehose_resync_retry_ms = 30'000;
+  // [live] verify_threads: threads verifying a chunk's commits at once (FirehoseOptions).
+  uint32_t firehose_verify_threads = 2;
   LabelerOptions labels;  // [labels] (no labelers: no label subscription)
   // [live] allow_private_endpoints: the account check may reach PDSs that DID documents place on
   // loopback or private addresses (as [crawl] allow_private_endpoints). The hosts themselves

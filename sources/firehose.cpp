@@ -7,6 +7,7 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <thread>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
@@ -86,6 +87,9 @@ Status FirehoseOptions::Validate() const {
     return Status::Invalid("live: max_resyncs_in_flight must be at least 1");
   }
   if (resync_retry_ms < 1) return Status::Invalid("live: resync_retry_ms must be at least 1");
+  if (verify_threads < 1 || verify_threads > 64) {
+    return Status::Invalid("live: verify_threads must be 1..64");
+  }
   ATFILL_RETURN_IF_ERROR(resolver.Validate());
   return websocket.Validate();
 }
@@ -133,7 +137,16 @@ struct FirehoseSource::Impl {
   mutable std::mutex chain_mu;
   std::unique_ptr<FirehoseChain> chain;
 
+  // A commit's verification, done ahead of its turn (Preverify).
+  struct Verification {
+    Status status;
+    std::string kind;
+    VerifiedCommit commit;  // views into the frame's blocks (a moved frame keeps its buffer)
+  };
+
   // Read's own state (one thread).
+  // This chunk's commits verified ahead, by seq.
+  std::unordered_map<int64_t, Verification> preverified;
   uint64_t reads = 0;       // chunks returned (the engine numbers them the same way)
   int64_t read_seq = 0;     // the newest seq decoded
   int64_t cursor_seq = -1;  // the newest resume cursor written
@@ -289,15 +302,21 @@ struct FirehoseSource::Impl {
           ATFILL_RETURN_IF_ERROR(chain->Sync(s, chunk, &resync));
           break;
         }
-        VerifiedCommit v;
-        std::string kind;
-        if (Status s = VerifyFirehoseCommit(c, k->key, &v, &kind); !s.ok()) {
-          Refuse(f, kind.empty() ? "bad_commit" : kind, s.message(), chunk);
+        Verification local;
+        Verification* v = nullptr;
+        if (auto pre = preverified.find(c.seq); pre != preverified.end()) {
+          v = &pre->second;
+        } else {
+          local.status = VerifyFirehoseCommit(c, k->key, &local.commit, &local.kind);
+          v = &local;
+        }
+        if (!v->status.ok()) {
+          Refuse(f, v->kind.empty() ? "bad_commit" : v->kind, v->status.message(), chunk);
           return true;
         }
         verified.fetch_add(1);
         chunk->counters.emplace_back("firehose_verified", 1);
-        ATFILL_RETURN_IF_ERROR(chain->Commit(c, v, chunk, &resync));
+        ATFILL_RETURN_IF_ERROR(chain->Commit(c, v->commit, chunk, &resync));
         break;
       }
       case FirehoseKind::kSync: {
@@ -337,6 +356,48 @@ struct FirehoseSource::Impl {
     }
     if (resync) WantResync(did);
     return true;
+  }
+
+  // Verifies the commits of `frames` whose turn will find their account's key as it is now (known,
+  // nothing of the account waiting, no #identity of it earlier in the batch) on
+  // options.verify_threads threads at once: the expensive part of a commit (signature, hashes,
+  // MST inversion) depends on nothing but the frame and the key, so only the chain's judgement
+  // stays serial.
+  void Preverify(std::vector<FirehoseFrame>& frames) {
+    preverified.clear();
+    if (options.verify_threads <= 1) return;
+    struct Job {
+      const FirehoseCommit* commit;
+      const atproto::PublicKey* key;
+      Verification* out;
+    };
+    std::vector<Job> jobs;
+    std::unordered_set<std::string_view> changed;
+    for (FirehoseFrame& f : frames) {
+      if (f.kind() == FirehoseKind::kIdentity) changed.insert(f.did());
+      if (f.kind() != FirehoseKind::kCommit || f.seq() <= read_seq || !Wanted(f.did())) continue;
+      const auto& c = std::get<FirehoseCommit>(f.payload);
+      if (c.too_big || changed.contains(c.repo) || waiting.contains(c.repo)) continue;
+      auto k = known.find(c.repo);
+      if (k == known.end()) continue;
+      jobs.push_back({&c, &k->second.key, &preverified[c.seq]});
+    }
+    if (jobs.size() < 2) {
+      preverified.clear();
+      return;
+    }
+    std::atomic<size_t> next{0};
+    auto work = [&] {
+      for (size_t i = next.fetch_add(1); i < jobs.size(); i = next.fetch_add(1)) {
+        Job& j = jobs[i];
+        j.out->status = VerifyFirehoseCommit(*j.commit, *j.key, &j.out->commit, &j.out->kind);
+      }
+    };
+    std::vector<std::thread> helpers;
+    const size_t n = std::min<size_t>(options.verify_threads, jobs.size()) - 1;
+    for (size_t i = 0; i < n; ++i) helpers.emplace_back(work);
+    work();
+    for (auto& t : helpers) t.join();
   }
 
   bool Wanted(std::string_view did) const {
@@ -600,6 +661,8 @@ Result<bool> FirehoseSource::Read(pipeline::EventChunk* chunk) {
     for (auto& did : retries) {
       if (s.desynced.contains(did)) s.WantResync(did);
     }
+    std::vector<FirehoseFrame> frames;
+    frames.reserve(messages.size());
     for (std::string& m : messages) {
       chunk->bytes_read += m.size();
       FirehoseFrame frame;
@@ -612,6 +675,11 @@ Result<bool> FirehoseSource::Read(pipeline::EventChunk* chunk) {
         ++chunk->dropped;
         continue;
       }
+      frames.push_back(std::move(frame));
+    }
+    messages.clear();
+    s.Preverify(frames);
+    for (FirehoseFrame& frame : frames) {
       chunk->counters.emplace_back("firehose_frames", 1);
       if (frame.kind() == FirehoseKind::kInfo || frame.kind() == FirehoseKind::kError) {
         const bool info = frame.kind() == FirehoseKind::kInfo;
@@ -632,6 +700,7 @@ Result<bool> FirehoseSource::Read(pipeline::EventChunk* chunk) {
       if (!s.Wanted(frame.did())) continue;
       ATFILL_RETURN_IF_ERROR(s.Dispatch(std::move(frame), chunk));
     }
+    s.preverified.clear();
     s.StartResyncs(chunk);
   }
   ++s.reads;

@@ -11,10 +11,12 @@
 // (firehose_refused and firehose_refused_<kind>) and logged in the job's error log (kind its
 // verification kind, key "seq <seq> <did>"); every valid frame around it still lands.
 //
-// Nothing blocks the stream on the network: the signing key (and PDS endpoint) of an account not
-// yet known is resolved through the resolver (cached in state) on the HTTP client's loop thread;
-// meanwhile that account's frames wait, in order, while other accounts go on. A resync's getRepo
-// runs on the HTTP client too; its answer is read and verified by Read.
+// Verification, the expensive part, runs on verify_threads threads per chunk; the chains are judged
+// serially, in seq order, after it. Nothing blocks the stream on the network: the signing key (and
+// PDS endpoint) of an account not yet known is resolved through the resolver (cached in state) on
+// the HTTP client's loop thread; meanwhile that account's frames wait, in order, while other
+// accounts go on. A resync's getRepo runs on the HTTP client too; its answer is read and verified
+// by Read.
 //
 // Cursor: the relay's seq, as the applied watermark: a chunk's resume cursor is the newest seq
 // such that every frame at or below it was judged (frames waiting for a key hold it back). A
@@ -76,6 +78,9 @@ struct FirehoseOptions {
   FetchLimits limits;
   // Largest getRepo answer, bytes.
   uint64_t max_repo_bytes = uint64_t{512} << 20;
+  // Threads that verify a chunk's commits at once (the reader and verify_threads - 1 helpers,
+  // started per chunk); 1 = the reader alone.
+  uint32_t verify_threads = 2;
   // Commits held per desynchronized repo (FirehoseChainOptions::max_held_per_repo).
   size_t max_held_per_repo = 1000;
   net::WebSocketOptions websocket;
