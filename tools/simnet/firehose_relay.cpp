@@ -248,7 +248,9 @@ struct FirehoseRelay::Impl {
         frames_sent.fetch_add(1);
         ++written;
         if (options.disconnect_after_frames > 0 && written >= options.disconnect_after_frames) {
-          socket->close();
+          // Without a close frame; the socket object itself is closed by the destructor alone
+          // (another thread reads its descriptor then).
+          ::shutdown(socket->native_handle(), SHUT_RDWR);
           return;
         }
       }
@@ -299,8 +301,8 @@ FirehoseRelay::~FirehoseRelay() {
   Impl& s = *impl_;
   s.stopping = true;
   boost::system::error_code ec;
-  s.acceptor.cancel(ec);
-  // A blocking accept is woken by shutting the listening socket down.
+  // A blocking accept is woken by shutting the listening socket down (the acceptor object is the
+  // accept thread's until it has joined).
   ::shutdown(s.acceptor.native_handle(), SHUT_RDWR);
   if (s.accept_thread.joinable()) s.accept_thread.join();
   std::vector<std::thread> sessions;
