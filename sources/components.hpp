@@ -117,7 +117,8 @@ Result<LiveCollections*> LiveCollectionsOf(const pipeline::Environment& env,
 
 // The live consumer's cursor: "SEQ:TIME_US" of the last applied event.
 inline constexpr const char* kLiveCursor = "live/jetstream";
-// The firehose consumer's cursor: the relay's seq of the applied watermark.
+// The firehose consumer's cursor: "SEQ:TIME_US", the relay's seq of the applied watermark and
+// the relay's time of that frame.
 inline constexpr const char* kFirehoseCursor = "live/firehose";
 
 // The live consumer as its state shows it: the newest live job and its cursor.

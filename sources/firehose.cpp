@@ -150,6 +150,9 @@ struct FirehoseSource::Impl {
   uint64_t reads = 0;       // chunks returned (the engine numbers them the same way)
   int64_t read_seq = 0;     // the newest seq decoded
   int64_t cursor_seq = -1;  // the newest resume cursor written
+  // The relay's time of the newest frame read (as sent) and of the cursor's frame, unix µs.
+  std::string read_time;
+  int64_t cursor_time_us = 0;
   std::unordered_map<std::string, Known> known;
   std::unordered_map<std::string, std::deque<FirehoseFrame>> waiting;  // for their key, in order
   std::multiset<int64_t> waiting_seqs;
@@ -599,9 +602,14 @@ Status FirehoseSource::Seek(const std::string& resume_cursor) {
   int64_t seq = 0;
   if (!resume_cursor.empty()) {
     try {
+      // "<seq>:<time_us>" (the relay's time of that frame, for display), or "<seq>".
       size_t used = 0;
       seq = std::stoll(resume_cursor, &used);
-      if (used != resume_cursor.size() || seq < 0) throw std::invalid_argument("");
+      if (used < resume_cursor.size()) {
+        if (resume_cursor[used] != ':') throw std::invalid_argument("");
+        s.cursor_time_us = std::stoll(resume_cursor.substr(used + 1));
+      }
+      if (seq < 0) throw std::invalid_argument("");
     } catch (const std::exception&) {
       return Status::Corrupt("firehose cursor " + QuoteForMessage(resume_cursor) + " is not a seq");
     }
@@ -697,6 +705,15 @@ Result<bool> FirehoseSource::Read(pipeline::EventChunk* chunk) {
       if (seq <= s.read_seq) continue;
       s.read_seq = seq;
       sh.last_seq = static_cast<uint64_t>(seq);
+      s.read_time = std::visit(
+          [](const auto& p) -> std::string {
+            if constexpr (requires { p.time; }) {
+              return p.time;
+            } else {
+              return {};
+            }
+          },
+          frame.payload);
       if (!s.Wanted(frame.did())) continue;
       ATFILL_RETURN_IF_ERROR(s.Dispatch(std::move(frame), chunk));
     }
@@ -709,7 +726,10 @@ Result<bool> FirehoseSource::Read(pipeline::EventChunk* chunk) {
   const int64_t watermark = s.waiting_seqs.empty() ? s.read_seq : *s.waiting_seqs.begin() - 1;
   if (watermark > s.cursor_seq) {
     s.cursor_seq = watermark;
-    chunk->resume_cursor = std::to_string(watermark);
+    // The time shown is the watermark frame's when it is the newest read, else the time of an
+    // earlier cursor (never later than the watermark).
+    if (watermark == s.read_seq) s.cursor_time_us = TimeUs(s.read_time);
+    chunk->resume_cursor = std::to_string(watermark) + ":" + std::to_string(s.cursor_time_us);
   }
   if (reconnect) ATFILL_RETURN_IF_ERROR(s.StartSession());
   if (n == 0 && chunk->events.empty() && chunk->errors.empty() && chunk->counters.empty() &&

@@ -20,9 +20,8 @@
 //
 // Cursor: the relay's seq, as the applied watermark: a chunk's resume cursor is the newest seq
 // such that every frame at or below it was judged (frames waiting for a key hold it back). A
-// restart resumes after it (subscribeRepos' cursor is exclusive of nothing: the relay sends the
-// events after it, and a repeat is stale in the chain anyway). Repos a crash left desynchronized
-// are resynced at Seek.
+// restart asks the relay for the events after it (a repeat would be stale in the chain anyway).
+// Repos a crash left desynchronized are resynced at Seek.
 //
 // Counters (job counters): firehose_frames, firehose_verified (commits that verified),
 // firehose_refused(_<kind>), firehose_bad_frames, firehose_applied, firehose_stale,
@@ -110,7 +109,8 @@ class FirehoseSource : public pipeline::Source {
                                                         state::KvStore* kv);
   ~FirehoseSource() override;
 
-  // `resume_cursor`: "" (start_seq or the live tip) or "<seq>" as Read writes it.
+  // `resume_cursor`: "" (start_seq or the live tip) or "<seq>:<time_us>" as Read writes it (the
+  // relay's time of that frame, shown by atfill status; "<seq>" alone is accepted).
   Status Seek(const std::string& resume_cursor) override;
   // One thread, in order (the engine's reader). See the header comment.
   Result<bool> Read(pipeline::EventChunk* chunk) override;

@@ -102,6 +102,8 @@ TEST(FirehoseRunTest, SigkilledMidStreamThenResumedEqualsTheServedRepos) {
   EXPECT_NE(status.out.find("cursor      seq " + std::to_string(last_seq)), std::string::npos)
       << status.out;
   EXPECT_NE(status.out.find("resyncs failed"), std::string::npos) << status.out;
+  // The cursor keeps the relay's time of its frame (BuildFirehoseCommit's, 2024-01-01).
+  EXPECT_NE(status.out.find("witnessed 2024-01-01"), std::string::npos) << status.out;
   // A run killed before its batch committed sees the same forgeries again, so each is refused
   // at least once, and logged under its own seq and DID.
   auto job = testing::RunProcess({ATFILL_BINARY, "job", config, "1", "--errors"}, dir.path());
