@@ -95,6 +95,14 @@ struct SinkHints {
   std::optional<int64_t> wal_autocheckpoint_bytes;  // a replay checkpoints SQLite's WAL less often
 };
 
+// One stored record as `atfill verify` compares it with its repo.
+struct StoredRecord {
+  std::string collection;
+  std::string rkey;
+  std::string cid;
+  std::string rev;  // empty when the row has none
+};
+
 // Reads back what the configured database holds; callable from any thread.
 struct SinkReaders {
   // Whether the database holds records of (did, collection).
@@ -104,6 +112,10 @@ struct SinkReaders {
   // Deletes every row of a collection (one removed from the live consumer with purge), in
   // transactions of a few thousand rows beside the running sink's writes; returns the rows deleted.
   std::function<Result<uint64_t>(const std::string& collection)> purge_collection;
+  // The DIDs of which the database holds records, in byte order (unset: the kind cannot tell).
+  std::function<Result<std::vector<std::string>>()> dids;
+  // The records stored of one DID, by collection then rkey (byte order).
+  std::function<Result<std::vector<StoredRecord>>(const std::string& did)> repo_records;
 };
 
 // The process's state and settings, which every factory may use. Everything must outlive the

@@ -11,6 +11,22 @@
 namespace atfill::sinks {
 namespace {
 
+// A backend's repo reader as pipeline::SinkReaders::repo_records.
+std::function<Result<std::vector<pipeline::StoredRecord>>(const std::string& did)> StoredRecords(
+    std::function<Result<std::vector<RepoRecordKey>>(const std::string& did)> repo) {
+  return [repo = std::move(repo)](
+             const std::string& did) -> Result<std::vector<pipeline::StoredRecord>> {
+    ATFILL_ASSIGN_OR_RETURN(auto rows, repo(did));
+    std::vector<pipeline::StoredRecord> out;
+    out.reserve(rows.size());
+    for (auto& r : rows) {
+      out.push_back(
+          {std::move(r.collection), std::move(r.rkey), std::move(r.cid), std::move(r.rev)});
+    }
+    return out;
+  };
+}
+
 Status ReadSinkConfig(pipeline::ConfigFile& file, pipeline::Settings& settings) {
   SinkSettings& c = settings.Mutable<SinkSettings>();
   c.sqlite.path = "atfill.db";
@@ -76,7 +92,8 @@ pipeline::Components::SinkKind Sqlite() {
     const std::string& path = settings.Get<SinkSettings>().sqlite.path;
     return pipeline::SinkReaders{
         SqliteHoldsRecords(path), SqliteRecordReader(path),
-        [path](const std::string& collection) { return SqlitePurgeCollection(path, collection); }};
+        [path](const std::string& collection) { return SqlitePurgeCollection(path, collection); },
+        SqliteDidsReader(path), StoredRecords(SqliteRepoRecordsReader(path))};
   };
   return k;
 }
@@ -104,7 +121,8 @@ pipeline::Components::SinkKind Postgres() {
     const PostgresReaderOptions o = ReaderOptions(settings.Get<SinkSettings>().postgres);
     return pipeline::SinkReaders{
         PostgresHoldsRecords(o), PostgresRecordReader(o),
-        [o](const std::string& collection) { return PostgresPurgeCollection(o, collection); }};
+        [o](const std::string& collection) { return PostgresPurgeCollection(o, collection); },
+        PostgresDidsReader(o), StoredRecords(PostgresRepoRecordsReader(o))};
   };
   return k;
 }

@@ -66,7 +66,7 @@ struct PostgresReader::Impl {
   PostgresReaderOptions options;
   pg::Conn conn;
   std::string view;
-  std::string get_sql, record_sql, all_sql, count_sql, holds_sql;
+  std::string get_sql, record_sql, all_sql, count_sql, holds_sql, dids_sql, repo_sql;
 
   Status Connect() {
     const auto deadline = pg::Clock::now() + std::chrono::milliseconds(options.connect_timeout_ms);
@@ -125,6 +125,13 @@ Result<std::unique_ptr<PostgresReader>> PostgresReader::Open(const PostgresReade
                     " WHERE did = $1) AND collection_id = (SELECT id FROM " +
                     pg::QualifiedName(options.schema, "atfill_collections") +
                     " WHERE nsid = $2) LIMIT 1";
+  const std::string dids = pg::QualifiedName(options.schema, "atfill_dids");
+  const std::string collections = pg::QualifiedName(options.schema, "atfill_collections");
+  impl->dids_sql = "SELECT d.did FROM " + dids + " d WHERE EXISTS (SELECT 1 FROM " + rows +
+                   " r WHERE r.did_id = d.id) ORDER BY d.did COLLATE \"C\"";
+  impl->repo_sql = "SELECT c.nsid, r.rkey, r.cid, coalesce(r.rev, '') FROM " + rows + " r JOIN " +
+                   collections + " c ON c.id = r.collection_id WHERE r.did_id = (SELECT id FROM " +
+                   dids + " WHERE did = $1) ORDER BY c.nsid COLLATE \"C\", r.rkey COLLATE \"C\"";
   ATFILL_RETURN_IF_ERROR(impl->Connect());
   return std::unique_ptr<PostgresReader>(new PostgresReader(std::move(impl)));
 }
@@ -174,6 +181,37 @@ Result<bool> PostgresReader::HoldsRecords(std::string_view did, std::string_view
   const std::string d(did), c(collection);
   ATFILL_ASSIGN_OR_RETURN(PgResult r, impl_->Run(impl_->holds_sql, {d.c_str(), c.c_str()}));
   return PQntuples(r.get()) > 0;
+}
+
+Result<std::vector<std::string>> PostgresReader::Dids() {
+  ATFILL_ASSIGN_OR_RETURN(PgResult r, impl_->Run(impl_->dids_sql, {}));
+  std::vector<std::string> out;
+  for (int i = 0; i < PQntuples(r.get()); ++i) out.emplace_back(PQgetvalue(r.get(), i, 0));
+  return out;
+}
+
+Result<std::vector<RepoRecordKey>> PostgresReader::RepoRecords(std::string_view did) {
+  const std::string d(did);
+  ATFILL_ASSIGN_OR_RETURN(PgResult r, impl_->Run(impl_->repo_sql, {d.c_str()}));
+  std::vector<RepoRecordKey> out;
+  for (int i = 0; i < PQntuples(r.get()); ++i) {
+    out.push_back({PQgetvalue(r.get(), i, 0), PQgetvalue(r.get(), i, 1), PQgetvalue(r.get(), i, 2),
+                   PQgetvalue(r.get(), i, 3)});
+  }
+  return out;
+}
+
+std::function<Result<std::vector<std::string>>()> PostgresDidsReader(
+    PostgresReaderOptions options) {
+  return SharedReader<PostgresReader>(std::move(options), std::vector<std::string>(),
+                                      [](PostgresReader& reader) { return reader.Dids(); });
+}
+
+std::function<Result<std::vector<RepoRecordKey>>(const std::string& did)> PostgresRepoRecordsReader(
+    PostgresReaderOptions options) {
+  return SharedReader<PostgresReader>(
+      std::move(options), std::vector<RepoRecordKey>(),
+      [](PostgresReader& reader, const std::string& did) { return reader.RepoRecords(did); });
 }
 
 Result<std::vector<std::vector<std::string>>> PostgresReader::Query(std::string_view sql) {

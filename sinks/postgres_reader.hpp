@@ -52,6 +52,9 @@ class PostgresReader {
   // Runs one SQL statement and returns its rows as text (NULL as ""), the column names first. The
   // session is read-only, so writes fail.
   Result<std::vector<std::vector<std::string>>> Query(std::string_view sql);
+  // As SqliteReader::Dids and RepoRecords.
+  Result<std::vector<std::string>> Dids();
+  Result<std::vector<RepoRecordKey>> RepoRecords(std::string_view did);
 
  private:
   struct Impl;
@@ -63,6 +66,11 @@ class PostgresReader {
 // the first call; tables not yet created hold nothing).
 std::function<Result<bool>(const std::string& did, const std::string& collection)>
 PostgresHoldsRecords(PostgresReaderOptions options);
+
+// PostgresReader::Dids and RepoRecords for a caller on any thread (as PostgresHoldsRecords).
+std::function<Result<std::vector<std::string>>()> PostgresDidsReader(PostgresReaderOptions options);
+std::function<Result<std::vector<RepoRecordKey>>(const std::string& did)> PostgresRepoRecordsReader(
+    PostgresReaderOptions options);
 
 // PostgresReader::ReadRecord for a caller on any thread (one connection behind a mutex, opened at
 // the first call; tables not yet created hold nothing).

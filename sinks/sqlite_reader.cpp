@@ -47,6 +47,8 @@ struct SqliteReader::Impl {
   Stmt all;
   Stmt count;
   Stmt holds;
+  Stmt dids;
+  Stmt repo;
 
   // Opens the connection and prepares the statements.
   Status Init();
@@ -90,6 +92,17 @@ Status SqliteReader::Impl::Init() {
                              "atfill_dids WHERE did = ?1) AND collection_id = (SELECT id FROM "
                              "atfill_collections WHERE nsid = ?2) LIMIT 1",
                              true));
+  ATFILL_ASSIGN_OR_RETURN(
+      dids, sqlite::Prepare(raw,
+                            "SELECT d.did FROM atfill_dids d WHERE EXISTS (SELECT 1 FROM "
+                            "atfill_record_rows r WHERE r.did_id = d.id) ORDER BY d.did",
+                            true));
+  ATFILL_ASSIGN_OR_RETURN(
+      repo, sqlite::Prepare(raw,
+                            "SELECT c.nsid, r.rkey, r.cid, r.rev FROM atfill_record_rows r JOIN "
+                            "atfill_collections c ON c.id = r.collection_id WHERE r.did_id = "
+                            "(SELECT id FROM atfill_dids WHERE did = ?1) ORDER BY c.nsid, r.rkey",
+                            true));
   return Status::OK();
 }
 
@@ -153,6 +166,42 @@ Result<bool> SqliteReader::HoldsRecords(std::string_view did, std::string_view c
   if (rc == SQLITE_ROW) return true;
   if (rc == SQLITE_DONE) return false;
   return impl_->Fail(rc, "looking up an account's records");
+}
+
+Result<std::vector<std::string>> SqliteReader::Dids() {
+  sqlite3_stmt* s = impl_->dids.get();
+  ResetOnExit reset(s);
+  std::vector<std::string> out;
+  int rc;
+  while ((rc = sqlite3_step(s)) == SQLITE_ROW) out.emplace_back(ColumnText(s, 0));
+  if (rc != SQLITE_DONE) return impl_->Fail(rc, "listing the accounts");
+  return out;
+}
+
+Result<std::vector<RepoRecordKey>> SqliteReader::RepoRecords(std::string_view did) {
+  sqlite3_stmt* s = impl_->repo.get();
+  ResetOnExit reset(s);
+  BindText(s, 1, did);
+  std::vector<RepoRecordKey> out;
+  int rc;
+  while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+    out.push_back({std::string(ColumnText(s, 0)), std::string(ColumnText(s, 1)),
+                   std::string(ColumnText(s, 2)), std::string(ColumnText(s, 3))});
+  }
+  if (rc != SQLITE_DONE) return impl_->Fail(rc, "reading an account's records");
+  return out;
+}
+
+std::function<Result<std::vector<std::string>>()> SqliteDidsReader(std::string path) {
+  return SharedReader<SqliteReader>(std::move(path), std::vector<std::string>(),
+                                    [](SqliteReader& reader) { return reader.Dids(); });
+}
+
+std::function<Result<std::vector<RepoRecordKey>>(const std::string& did)> SqliteRepoRecordsReader(
+    std::string path) {
+  return SharedReader<SqliteReader>(
+      std::move(path), std::vector<RepoRecordKey>(),
+      [](SqliteReader& reader, const std::string& did) { return reader.RepoRecords(did); });
 }
 
 std::function<Result<bool>(const std::string& did, const std::string& collection)>

@@ -30,6 +30,16 @@ struct RecordRow {
   friend bool operator==(const RecordRow&, const RecordRow&) = default;
 };
 
+// One stored record of a repo, without its body (what `atfill verify` compares).
+struct RepoRecordKey {
+  std::string collection;
+  std::string rkey;
+  std::string cid;
+  std::string rev;  // empty when the row holds NULL
+
+  friend bool operator==(const RepoRecordKey&, const RepoRecordKey&) = default;
+};
+
 // A read-only connection. Never blocks the sink (WAL readers see the last committed batch) and
 // never migrates: a database at another schema version is Unsupported, one without atfill tables
 // NotFound. Not thread-safe: one reader per thread.
@@ -52,6 +62,11 @@ class SqliteReader {
   Result<uint64_t> Count();
   // Whether any record of `did` in `collection` is stored. Uses the key index (no scan).
   Result<bool> HoldsRecords(std::string_view did, std::string_view collection);
+  // The DIDs that hold at least one record, in byte order.
+  Result<std::vector<std::string>> Dids();
+  // The records of `did` as (collection, rkey, cid, rev), by collection then rkey (byte order).
+  // Uses the account index (no scan).
+  Result<std::vector<RepoRecordKey>> RepoRecords(std::string_view did);
   // Runs one read-only SQL statement and returns its rows as text (NULL as ""), the column names
   // first. For tools and the demo; the connection is read-only, so writes fail.
   Result<std::vector<std::vector<std::string>>> Query(std::string_view sql);
@@ -70,6 +85,12 @@ Result<std::optional<RecordRow>> GetRecord(const std::string& path, std::string_
 // connection behind a mutex, opened at the first call; a database not yet created holds nothing).
 std::function<Result<bool>(const std::string& did, const std::string& collection)>
 SqliteHoldsRecords(std::string path);
+
+// SqliteReader::Dids and RepoRecords on the database at `path`, for a caller on any thread (as
+// SqliteHoldsRecords; a database not yet created holds nothing).
+std::function<Result<std::vector<std::string>>()> SqliteDidsReader(std::string path);
+std::function<Result<std::vector<RepoRecordKey>>(const std::string& did)> SqliteRepoRecordsReader(
+    std::string path);
 
 // SqliteReader::Get's record JSON at an AT URI (nullopt when none), likewise.
 std::function<Result<std::optional<std::string>>(std::string_view uri)> SqliteRecordReader(

@@ -224,6 +224,20 @@ Status ReadLabels(ConfigFile& file, SourceSettings& c) {
   return Status::OK();
 }
 
+// [verify]: the verify jobs `atfill run` starts on its own (sources/verify_schedule.hpp).
+Status ReadVerify(ConfigFile& file, SourceSettings& c) {
+  VerifyScheduleOptions& v = c.verify;
+  // Fractions allowed (0.5 = every 30 minutes); the smallest is a few seconds, for tests.
+  ATFILL_RETURN_IF_ERROR(file.ReadDouble("verify.every_hours", &v.every_hours, 0, 24.0 * 366));
+  ATFILL_RETURN_IF_ERROR(file.ReadBool("verify.repair", &v.targets.repair));
+  ATFILL_RETURN_IF_ERROR(file.ReadStringList("verify.collections", &v.targets.collections));
+  if (v.every_hours > 0 && v.every_hours * 3600 < 1) {
+    return Status::Invalid(file.source_name() +
+                           ": [verify] every_hours must be 0 (off) or at least 1 second");
+  }
+  return Status::OK();
+}
+
 Status ReadSourceConfig(ConfigFile& file, pipeline::Settings& settings) {
   SourceSettings& c = settings.Mutable<SourceSettings>();
   ATFILL_RETURN_IF_ERROR(file.ReadUint("files.chunk_lines", &c.files.chunk_lines, 1, 1'000'000));
@@ -233,6 +247,7 @@ Status ReadSourceConfig(ConfigFile& file, pipeline::Settings& settings) {
   ATFILL_RETURN_IF_ERROR(ReadArchive(file, settings.Get<pipeline::CoreSettings>(), c));
   ATFILL_RETURN_IF_ERROR(ReadLive(file, c));
   ATFILL_RETURN_IF_ERROR(ReadLabels(file, c));
+  ATFILL_RETURN_IF_ERROR(ReadVerify(file, c));
   const std::string& path = file.source_name();
   if (Status s = c.live_batch.Validate(); !s.ok()) return s.WithContext(path + ": [live]");
   if (Status s = c.crawl_batch.Validate(); !s.ok()) return s.WithContext(path + ": [crawl]");
@@ -320,6 +335,24 @@ Status PlanCrawl(const pipeline::Environment& env, pipeline::PlanDraft& draft) {
   draft.plan->source = draft.Keep(std::move(*source));
   draft.plan->cursor_name = "job/" + std::to_string(job.id) + "/crawl";
   draft.plan->batch = settings.crawl_batch;
+  return Status::OK();
+}
+
+// A verify job: the repos it names (or every stored one) compared with their PDSs, and repaired
+// when asked (sources/verify_source.hpp), over the [crawl] network options.
+Status PlanVerify(const pipeline::Environment& env, pipeline::PlanDraft& draft) {
+  const SourceSettings& settings = Of(env);
+  state::JobRecord& job = *draft.job;
+  VerifyOptions options;
+  options.net = settings.crawl;
+  options.dids = pipeline::SplitLines(draft.Param("dids"));
+  options.collections = pipeline::SplitLines(draft.Param("collections"));
+  options.repair = draft.Param("repair") == "true";
+  auto source =
+      VerifySource::Create(std::move(options), env.components->Readers(*env.settings), env.kv);
+  if (!source.ok()) return Unrunnable(job, source.status());
+  draft.plan->source = draft.Keep(std::move(*source));
+  draft.plan->cursor_name = "job/" + std::to_string(job.id) + "/verify";
   return Status::OK();
 }
 
@@ -540,6 +573,8 @@ void Register(pipeline::Components& components) {
   components.AddJobKind("backfill", "crawl");
   components.AddJobKind("ingest", "files");
   components.AddJobKind("live", "jetstream");
+  components.AddSource("verify", PlanVerify);
+  components.AddJobKind("verify", "verify");
 }
 
 }  // namespace atfill::sources

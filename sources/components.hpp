@@ -24,6 +24,8 @@
 #include "sources/labeler.hpp"
 #include "sources/live_collections.hpp"
 #include "sources/replay.hpp"
+#include "sources/verify_schedule.hpp"
+#include "sources/verify_source.hpp"
 
 namespace atfill::sources {
 
@@ -93,6 +95,8 @@ struct SourceSettings {
   pipeline::BatcherOptions replay_batch = kReplayBatch;
   // [archive] sqlite_wal_mb: the SQLite sink's wal_autocheckpoint during a replay job.
   int64_t replay_sqlite_wal_bytes = kReplaySqliteWalBytes;
+  // [verify] every_hours, repair, collections: the verify jobs `atfill run` starts.
+  VerifyScheduleOptions verify;
   // The live consumer's collections as they change at run time (shared by copies of these
   // settings; see LiveCollectionsOf).
   std::shared_ptr<LiveCollectionsSlot> live_collections = std::make_shared<LiveCollectionsSlot>();
@@ -169,6 +173,13 @@ Result<BackfillJob> FindOrCreateBackfill(const pipeline::Environment& env,
 // PlanBackfill, then FindOrCreateBackfill.
 Result<BackfillJob> CreateBackfill(const pipeline::Environment& env, const BackfillTargets& targets,
                                    const std::string& started_by);
+
+// A new verify job of `targets` (a verify is never resumed by the same command: it checks the
+// repos as they are now), started by `started_by` ("cli", "schedule"...). Sweeps the tombstones
+// first.
+Result<state::JobRecord> CreateVerifyJob(const pipeline::Environment& env,
+                                         const VerifyTargets& targets,
+                                         const std::string& started_by);
 
 // The job that retries replay job `id`'s failed blocks (the unfinished one, or a new one):
 // Unsupported when `id` is not a replay, NotFound when it has no failed block.

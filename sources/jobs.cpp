@@ -150,6 +150,21 @@ Result<state::JobRecord> FindOrCreateIngestJob(const pipeline::Environment& env,
   return pipeline::FindOrCreateJob(env.jobs, prototype, {"files", "dry_run"}, resumed);
 }
 
+Result<state::JobRecord> CreateVerifyJob(const pipeline::Environment& env,
+                                         const VerifyTargets& targets,
+                                         const std::string& started_by) {
+  const int64_t now = pipeline::NowMicros();
+  ATFILL_RETURN_IF_ERROR(env.tombstones->Sweep(now).status().WithContext("sweeping tombstones"));
+  state::JobRecord job =
+      pipeline::NewJobRecord("verify", state::JobStage::kResolvingAndFetching, started_by, now);
+  job.params = {{"config", std::filesystem::absolute(env.settings->path).string()},
+                {"dids", pipeline::JoinLines(targets.dids)},
+                {"collections", pipeline::JoinLines(targets.collections)},
+                {"repair", targets.repair ? "true" : "false"},
+                {"sink", env.components->SinkLocation(*env.settings)}};
+  return env.jobs->Create(std::move(job));
+}
+
 Result<LiveView> ReadLiveView(const pipeline::Environment& env) {
   LiveView view;
   ATFILL_ASSIGN_OR_RETURN(auto jobs, env.jobs->List());

@@ -38,6 +38,7 @@ int RunResume(std::span<char* const> args);
 int RunCancel(std::span<char* const> args);
 int RunArchive(std::span<char* const> args);
 int RunRetryFailed(std::span<char* const> args);
+int RunVerify(std::span<char* const> args);
 
 std::span<const Verb> Verbs();
 

@@ -162,6 +162,14 @@ int FollowLabels(sources::LabelThread& labels) {
   return rc;
 }
 
+// The verify schedule alone (no [live] hosts, no labelers): until Ctrl-C.
+int FollowSchedule(sources::VerifySchedule& verify) {
+  while (!StopSignalled()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  verify.Stop();
+  RestoreSignals();
+  return kExitStopped;
+}
+
 }  // namespace
 
 int RunRun(std::span<char* const> args) {
@@ -188,6 +196,16 @@ int RunRun(std::span<char* const> args) {
     auto started = sources::LabelThread::Start(EnvOf(*config, *st));
     if (!started.ok()) return Fail("run", started.status().message(), kExitIo);
     labels = std::move(*started);
+  }
+  // [verify] every_hours: verify jobs of the stored repos, on a thread of their own beside the
+  // rest, for as long as this verb runs (its destructor waits for a job in progress, which a
+  // Ctrl-C pauses).
+  std::unique_ptr<sources::VerifySchedule> verify;
+  if (config->sources().verify.every_hours > 0) {
+    verify = std::make_unique<sources::VerifySchedule>(
+        EnvOf(*config, *st), config->sources().verify,
+        [&](state::JobRecord job) { return RunAndReport("verify", *config, *st, std::move(job)); });
+    verify->Start();
   }
   std::vector<state::JobRecord> todo;
   // With a live consumer (or the admin API), backfills run beside it (its events of repos they
@@ -234,7 +252,9 @@ int RunRun(std::span<char* const> args) {
       return std::max(worst, rc);
     }
   }
-  if (!live) return labels ? std::max(worst, FollowLabels(*labels)) : worst;
+  if (!live && labels) return std::max(worst, FollowLabels(*labels));
+  if (!live && verify) return std::max(worst, FollowSchedule(*verify));
+  if (!live) return worst;
   // The backfills run on a thread of their own while this one keeps the database current from
   // the Jetstream, holding the live events of each repo until the crawl has written it. Those of
   // collections added on SIGHUP run in a group of their own beside it.

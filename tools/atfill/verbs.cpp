@@ -78,6 +78,22 @@ std::span<const Verb> Verbs() {
        "exit: 0 completed (or nothing to retry), 1 completed with errors in its log or\n"
        "      failed, 2 usage or config, 3 state unavailable, 4 paused or cancelled\n",
        RunRetryFailed},
+      {"verify", "compare stored repos with their PDSs' signed repos, and repair them",
+       "usage: atfill verify CONFIG [--did DID]... [--collection NSID]... [--repair] [--json]\n\n"
+       "For each repo the database holds records of (or each --did), resolves the DID, fetches\n"
+       "the PDS's current signed repo (com.atproto.sync.getRepo: the commit signature and the\n"
+       "MST are verified) and compares its records with the stored rows, as a job. Prints each\n"
+       "difference on stdout: missing (in the repo, not stored), extra (stored, not in the\n"
+       "repo), different (another CID); a repo that could not be checked (unreachable PDS, bad\n"
+       "CAR, bad signature) is an error naming its DID, and the others go on.\n"
+       "  --did DID           check these repos only (repeatable)\n"
+       "  --collection NSID   compare these collections only (repeatable; \"prefix.*\" too)\n"
+       "  --repair            write the repo's records where they are missing or differ and\n"
+       "                      delete the extra ones, through the ingest path\n"
+       "  --json              print one JSON object (counters, differences, errors) instead\n\n"
+       "exit: 0 no difference, 1 differences found (repaired or not) or repos that could not\n"
+       "      be checked, 2 usage or config, 3 state or database unavailable, 4 paused\n",
+       RunVerify},
       {"run", "resume unfinished jobs, then keep the database current from a Jetstream",
        "usage: atfill run CONFIG [--backfill]\n\n"
        "Resumes, oldest first, every job that was interrupted (running or pausing when its\n"
@@ -92,6 +108,9 @@ std::span<const Verb> Verbs() {
        "With [labels] labelers set, also follows those labelers (subscribeLabels) into the\n"
        "sink's atfill_labels, beside the rest; without [live] hosts, until Ctrl-C or [labels]\n"
        "idle_exit_ms.\n"
+       "With [verify] every_hours set, also runs a verify job of the stored repos (atfill\n"
+       "verify; [verify] repair, collections) every that many hours, beside the rest; without\n"
+       "[live] hosts, until Ctrl-C.\n"
        "With [admin] port set, also serves the admin API, /metrics and the dashboard there\n"
        "(docs/admin.md); backfills then run on threads of their own, and atfill run keeps\n"
        "serving until Ctrl-C or SIGTERM, which pause the running jobs.\n"

@@ -1,0 +1,337 @@
+// `atfill verify` as a user runs it, against the reference PDS (../shared/peers): the seeded
+// network backfilled into SQLite, rows then altered, deleted and inserted by hand in the SQLite
+// file; verify finds exactly those, --repair makes the table equal to the manifest again, and a
+// second verify is clean. A repo that cannot be checked is an error naming its DID while the
+// others are checked.
+#include <gtest/gtest.h>
+#include <simdjson.h>
+
+#include <chrono>
+#include <csignal>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "atproto/cid.hpp"
+#include "sinks/sqlite_reader.hpp"
+#include "tests/common/peers.hpp"
+#include "tests/common/process.hpp"
+#include "tests/common/raw_sqlite.hpp"
+#include "tests/common/test_util.hpp"
+#include "tools/simnet/simnet.hpp"
+
+namespace atfill::testing {
+namespace {
+
+const std::vector<std::string> kSeedArgs = {"--accounts", "3", "--records", "20", "--batch", "50"};
+
+// uri -> cid of the manifest's live records.
+std::map<std::string, std::string> ManifestTable(const PeerManifest& m) {
+  std::map<std::string, std::string> out;
+  for (const PeerAccount& a : m.accounts) {
+    for (const PeerRecord& r : a.records) out[r.uri] = r.cid;
+  }
+  return out;
+}
+
+std::map<std::string, std::string> StoredTable(const std::string& db) {
+  std::map<std::string, std::string> out;
+  auto rows = sinks::ReadAllRecords(db);
+  EXPECT_TRUE(rows.ok()) << rows.status().ToString();
+  if (!rows.ok()) return out;
+  for (const sinks::RecordRow& r : *rows) out[r.uri] = r.cid;
+  return out;
+}
+
+// The differences of `atfill verify --json`'s output: kind -> URIs; and its errors' keys by kind.
+struct VerifyReport {
+  std::map<std::string, std::set<std::string>> differences;
+  std::map<std::string, std::set<std::string>> errors;
+  uint64_t repos_checked = 0;
+  uint64_t repos_failed = 0;
+  uint64_t records = 0;
+};
+
+VerifyReport ParseReport(const std::string& out) {
+  VerifyReport report;
+  simdjson::dom::parser parser;
+  simdjson::dom::element doc;
+  EXPECT_EQ(parser.parse(out).get(doc), simdjson::SUCCESS) << out;
+  if (!doc.is_object()) return report;
+  EXPECT_EQ(doc["repos_checked"].get(report.repos_checked), simdjson::SUCCESS) << out;
+  EXPECT_EQ(doc["repos_failed"].get(report.repos_failed), simdjson::SUCCESS) << out;
+  EXPECT_EQ(doc["records"].get(report.records), simdjson::SUCCESS) << out;
+  for (simdjson::dom::element d : doc["differences"].get_array()) {
+    report.differences[std::string(d["kind"].get_string().value())].insert(
+        std::string(d["uri"].get_string().value()));
+  }
+  for (simdjson::dom::element e : doc["errors"].get_array()) {
+    report.errors[std::string(e["kind"].get_string().value())].insert(
+        std::string(e["key"].get_string().value()));
+  }
+  return report;
+}
+
+TEST(VerifyTest, FindsExactlyTheRowsChangedByHandAndRepairsThem) {
+  ATFILL_SHARED_PATH(harness, "peers/network.sh");
+  Result<std::unique_ptr<PeerNetwork>> up =
+      PeerNetwork::Up(SharedDir().string(), ATFILL_PEERS_HOME, kSeedArgs);
+  ASSERT_TRUE(up.ok()) << up.status().ToString();
+  PeerNetwork& peers = **up;
+  const PeerManifest& m = peers.manifest();
+  ASSERT_EQ(m.accounts.size(), 3u);
+  const std::map<std::string, std::string> manifest = ManifestTable(m);
+  ASSERT_GT(manifest.size(), 30u);
+  std::set<std::string> collections;
+  for (const PeerAccount& a : m.accounts) {
+    for (const PeerRecord& r : a.records) collections.insert(r.collection);
+  }
+  std::string collection_list;
+  for (const std::string& c : collections) {
+    collection_list += (collection_list.empty() ? "\"" : ", \"") + c + "\"";
+  }
+
+  TempDir dir;
+  const std::string config = (dir.path() / "atfill.toml").string();
+  const std::string db = (dir.path() / "db.sqlite").string();
+  WriteFile(config,
+            "[state]\ndir = \"state\"\n[sink.sqlite]\npath = \"db.sqlite\"\n"
+            "[progress]\ninterval_s = 60\n[crawl]\nrelay = \"" +
+                peers.pds_url() + "\"\ndiscovery = \"listRepos\"\nmode = \"getRepo\"\n" +
+                "collections = [" + collection_list +
+                "]\nallow_loopback_endpoints = true\n[resolver]\nplc = \"" + peers.plc_url() +
+                "\"\n");
+  ProcessResult backfill = RunProcess({ATFILL_BINARY, "backfill", config}, dir.path());
+  ASSERT_EQ(backfill.exit_code, 0) << backfill.err;
+  ASSERT_EQ(StoredTable(db), manifest);
+
+  // Nothing differs yet.
+  ProcessResult clean = RunProcess({ATFILL_BINARY, "verify", config, "--json"}, dir.path());
+  EXPECT_EQ(clean.exit_code, 0) << clean.err;
+  VerifyReport before = ParseReport(clean.out);
+  EXPECT_TRUE(before.differences.empty()) << clean.out;
+  EXPECT_TRUE(before.errors.empty()) << clean.out;
+  EXPECT_EQ(before.repos_checked, 3u);
+  EXPECT_EQ(before.records, manifest.size());
+
+  // By hand: one row of account 0 gets another record's CID, two rows (accounts 0 and 1) are
+  // deleted, and one row is inserted into account 2 under an rkey its repo does not hold.
+  const PeerRecord& altered = m.accounts[0].records[0];
+  const PeerRecord& other = m.accounts[0].records[1];
+  const PeerRecord& deleted0 = m.accounts[0].records[2];
+  const PeerRecord& deleted1 = m.accounts[1].records[3];
+  const PeerRecord& template2 = m.accounts[2].records[0];
+  const std::string extra_uri =
+      "at://" + m.accounts[2].did + "/" + template2.collection + "/zzzzverifyextra";
+  {
+    RawDb raw(db);
+    auto row_of = [&](const PeerAccount& a, const PeerRecord& r) {
+      return "did_id = (SELECT id FROM atfill_dids WHERE did = '" + a.did +
+             "') AND collection_id = (SELECT id FROM atfill_collections WHERE nsid = '" +
+             r.collection + "') AND rkey = '" + r.rkey + "'";
+    };
+    ASSERT_EQ(raw.Exec("UPDATE atfill_record_rows SET cid = '" + other.cid + "' WHERE " +
+                       row_of(m.accounts[0], altered)),
+              SQLITE_OK);
+    ASSERT_EQ(raw.Exec("DELETE FROM atfill_record_rows WHERE " + row_of(m.accounts[0], deleted0)),
+              SQLITE_OK);
+    ASSERT_EQ(raw.Exec("DELETE FROM atfill_record_rows WHERE " + row_of(m.accounts[1], deleted1)),
+              SQLITE_OK);
+    ASSERT_EQ(raw.Exec("INSERT INTO atfill_record_rows(did_id, collection_id, rkey, cid, rev, "
+                       "indexed_at, created_at, record) SELECT did_id, collection_id, "
+                       "'zzzzverifyextra', cid, rev, indexed_at, created_at, record FROM "
+                       "atfill_record_rows WHERE " +
+                       row_of(m.accounts[2], template2)),
+              SQLITE_OK);
+  }
+  std::map<std::string, std::string> changed = manifest;
+  changed[altered.uri] = other.cid;
+  changed.erase(deleted0.uri);
+  changed.erase(deleted1.uri);
+  changed[extra_uri] = template2.cid;
+  ASSERT_EQ(StoredTable(db), changed);
+
+  ProcessResult found = RunProcess({ATFILL_BINARY, "verify", config, "--json"}, dir.path());
+  EXPECT_EQ(found.exit_code, 1) << found.err;
+  VerifyReport report = ParseReport(found.out);
+  const std::map<std::string, std::set<std::string>> want = {
+      {"different", {altered.uri}},
+      {"missing", {deleted0.uri, deleted1.uri}},
+      {"extra", {extra_uri}}};
+  EXPECT_EQ(report.differences, want) << found.out;
+  EXPECT_TRUE(report.errors.empty()) << found.out;
+  EXPECT_EQ(report.repos_checked, 3u);
+  EXPECT_EQ(StoredTable(db), changed) << "a verify without --repair wrote";
+
+  // --collection limits the comparison: the altered and deleted rows of account 0 only when its
+  // collection is the one asked for.
+  ProcessResult scoped = RunProcess({ATFILL_BINARY, "verify", config, "--json", "--did",
+                                     m.accounts[0].did, "--collection", altered.collection},
+                                    dir.path());
+  EXPECT_EQ(scoped.exit_code, 1) << scoped.err;
+  VerifyReport scoped_report = ParseReport(scoped.out);
+  std::map<std::string, std::set<std::string>> scoped_want;
+  scoped_want["different"].insert(altered.uri);
+  if (deleted0.collection == altered.collection) scoped_want["missing"].insert(deleted0.uri);
+  EXPECT_EQ(scoped_report.differences, scoped_want) << scoped.out;
+  EXPECT_EQ(scoped_report.repos_checked, 1u);
+
+  // The plain output names each difference on stdout.
+  ProcessResult repaired = RunProcess({ATFILL_BINARY, "verify", config, "--repair"}, dir.path());
+  EXPECT_EQ(repaired.exit_code, 1) << repaired.err;
+  EXPECT_NE(repaired.out.find("different " + altered.uri), std::string::npos) << repaired.out;
+  EXPECT_NE(repaired.out.find("missing " + deleted0.uri), std::string::npos) << repaired.out;
+  EXPECT_NE(repaired.out.find("missing " + deleted1.uri), std::string::npos) << repaired.out;
+  EXPECT_NE(repaired.out.find("extra " + extra_uri), std::string::npos) << repaired.out;
+  EXPECT_EQ(StoredTable(db), manifest) << repaired.err;
+  // The repaired rows are the repo's records (bodies whose CID is the row's), not only CIDs.
+  auto row = sinks::GetRecord(db, altered.uri);
+  ASSERT_TRUE(row.ok() && row->has_value());
+  Result<atproto::Cid> body_cid = atproto::CidOfRecord((*row)->record);
+  ASSERT_TRUE(body_cid.ok()) << body_cid.status().ToString();
+  EXPECT_EQ(body_cid->ToString(), altered.cid) << (*row)->record;
+
+  ProcessResult after = RunProcess({ATFILL_BINARY, "verify", config, "--json"}, dir.path());
+  EXPECT_EQ(after.exit_code, 0) << after.err;
+  VerifyReport again = ParseReport(after.out);
+  EXPECT_TRUE(again.differences.empty()) << after.out;
+  EXPECT_EQ(again.records, manifest.size());
+
+  // A repo that cannot be checked (its DID unknown to the PLC) is an error naming it; the other
+  // repo asked for is still checked.
+  const std::string unknown = "did:plc:aaaaaaaaaaaaaaaaaaaaaaaa";
+  ProcessResult partial = RunProcess(
+      {ATFILL_BINARY, "verify", config, "--json", "--did", unknown, "--did", m.accounts[1].did},
+      dir.path());
+  EXPECT_EQ(partial.exit_code, 1) << partial.err;
+  VerifyReport partial_report = ParseReport(partial.out);
+  EXPECT_EQ(partial_report.repos_checked, 1u);
+  EXPECT_EQ(partial_report.repos_failed, 1u);
+  EXPECT_TRUE(partial_report.differences.empty()) << partial.out;
+  EXPECT_EQ(partial_report.errors,
+            (std::map<std::string, std::set<std::string>>{{"did_not_found", {unknown}}}))
+      << partial.out;
+
+  const Status down = peers.Down();
+  EXPECT_TRUE(down.ok()) << down.ToString();
+}
+
+std::string ReadText(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+size_t Count(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+// [verify] every_hours: `atfill run` (no live consumer) starts a verify job of the stored repos
+// every ~1 s after the last ended, each a job in the store started by "schedule" with its
+// counters; with [verify] repair the first one puts back a row deleted by hand and the next finds
+// nothing. Against simnet (its PLC and PDS over loopback).
+TEST(VerifyTest, RunStartsVerifyJobsOnItsScheduleAndTheyRepair) {
+  simnet::SimnetOptions so;
+  so.seed = 11;
+  so.accounts = 12;
+  so.pds_hosts = 2;
+  so.max_records = 15;
+  so.min_records = 3;
+  so.did_web_share = 0;
+  so.deactivated_share = 0;
+  so.takendown_share = 0;
+  auto net = simnet::Simnet::Start(so);
+  ASSERT_TRUE(net.ok()) << net.status().ToString();
+  auto truth = (*net)->Truth();
+  ASSERT_TRUE(truth.ok()) << truth.status().ToString();
+  std::map<std::string, std::string> want;
+  for (const simnet::TruthRecord& r : truth->records) want[r.uri] = r.cid;
+  ASSERT_GT(want.size(), 20u);
+
+  TempDir dir;
+  const std::string config = (dir.path() / "atfill.toml").string();
+  const std::string db = (dir.path() / "db.sqlite").string();
+  const std::string base =
+      "[state]\ndir = \"state\"\n[sink.sqlite]\npath = \"db.sqlite\"\n"
+      "[progress]\ninterval_s = 60\n[crawl]\nrelay = \"" +
+      (*net)->relay_url() +
+      "\"\nmode = \"getRepo\"\ncollections = [\"app.bsky.feed.post\", "
+      "\"app.bsky.feed.like\"]\nallow_loopback_endpoints = true\n[resolver]\nplc = \"" +
+      (*net)->plc_url() + "\"\n";
+  WriteFile(config, base);
+  ProcessResult backfill = RunProcess({ATFILL_BINARY, "backfill", config}, dir.path());
+  ASSERT_EQ(backfill.exit_code, 0) << backfill.err;
+  ASSERT_EQ(StoredTable(db), want);
+
+  const std::string gone = want.begin()->first;
+  {
+    RawDb raw(db);
+    // at://DID/COLLECTION/RKEY
+    const size_t a = gone.find('/', 5), b = gone.find('/', a + 1);
+    ASSERT_EQ(
+        raw.Exec("DELETE FROM atfill_record_rows WHERE did_id = (SELECT id FROM atfill_dids "
+                 "WHERE did = '" +
+                 gone.substr(5, a - 5) +
+                 "') AND collection_id = (SELECT id FROM atfill_collections WHERE nsid = '" +
+                 gone.substr(a + 1, b - a - 1) + "') AND rkey = '" + gone.substr(b + 1) + "'"),
+        SQLITE_OK);
+  }
+  ASSERT_EQ(StoredTable(db).count(gone), 0u);
+
+  // 0.0003 h: about a second between one job's end and the next's start.
+  WriteFile(config, base + "[verify]\nevery_hours = 0.0003\nrepair = true\n");
+  Child run({ATFILL_BINARY, "run", config}, dir.path());
+  std::string err;
+  // Bounded: two jobs take about 2 s plus their work.
+  for (int i = 0; i < 600 && Count(err, " completed: ") < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    err = ReadText(run.err_path());
+  }
+  ASSERT_GE(Count(err, " completed: "), 2u) << err;
+  ASSERT_TRUE(run.Kill(SIGINT));
+  ProcessResult ended = run.Wait(std::chrono::seconds(30));
+  EXPECT_EQ(ended.exit_code, 4) << ended.err;
+  EXPECT_EQ(StoredTable(db), want) << ended.err;
+
+  ProcessResult jobs = RunProcess({ATFILL_BINARY, "jobs", config, "--json"}, dir.path());
+  ASSERT_EQ(jobs.exit_code, 0) << jobs.err;
+  simdjson::dom::parser parser;
+  simdjson::dom::element list;
+  ASSERT_EQ(parser.parse(jobs.out).get(list), simdjson::SUCCESS) << jobs.out;
+  // The verify jobs by id (the list is newest first): completed ones, started by the schedule.
+  std::map<uint64_t, simdjson::dom::element> verifies;
+  for (simdjson::dom::element j : list.get_array()) {
+    if (j["kind"].get_string().value() != "verify") continue;
+    verifies[j["id"].get_uint64().value()] = j;
+  }
+  ASSERT_GE(verifies.size(), 2u) << jobs.out;
+  auto counter = [](simdjson::dom::element j, const char* name) -> uint64_t {
+    uint64_t v = 0;
+    return j["counters"][name].get(v) == simdjson::SUCCESS ? v : 0;
+  };
+  auto first = verifies.begin()->second;
+  auto second = std::next(verifies.begin())->second;
+  for (auto j : {first, second}) {
+    EXPECT_EQ(j["status"].get_string().value(), "completed") << jobs.out;
+    EXPECT_EQ(j["started_by"].get_string().value(), "schedule") << jobs.out;
+    EXPECT_EQ(counter(j, "verify_repos_checked"), so.accounts) << jobs.out;
+    EXPECT_EQ(counter(j, "processed_repos"), so.accounts) << jobs.out;
+  }
+  EXPECT_EQ(counter(first, "verify_missing"), 1u) << jobs.out;
+  EXPECT_EQ(counter(first, "verify_repairs"), 1u) << jobs.out;
+  EXPECT_EQ(counter(first, "failed_records"), 1u) << jobs.out;
+  EXPECT_EQ(counter(second, "verify_missing"), 0u) << jobs.out;
+  EXPECT_EQ(counter(second, "failed_records"), 0u) << jobs.out;
+  EXPECT_EQ(counter(first, "verify_records"), want.size()) << jobs.out;
+}
+
+}  // namespace
+}  // namespace atfill::testing
