@@ -24,6 +24,7 @@ struct Fetched {
   std::string message;
   std::string signing_key;
   std::string car;
+  bool resolved = false;  // the DID resolved (a failure, if any, came after)
 };
 
 struct Channel {
@@ -93,7 +94,7 @@ void VerifySource::Impl::Submit() {
     resolver->Resolve(did, [this, ch = channel, did](ResolveOutcome outcome) {
       if (!outcome.ok()) {
         Deliver(*ch, {did, outcome.error_kind.empty() ? "resolve_failed" : outcome.error_kind,
-                      outcome.message, "", ""});
+                      outcome.message, "", "", false});
         return;
       }
       // Runs on the resolver's loop thread or inline; Submit only queues the request. The
@@ -108,7 +109,7 @@ void VerifySource::Impl::Fetch(const std::string& did, state::ResolvedDid doc) {
   request.url = GetRepoUrl(doc.pds_endpoint, did);
   http->Submit(std::move(request), [ch = channel, did, key = doc.signing_key,
                                     pds = doc.pds_endpoint](Result<net::HttpResponse> r) {
-    Fetched f{did, "", "", key, ""};
+    Fetched f{did, "", "", key, "", true};
     if (!r.ok()) {
       f.error_kind = "fetch_failed";
       f.message = did + ": getRepo from " + pds + " failed: " + r.status().message();
@@ -153,6 +154,7 @@ void VerifySource::Impl::Compare(Fetched f, pipeline::EventChunk* chunk) {
   chunk->units_read = 1;
   chunk->bytes_read = f.car.size();
   chunk->counters.emplace_back(pipeline::kProcessedRepos, 1);
+  if (f.resolved) chunk->counters.emplace_back(pipeline::kResolvedRepos, 1);
   auto fail = [&](std::string kind, std::string message) {
     chunk->errors.push_back({std::move(kind), did, std::move(message)});
     chunk->counters.emplace_back(kVerifyReposFailed, 1);

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "atproto/cid.hpp"
+#include "atproto/json.hpp"
 #include "sinks/sqlite_reader.hpp"
 #include "tests/common/peers.hpp"
 #include "tests/common/process.hpp"

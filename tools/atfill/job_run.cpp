@@ -39,6 +39,7 @@ extern "C" void OnInterrupt(int) {
 const char* ReadNoun(const state::JobRecord& job) {
   if (job.kind == "live") return "messages read";
   if (job.kind == "ingest") return "events read";
+  if (job.kind == "verify") return "repos read";
   auto source = job.params.find("source");
   if (source != job.params.end() && source->second == "replay") return "archive blocks read";
   return "records fetched";
