@@ -334,5 +334,75 @@ TEST(VerifyTest, RunStartsVerifyJobsOnItsScheduleAndTheyRepair) {
   EXPECT_EQ(counter(first, "verify_records"), want.size()) << jobs.out;
 }
 
+// Repos that cannot be checked are errors naming their DID and the reason, and the other repos
+// are checked: the simnet network backfilled, then served again (same seed, same port) with the
+// commits of pds-0001 signed with other keys and pds-0002 answering 502.
+TEST(VerifyTest, AReposFailureNamesItsDidAndTheOthersAreChecked) {
+  simnet::SimnetOptions so;
+  so.seed = 5;
+  so.accounts = 15;
+  so.pds_hosts = 3;
+  so.max_records = 10;
+  so.min_records = 1;
+  so.did_web_share = 0;
+  so.deactivated_share = 0;
+  so.takendown_share = 0;
+  auto net = simnet::Simnet::Start(so);
+  ASSERT_TRUE(net.ok()) << net.status().ToString();
+  auto truth = (*net)->Truth();
+  ASSERT_TRUE(truth.ok()) << truth.status().ToString();
+  std::map<std::string, std::string> want;
+  for (const simnet::TruthRecord& r : truth->records) want[r.uri] = r.cid;
+  // The DIDs by the PDS that serves them (0-based: pds-0001 is 0).
+  std::map<uint32_t, std::set<std::string>> by_pds;
+  for (const simnet::Account& a : (*net)->network().accounts()) {
+    if (a.collection_counts.empty()) continue;
+    uint32_t records = 0;
+    for (uint32_t n : a.collection_counts) records += n;
+    if (records > 0) by_pds[a.pds].insert(a.did);
+  }
+  ASSERT_FALSE(by_pds[0].empty());
+  ASSERT_FALSE(by_pds[1].empty());
+  ASSERT_FALSE(by_pds[2].empty());
+
+  TempDir dir;
+  const std::string config = (dir.path() / "atfill.toml").string();
+  const std::string db = (dir.path() / "db.sqlite").string();
+  WriteFile(config,
+            "[state]\ndir = \"state\"\n[sink.sqlite]\npath = \"db.sqlite\"\n"
+            "[progress]\ninterval_s = 60\n[crawl]\nrelay = \"" +
+                (*net)->relay_url() +
+                "\"\nmode = \"getRepo\"\ncollections = [\"app.bsky.feed.post\", "
+                "\"app.bsky.feed.like\"]\nallow_loopback_endpoints = true\n"
+                "[net]\nretries = 1\n[resolver]\nplc = \"" +
+                (*net)->plc_url() + "\"\n");
+  ProcessResult backfill = RunProcess({ATFILL_BINARY, "backfill", config}, dir.path());
+  ASSERT_EQ(backfill.exit_code, 0) << backfill.err;
+  ASSERT_EQ(StoredTable(db), want);
+
+  const uint16_t port = (*net)->port();
+  (*net)->Stop();
+  auto rules = simnet::ParseFaultSpec(
+      "pds-0001:bad_signature=always;pds-0002:error=always,error_status=502");
+  ASSERT_TRUE(rules.ok()) << rules.status().ToString();
+  so.faults = *rules;
+  so.port = port;
+  auto faulty = simnet::Simnet::Start(so);
+  ASSERT_TRUE(faulty.ok()) << faulty.status().ToString();
+
+  ProcessResult verify = RunProcess({ATFILL_BINARY, "verify", config, "--json"}, dir.path());
+  EXPECT_EQ(verify.exit_code, 1) << verify.err;
+  VerifyReport report = ParseReport(verify.out);
+  EXPECT_EQ(report.errors, (std::map<std::string, std::set<std::string>>{
+                               {"bad_signature", by_pds[0]}, {"fetch_failed", by_pds[1]}}))
+      << verify.out;
+  EXPECT_TRUE(report.differences.empty()) << verify.out;
+  EXPECT_EQ(report.repos_checked, by_pds[2].size());
+  EXPECT_EQ(report.repos_failed, by_pds[0].size() + by_pds[1].size());
+  // The failures' sentences name the DID and the reason.
+  EXPECT_NE(verify.out.find("502"), std::string::npos) << verify.out;
+  EXPECT_EQ(StoredTable(db), want) << "a failed check wrote";
+}
+
 }  // namespace
 }  // namespace atfill::testing
