@@ -11,6 +11,7 @@
 #include "base/bytes.hpp"
 #include "base/strings.hpp"
 #include "sources/crawl/fetcher.hpp"
+#include "sources/crawl/repo_diff.hpp"
 
 namespace atfill::sources {
 
@@ -35,15 +36,12 @@ std::string_view RepoFailureKind(RepoFailure failure) {
   return "bad_repo";
 }
 
-Result<RepoRecords> ReadRepoRecords(std::string_view did, std::string_view signing_key,
-                                    std::string_view car,
-                                    const std::vector<std::string>& collections,
-                                    const FetchLimits& limits, RepoFailure* failure) {
-  RepoFailure ignored;
-  RepoFailure& why = failure != nullptr ? *failure : ignored;
-  why = RepoFailure::kNone;
+Result<atproto::RepoReader> OpenSignedRepo(std::string_view did, std::string_view signing_key,
+                                           std::string_view car, const FetchLimits& limits,
+                                           RepoFailure* why) {
+  *why = RepoFailure::kNone;
   const auto fail = [&](RepoFailure kind, StatusCode code, std::string_view reason) {
-    why = kind;
+    *why = kind;
     return Status(code, "repo " + std::string(did) + ": " + std::string(reason));
   };
 
@@ -85,10 +83,25 @@ Result<RepoRecords> ReadRepoRecords(std::string_view did, std::string_view signi
                     " signature does not verify with key " + key->ToMultibase() + ": " +
                     s.message());
   }
+  return reader;
+}
+
+Result<RepoRecords> ReadRepoRecords(std::string_view did, std::string_view signing_key,
+                                    std::string_view car,
+                                    const std::vector<std::string>& collections,
+                                    const FetchLimits& limits, RepoFailure* failure) {
+  RepoFailure ignored;
+  RepoFailure& why = failure != nullptr ? *failure : ignored;
+  const auto fail = [&](RepoFailure kind, StatusCode code, std::string_view reason) {
+    why = kind;
+    return Status(code, "repo " + std::string(did) + ": " + std::string(reason));
+  };
+  ATFILL_ASSIGN_OR_RETURN(auto reader, OpenSignedRepo(did, signing_key, car, limits, &why));
+  const atproto::Commit& commit = reader.commit();
 
   RepoRecords out;
   out.rev = commit.rev;
-  out.commit_cid = reader->commit_cid().ToString();
+  out.commit_cid = reader.commit_cid().ToString();
   out.data_cid = commit.data.ToString();
   const auto wanted = [&](std::string_view collection) {
     return collections.empty() ||
@@ -133,10 +146,10 @@ Result<RepoRecords> ReadRepoRecords(std::string_view did, std::string_view signi
     return Status::OK();
   };
   std::vector<atproto::RecordError> missing;
-  if (Status s = reader->ForEachRecord(visit, &missing); !s.ok()) {
-    return fail(RepoFailure::kBadRepo, s.code(),
-                "its MST does not walk from commit " + reader->commit_cid().ToString() + ": " +
-                    s.message());
+  if (Status s = reader.ForEachRecord(visit, &missing); !s.ok()) {
+    return fail(
+        RepoFailure::kBadRepo, s.code(),
+        "its MST does not walk from commit " + reader.commit_cid().ToString() + ": " + s.message());
   }
   for (const atproto::RecordError& e : missing) {
     const size_t slash = e.path.find('/');
