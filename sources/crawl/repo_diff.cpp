@@ -4,6 +4,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "atproto/car.hpp"
@@ -36,24 +37,26 @@ struct Found {
   std::string lo, hi;
 };
 
-// Whether `key` is in the tree at `root` as far as the nodes in `blocks` tell. A node of layer L
+// The nodes of the new tree the answer holds, each decoded once.
+using Nodes = std::unordered_map<atproto::Cid, atproto::MstNode>;
+
+// Whether `key` is in the tree at `root` as far as `nodes` tell. A node of layer L
 // holds the keys of height L, its subtrees those below: so a key is absent when the walk meets a
 // node of its own layer (or one below its height) without it, or an empty place; when the walk
-// needs a node `blocks` lacks, the key's place is a subtree unchanged since REV.
-Result<Found> Lookup(const atproto::BlockStore& blocks, const atproto::Cid& root,
-                     std::string_view key) {
+// needs a node the answer lacks, the key's place is a subtree unchanged since REV.
+Result<Found> Lookup(const Nodes& nodes, const atproto::Cid& root, std::string_view key) {
   const int height = atproto::MstKeyHeight(key);
   atproto::Cid at = root;
   Found out;
   int layer = -1;  // of the node `at`, once known (its parent's minus one)
   for (int depth = 0; depth <= kMaxMstDepth; ++depth) {
-    auto block = blocks.Get(at);
-    if (!block) {
+    auto it = nodes.find(at);
+    if (it == nodes.end()) {
       out.presence = Presence::kUnchangedSubtree;
       out.layer = layer;
       return out;
     }
-    ATFILL_ASSIGN_OR_RETURN(atproto::MstNode node, atproto::DecodeMstNode(*block));
+    const atproto::MstNode& node = it->second;
     if (node.entries.empty()) {
       // The empty tree, or a node standing for a layer with no key on the way down.
       if (!node.left || (layer >= 0 && height >= layer)) return out;
@@ -111,13 +114,16 @@ Result<RepoDiff> ReadRepoDiff(std::string_view did, std::string_view signing_key
 
   // The keys of the nodes the answer holds: the new tree's, where it changed since REV.
   std::map<std::string, atproto::Cid> held;
+  Nodes nodes;
   std::function<Status(const atproto::Cid&, int)> walk = [&](const atproto::Cid& cid,
                                                              int depth) -> Status {
     auto block = blocks.Get(cid);
     if (!block) return Status::OK();  // unchanged since REV
     if (depth > kMaxMstDepth) return Status::Invalid("nodes nest deeper than an MST can");
+    if (nodes.count(cid)) return Status::Invalid("node " + cid.ToString() + " is linked twice");
     ++out.nodes_read;
-    ATFILL_ASSIGN_OR_RETURN(atproto::MstNode node, atproto::DecodeMstNode(*block));
+    ATFILL_ASSIGN_OR_RETURN(atproto::MstNode decoded, atproto::DecodeMstNode(*block));
+    const atproto::MstNode& node = nodes.emplace(cid, std::move(decoded)).first->second;
     if (node.left) ATFILL_RETURN_IF_ERROR(walk(*node.left, depth + 1));
     for (const atproto::MstNode::Entry& e : node.entries) {
       held[e.key] = e.value;
@@ -137,7 +143,6 @@ Result<RepoDiff> ReadRepoDiff(std::string_view did, std::string_view signing_key
   // Stored keys the new tree lacks (by key, their height), and the stored keys found under a
   // subtree unchanged since REV.
   std::map<std::string, int> absent;
-  std::vector<Found> under_unchanged;
   for (const auto& [key, cid] : held) {
     const size_t slash = key.find('/');
     if (slash == std::string::npos) continue;  // DecodeMstNode accepts only collection/rkey keys
@@ -180,13 +185,17 @@ Result<RepoDiff> ReadRepoDiff(std::string_view did, std::string_view signing_key
     r.origin = pipeline::Origin::kCrawl;
     out.events.push_back(std::move(r));
   }
+  // Every stored key is looked up, of every collection, so that the subtrees' places below are
+  // judged with all the keys the table holds; only the wanted collections' deletes are made.
+  std::map<std::string, Found> unchanged;  // stored keys under a subtree unchanged since REV
   for (const auto& [key, s] : by_key) {
-    if (held.count(key) || !pipeline::CollectionMatches(s->collection, collections)) continue;
-    Result<Found> found = Lookup(blocks, commit.data, key);
+    if (held.count(key)) continue;
+    Result<Found> found = Lookup(nodes, commit.data, key);
     if (!found.ok()) return bad_repo(found.status());
-    if (found->presence == Presence::kUnchangedSubtree) under_unchanged.push_back(*found);
+    if (found->presence == Presence::kUnchangedSubtree) unchanged.emplace(key, *found);
     if (found->presence != Presence::kAbsent) continue;
     absent[key] = atproto::MstKeyHeight(key);
+    if (!pipeline::CollectionMatches(s->collection, collections)) continue;
     pipeline::RecordEvent d;
     d.did.assign(did);
     d.collection = s->collection;
@@ -196,14 +205,31 @@ Result<RepoDiff> ReadRepoDiff(std::string_view did, std::string_view signing_key
     d.origin = pipeline::Origin::kCrawl;
     deletes.push_back(std::move(d));
   }
-  // A key under an unchanged subtree is in it (so kept) unless the subtree sat elsewhere at REV:
-  // then a key of a greater height than the subtree's layer that bounded it at REV lies in its
-  // place now, and is gone. When such a key is among the absent ones, the answer cannot tell
-  // whether the key under the subtree was deleted too: the whole repo is needed.
-  for (const Found& f : under_unchanged) {
-    auto it = f.lo.empty() ? absent.begin() : absent.upper_bound(f.lo);
-    for (; it != absent.end() && (f.hi.empty() || it->first < f.hi); ++it) {
-      if (f.layer < 0 || it->second > f.layer) {
+  // A key x under an unchanged subtree S (layer L, between the keys lo and hi of a greater
+  // height) is in S unless S sat in another segment of that place at REV: the segments were
+  // split by keys of a height above L that are gone now (absent, between lo and hi), and every
+  // key of the segments other than S's is gone. So x may be gone only when beyond such a key,
+  // on the side away from x, there is a stored key under S too, or a range of keys the table may
+  // not hold (another collection, or no bound): then the answer cannot tell, and the whole repo
+  // is needed.
+  const auto collection_of = [](std::string_view k) { return k.substr(0, k.find('/')); };
+  for (const auto& [x, f] : unchanged) {
+    if (!pipeline::CollectionMatches(collection_of(x), collections)) continue;
+    auto y = f.lo.empty() ? absent.begin() : absent.upper_bound(f.lo);
+    for (; y != absent.end() && (f.hi.empty() || y->first < f.hi); ++y) {
+      if (f.layer >= 0 && y->second <= f.layer) continue;
+      // The side of y away from x: (y, hi) when x < y, else (lo, y).
+      const bool right = x < y->first;
+      const std::string_view bound = right ? std::string_view(f.hi) : std::string_view(f.lo);
+      bool open = bound.empty() || collection_of(bound) != collection_of(x) ||
+                  collection_of(y->first) != collection_of(x);
+      if (!open) {
+        auto z = right ? unchanged.upper_bound(y->first) : unchanged.upper_bound(f.lo);
+        const std::string& end = right ? f.hi : y->first;
+        open =
+            z != unchanged.end() && z->first < end && z->second.lo == f.lo && z->second.hi == f.hi;
+      }
+      if (open) {
         out.needs_full = true;
         break;
       }

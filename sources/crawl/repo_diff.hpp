@@ -11,10 +11,11 @@
 //   empty place; when the walk reaches a node the CAR lacks, the key's place is a subtree
 //   unchanged since REV, which holds it unless that subtree moved: a subtree keeps its CID when a
 //   key next to it is deleted and its place joins the subtree's, so a stored key there may be gone
-//   too. When a deleted key of a greater height than such a subtree's layer lies in its place,
-//   the answer cannot tell, and needs_full asks for the whole repo (about 1 repo in 7 of 400
-//   records with 0.5-1.5% of them changed, in tests/sources/repo_diff_test.cpp); otherwise the
-//   deletes are exact;
+//   too. The deleted keys of a greater height than such a subtree's layer that lie in its place
+//   split it into segments at REV, and all but the subtree's own segment are gone: when stored
+//   keys lie in more than one segment (or a segment reaches beyond the key's collection, which
+//   the table may not hold), the answer cannot tell which, and needs_full asks for the whole repo;
+//   otherwise the deletes are exact;
 // - a key in a held node whose record the CAR lacks and whose stored CID differs (a record written
 //   since REV with the bytes of a record older than REV, so not sent again) cannot be written from
 //   the answer: needs_full asks for the whole repo.
