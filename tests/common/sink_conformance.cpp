@@ -797,6 +797,33 @@ TEST_P(SinkConformanceTest, PurgingACollectionDeletesItsRowsAlone) {
   EXPECT_EQ(after->size(), 3u);
 }
 
+// What `atfill verify` reads: the DIDs holding records and one repo's keys, CIDs and revs.
+TEST_P(SinkConformanceTest, ReaderListsAccountsAndARepoSRecords) {
+  MustWrite({MakeCreate(kBob, kPost, "b2", kBodyB, kRev2), MakeCreate(kAlice, kPost, "a", kBodyA),
+             MakeCreate(kAlice, kLike, "l", kBodyB, kRev1), MakeCreate(kBob, kLike, "x", kBodyA),
+             MakeCreate(kBob, kPost, "b1", kBodyA, kRev1)});
+  // Bob's like deleted: his account still holds records; one of a third account held none.
+  MustWrite({MakeDelete(kBob, kLike, "x", ""), MakeCreate("did:plc:carol", kPost, "c", kBodyA),
+             MakeDelete("did:plc:carol", kPost, "c", "")});
+  auto reader = env_->OpenReader();
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  RecordLookup& r = **reader;
+  auto dids = r.Dids();
+  ASSERT_TRUE(dids.ok()) << dids.status().ToString();
+  EXPECT_EQ(*dids, (std::vector<std::string>{kAlice, kBob}));
+  auto alice = r.RepoRecords(kAlice);
+  ASSERT_TRUE(alice.ok()) << alice.status().ToString();
+  EXPECT_EQ(*alice, (std::vector<sinks::RepoRecordKey>{{kLike, "l", CidOf(kBodyB), kRev1},
+                                                       {kPost, "a", CidOf(kBodyA), ""}}));
+  auto bob = r.RepoRecords(kBob);
+  ASSERT_TRUE(bob.ok()) << bob.status().ToString();
+  EXPECT_EQ(*bob, (std::vector<sinks::RepoRecordKey>{{kPost, "b1", CidOf(kBodyA), kRev1},
+                                                     {kPost, "b2", CidOf(kBodyB), kRev2}}));
+  auto none = r.RepoRecords("did:plc:nobody");
+  ASSERT_TRUE(none.ok()) << none.status().ToString();
+  EXPECT_TRUE(none->empty());
+}
+
 TEST_P(SinkConformanceTest, ReaderLooksUpByUri) {
   MustWrite(
       {MakeCreate(kAlice, kPost, "a", kBodyA, kRev1, "c"), MakeCreate(kAlice, kPost, "b", kBodyB)});

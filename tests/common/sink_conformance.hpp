@@ -58,6 +58,8 @@ class RecordLookup {
   virtual Result<uint64_t> Count() = 0;
   virtual Result<bool> HoldsRecords(std::string_view did, std::string_view collection) = 0;
   virtual Result<std::vector<std::vector<std::string>>> Query(std::string_view sql) = 0;
+  virtual Result<std::vector<std::string>> Dids() = 0;
+  virtual Result<std::vector<sinks::RepoRecordKey>> RepoRecords(std::string_view did) = 0;
 };
 
 // A RecordLookup over a reader class that has those methods.
@@ -78,6 +80,10 @@ class ReaderLookup : public RecordLookup {
   }
   Result<std::vector<std::vector<std::string>>> Query(std::string_view sql) override {
     return reader_->Query(sql);
+  }
+  Result<std::vector<std::string>> Dids() override { return reader_->Dids(); }
+  Result<std::vector<sinks::RepoRecordKey>> RepoRecords(std::string_view did) override {
+    return reader_->RepoRecords(did);
   }
 
  private:
