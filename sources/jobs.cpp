@@ -1,6 +1,7 @@
 // Creating jobs (sources/components.hpp): the choice between a crawl and an archive replay, the
 // job of a backfill's targets, the live consumer's job, and the job that retries a replay's failed
 // blocks.
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 
@@ -155,11 +156,23 @@ Result<state::JobRecord> CreateVerifyJob(const pipeline::Environment& env,
                                          const std::string& started_by) {
   const int64_t now = pipeline::NowMicros();
   ATFILL_RETURN_IF_ERROR(env.tombstones->Sweep(now).status().WithContext("sweeping tombstones"));
+  // Unless told otherwise, the collections the config indexes: what the table is meant to hold
+  // ([crawl] and [live] collections); every collection when the config names none.
+  std::vector<std::string> collections = targets.collections;
+  if (collections.empty()) {
+    const SourceSettings& settings = env.settings->Get<SourceSettings>();
+    collections = settings.crawl.collections;
+    for (const std::string& c : settings.live.collections) {
+      if (std::find(collections.begin(), collections.end(), c) == collections.end()) {
+        collections.push_back(c);
+      }
+    }
+  }
   state::JobRecord job =
       pipeline::NewJobRecord("verify", state::JobStage::kResolvingAndFetching, started_by, now);
   job.params = {{"config", std::filesystem::absolute(env.settings->path).string()},
                 {"dids", pipeline::JoinLines(targets.dids)},
-                {"collections", pipeline::JoinLines(targets.collections)},
+                {"collections", pipeline::JoinLines(collections)},
                 {"repair", targets.repair ? "true" : "false"},
                 {"sink", env.components->SinkLocation(*env.settings)}};
   return env.jobs->Create(std::move(job));

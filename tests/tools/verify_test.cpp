@@ -2,7 +2,7 @@
 // network backfilled into SQLite, rows then altered, deleted and inserted by hand in the SQLite
 // file; verify finds exactly those, --repair makes the table equal to the manifest again, and a
 // second verify is clean. A repo that cannot be checked is an error naming its DID while the
-// others are checked.
+// others are checked. By default the collections compared are the config's ([crawl], [live]).
 #include <gtest/gtest.h>
 #include <simdjson.h>
 
@@ -379,6 +379,32 @@ TEST(VerifyTest, AReposFailureNamesItsDidAndTheOthersAreChecked) {
   ProcessResult backfill = RunProcess({ATFILL_BINARY, "backfill", config}, dir.path());
   ASSERT_EQ(backfill.exit_code, 0) << backfill.err;
   ASSERT_EQ(StoredTable(db), want);
+
+  // A table of one collection is compared in that collection by default ([crawl] collections):
+  // the repos' other records are not missing.
+  TempDir posts_dir;
+  const std::string posts_config = (posts_dir.path() / "atfill.toml").string();
+  WriteFile(posts_config,
+            "[state]\ndir = \"state\"\n[sink.sqlite]\npath = \"db.sqlite\"\n"
+            "[progress]\ninterval_s = 60\n[crawl]\nrelay = \"" +
+                (*net)->relay_url() +
+                "\"\nmode = \"getRepo\"\ncollections = [\"app.bsky.feed.post\"]\n"
+                "allow_loopback_endpoints = true\n[resolver]\nplc = \"" +
+                (*net)->plc_url() + "\"\n");
+  ProcessResult posts_backfill =
+      RunProcess({ATFILL_BINARY, "backfill", posts_config}, posts_dir.path());
+  ASSERT_EQ(posts_backfill.exit_code, 0) << posts_backfill.err;
+  size_t posts = 0;
+  for (const auto& [uri, cid] : want)
+    posts += uri.find("/app.bsky.feed.post/") != std::string::npos;
+  ASSERT_GT(posts, 0u);
+  ASSERT_LT(posts, want.size());
+  ProcessResult posts_verify =
+      RunProcess({ATFILL_BINARY, "verify", posts_config, "--json"}, posts_dir.path());
+  EXPECT_EQ(posts_verify.exit_code, 0) << posts_verify.err;
+  VerifyReport posts_report = ParseReport(posts_verify.out);
+  EXPECT_TRUE(posts_report.differences.empty()) << posts_verify.out;
+  EXPECT_EQ(posts_report.records, posts);
 
   const uint16_t port = (*net)->port();
   (*net)->Stop();
