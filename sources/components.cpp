@@ -121,6 +121,7 @@ Status ReadCrawl(ConfigFile& file, SourceSettings& c) {
       file.ReadEnum("crawl.source", &c.backfill_source, {"crawl", "auto", "replay"}));
   ATFILL_RETURN_IF_ERROR(pipeline::ReadBatchOptions(file, "crawl", &c.crawl_batch));
   ATFILL_RETURN_IF_ERROR(file.ReadBool("crawl.bulk_load", &c.crawl_bulk_load));
+  ATFILL_RETURN_IF_ERROR(file.ReadBool("crawl.incremental", &c.crawl.incremental));
   ATFILL_RETURN_IF_ERROR(file.ReadStringList("crawl.dids", &k.dids));
   ATFILL_RETURN_IF_ERROR(file.ReadUint("crawl.list_repos_limit", &k.list_repos_limit, 1, 1000));
   ATFILL_RETURN_IF_ERROR(file.ReadUint("crawl.list_records_limit", &k.list_records_limit, 1, 100));
@@ -330,7 +331,8 @@ Status PlanCrawl(const pipeline::Environment& env, pipeline::PlanDraft& draft) {
   crawl.dids = pipeline::SplitLines(draft.Param("dids"));
   crawl.hold_live = draft.ctx->hold_live;
   draft.sink_hints.bulk_load = settings.crawl_bulk_load && !draft.ctx->hold_live;
-  auto source = CrawlSource::Create(crawl, job.id, env.kv);
+  auto source = CrawlSource::Create(crawl, job.id, env.kv,
+                                    env.components->Readers(*env.settings).repo_records);
   if (!source.ok()) return Status::Invalid(source.status().message());
   draft.plan->source = draft.Keep(std::move(*source));
   draft.plan->cursor_name = "job/" + std::to_string(job.id) + "/crawl";

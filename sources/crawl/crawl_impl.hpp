@@ -76,6 +76,11 @@ struct CrawlSource::Impl {
     std::string page_cursor;
     uint64_t records = 0;
     uint32_t attempts = 0;
+    // getRepo with CrawlOptions::incremental: the rev asked for (empty: the whole repo), the
+    // stored records it is applied to, and whether the whole repo is wanted now.
+    std::string since;
+    std::vector<pipeline::StoredRecord> stored;
+    bool whole = false;
   };
 
   CrawlOptions options;
@@ -93,6 +98,8 @@ struct CrawlSource::Impl {
   RepoDiscovery discovery;
   HostScheduler scheduler;
   ResponseDecoder decoder;
+  // The sink's records of a repo, for incremental fetches; unset otherwise.
+  std::function<Result<std::vector<pipeline::StoredRecord>>(const std::string& did)> stored;
 
   std::unordered_map<uint64_t, Unit> units;  // in memory: waiting, delayed or active
   std::unordered_set<std::string> ids;       // ids of `units`

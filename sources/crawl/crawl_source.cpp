@@ -218,6 +218,22 @@ void CrawlSource::Impl::SubmitFetch(Unit& u) {
       options.mode == FetchMode::kGetRepo
           ? GetRepoUrl(u.pds, u.did)
           : ListRecordsUrl(u.pds, u.did, u.collection, options.list_records_limit, u.page_cursor);
+  if (stored && !u.whole) {
+    // The repo as the table holds it: the answer since its oldest rev covers every change since
+    // the table matched the repo. A row without a rev (from listRecords) leaves no such point.
+    u.stored.clear();
+    u.since.clear();
+    auto rows = stored(u.did);
+    if (rows.ok() && !rows->empty()) {
+      std::string oldest = rows->front().rev;
+      for (const pipeline::StoredRecord& r : *rows) oldest = std::min(oldest, r.rev);
+      if (!oldest.empty()) {
+        u.since = oldest;
+        u.stored = std::move(*rows);
+        request.url += "&since=" + u.since;
+      }
+    }
+  }
   ++stats.fetch_requests;
   const uint64_t pos = u.position;
   http->Submit(std::move(request), [ch = channel, pos](Result<net::HttpResponse> r) {
@@ -242,8 +258,10 @@ CrawlSource::~CrawlSource() {
   if (impl_->resolver_http) impl_->resolver_http->Shutdown();
 }
 
-Result<std::unique_ptr<CrawlSource>> CrawlSource::Create(CrawlOptions options, uint64_t job_id,
-                                                         state::KvStore* kv) {
+Result<std::unique_ptr<CrawlSource>> CrawlSource::Create(
+    CrawlOptions options, uint64_t job_id, state::KvStore* kv,
+    std::function<Result<std::vector<pipeline::StoredRecord>>(const std::string& did)>
+        stored_records) {
   const bool loopback = options.allow_loopback_endpoints || options.allow_private_endpoints;
   // The clients check the address they connect to; the resolver the endpoint a DID names.
   options.http.allow_private_addresses = loopback;
@@ -257,6 +275,7 @@ Result<std::unique_ptr<CrawlSource>> CrawlSource::Create(CrawlOptions options, u
   ATFILL_ASSIGN_OR_RETURN(impl->resolver_http, net::HttpClient::Start(o.resolver_http));
   impl->resolver =
       std::make_unique<DidResolver>(impl->resolver_http.get(), &impl->cache, o.resolver);
+  if (o.incremental && o.mode == FetchMode::kGetRepo) impl->stored = std::move(stored_records);
   return std::unique_ptr<CrawlSource>(new CrawlSource(std::move(impl)));
 }
 

@@ -39,12 +39,14 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
 
 #include "base/status.hpp"
 #include "net/http_client.hpp"
+#include "pipeline/components.hpp"
 #include "pipeline/source.hpp"
 #include "sources/crawl/options.hpp"
 #include "state/kv_store.hpp"
@@ -54,8 +56,11 @@ namespace atfill::sources {
 class CrawlSource : public pipeline::Source {
  public:
   // `kv` holds the job's queue and cursors and must outlive the source. Starts the HTTP clients.
-  static Result<std::unique_ptr<CrawlSource>> Create(CrawlOptions options, uint64_t job_id,
-                                                     state::KvStore* kv);
+  // `stored_records` (the sink's SinkReaders::repo_records) is read for options.incremental.
+  static Result<std::unique_ptr<CrawlSource>> Create(
+      CrawlOptions options, uint64_t job_id, state::KvStore* kv,
+      std::function<Result<std::vector<pipeline::StoredRecord>>(const std::string& did)>
+          stored_records = nullptr);
   ~CrawlSource() override;
 
   Status Seek(const std::string& resume_cursor) override;

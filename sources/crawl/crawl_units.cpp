@@ -145,11 +145,39 @@ void CrawlSource::Impl::HandleFetched(Completion& c, EventChunk* chunk) {
     return;
   }
   chunk->bytes_read += resp.body.size();
+  if (options.mode == FetchMode::kGetRepo && !u.since.empty()) {
+    // An answer since the stored rev: read here, because one that cannot settle the repo is
+    // fetched again whole (a unit's next fetch is decided on this thread).
+    RepoFailure failure = RepoFailure::kNone;
+    auto diff = ReadRepoDiff(u.did, u.signing_key, resp.body, u.stored, options.collections,
+                             options.limits, &failure);
+    if (!diff.ok()) {
+      std::string kind(RepoFailureKind(failure));
+      FinishUnit(u, chunk, kind.empty() ? "bad_repo" : kind, diff.status().message(), false);
+      return;
+    }
+    if (diff->needs_full) {
+      chunk->counters.emplace_back("repos_incremental_refetched", 1);
+      u.whole = true;
+      u.since.clear();
+      u.stored.clear();
+      SubmitFetch(u);
+      return;
+    }
+    FetchedResponses& out = Responses(chunk);
+    out.bytes += resp.body.size();
+    FetchedResponse item{
+        FetchedResponse::Kind::kRepo, u.did, "", u.pds, u.signing_key, ++recent_seq, "", nullptr};
+    item.diff = std::make_shared<RepoDiff>(std::move(*diff));
+    out.items.push_back(std::move(item));
+    FinishUnit(u, chunk, "", "", true);
+    return;
+  }
   if (options.mode == FetchMode::kGetRepo) {
     FetchedResponses& out = Responses(chunk);
     out.bytes += resp.body.size();
     out.items.push_back({FetchedResponse::Kind::kRepo, u.did, "", u.pds, u.signing_key,
-                         ++recent_seq, std::move(resp.body)});
+                         ++recent_seq, std::move(resp.body), nullptr});
     FinishUnit(u, chunk, "", "", true);
     return;
   }
@@ -166,7 +194,7 @@ void CrawlSource::Impl::HandleFetched(Completion& c, EventChunk* chunk) {
     FetchedResponses& out = Responses(chunk);
     out.bytes += resp.body.size();
     out.items.push_back({FetchedResponse::Kind::kRecordsPage, u.did, u.collection, u.pds, "", 0,
-                         std::move(resp.body)});
+                         std::move(resp.body), nullptr});
   }
   if (scan.count == 0 || scan.cursor.empty() || scan.cursor == u.page_cursor) {
     FinishUnit(u, chunk, "", "", false);

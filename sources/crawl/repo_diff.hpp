@@ -1,6 +1,6 @@
 // An incremental repo fetch: com.atproto.sync.getRepo?since=REV, the blocks a PDS wrote after
-// REV, applied to what the table holds of the repo at REV. The crawl's building block for a
-// repeated backfill that costs what changed rather than the whole repo. Pure, thread-safe.
+// REV, applied to what the table holds of the repo at REV: a repeated getRepo backfill that costs
+// what changed rather than the whole repo ([crawl] incremental). Pure, thread-safe.
 //
 // What the answer holds (atproto sync): the new signed commit, the MST nodes that changed since
 // REV and the record blocks written since; nodes and records unchanged since are left out. So:

@@ -82,6 +82,28 @@ void ResponseDecoder::Decode(const FetchedResponses& in, pipeline::EventChunk* c
     recent.did = r.did;
     recent.host = r.pds;
     recent.fetched_at_us = pipeline::NowMicros();
+    if (r.diff) {
+      // Read has checked the commit and compared the answer with the stored repo.
+      const RepoDiff& d = *r.diff;
+      chunk->units_read += d.events.size() + d.errors.size();
+      for (const auto& e : d.errors) chunk->errors.push_back(e);
+      log->AddHost(&chunk->state_writes, job, r.pds, 0, 1, 0,
+                   static_cast<int64_t>(d.events.size()));
+      recent.rev = d.unchanged ? "" : d.rev;
+      if (options->hold_live && !d.unchanged) {
+        holds->SetCheckpointRev(&chunk->state_writes, r.did, d.rev, options->collections);
+      }
+      recent.records = d.events.size();
+      recent.outcome = d.unchanged ? "unchanged" : "ok";
+      log->PutRecent(&chunk->state_writes, job, recent, options->recent_repos);
+      chunk->counters.emplace_back("repos_incremental", 1);
+      for (const auto& e : d.events) {
+        pipeline::RecordEvent rec = e;
+        rec.position = chunk->seq;
+        chunk->events.emplace_back(std::move(rec));
+      }
+      continue;
+    }
     RepoFailure failure = RepoFailure::kNone;
     auto repo = ReadRepoRecords(r.did, r.signing_key, r.body, options->collections, options->limits,
                                 &failure);

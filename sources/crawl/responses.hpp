@@ -7,11 +7,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "pipeline/chunk.hpp"
 #include "sources/crawl/options.hpp"
+#include "sources/crawl/repo_diff.hpp"
 #include "state/crawl_log.hpp"
 #include "state/live_holds.hpp"
 
@@ -30,6 +32,8 @@ struct FetchedResponse {
   std::string signing_key;  // kRepo
   uint64_t recent_seq = 0;  // kRepo: the recent-repos entry's sequence number
   std::string body;
+  // kRepo fetched with getRepo?since: the answer read against the stored records (body empty).
+  std::shared_ptr<RepoDiff> diff;
 };
 
 // A chunk's answers, in the order they arrived.

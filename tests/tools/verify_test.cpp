@@ -19,6 +19,7 @@
 
 #include "atproto/cid.hpp"
 #include "atproto/json.hpp"
+#include "net/http_client.hpp"
 #include "sinks/sqlite_reader.hpp"
 #include "tests/common/peers.hpp"
 #include "tests/common/process.hpp"
@@ -217,6 +218,134 @@ TEST(VerifyTest, FindsExactlyTheRowsChangedByHandAndRepairsThem) {
   EXPECT_EQ(partial_report.errors,
             (std::map<std::string, std::set<std::string>>{{"did_not_found", {unknown}}}))
       << partial.out;
+
+  const Status down = peers.Down();
+  EXPECT_TRUE(down.ok()) << down.ToString();
+}
+
+// One XRPC call to the PDS: a POST of `body` (JSON), with `token` as the bearer when set; the
+// answer's body, or the failure as text after "error: ".
+std::string Post(net::HttpClient& client, const std::string& url, const std::string& body,
+                 const std::string& token = "") {
+  net::HttpRequest request;
+  request.method = "POST";
+  request.url = url;
+  request.body = body;
+  request.headers = {{"Content-Type", "application/json"}};
+  if (!token.empty()) request.credentials = {{"Authorization", "Bearer " + token}};
+  request.trusted_endpoint = true;
+  auto got = client.Fetch(std::move(request));
+  if (!got.ok()) return "error: " + got.status().ToString();
+  if (got->status != 200) return "error: " + std::to_string(got->status) + " " + got->body;
+  return got->body;
+}
+
+std::string Member(const std::string& json, const char* name) {
+  simdjson::dom::parser parser;
+  simdjson::dom::element doc;
+  std::string_view v;
+  if (parser.parse(json).get(doc) != simdjson::SUCCESS || doc[name].get(v) != simdjson::SUCCESS) {
+    return "";
+  }
+  return std::string(v);
+}
+
+// [crawl] incremental: a second backfill of repos the table holds asks each PDS for
+// getRepo?since=<the stored rev> and applies the answer: a record created, one updated and one
+// deleted on the reference PDS after the first backfill are in the table as on the PDS, at a
+// fraction of the first backfill's bytes; the unchanged repos cost a CAR header each.
+TEST(VerifyTest, IncrementalBackfillAppliesWhatChangedSinceTheStoredRev) {
+  ATFILL_SHARED_PATH(harness, "peers/network.sh");
+  Result<std::unique_ptr<PeerNetwork>> up =
+      PeerNetwork::Up(SharedDir().string(), ATFILL_PEERS_HOME, kSeedArgs);
+  ASSERT_TRUE(up.ok()) << up.status().ToString();
+  PeerNetwork& peers = **up;
+  const PeerManifest& m = peers.manifest();
+  ASSERT_EQ(m.accounts.size(), 3u);
+  std::map<std::string, std::string> want = ManifestTable(m);
+  std::set<std::string> collections;
+  for (const PeerAccount& a : m.accounts) {
+    for (const PeerRecord& r : a.records) collections.insert(r.collection);
+  }
+  std::string collection_list;
+  for (const std::string& c : collections) {
+    collection_list += (collection_list.empty() ? "\"" : ", \"") + c + "\"";
+  }
+  TempDir dir;
+  const std::string config = (dir.path() / "atfill.toml").string();
+  const std::string db = (dir.path() / "db.sqlite").string();
+  WriteFile(config,
+            "[state]\ndir = \"state\"\n[sink.sqlite]\npath = \"db.sqlite\"\n"
+            "[progress]\ninterval_s = 60\n[crawl]\nrelay = \"" +
+                peers.pds_url() + "\"\ndiscovery = \"listRepos\"\nmode = \"getRepo\"\n" +
+                "incremental = true\ncollections = [" + collection_list +
+                "]\nallow_loopback_endpoints = true\n[resolver]\nplc = \"" + peers.plc_url() +
+                "\"\n");
+  ProcessResult first = RunProcess({ATFILL_BINARY, "backfill", config}, dir.path());
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  ASSERT_EQ(StoredTable(db), want);
+
+  // Account 0 writes on its PDS: one record deleted, one updated, one created.
+  net::HttpClientOptions options;
+  options.allow_private_addresses = true;
+  auto client = net::HttpClient::Start(options);
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  const PeerAccount& a = m.accounts[0];
+  const std::string xrpc = peers.pds_url_ip() + "/xrpc/";
+  const std::string session = Post(**client, xrpc + "com.atproto.server.createSession",
+                                   "{\"identifier\":\"" + a.did + "\",\"password\":\"password\"}");
+  const std::string token = Member(session, "accessJwt");
+  ASSERT_FALSE(token.empty()) << session;
+  const PeerRecord& gone = a.records[0];
+  const PeerRecord& changed = a.records[1];
+  ASSERT_EQ(Post(**client, xrpc + "com.atproto.repo.deleteRecord",
+                 "{\"repo\":\"" + a.did + "\",\"collection\":\"" + gone.collection +
+                     "\",\"rkey\":\"" + gone.rkey + "\"}",
+                 token)
+                .rfind("error", 0),
+            std::string::npos);
+  const std::string put =
+      Post(**client, xrpc + "com.atproto.repo.putRecord",
+           "{\"repo\":\"" + a.did + "\",\"collection\":\"" + changed.collection + "\",\"rkey\":\"" +
+               changed.rkey + "\",\"validate\":false,\"record\":{\"$type\":\"" +
+               changed.collection + "\",\"text\":\"changed after the backfill\"}}",
+           token);
+  ASSERT_FALSE(Member(put, "cid").empty()) << put;
+  const std::string made =
+      Post(**client, xrpc + "com.atproto.repo.createRecord",
+           "{\"repo\":\"" + a.did + "\",\"collection\":\"" + changed.collection +
+               "\",\"rkey\":\"zzzz-incremental\",\"validate\":false,\"record\":{\"$type\":\"" +
+               changed.collection + "\",\"text\":\"made after the backfill\"}}",
+           token);
+  ASSERT_FALSE(Member(made, "cid").empty()) << made;
+  want.erase(gone.uri);
+  want[changed.uri] = Member(put, "cid");
+  want[Member(made, "uri")] = Member(made, "cid");
+
+  ProcessResult second = RunProcess({ATFILL_BINARY, "backfill", config}, dir.path());
+  ASSERT_EQ(second.exit_code, 0) << second.err;
+  EXPECT_EQ(StoredTable(db), want) << second.err;
+
+  ProcessResult jobs = RunProcess({ATFILL_BINARY, "jobs", config, "--json"}, dir.path());
+  ASSERT_EQ(jobs.exit_code, 0) << jobs.err;
+  simdjson::dom::parser parser;
+  simdjson::dom::element list;
+  ASSERT_EQ(parser.parse(jobs.out).get(list), simdjson::SUCCESS) << jobs.out;
+  std::map<uint64_t, simdjson::dom::element> backfills;
+  for (simdjson::dom::element j : list.get_array()) {
+    if (j["kind"].get_string().value() == "backfill") backfills[j["id"].get_uint64().value()] = j;
+  }
+  ASSERT_EQ(backfills.size(), 2u) << jobs.out;
+  auto counter = [](simdjson::dom::element j, const char* name) -> uint64_t {
+    uint64_t v = 0;
+    return j["counters"][name].get(v) == simdjson::SUCCESS ? v : 0;
+  };
+  simdjson::dom::element full = backfills.begin()->second;
+  simdjson::dom::element again = std::next(backfills.begin())->second;
+  EXPECT_EQ(counter(full, "repos_incremental"), 0u) << jobs.out;
+  EXPECT_EQ(counter(again, "repos_incremental"), 3u) << jobs.out;
+  EXPECT_EQ(counter(again, "repos_incremental_refetched"), 0u) << jobs.out;
+  EXPECT_LT(counter(again, "bytes") * 5, counter(full, "bytes")) << jobs.out;
 
   const Status down = peers.Down();
   EXPECT_TRUE(down.ok()) << down.ToString();
