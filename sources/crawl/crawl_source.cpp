@@ -69,7 +69,7 @@ CrawlSource::Impl::Impl(CrawlOptions o, uint64_t j, state::KvStore* k)
       cache(*k),
       discovery(&options, j, &cursors),
       scheduler(SchedulerOptions(options)),
-      decoder{&options, j, &log, &holds} {}
+      decoder{&options, j, &log, &holds, &cursors} {}
 
 std::vector<std::pair<std::string, std::string>> CrawlSource::Impl::UnitIds(
     std::string_view did, std::string_view listed) const {
@@ -219,16 +219,18 @@ void CrawlSource::Impl::SubmitFetch(Unit& u) {
           ? GetRepoUrl(u.pds, u.did)
           : ListRecordsUrl(u.pds, u.did, u.collection, options.list_records_limit, u.page_cursor);
   if (stored && !u.whole) {
-    // The repo as the table holds it: the answer since its oldest rev covers every change since
-    // the table matched the repo. A row without a rev (from listRecords) leaves no such point.
+    // The rev a getRepo crawl of these collections (or more) last applied to the table: the
+    // answer since then covers every change the table has not seen. None (a repo never crawled
+    // so, whatever rows the live stream gave it), or no stored row left (a purge): the whole repo.
     u.stored.clear();
     u.since.clear();
-    auto rows = stored(u.did);
-    if (rows.ok() && !rows->empty()) {
-      std::string oldest = rows->front().rev;
-      for (const pipeline::StoredRecord& r : *rows) oldest = std::min(oldest, r.rev);
-      if (!oldest.empty()) {
-        u.since = oldest;
+    auto applied = cursors.Get(RepoRevCursor(u.did));
+    const std::string since =
+        applied.ok() && applied->has_value() ? RepoRevFor(**applied, options.collections) : "";
+    if (!since.empty()) {
+      auto rows = stored(u.did);
+      if (rows.ok() && !rows->empty()) {
+        u.since = since;
         u.stored = std::move(*rows);
         request.url += "&since=" + u.since;
       }

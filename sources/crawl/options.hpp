@@ -73,10 +73,11 @@ struct CrawlOptions {
   // This process's shard of the DID space (--shard i/n): discovery queues only the DIDs it owns
   // (counted in "repos_other_shards"), so nothing else of another shard is resolved or fetched.
   pipeline::Shard shard;
-  // getRepo mode: a repo the table already holds, every row with a rev, is fetched with
-  // getRepo?since=<the oldest of those revs> and the answer applied as a diff (creates, updates,
-  // deletes; sources/crawl/repo_diff.hpp); the whole repo when the answer cannot settle it. Needs
-  // the stored records (CrawlSource::Create's `stored_records`).
+  // getRepo mode: each repo's applied rev is kept in state (RepoRevCursor), and a repo an earlier
+  // crawl of these collections (or more) applied, with rows still stored, is fetched with
+  // getRepo?since=<that rev> and the answer applied as a diff (creates, updates, deletes;
+  // sources/crawl/repo_diff.hpp); the whole repo when the answer cannot settle it. Needs the
+  // stored records (CrawlSource::Create's `stored_records`).
   bool incremental = false;
   FetchLimits limits;
   ResolverOptions resolver;

@@ -1,4 +1,5 @@
 #include "sources/crawl/responses.hpp"
+#include <algorithm>
 
 #include <utility>
 
@@ -56,6 +57,34 @@ PageScan ScanRecordsPage(simdjson::ondemand::parser& parser, std::string& body) 
   return scan;
 }
 
+std::string RepoRevCursor(std::string_view did) { return "repo-rev/" + std::string(did); }
+
+std::string RepoRevValue(std::string_view rev, std::vector<std::string> collections) {
+  std::sort(collections.begin(), collections.end());
+  std::string out(rev);
+  out += '\t';
+  for (size_t i = 0; i < collections.size(); ++i) {
+    if (i) out += ',';
+    out += collections[i];
+  }
+  return out;
+}
+
+std::string RepoRevFor(std::string_view value, const std::vector<std::string>& collections) {
+  const size_t tab = value.find('\t');
+  if (tab == std::string_view::npos || tab == 0) return "";
+  std::vector<std::string_view> had;
+  for (std::string_view rest = value.substr(tab + 1); !rest.empty();) {
+    const size_t comma = rest.find(',');
+    had.push_back(rest.substr(0, comma));
+    rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+  }
+  for (const std::string& c : collections) {
+    if (std::find(had.begin(), had.end(), c) == had.end()) return "";
+  }
+  return std::string(value.substr(0, tab));
+}
+
 void ResponseDecoder::Decode(const FetchedResponses& in, pipeline::EventChunk* chunk) const {
   for (const FetchedResponse& r : in.items) {
     if (r.kind == FetchedResponse::Kind::kRecordsPage) {
@@ -93,6 +122,10 @@ void ResponseDecoder::Decode(const FetchedResponses& in, pipeline::EventChunk* c
       if (options->hold_live && !d.unchanged) {
         holds->SetCheckpointRev(&chunk->state_writes, r.did, d.rev, options->collections);
       }
+      if (!d.unchanged) {
+        cursors->Set(&chunk->state_writes, RepoRevCursor(r.did),
+                     RepoRevValue(d.rev, options->collections));
+      }
       recent.records = d.events.size();
       recent.outcome = d.unchanged ? "unchanged" : "ok";
       log->PutRecent(&chunk->state_writes, job, recent, options->recent_repos);
@@ -124,6 +157,10 @@ void ResponseDecoder::Decode(const FetchedResponses& in, pipeline::EventChunk* c
     recent.rev = repo->rev;
     if (options->hold_live) {
       holds->SetCheckpointRev(&chunk->state_writes, r.did, repo->rev, options->collections);
+    }
+    if (options->incremental) {
+      cursors->Set(&chunk->state_writes, RepoRevCursor(r.did),
+                   RepoRevValue(repo->rev, options->collections));
     }
     recent.records = repo->records.size();
     recent.outcome = "ok";

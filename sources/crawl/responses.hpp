@@ -15,9 +15,17 @@
 #include "sources/crawl/options.hpp"
 #include "sources/crawl/repo_diff.hpp"
 #include "state/crawl_log.hpp"
+#include "state/cursors.hpp"
 #include "state/live_holds.hpp"
 
 namespace atfill::sources {
+
+// CrawlOptions::incremental: the cursor holding the rev of the repo `did` that a getRepo crawl
+// last applied, and the collections it applied, as "REV\tNSID,NSID..." (sorted).
+std::string RepoRevCursor(std::string_view did);
+std::string RepoRevValue(std::string_view rev, std::vector<std::string> collections);
+// The rev of a RepoRevValue when it covers every one of `collections`, else "".
+std::string RepoRevFor(std::string_view value, const std::vector<std::string>& collections);
 
 // One answer of a PDS, as Read received it.
 struct FetchedResponse {
@@ -58,6 +66,8 @@ struct ResponseDecoder {
   uint64_t job = 0;
   const state::CrawlLog* log = nullptr;
   const state::LiveHolds* holds = nullptr;
+  // CrawlOptions::incremental: where each repo's applied rev is kept (RepoRevCursor).
+  state::Cursors* cursors = nullptr;
 
   // Turns each answer into chunk events (position = chunk->seq), errors, counters and state
   // writes. A page that does not parse, or a repo that does not verify, is an error of its own and

@@ -326,6 +326,19 @@ TEST(VerifyTest, IncrementalBackfillAppliesWhatChangedSinceTheStoredRev) {
   ASSERT_EQ(second.exit_code, 0) << second.err;
   EXPECT_EQ(StoredTable(db), want) << second.err;
 
+  // A backfill of more collections than the last one applied takes every repo whole: the stored
+  // rows cannot stand for the collections it adds.
+  std::vector<std::string> more = {ATFILL_BINARY, "backfill", config};
+  for (const std::string& c : collections) {
+    more.push_back("--collection");
+    more.push_back(c);
+  }
+  more.push_back("--collection");
+  more.push_back("com.example.backfill.other");
+  ProcessResult third = RunProcess(more, dir.path());
+  ASSERT_EQ(third.exit_code, 0) << third.err;
+  EXPECT_EQ(StoredTable(db), want) << third.err;
+
   ProcessResult jobs = RunProcess({ATFILL_BINARY, "jobs", config, "--json"}, dir.path());
   ASSERT_EQ(jobs.exit_code, 0) << jobs.err;
   simdjson::dom::parser parser;
@@ -335,7 +348,7 @@ TEST(VerifyTest, IncrementalBackfillAppliesWhatChangedSinceTheStoredRev) {
   for (simdjson::dom::element j : list.get_array()) {
     if (j["kind"].get_string().value() == "backfill") backfills[j["id"].get_uint64().value()] = j;
   }
-  ASSERT_EQ(backfills.size(), 2u) << jobs.out;
+  ASSERT_EQ(backfills.size(), 3u) << jobs.out;
   auto counter = [](simdjson::dom::element j, const char* name) -> uint64_t {
     uint64_t v = 0;
     return j["counters"][name].get(v) == simdjson::SUCCESS ? v : 0;
@@ -346,6 +359,9 @@ TEST(VerifyTest, IncrementalBackfillAppliesWhatChangedSinceTheStoredRev) {
   EXPECT_EQ(counter(again, "repos_incremental"), 3u) << jobs.out;
   EXPECT_EQ(counter(again, "repos_incremental_refetched"), 0u) << jobs.out;
   EXPECT_LT(counter(again, "bytes") * 5, counter(full, "bytes")) << jobs.out;
+  simdjson::dom::element wider = std::next(backfills.begin(), 2)->second;
+  EXPECT_EQ(counter(wider, "repos_incremental"), 0u) << jobs.out;
+  EXPECT_GT(counter(wider, "bytes"), counter(again, "bytes")) << jobs.out;
 
   const Status down = peers.Down();
   EXPECT_TRUE(down.ok()) << down.ToString();
