@@ -222,9 +222,14 @@ struct JetstreamSource::Impl {
     // numbering last_seq is in (-1: none yet; -2: a host no longer configured).
     std::atomic<int> conn_host{-1};
     std::atomic<int> seq_host{-1};
-    // The collections filter now (SetCollections replaces it; UrlFor and Decode read it).
+    // The collections filter now (SetCollections replaces it; UrlFor reads it).
     mutable std::mutex filter_mu;
     std::shared_ptr<const std::vector<std::string>> collections;
+    // Under filter_mu: the filter each chunk is decoded with, by the first chunk it applies to
+    // (ascending). A chunk read before a change keeps the filter it was received under even when
+    // a parallel Decode reaches it after the change, so what lands of a removed collection is the
+    // stream up to one point, never a prefix with holes.
+    std::vector<std::pair<uint64_t, std::shared_ptr<const std::vector<std::string>>>> filters;
     std::atomic<uint64_t> filter_changes{0}, filter_from_seq{0};
     // The next connection opened is the first with a changed filter (v2): UrlFor records its seq.
     std::atomic<bool> filter_pending{false};
@@ -241,6 +246,15 @@ struct JetstreamSource::Impl {
 
   std::shared_ptr<const std::vector<std::string>> Collections() const {
     std::lock_guard<std::mutex> lock(shared->filter_mu);
+    return shared->collections;
+  }
+
+  // The filter chunk `seq` is decoded with.
+  std::shared_ptr<const std::vector<std::string>> CollectionsOfChunk(uint64_t seq) const {
+    std::lock_guard<std::mutex> lock(shared->filter_mu);
+    for (auto it = shared->filters.rbegin(); it != shared->filters.rend(); ++it) {
+      if (it->first <= seq) return it->second;
+    }
     return shared->collections;
   }
 
@@ -751,7 +765,8 @@ Result<bool> JetstreamSource::Read(pipeline::EventChunk* chunk) {
 }
 
 void JetstreamSource::Decode(pipeline::EventChunk* chunk) const {
-  const std::shared_ptr<const std::vector<std::string>> wanted = impl_->Collections();
+  const std::shared_ptr<const std::vector<std::string>> wanted =
+      impl_->CollectionsOfChunk(chunk->seq);
   int64_t unwanted = 0;
   DecodeFrames(chunk, [&](JetstreamFrame& frame) {
     if (auto event = frame.TakeEvent()) {
@@ -931,14 +946,20 @@ Status JetstreamSource::SetCollections(std::vector<std::string> collections) {
   ATFILL_RETURN_IF_ERROR(check.Validate());
   Impl::Shared& sh = *impl_->shared;
   {
-    std::lock_guard<std::mutex> lock(sh.filter_mu);
+    // Both locks at once, so no chunk is read between taking the fence and installing the
+    // filter it starts (Read holds mu while it fills a chunk; filter_mu is only ever taken alone
+    // or inside mu).
+    std::lock_guard<std::mutex> lock(sh.mu);
+    std::lock_guard<std::mutex> filter_lock(sh.filter_mu);
+    sh.fence = sh.read_through;
     sh.collections = std::make_shared<const std::vector<std::string>>(std::move(collections));
+    // Entries whose successor starts at or before the committed chunks are decoded already.
+    while (sh.filters.size() > 1 && sh.filters[1].first <= sh.committed) {
+      sh.filters.erase(sh.filters.begin());
+    }
+    sh.filters.emplace_back(sh.fence, sh.collections);
   }
   sh.filter_changes.fetch_add(1);
-  {
-    std::lock_guard<std::mutex> lock(sh.mu);
-    sh.fence = sh.read_through;
-  }
   if (sh.v1.load()) {
     // v1 replaces the open connection's filter in place (SPEC 1.3); when no connection is open
     // the next one asks for the new filter in its URL.

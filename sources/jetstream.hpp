@@ -153,9 +153,10 @@ class JetstreamSource : public pipeline::Source {
   // asks for the new one in its URL), on v2 the connection is closed and opened again at the
   // newest seq decoded with the new collections[] (the events in between come again; the sink's
   // writes are idempotent). Events already received are still applied. Thread-safe.
-  // From then on, record events of other collections are dropped as they are decoded (counter
-  // live_unwanted): the events of a removed collection received before the change but decoded
-  // after it do not land either.
+  // Record events of other collections in chunks read from then on are dropped as they are
+  // decoded (counter live_unwanted); chunks read before the change are decoded with the filter
+  // they were received under, even when the parallel Decode reaches them later, so a removed
+  // collection's rows end at one point of the stream, with no hole before it.
   Status SetCollections(std::vector<std::string> collections);
   std::vector<std::string> collections() const;
   // Whether the filter now takes `collection`.
