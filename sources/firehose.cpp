@@ -20,6 +20,7 @@
 #include "pipeline/event.hpp"
 #include "sources/firehose_chain.hpp"
 #include "sources/firehose_frames.hpp"
+#include "sources/live_stream.hpp"
 #include "state/repo_chains.hpp"
 #include "state/resolver_cache.hpp"
 
@@ -38,21 +39,6 @@ int64_t TimeUs(std::string_view rfc3339) {
   return t.ok() ? t->unix_micros() : 0;
 }
 
-std::string PercentEncode(std::string_view v) {
-  static const char* hex = "0123456789ABCDEF";
-  std::string out;
-  for (unsigned char c : v) {
-    if (std::isalnum(c) || c == '-' || c == '.' || c == '_' || c == '~' || c == ':') {
-      out.push_back(static_cast<char>(c));
-    } else {
-      out.push_back('%');
-      out.push_back(hex[c >> 4]);
-      out.push_back(hex[c & 15]);
-    }
-  }
-  return out;
-}
-
 std::string FrameKey(int64_t seq, std::string_view did) {
   return "seq " + std::to_string(seq) + " " + std::string(did);
 }
@@ -60,29 +46,7 @@ std::string FrameKey(int64_t seq, std::string_view did) {
 }  // namespace
 
 Status FirehoseOptions::Validate() const {
-  if (hosts.empty()) return Status::Invalid("live: hosts: at least one firehose host is needed");
-  for (const auto& h : hosts) {
-    auto url = net::ParseWebSocketUrl(h);
-    if (!url.ok()) return url.status().WithContext("live: hosts");
-  }
-  for (const auto& c : collections) {
-    const bool prefix = c.size() > 2 && c.compare(c.size() - 2, 2, ".*") == 0;
-    if (!prefix && !atproto::Nsid::Parse(c).ok()) {
-      return Status::Invalid("live: collections: " + QuoteForMessage(c) +
-                             " is neither an NSID nor a prefix ending in .*");
-    }
-  }
-  for (const auto& d : dids) {
-    if (!atproto::Did::Parse(d).ok()) {
-      return Status::Invalid("live: dids: " + QuoteForMessage(d) + " is not a DID");
-    }
-  }
-  if (chunk_messages == 0) return Status::Invalid("live: chunk_messages must be at least 1");
-  if (tick_ms < 1) return Status::Invalid("live: tick_ms must be at least 1");
-  if (idle_exit_ms < 0) return Status::Invalid("live: idle_exit_ms must not be negative");
-  if (max_buffered_bytes < max_message_bytes) {
-    return Status::Invalid("live: max_buffered_bytes must be at least max_message_bytes");
-  }
+  ATFILL_RETURN_IF_ERROR(ValidateLiveStreamOptions(*this, "firehose"));
   if (max_resyncs_in_flight == 0) {
     return Status::Invalid("live: max_resyncs_in_flight must be at least 1");
   }
@@ -234,12 +198,9 @@ struct FirehoseSource::Impl {
                                            std::to_string(e.close_code) + " " + e.close_reason};
           }
           break;
-        case net::ConnectionEventKind::kStopped: {
-          std::lock_guard<std::mutex> lock(sh->mu);
-          sh->stopped = true;
-          sh->cv.notify_one();
+        case net::ConnectionEventKind::kStopped:
+          MarkSessionStopped(*sh);
           break;
-        }
       }
       std::lock_guard<std::mutex> lock(sh->mu);
       sh->host = e.host;
@@ -520,7 +481,8 @@ struct FirehoseSource::Impl {
       resync_inflight.insert(did);
       resyncs_started.fetch_add(1);
       net::HttpRequest req;
-      req.url = k->second.pds + "/xrpc/com.atproto.sync.getRepo?did=" + PercentEncode(did);
+      req.url =
+          k->second.pds + "/xrpc/com.atproto.sync.getRepo?did=" + PercentEncodeQueryValue(did);
       req.max_response_bytes = options.max_repo_bytes;
       std::shared_ptr<Shared> sh = shared;
       http->Submit(std::move(req), [sh, did](Result<net::HttpResponse> r) {

@@ -20,6 +20,7 @@
 #include "net/http_client.hpp"
 #include "net/xrpc_error.hpp"
 #include "sources/jetstream_frames.hpp"
+#include "sources/live_stream.hpp"
 
 namespace atfill::sources {
 
@@ -49,33 +50,12 @@ constexpr size_t kMaxHosts = 15;
 }  // namespace
 
 Status JetstreamOptions::Validate() const {
-  if (hosts.empty()) return Status::Invalid("live: hosts: at least one Jetstream host is needed");
+  // First, so that a list too long is named before any URL in it.
   if (hosts.size() > kMaxHosts) {
     return Status::Invalid("live: hosts: at most " + std::to_string(kMaxHosts) +
                            " Jetstream hosts");
   }
-  for (const auto& h : hosts) {
-    auto url = net::ParseWebSocketUrl(h);
-    if (!url.ok()) return url.status().WithContext("live: hosts");
-  }
-  for (const auto& c : collections) {
-    const bool prefix = c.size() > 2 && c.compare(c.size() - 2, 2, ".*") == 0;
-    if (!prefix && !atproto::Nsid::Parse(c).ok()) {
-      return Status::Invalid("live: collections: " + QuoteForMessage(c) +
-                             " is neither an NSID nor a prefix ending in .*");
-    }
-  }
-  for (const auto& d : dids) {
-    if (!atproto::Did::Parse(d).ok()) {
-      return Status::Invalid("live: dids: " + QuoteForMessage(d) + " is not a DID");
-    }
-  }
-  if (chunk_messages == 0) return Status::Invalid("live: chunk_messages must be at least 1");
-  if (tick_ms < 1) return Status::Invalid("live: tick_ms must be at least 1");
-  if (idle_exit_ms < 0) return Status::Invalid("live: idle_exit_ms must not be negative");
-  if (max_buffered_bytes < max_message_bytes) {
-    return Status::Invalid("live: max_buffered_bytes must be at least max_message_bytes");
-  }
+  ATFILL_RETURN_IF_ERROR(ValidateLiveStreamOptions(*this, "Jetstream"));
   return websocket.Validate();
 }
 
@@ -92,21 +72,6 @@ constexpr int kHostShift = 4;
 // Resuming on another host goes by witnessed time, this much before the last applied event
 // (instances witness events at slightly different times; the repeats are idempotent).
 constexpr int64_t kFailoverMarginUs = 2'000'000;
-
-std::string PercentEncode(std::string_view v) {
-  static const char* hex = "0123456789ABCDEF";
-  std::string out;
-  for (unsigned char c : v) {
-    if (std::isalnum(c) || c == '-' || c == '.' || c == '_' || c == '~' || c == ':' || c == '*') {
-      out.push_back(static_cast<char>(c));
-    } else {
-      out.push_back('%');
-      out.push_back(hex[c >> 4]);
-      out.push_back(hex[c & 15]);
-    }
-  }
-  return out;
-}
 
 std::string HttpBase(const std::string& ws_host) {
   std::string base = ws_host;
@@ -456,7 +421,7 @@ struct JetstreamSource::Impl {
     std::string q;
     auto add = [&q](std::string_view k, std::string_view v) {
       q += q.empty() ? "?" : "&";
-      q += std::string(k) + "=" + PercentEncode(v);
+      q += std::string(k) + "=" + PercentEncodeQueryValue(v);
     };
     if (shared->v1.load()) {
       for (const auto& c : *Collections()) add("wantedCollections", c);
@@ -618,12 +583,9 @@ struct JetstreamSource::Impl {
           }
           break;
         }
-        case net::ConnectionEventKind::kStopped: {
-          std::lock_guard<std::mutex> lock(sh->mu);
-          sh->stopped = true;
-          sh->cv.notify_one();
+        case net::ConnectionEventKind::kStopped:
+          MarkSessionStopped(*sh);
           break;
-        }
         default:
           break;
       }
