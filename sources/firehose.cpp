@@ -139,15 +139,6 @@ struct FirehoseSource::Impl {
   }
 
   Status StartSession() {
-    ws->Close();
-    {
-      std::lock_guard<std::mutex> lock(shared->mu);
-      shared->stopped = false;
-      shared->reopen = false;
-    }
-    net::WebSocketTarget target;
-    target.hosts = options.hosts;
-    target.url_for = [this](const std::string& host) { return UrlFor(host); };
     net::WebSocketHandlers handlers;
     std::shared_ptr<Shared> sh = shared;
     const uint64_t cap = options.max_buffered_bytes;
@@ -213,7 +204,9 @@ struct FirehoseSource::Impl {
       }
       return net::SessionAction::kContinue;
     };
-    return ws->Connect(std::move(target), std::move(handlers));
+    return StartLiveSession(
+        *ws, *shared, options.hosts, [this](const std::string& host) { return UrlFor(host); },
+        std::move(handlers));
   }
 
   // --- keys -------------------------------------------------------------------------------

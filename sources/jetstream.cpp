@@ -496,18 +496,6 @@ struct JetstreamSource::Impl {
   }
 
   Status StartSession() {
-    // A reopen starts as soon as the last session's kStopped handler has run, which is before the
-    // client counts that session as ended: wait for that (at once when none is running).
-    ws->Close();
-    {
-      std::lock_guard<std::mutex> lock(shared->mu);
-      shared->stopped = false;
-      shared->reopen = false;
-      shared->renumbered = false;
-    }
-    net::WebSocketTarget target;
-    target.hosts = options.hosts;
-    target.url_for = [this](const std::string& host) { return UrlFor(host); };
     net::WebSocketHandlers handlers;
     std::shared_ptr<Shared> sh = shared;
     const uint64_t cap = options.max_buffered_bytes;
@@ -597,7 +585,9 @@ struct JetstreamSource::Impl {
       }
       return net::SessionAction::kContinue;
     };
-    return ws->Connect(std::move(target), std::move(handlers));
+    return StartLiveSession(
+        *ws, *shared, options.hosts, [this](const std::string& host) { return UrlFor(host); },
+        std::move(handlers), [this] { shared->renumbered = false; });
   }
 };
 

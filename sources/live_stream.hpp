@@ -1,12 +1,16 @@
 // What the live stream sources (sources/jetstream.hpp, sources/firehose.hpp) share: the checks of
 // the options fields they have in common, so that both refuse the same values with the same
-// messages, the end of a WebSocket session told to Read, and the query encoding of their URLs.
+// messages, the start of a WebSocket session and its end told to Read, and the query encoding of
+// their URLs.
 #pragma once
 
 #include <cctype>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "atproto/syntax.hpp"
 #include "base/status.hpp"
@@ -47,6 +51,30 @@ Status ValidateLiveStreamOptions(const Options& o, std::string_view kind) {
     return Status::Invalid("live: max_buffered_bytes must be at least max_message_bytes");
   }
   return Status::OK();
+}
+
+// Starts a source's next WebSocket session: closes the one open, then, under `shared.mu`, clears
+// `shared.stopped` and `shared.reopen` and runs `reset` (the source's own per-session state, when
+// set), then connects `ws` to `hosts` in order, each at the URL `url_for` gives, with `handlers`.
+// A reopen starts as soon as the last session's kStopped handler has run, which is before the
+// client counts that session as ended: Close waits for that (at once when none is running).
+template <typename Shared>
+Status StartLiveSession(net::WebSocketClient& ws, Shared& shared,
+                        const std::vector<std::string>& hosts,
+                        std::function<std::string(const std::string& host)> url_for,
+                        net::WebSocketHandlers handlers,
+                        const std::function<void()>& reset = nullptr) {
+  ws.Close();
+  {
+    std::lock_guard<std::mutex> lock(shared.mu);
+    shared.stopped = false;
+    shared.reopen = false;
+    if (reset) reset();
+  }
+  net::WebSocketTarget target;
+  target.hosts = hosts;
+  target.url_for = std::move(url_for);
+  return ws.Connect(std::move(target), std::move(handlers));
 }
 
 // Tells Read that the WebSocket session ended (net::ConnectionEventKind::kStopped): it waits on

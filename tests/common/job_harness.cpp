@@ -123,4 +123,38 @@ uint64_t TestSeed() {
   return std::random_device{}();
 }
 
+void KillThenRunUntilIdle(const std::vector<std::string>& argv, const std::filesystem::path& dir,
+                          const std::string& db, uint64_t seed, int kills, uint64_t lo, uint64_t hi,
+                          ProcessResult* last) {
+  std::mt19937_64 rng(seed);
+  EXPECT_EQ(KillAtRowCounts(argv, dir, db, KillPoints(rng, kills, lo, hi)), kills);
+  ProcessResult r = RunProcess(argv, dir);
+  if (last != nullptr) *last = r;
+  ASSERT_EQ(r.exit_code, 4) << r.err;  // paused: the stream went quiet
+  EXPECT_NE(r.err.find("stream_idle"), std::string::npos) << r.err;
+}
+
+std::map<std::string, std::string> TableCids(const std::string& db) {
+  auto rows = sinks::ReadAllRecords(db);
+  EXPECT_TRUE(rows.ok()) << rows.status().ToString();
+  if (!rows.ok()) return {};
+  return UriCids(*rows);
+}
+
+std::string DiffCids(const std::map<std::string, std::string>& want,
+                     const std::map<std::string, std::string>& got) {
+  std::string out;
+  int shown = 0;
+  for (const auto& [uri, cid] : want) {
+    auto it = got.find(uri);
+    if (it == got.end() && shown++ < 5) out += "missing: " + uri + "\n";
+    if (it != got.end() && it->second != cid && shown++ < 5) out += "different: " + uri + "\n";
+  }
+  shown = 0;
+  for (const auto& [uri, cid] : got) {
+    if (want.count(uri) == 0 && shown++ < 5) out += "unexpected: " + uri + "\n";
+  }
+  return out;
+}
+
 }  // namespace atfill::testing

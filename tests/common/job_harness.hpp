@@ -1,6 +1,7 @@
 // Running jobs the way atfill does, for integration tests: a source through CID verification and
-// the ingest guard into a SQLite file, with RocksDB state; and `atfill` child processes killed
-// with SIGKILL once the table they write reaches given row counts.
+// the ingest guard into a SQLite file, with RocksDB state; `atfill` child processes killed with
+// SIGKILL once the table they write reaches given row counts; and the table compared with what it
+// should hold (uri -> cid).
 #pragma once
 
 #include <cstdint>
@@ -17,6 +18,7 @@
 #include "state/error_log.hpp"
 #include "state/job_store.hpp"
 #include "state/kv_store.hpp"
+#include "tests/common/process.hpp"
 
 namespace atfill::testing {
 
@@ -57,5 +59,32 @@ int KillAtRowCounts(const std::vector<std::string>& argv, const std::filesystem:
 
 // The seed of a randomized crash test: ATFILL_TEST_SEED when set, else a random one.
 uint64_t TestSeed();
+
+// Runs `argv` (an `atfill run`) in `dir` `kills` times, each killed with SIGKILL once the table in
+// `db` holds a row count drawn with `seed` from [lo, hi] (KillPoints, KillAtRowCounts), then once
+// more to its end, which must be a pause because the stream went quiet (exit 4, stop reason
+// stream_idle). That last run's result goes to `last` (when not null). Its failures are fatal: call
+// it under ASSERT_NO_FATAL_FAILURE.
+void KillThenRunUntilIdle(const std::vector<std::string>& argv, const std::filesystem::path& dir,
+                          const std::string& db, uint64_t seed, int kills, uint64_t lo, uint64_t hi,
+                          ProcessResult* last = nullptr);
+
+// uri -> cid of `records`: anything whose elements have uri and cid members (a ground truth's
+// records, a table's rows, a manifest account's records).
+template <typename Records>
+std::map<std::string, std::string> UriCids(const Records& records) {
+  std::map<std::string, std::string> out;
+  for (const auto& r : records) out[r.uri] = r.cid;
+  return out;
+}
+
+// uri -> cid of the records in the SQLite file `db`; a failure to read it is a test failure (the
+// map is then empty).
+std::map<std::string, std::string> TableCids(const std::string& db);
+
+// For a failure message: the first 5 URIs of `want` that `got` lacks or holds with another CID,
+// and the first 5 of `got` that `want` lacks.
+std::string DiffCids(const std::map<std::string, std::string>& want,
+                     const std::map<std::string, std::string>& got);
 
 }  // namespace atfill::testing

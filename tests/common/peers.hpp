@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "base/status.hpp"
+#include "tests/common/test_util.hpp"
 
 namespace atfill::testing {
 
@@ -99,3 +100,15 @@ class PeerNetwork {
 };
 
 }  // namespace atfill::testing
+
+// In a test body: brings up a network seeded with `seed_args` in ATFILL_PEERS_HOME (the test
+// program's compile definition) and names it `var` (a PeerNetwork&), or ends the test: as
+// ATFILL_SHARED_PATH says when ../shared/peers is missing, a failure naming the reason when Up
+// fails.
+#define ATFILL_PEERS_UP(var, seed_args)                                           \
+  ATFILL_SHARED_PATH(var##_harness, "peers/network.sh");                          \
+  ::atfill::Result<std::unique_ptr<::atfill::testing::PeerNetwork>> var##_up =    \
+      ::atfill::testing::PeerNetwork::Up(::atfill::testing::SharedDir().string(), \
+                                         ATFILL_PEERS_HOME, (seed_args));         \
+  ASSERT_TRUE(var##_up.ok()) << var##_up.status().ToString();                     \
+  ::atfill::testing::PeerNetwork& var = **var##_up

@@ -11,7 +11,6 @@
 #include <map>
 #include <string>
 
-#include "sinks/sqlite_reader.hpp"
 #include "state/repo_chains.hpp"
 #include "tests/common/job_harness.hpp"
 #include "tests/common/process.hpp"
@@ -55,37 +54,9 @@ FirehoseOptions Options(const simnet::Simnet& net, const simnet::FirehoseRelay& 
 }
 
 std::map<std::string, std::string> Truth(const simnet::Simnet& net) {
-  std::map<std::string, std::string> out;
   auto truth = net.Truth();
   EXPECT_TRUE(truth.ok()) << truth.status().ToString();
-  if (!truth.ok()) return out;
-  for (const auto& r : truth->records) out[r.uri] = r.cid;
-  return out;
-}
-
-std::map<std::string, std::string> Table(const std::string& db) {
-  std::map<std::string, std::string> out;
-  auto rows = sinks::ReadAllRecords(db);
-  EXPECT_TRUE(rows.ok()) << rows.status().ToString();
-  if (!rows.ok()) return out;
-  for (const auto& r : *rows) out[r.uri] = r.cid;
-  return out;
-}
-
-std::string Diff(const std::map<std::string, std::string>& want,
-                 const std::map<std::string, std::string>& got) {
-  std::string out;
-  int shown = 0;
-  for (const auto& [uri, cid] : want) {
-    auto it = got.find(uri);
-    if (it == got.end() && shown++ < 5) out += "missing: " + uri + "\n";
-    if (it != got.end() && it->second != cid && shown++ < 5) out += "different: " + uri + "\n";
-  }
-  shown = 0;
-  for (const auto& [uri, cid] : got) {
-    if (want.count(uri) == 0 && shown++ < 5) out += "unexpected: " + uri + "\n";
-  }
-  return out;
+  return truth.ok() ? testing::UriCids(truth->records) : std::map<std::string, std::string>{};
 }
 
 uint64_t Counter(const state::JobRecord& job, const std::string& name) {
@@ -181,9 +152,9 @@ TEST(FirehoseSource, VerifiedStreamWithGapsAndForgeriesEndsEqualToTheServedRepos
   EXPECT_GT(Counter(job, "firehose_stale"), 0u);
 
   const auto truth = Truth(**net);
-  const auto table = Table((dir.path() / "db.sqlite").string());
+  const auto table = testing::TableCids((dir.path() / "db.sqlite").string());
   EXPECT_EQ(table.size(), truth.size());
-  EXPECT_TRUE(table == truth) << Diff(truth, table);
+  EXPECT_TRUE(table == truth) << testing::DiffCids(truth, table);
   for (const auto& [uri, cid] : table) {
     EXPECT_EQ(uri.find("/ephemeral-"), std::string::npos) << "a deleted record stayed: " << uri;
   }
@@ -224,8 +195,8 @@ TEST(FirehoseSource, ResumesFromItsCursorAcrossDisconnectsAndRuns) {
   EXPECT_EQ(Counter(job, "firehose_stale"), 0u);
   EXPECT_EQ(Counter(job, "firehose_desync"), 0u);
   const auto truth = Truth(**net);
-  const auto table = Table((dir.path() / "db.sqlite").string());
-  EXPECT_TRUE(table == truth) << Diff(truth, table);
+  const auto table = testing::TableCids((dir.path() / "db.sqlite").string());
+  EXPECT_TRUE(table == truth) << testing::DiffCids(truth, table);
 }
 
 }  // namespace

@@ -161,11 +161,7 @@ TEST(PeerManifestTest, NamesTheBadMember) {
 }
 
 TEST(PeersTest, PdsServesTheSeededManifest) {
-  ATFILL_SHARED_PATH(harness, "peers/network.sh");
-  Result<std::unique_ptr<PeerNetwork>> up =
-      PeerNetwork::Up(SharedDir().string(), ATFILL_PEERS_HOME, kSeedArgs);
-  ASSERT_TRUE(up.ok()) << up.status().ToString();
-  PeerNetwork& peers = **up;
+  ATFILL_PEERS_UP(peers, kSeedArgs);
   const PeerManifest& m = peers.manifest();
 
   EXPECT_EQ(m.pds_url, peers.pds_url());
@@ -423,11 +419,7 @@ void ExpectTableEquals(const std::vector<sinks::RecordRow>& rows,
 }
 
 TEST(PeersTest, CrawlBackfillsThePdsInBothModes) {
-  ATFILL_SHARED_PATH(harness, "peers/network.sh");
-  Result<std::unique_ptr<PeerNetwork>> up =
-      PeerNetwork::Up(SharedDir().string(), ATFILL_PEERS_HOME, kCrawlSeedArgs);
-  ASSERT_TRUE(up.ok()) << up.status().ToString();
-  PeerNetwork& peers = **up;
+  ATFILL_PEERS_UP(peers, kCrawlSeedArgs);
   const PeerManifest& m = peers.manifest();
 
   std::vector<const PeerAccount*> active;

@@ -6,10 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <map>
-#include <random>
 #include <string>
 
-#include "sinks/sqlite_reader.hpp"
 #include "tests/common/job_harness.hpp"
 #include "tests/common/process.hpp"
 #include "tests/common/test_util.hpp"
@@ -20,15 +18,6 @@ namespace atfill {
 namespace {
 
 using testing::TempDir;
-
-std::map<std::string, std::string> Table(const std::string& db) {
-  std::map<std::string, std::string> out;
-  auto rows = sinks::ReadAllRecords(db);
-  EXPECT_TRUE(rows.ok()) << rows.status().ToString();
-  if (!rows.ok()) return out;
-  for (const auto& r : *rows) out[r.uri] = r.cid;
-  return out;
-}
 
 TEST(FirehoseRunTest, SigkilledMidStreamThenResumedEqualsTheServedRepos) {
   simnet::SimnetOptions so;
@@ -60,8 +49,7 @@ TEST(FirehoseRunTest, SigkilledMidStreamThenResumedEqualsTheServedRepos) {
   ASSERT_TRUE(relay.ok()) << relay.status().ToString();
   auto truth = (*net)->Truth();
   ASSERT_TRUE(truth.ok()) << truth.status().ToString();
-  std::map<std::string, std::string> want;
-  for (const auto& r : truth->records) want[r.uri] = r.cid;
+  const std::map<std::string, std::string> want = testing::UriCids(truth->records);
 
   TempDir dir;
   const std::string config = (dir.path() / "atfill.toml").string();
@@ -80,17 +68,13 @@ TEST(FirehoseRunTest, SigkilledMidStreamThenResumedEqualsTheServedRepos) {
                          "batch_records = 100\nbatch_ms = 50\n");
   const std::string db = (dir.path() / "db.sqlite").string();
   const uint64_t seed = testing::TestSeed();
-  std::mt19937_64 rng(seed);
   SCOPED_TRACE("ATFILL_TEST_SEED=" + std::to_string(seed));
-  const int kills =
-      testing::KillAtRowCounts({ATFILL_BINARY, "run", config}, dir.path(), db,
-                               testing::KillPoints(rng, 2, want.size() / 10, want.size() * 6 / 10));
-  EXPECT_EQ(kills, 2);
-  auto last = testing::RunProcess({ATFILL_BINARY, "run", config}, dir.path());
-  ASSERT_EQ(last.exit_code, 4) << last.err;  // paused: the stream went quiet
-  EXPECT_NE(last.err.find("stream_idle"), std::string::npos) << last.err;
+  testing::ProcessResult last;
+  ASSERT_NO_FATAL_FAILURE(testing::KillThenRunUntilIdle({ATFILL_BINARY, "run", config}, dir.path(),
+                                                        db, seed, 2, want.size() / 10,
+                                                        want.size() * 6 / 10, &last));
   EXPECT_NE(last.err.find("(firehose)"), std::string::npos) << last.err;
-  const auto got = Table(db);
+  const auto got = testing::TableCids(db);
   EXPECT_EQ(got, want);
   for (const auto& [uri, cid] : got) {
     EXPECT_EQ(uri.find("/ephemeral-"), std::string::npos) << "a deleted record stayed: " << uri;

@@ -11,7 +11,6 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
-#include <random>
 #include <string>
 #include <thread>
 
@@ -81,36 +80,9 @@ JetstreamOptions Live(const simnet::Simnet& net, JetstreamProtocol protocol) {
 }
 
 std::map<std::string, std::string> Truth(const simnet::Simnet& net) {
-  std::map<std::string, std::string> out;
   auto truth = net.JetstreamGroundTruth();
   EXPECT_TRUE(truth.ok()) << truth.status().ToString();
-  if (!truth.ok()) return out;
-  for (const auto& r : truth->records) out[r.uri] = r.cid;
-  return out;
-}
-
-std::map<std::string, std::string> Table(const std::string& db) {
-  std::map<std::string, std::string> out;
-  auto rows = sinks::ReadAllRecords(db);
-  EXPECT_TRUE(rows.ok()) << rows.status().ToString();
-  if (!rows.ok()) return out;
-  for (const auto& r : *rows) out[r.uri] = r.cid;
-  return out;
-}
-
-std::string Diff(const std::map<std::string, std::string>& want,
-                 const std::map<std::string, std::string>& got) {
-  std::string out;
-  int shown = 0;
-  for (const auto& [uri, cid] : want) {
-    auto it = got.find(uri);
-    if ((it == got.end() || it->second != cid) && shown++ < 5) out += "missing: " + uri + "\n";
-  }
-  shown = 0;
-  for (const auto& [uri, cid] : got) {
-    if (want.count(uri) == 0 && shown++ < 5) out += "unexpected: " + uri + "\n";
-  }
-  return out;
+  return truth.ok() ? testing::UriCids(truth->records) : std::map<std::string, std::string>{};
 }
 
 struct LiveRun {
@@ -200,8 +172,8 @@ TEST_P(LiveModes, TheWholeStreamAppliedEqualsTheGroundTruth) {
   EXPECT_EQ(Kinds(run.error_kinds), "");
   const auto want = Truth(**net);
   ASSERT_GT(want.size(), 500u);
-  const auto got = Table((dir.path() / "db.sqlite").string());
-  EXPECT_EQ(got, want) << Diff(want, got);
+  const auto got = testing::TableCids((dir.path() / "db.sqlite").string());
+  EXPECT_EQ(got, want) << testing::DiffCids(want, got);
   // Compressed streams really were compressed: fewer bytes than the frames' text.
   if (GetParam().compress) {
     uint64_t text = 0;
@@ -250,8 +222,8 @@ TEST(LiveTest, PrerenderedFramesAreTheSameStream) {
       EXPECT_EQ(rb.stats.bytes, ra.stats.bytes);
     }
     const auto want = Truth(**ready);
-    const auto got = Table((b.path() / "db.sqlite").string());
-    EXPECT_EQ(got, want) << Diff(want, got);
+    const auto got = testing::TableCids((b.path() / "db.sqlite").string());
+    EXPECT_EQ(got, want) << testing::DiffCids(want, got);
   }
 }
 
@@ -291,8 +263,8 @@ TEST(LiveTest, FailoverToAnotherHostResumesByTime) {
   // The first host's end is logged: the dropped connection (it had delivered events, so it is
   // tried once more), then the attempt it refused, after which the consumer fails over.
   EXPECT_EQ(Kinds(run.error_kinds), "connection_failed=1 connection_lost=1 ");
-  const auto got = Table((dir.path() / "db.sqlite").string());
-  EXPECT_EQ(got, want) << Diff(want, got);
+  const auto got = testing::TableCids((dir.path() / "db.sqlite").string());
+  EXPECT_EQ(got, want) << testing::DiffCids(want, got);
 }
 
 TEST(LiveTest, DisconnectsLoseNothingAndDuplicateNothing) {
@@ -307,8 +279,8 @@ TEST(LiveTest, DisconnectsLoseNothingAndDuplicateNothing) {
   EXPECT_EQ(run.stats.last_seq, 5000u);
   EXPECT_GE((*net)->stats().jetstream_disconnects, 6u);
   const auto want = Truth(**net);
-  const auto got = Table((dir.path() / "db.sqlite").string());
-  EXPECT_EQ(got, want) << Diff(want, got);
+  const auto got = testing::TableCids((dir.path() / "db.sqlite").string());
+  EXPECT_EQ(got, want) << testing::DiffCids(want, got);
   // Every cut is logged as a dropped connection, and nothing else.
   EXPECT_EQ(Kinds(run.error_kinds),
             "connection_lost=" + std::to_string((*net)->stats().jetstream_disconnects) + " ");
@@ -331,8 +303,8 @@ TEST(LiveTest, AFullBufferDropsTheConnectionAndLosesNothing) {
   EXPECT_EQ(run.stats.connections, run.stats.overflow_drops + 1);
   EXPECT_EQ(run.stats.last_seq, 5000u);
   const auto want = Truth(**net);
-  const auto got = Table((dir.path() / "db.sqlite").string());
-  EXPECT_EQ(got, want) << Diff(want, got);
+  const auto got = testing::TableCids((dir.path() / "db.sqlite").string());
+  EXPECT_EQ(got, want) << testing::DiffCids(want, got);
   EXPECT_EQ(Kinds(run.error_kinds), "");
 }
 
@@ -383,8 +355,8 @@ TEST(LiveTest, AHostThatNumbersItsEventsAnewIsResumedByWitnessedTime) {
   EXPECT_EQ(second.stats.last_seq, 3000u);
   EXPECT_EQ(Kinds(second.error_kinds), "future_cursor=1 ");
   EXPECT_EQ(second.job.counters.extra["future_cursors"], 1u);
-  const auto got = Table((dir.path() / "db.sqlite").string());
-  EXPECT_EQ(got, want) << Diff(want, got);
+  const auto got = testing::TableCids((dir.path() / "db.sqlite").string());
+  EXPECT_EQ(got, want) << testing::DiffCids(want, got);
 }
 
 // The stream's account deletions checked with the PDS (getRepoStatus). Simnet reports half of its
@@ -438,8 +410,8 @@ TEST(LiveTest, DeletedAccountsAreCheckedWithTheirPds) {
     ASSERT_NE(checker.check, nullptr);
     LiveRun run = RunLive(dir.path(), Live(**net, JetstreamProtocol::kV2), {checker.check.get()});
     EXPECT_EQ(run.job.stop_reason.code, "stream_idle") << run.job.stop_reason.sentence;
-    const auto got = Table((dir.path() / "db.sqlite").string());
-    EXPECT_EQ(got, want) << Diff(want, got);
+    const auto got = testing::TableCids((dir.path() / "db.sqlite").string());
+    EXPECT_EQ(got, want) << testing::DiffCids(want, got);
     const stages::AccountCheckStats s = checker.check->stats();
     EXPECT_EQ(s.refused, false_deletes);
     EXPECT_EQ(s.unconfirmed, 0u);
@@ -453,7 +425,7 @@ TEST(LiveTest, DeletedAccountsAreCheckedWithTheirPds) {
     // Without the check the false deletions purge records the network still has.
     TempDir dir;
     LiveRun run = RunLive(dir.path(), Live(**net, JetstreamProtocol::kV2));
-    const auto got = Table((dir.path() / "db.sqlite").string());
+    const auto got = testing::TableCids((dir.path() / "db.sqlite").string());
     EXPECT_LT(got.size(), want.size());
   }
 }
@@ -467,8 +439,8 @@ TEST(LiveTest, DeletionsWhosePdsCannotBeAskedStillPurge) {
   ASSERT_NE(checker.check, nullptr);
   LiveRun run = RunLive(dir.path(), Live(**net, JetstreamProtocol::kV2), {checker.check.get()});
   const auto want = Truth(**net);
-  const auto got = Table((dir.path() / "db.sqlite").string());
-  EXPECT_EQ(got, want) << Diff(want, got);
+  const auto got = testing::TableCids((dir.path() / "db.sqlite").string());
+  EXPECT_EQ(got, want) << testing::DiffCids(want, got);
   const stages::AccountCheckStats s = checker.check->stats();
   EXPECT_GT(s.checks, 0u);
   EXPECT_EQ(s.unconfirmed, s.checks);
@@ -498,8 +470,8 @@ TEST(LiveTest, SyncReplacesTheReposRecords) {
   LiveRun run = RunLive(dir.path(), Live(**net, JetstreamProtocol::kV2));
   EXPECT_EQ(run.job.stop_reason.code, "stream_idle") << run.job.stop_reason.sentence;
   EXPECT_EQ(Kinds(run.error_kinds), "");
-  const auto got = Table((dir.path() / "db.sqlite").string());
-  EXPECT_EQ(got, want) << Diff(want, got);
+  const auto got = testing::TableCids((dir.path() / "db.sqlite").string());
+  EXPECT_EQ(got, want) << testing::DiffCids(want, got);
   EXPECT_EQ(run.job.counters.extra["resyncs"], syncs);
   // Each sync removed at least the record it lost.
   EXPECT_GE(run.job.counters.extra["resynced_records"], syncs);
@@ -513,8 +485,8 @@ TEST(LiveTest, SyncReplacesTheReposRecords) {
   for (const auto& [uri, cid] : want) {
     if (uri.find("/app.bsky.feed.post/") != std::string::npos) want_posts[uri] = cid;
   }
-  const auto got_posts = Table((filtered.path() / "db.sqlite").string());
-  EXPECT_EQ(got_posts, want_posts) << Diff(want_posts, got_posts);
+  const auto got_posts = testing::TableCids((filtered.path() / "db.sqlite").string());
+  EXPECT_EQ(got_posts, want_posts) << testing::DiffCids(want_posts, got_posts);
   EXPECT_EQ(posts.job.counters.extra["resyncs"], syncs);
 }
 
@@ -627,8 +599,8 @@ TEST(LiveTest, AGapBelowTheFloorIsReplayedFromTheArchiveBesideTheStream) {
   EXPECT_NE(run.err.find("the stream's gap after seq 0 is replayed by job 2"), std::string::npos)
       << run.err;
   EXPECT_NE(run.err.find("(through seq 5500)"), std::string::npos) << run.err;
-  const auto got = Table((dir.path() / "db.sqlite").string());
-  EXPECT_EQ(got, want) << Diff(want, got);
+  const auto got = testing::TableCids((dir.path() / "db.sqlite").string());
+  EXPECT_EQ(got, want) << testing::DiffCids(want, got);
   EXPECT_GT((*net)->archive_stats().requests, 0u);
   // The gap job completed; the live job's gap entry names it.
   auto jobs = testing::RunProcess({ATFILL_BINARY, "jobs", config}, dir.path());
@@ -712,8 +684,8 @@ TEST(LiveTest, AnArchiveWrittenFromTheStreamHoldsEveryEventOnceAndReplaysToTheLo
   // The archive replayed equals the log applied.
   auto replay = testing::RunProcess({ATFILL_BINARY, "backfill", config}, dir.path());
   ASSERT_EQ(replay.exit_code, 0) << replay.err;
-  const auto got = Table((dir.path() / "db.sqlite").string());
-  EXPECT_EQ(got, want) << Diff(want, got);
+  const auto got = testing::TableCids((dir.path() / "db.sqlite").string());
+  EXPECT_EQ(got, want) << testing::DiffCids(want, got);
 }
 
 // `atfill archive write --live` on an archive whose newest seq (500) the host no longer keeps (it
@@ -764,17 +736,12 @@ TEST(LiveTest, SigkilledMidStreamThenResumedEqualsTheGroundTruth) {
                                        "batch_records = 500\nbatch_ms = 50\n");
   const std::string db = (dir.path() / "db.sqlite").string();
   const uint64_t seed = testing::TestSeed();
-  std::mt19937_64 rng(seed);
   SCOPED_TRACE("ATFILL_TEST_SEED=" + std::to_string(seed));
-  const int kills =
-      testing::KillAtRowCounts({ATFILL_BINARY, "run", config}, dir.path(), db,
-                               testing::KillPoints(rng, 3, want.size() / 10, want.size() * 8 / 10));
-  EXPECT_EQ(kills, 3);
-  auto last = testing::RunProcess({ATFILL_BINARY, "run", config}, dir.path());
-  ASSERT_EQ(last.exit_code, 4) << last.err;  // paused: the stream went quiet
-  EXPECT_NE(last.err.find("stream_idle"), std::string::npos) << last.err;
-  const auto got = Table(db);
-  EXPECT_EQ(got, want) << Diff(want, got);
+  ASSERT_NO_FATAL_FAILURE(testing::KillThenRunUntilIdle({ATFILL_BINARY, "run", config}, dir.path(),
+                                                        db, seed, 3, want.size() / 10,
+                                                        want.size() * 8 / 10));
+  const auto got = testing::TableCids(db);
+  EXPECT_EQ(got, want) << testing::DiffCids(want, got);
   auto status = testing::RunProcess({ATFILL_BINARY, "status", config}, dir.path());
   ASSERT_EQ(status.exit_code, 0) << status.err;
   EXPECT_NE(status.out.find("seq 20000"), std::string::npos) << status.out;
@@ -824,8 +791,8 @@ TEST(LiveTest, ABackfillBesideTheStreamHoldsEachReposEventsUntilItIsWritten) {
   ASSERT_EQ(run.exit_code, 4) << run.err;  // the live consumer pauses when the stream is quiet
   EXPECT_NE(run.err.find("runs beside the live consumer"), std::string::npos) << run.err;
   EXPECT_NE(run.err.find("job 1 completed"), std::string::npos) << run.err;
-  const auto got = Table((dir.path() / "db.sqlite").string());
-  EXPECT_EQ(got, want) << Diff(want, got);
+  const auto got = testing::TableCids((dir.path() / "db.sqlite").string());
+  EXPECT_EQ(got, want) << testing::DiffCids(want, got);
 
   auto status = testing::RunProcess({ATFILL_BINARY, "status", config}, dir.path());
   ASSERT_EQ(status.exit_code, 0) << status.err;
@@ -873,9 +840,9 @@ TEST(LiveTest, ConfiguredEndpointsOnLoopbackAreReachedAndDidDocumentEndpointsAre
   ASSERT_EQ(run.exit_code, 4) << run.err;  // paused: stream_idle
   EXPECT_EQ(run.err.find("0 connection(s)"), std::string::npos) << run.err;
   const auto want = Truth(**net);
-  const auto got = Table((dir.path() / "db.sqlite").string());
+  const auto got = testing::TableCids((dir.path() / "db.sqlite").string());
   ASSERT_GT(want.size(), 100u);
-  EXPECT_EQ(got, want) << Diff(want, got);
+  EXPECT_EQ(got, want) << testing::DiffCids(want, got);
 
   auto truth = (*net)->Truth();
   ASSERT_TRUE(truth.ok());
@@ -1132,7 +1099,7 @@ TEST_P(LiveCollections, AnAddedCollectionIsBackfilledAndFollowedAndARemovedOneSt
       testing::WaitUntil([&] { return rows_of(kLikeNsid) >= likes_then + 100 || !child.Running(); },
                          std::chrono::seconds(60)))
       << err();
-  const auto posts_then = OfCollection(Table(db), kPostNsid);
+  const auto posts_then = OfCollection(testing::TableCids(db), kPostNsid);
 
   if (c.api) {
     // The stream ends (idle); the server keeps serving until SIGTERM.
@@ -1151,7 +1118,7 @@ TEST_P(LiveCollections, AnAddedCollectionIsBackfilledAndFollowedAndARemovedOneSt
   EXPECT_NE(log.find("completed"), std::string::npos) << "the likes' backfill: " << log;
 
   const simnet::JetstreamLog& stream = *(*net)->jetstream();
-  const auto got = Table(db);
+  const auto got = testing::TableCids(db);
   // Likes: the repos' (the backfill), then every event from where the filter took them.
   const auto [like_from, like_until] = FilterSpan(**net, kLikeNsid);
   ASSERT_NE(like_from, UINT64_MAX);
@@ -1165,13 +1132,14 @@ TEST_P(LiveCollections, AnAddedCollectionIsBackfilledAndFollowedAndARemovedOneSt
     }
   }
   ApplyLog(stream, kLikeNsid, like_from, UINT64_MAX, &likes);
-  EXPECT_TRUE(OfCollection(got, kLikeNsid) == likes) << Diff(likes, OfCollection(got, kLikeNsid));
+  EXPECT_TRUE(OfCollection(got, kLikeNsid) == likes)
+      << testing::DiffCids(likes, OfCollection(got, kLikeNsid));
   // Posts: every event before the removal (no gap), and none gained since it was checked.
   const auto [post_from, post_until] = FilterSpan(**net, kPostNsid);
   EXPECT_EQ(post_from, 1u);
   ASSERT_NE(post_until, UINT64_MAX);
   const auto posts = OfCollection(got, kPostNsid);
-  EXPECT_TRUE(posts == posts_then) << Diff(posts_then, posts);
+  EXPECT_TRUE(posts == posts_then) << testing::DiffCids(posts_then, posts);
   if (c.api) {
     EXPECT_TRUE(posts.empty()) << "purged, and nothing landed after the purge";
     return;
@@ -1185,7 +1153,7 @@ TEST_P(LiveCollections, AnAddedCollectionIsBackfilledAndFollowedAndARemovedOneSt
     ++through;
     ApplyLog(stream, kPostNsid, through, through, &want_posts);
   }
-  EXPECT_TRUE(posts == want_posts) << Diff(want_posts, posts);
+  EXPECT_TRUE(posts == want_posts) << testing::DiffCids(want_posts, posts);
   EXPECT_LT(through, stream.size()) << "the posts kept landing to the end of the stream";
 }
 

@@ -21,6 +21,7 @@
 #include "atproto/json.hpp"
 #include "net/http_client.hpp"
 #include "sinks/sqlite_reader.hpp"
+#include "tests/common/job_harness.hpp"
 #include "tests/common/peers.hpp"
 #include "tests/common/process.hpp"
 #include "tests/common/raw_sqlite.hpp"
@@ -31,6 +32,9 @@ namespace atfill::testing {
 namespace {
 
 const std::vector<std::string> kSeedArgs = {"--accounts", "3", "--records", "20", "--batch", "50"};
+// [crawl] lines of the simnet backfills.
+constexpr const char* kPostsAndLikes =
+    "mode = \"getRepo\"\ncollections = [\"app.bsky.feed.post\", \"app.bsky.feed.like\"]\n";
 
 // uri -> cid of the manifest's live records.
 std::map<std::string, std::string> ManifestTable(const PeerManifest& m) {
@@ -41,13 +45,30 @@ std::map<std::string, std::string> ManifestTable(const PeerManifest& m) {
   return out;
 }
 
-std::map<std::string, std::string> StoredTable(const std::string& db) {
-  std::map<std::string, std::string> out;
-  auto rows = sinks::ReadAllRecords(db);
-  EXPECT_TRUE(rows.ok()) << rows.status().ToString();
-  if (!rows.ok()) return out;
-  for (const sinks::RecordRow& r : *rows) out[r.uri] = r.cid;
+// The collections of the manifest's records.
+std::set<std::string> ManifestCollections(const PeerManifest& m) {
+  std::set<std::string> out;
+  for (const PeerAccount& a : m.accounts) {
+    for (const PeerRecord& r : a.records) out.insert(r.collection);
+  }
   return out;
+}
+
+// `items` as the inside of a TOML array of strings: "a", "b".
+std::string TomlStrings(const std::set<std::string>& items) {
+  std::string out;
+  for (const std::string& c : items) out += (out.empty() ? "\"" : ", \"") + c + "\"";
+  return out;
+}
+
+// A config backfilling into db.sqlite with its state in state/: [crawl] from `relay` with
+// `crawl` (lines) and loopback endpoints allowed, then `more` (sections), then [resolver] `plc`.
+std::string CrawlConfig(const std::string& relay, const std::string& crawl, const std::string& plc,
+                        const std::string& more = "") {
+  return "[state]\ndir = \"state\"\n[sink.sqlite]\npath = \"db.sqlite\"\n"
+         "[progress]\ninterval_s = 60\n[crawl]\nrelay = \"" +
+         relay + "\"\n" + crawl + "allow_loopback_endpoints = true\n" + more +
+         "[resolver]\nplc = \"" + plc + "\"\n";
 }
 
 // The differences of `atfill verify --json`'s output: kind -> URIs; and its errors' keys by kind.
@@ -80,37 +101,22 @@ VerifyReport ParseReport(const std::string& out) {
 }
 
 TEST(VerifyTest, FindsExactlyTheRowsChangedByHandAndRepairsThem) {
-  ATFILL_SHARED_PATH(harness, "peers/network.sh");
-  Result<std::unique_ptr<PeerNetwork>> up =
-      PeerNetwork::Up(SharedDir().string(), ATFILL_PEERS_HOME, kSeedArgs);
-  ASSERT_TRUE(up.ok()) << up.status().ToString();
-  PeerNetwork& peers = **up;
+  ATFILL_PEERS_UP(peers, kSeedArgs);
   const PeerManifest& m = peers.manifest();
   ASSERT_EQ(m.accounts.size(), 3u);
   const std::map<std::string, std::string> manifest = ManifestTable(m);
   ASSERT_GT(manifest.size(), 30u);
-  std::set<std::string> collections;
-  for (const PeerAccount& a : m.accounts) {
-    for (const PeerRecord& r : a.records) collections.insert(r.collection);
-  }
-  std::string collection_list;
-  for (const std::string& c : collections) {
-    collection_list += (collection_list.empty() ? "\"" : ", \"") + c + "\"";
-  }
 
   TempDir dir;
   const std::string config = (dir.path() / "atfill.toml").string();
   const std::string db = (dir.path() / "db.sqlite").string();
-  WriteFile(config,
-            "[state]\ndir = \"state\"\n[sink.sqlite]\npath = \"db.sqlite\"\n"
-            "[progress]\ninterval_s = 60\n[crawl]\nrelay = \"" +
-                peers.pds_url() + "\"\ndiscovery = \"listRepos\"\nmode = \"getRepo\"\n" +
-                "collections = [" + collection_list +
-                "]\nallow_loopback_endpoints = true\n[resolver]\nplc = \"" + peers.plc_url() +
-                "\"\n");
+  WriteFile(config, CrawlConfig(peers.pds_url(),
+                                "discovery = \"listRepos\"\nmode = \"getRepo\"\ncollections = [" +
+                                    TomlStrings(ManifestCollections(m)) + "]\n",
+                                peers.plc_url()));
   ProcessResult backfill = RunProcess({ATFILL_BINARY, "backfill", config}, dir.path());
   ASSERT_EQ(backfill.exit_code, 0) << backfill.err;
-  ASSERT_EQ(StoredTable(db), manifest);
+  ASSERT_EQ(TableCids(db), manifest);
 
   // Nothing differs yet.
   ProcessResult clean = RunProcess({ATFILL_BINARY, "verify", config, "--json"}, dir.path());
@@ -156,7 +162,7 @@ TEST(VerifyTest, FindsExactlyTheRowsChangedByHandAndRepairsThem) {
   changed.erase(deleted0.uri);
   changed.erase(deleted1.uri);
   changed[extra_uri] = template2.cid;
-  ASSERT_EQ(StoredTable(db), changed);
+  ASSERT_EQ(TableCids(db), changed);
 
   ProcessResult found = RunProcess({ATFILL_BINARY, "verify", config, "--json"}, dir.path());
   EXPECT_EQ(found.exit_code, 1) << found.err;
@@ -168,7 +174,7 @@ TEST(VerifyTest, FindsExactlyTheRowsChangedByHandAndRepairsThem) {
   EXPECT_EQ(report.differences, want) << found.out;
   EXPECT_TRUE(report.errors.empty()) << found.out;
   EXPECT_EQ(report.repos_checked, 3u);
-  EXPECT_EQ(StoredTable(db), changed) << "a verify without --repair wrote";
+  EXPECT_EQ(TableCids(db), changed) << "a verify without --repair wrote";
 
   // --collection limits the comparison: the altered and deleted rows of account 0 only when its
   // collection is the one asked for.
@@ -190,7 +196,7 @@ TEST(VerifyTest, FindsExactlyTheRowsChangedByHandAndRepairsThem) {
   EXPECT_NE(repaired.out.find("missing " + deleted0.uri), std::string::npos) << repaired.out;
   EXPECT_NE(repaired.out.find("missing " + deleted1.uri), std::string::npos) << repaired.out;
   EXPECT_NE(repaired.out.find("extra " + extra_uri), std::string::npos) << repaired.out;
-  EXPECT_EQ(StoredTable(db), manifest) << repaired.err;
+  EXPECT_EQ(TableCids(db), manifest) << repaired.err;
   // The repaired rows are the repo's records (bodies whose CID is the row's), not only CIDs.
   auto row = sinks::GetRecord(db, altered.uri);
   ASSERT_TRUE(row.ok() && row->has_value());
@@ -255,35 +261,22 @@ std::string Member(const std::string& json, const char* name) {
 // deleted on the reference PDS after the first backfill are in the table as on the PDS, at a
 // fraction of the first backfill's bytes; the unchanged repos cost a CAR header each.
 TEST(VerifyTest, IncrementalBackfillAppliesWhatChangedSinceTheStoredRev) {
-  ATFILL_SHARED_PATH(harness, "peers/network.sh");
-  Result<std::unique_ptr<PeerNetwork>> up =
-      PeerNetwork::Up(SharedDir().string(), ATFILL_PEERS_HOME, kSeedArgs);
-  ASSERT_TRUE(up.ok()) << up.status().ToString();
-  PeerNetwork& peers = **up;
+  ATFILL_PEERS_UP(peers, kSeedArgs);
   const PeerManifest& m = peers.manifest();
   ASSERT_EQ(m.accounts.size(), 3u);
   std::map<std::string, std::string> want = ManifestTable(m);
-  std::set<std::string> collections;
-  for (const PeerAccount& a : m.accounts) {
-    for (const PeerRecord& r : a.records) collections.insert(r.collection);
-  }
-  std::string collection_list;
-  for (const std::string& c : collections) {
-    collection_list += (collection_list.empty() ? "\"" : ", \"") + c + "\"";
-  }
+  const std::set<std::string> collections = ManifestCollections(m);
   TempDir dir;
   const std::string config = (dir.path() / "atfill.toml").string();
   const std::string db = (dir.path() / "db.sqlite").string();
-  WriteFile(config,
-            "[state]\ndir = \"state\"\n[sink.sqlite]\npath = \"db.sqlite\"\n"
-            "[progress]\ninterval_s = 60\n[crawl]\nrelay = \"" +
-                peers.pds_url() + "\"\ndiscovery = \"listRepos\"\nmode = \"getRepo\"\n" +
-                "incremental = true\ncollections = [" + collection_list +
-                "]\nallow_loopback_endpoints = true\n[resolver]\nplc = \"" + peers.plc_url() +
-                "\"\n");
+  WriteFile(config, CrawlConfig(peers.pds_url(),
+                                "discovery = \"listRepos\"\nmode = \"getRepo\"\n"
+                                "incremental = true\ncollections = [" +
+                                    TomlStrings(collections) + "]\n",
+                                peers.plc_url()));
   ProcessResult first = RunProcess({ATFILL_BINARY, "backfill", config}, dir.path());
   ASSERT_EQ(first.exit_code, 0) << first.err;
-  ASSERT_EQ(StoredTable(db), want);
+  ASSERT_EQ(TableCids(db), want);
 
   // Account 0 writes on its PDS: one record deleted, one updated, one created.
   net::HttpClientOptions options;
@@ -324,7 +317,7 @@ TEST(VerifyTest, IncrementalBackfillAppliesWhatChangedSinceTheStoredRev) {
 
   ProcessResult second = RunProcess({ATFILL_BINARY, "backfill", config}, dir.path());
   ASSERT_EQ(second.exit_code, 0) << second.err;
-  EXPECT_EQ(StoredTable(db), want) << second.err;
+  EXPECT_EQ(TableCids(db), want) << second.err;
 
   // A backfill of more collections than the last one applied takes every repo whole: the stored
   // rows cannot stand for the collections it adds.
@@ -337,7 +330,7 @@ TEST(VerifyTest, IncrementalBackfillAppliesWhatChangedSinceTheStoredRev) {
   more.push_back("com.example.backfill.other");
   ProcessResult third = RunProcess(more, dir.path());
   ASSERT_EQ(third.exit_code, 0) << third.err;
-  EXPECT_EQ(StoredTable(db), want) << third.err;
+  EXPECT_EQ(TableCids(db), want) << third.err;
 
   ProcessResult jobs = RunProcess({ATFILL_BINARY, "jobs", config, "--json"}, dir.path());
   ASSERT_EQ(jobs.exit_code, 0) << jobs.err;
@@ -380,42 +373,43 @@ size_t Count(const std::string& text, const std::string& what) {
   return n;
 }
 
+// A simnet network of `accounts` active did:plc accounts spread over `pds_hosts` PDSs, each
+// holding min_records..max_records records.
+simnet::SimnetOptions ActivePlcNetwork(uint64_t seed, uint32_t accounts, uint32_t pds_hosts,
+                                       uint32_t min_records, uint32_t max_records) {
+  simnet::SimnetOptions so;
+  so.seed = seed;
+  so.accounts = accounts;
+  so.pds_hosts = pds_hosts;
+  so.min_records = min_records;
+  so.max_records = max_records;
+  so.did_web_share = 0;
+  so.deactivated_share = 0;
+  so.takendown_share = 0;
+  return so;
+}
+
 // [verify] every_hours: `atfill run` (no live consumer) starts a verify job of the stored repos
 // every ~1 s after the last ended, each a job in the store started by "schedule" with its
 // counters; with [verify] repair the first one puts back a row deleted by hand and the next finds
 // nothing. Against simnet (its PLC and PDS over loopback).
 TEST(VerifyTest, RunStartsVerifyJobsOnItsScheduleAndTheyRepair) {
-  simnet::SimnetOptions so;
-  so.seed = 11;
-  so.accounts = 12;
-  so.pds_hosts = 2;
-  so.max_records = 15;
-  so.min_records = 3;
-  so.did_web_share = 0;
-  so.deactivated_share = 0;
-  so.takendown_share = 0;
+  const simnet::SimnetOptions so = ActivePlcNetwork(11, 12, 2, 3, 15);
   auto net = simnet::Simnet::Start(so);
   ASSERT_TRUE(net.ok()) << net.status().ToString();
   auto truth = (*net)->Truth();
   ASSERT_TRUE(truth.ok()) << truth.status().ToString();
-  std::map<std::string, std::string> want;
-  for (const simnet::TruthRecord& r : truth->records) want[r.uri] = r.cid;
+  const std::map<std::string, std::string> want = UriCids(truth->records);
   ASSERT_GT(want.size(), 20u);
 
   TempDir dir;
   const std::string config = (dir.path() / "atfill.toml").string();
   const std::string db = (dir.path() / "db.sqlite").string();
-  const std::string base =
-      "[state]\ndir = \"state\"\n[sink.sqlite]\npath = \"db.sqlite\"\n"
-      "[progress]\ninterval_s = 60\n[crawl]\nrelay = \"" +
-      (*net)->relay_url() +
-      "\"\nmode = \"getRepo\"\ncollections = [\"app.bsky.feed.post\", "
-      "\"app.bsky.feed.like\"]\nallow_loopback_endpoints = true\n[resolver]\nplc = \"" +
-      (*net)->plc_url() + "\"\n";
+  const std::string base = CrawlConfig((*net)->relay_url(), kPostsAndLikes, (*net)->plc_url());
   WriteFile(config, base);
   ProcessResult backfill = RunProcess({ATFILL_BINARY, "backfill", config}, dir.path());
   ASSERT_EQ(backfill.exit_code, 0) << backfill.err;
-  ASSERT_EQ(StoredTable(db), want);
+  ASSERT_EQ(TableCids(db), want);
 
   const std::string gone = want.begin()->first;
   {
@@ -430,7 +424,7 @@ TEST(VerifyTest, RunStartsVerifyJobsOnItsScheduleAndTheyRepair) {
                  gone.substr(a + 1, b - a - 1) + "') AND rkey = '" + gone.substr(b + 1) + "'"),
         SQLITE_OK);
   }
-  ASSERT_EQ(StoredTable(db).count(gone), 0u);
+  ASSERT_EQ(TableCids(db).count(gone), 0u);
 
   // 0.0003 h: about a second between one job's end and the next's start.
   WriteFile(config, base + "[verify]\nevery_hours = 0.0003\nrepair = true\n");
@@ -445,7 +439,7 @@ TEST(VerifyTest, RunStartsVerifyJobsOnItsScheduleAndTheyRepair) {
   ASSERT_TRUE(run.Kill(SIGINT));
   ProcessResult ended = run.Wait(std::chrono::seconds(30));
   EXPECT_EQ(ended.exit_code, 4) << ended.err;
-  EXPECT_EQ(StoredTable(db), want) << ended.err;
+  EXPECT_EQ(TableCids(db), want) << ended.err;
 
   ProcessResult jobs = RunProcess({ATFILL_BINARY, "jobs", config, "--json"}, dir.path());
   ASSERT_EQ(jobs.exit_code, 0) << jobs.err;
@@ -483,21 +477,12 @@ TEST(VerifyTest, RunStartsVerifyJobsOnItsScheduleAndTheyRepair) {
 // are checked: the simnet network backfilled, then served again (same seed, same port) with the
 // commits of pds-0001 signed with other keys and pds-0002 answering 502.
 TEST(VerifyTest, AReposFailureNamesItsDidAndTheOthersAreChecked) {
-  simnet::SimnetOptions so;
-  so.seed = 5;
-  so.accounts = 15;
-  so.pds_hosts = 3;
-  so.max_records = 10;
-  so.min_records = 1;
-  so.did_web_share = 0;
-  so.deactivated_share = 0;
-  so.takendown_share = 0;
+  simnet::SimnetOptions so = ActivePlcNetwork(5, 15, 3, 1, 10);
   auto net = simnet::Simnet::Start(so);
   ASSERT_TRUE(net.ok()) << net.status().ToString();
   auto truth = (*net)->Truth();
   ASSERT_TRUE(truth.ok()) << truth.status().ToString();
-  std::map<std::string, std::string> want;
-  for (const simnet::TruthRecord& r : truth->records) want[r.uri] = r.cid;
+  const std::map<std::string, std::string> want = UriCids(truth->records);
   // The DIDs by the PDS that serves them (0-based: pds-0001 is 0).
   std::map<uint32_t, std::set<std::string>> by_pds;
   for (const simnet::Account& a : (*net)->network().accounts()) {
@@ -513,29 +498,20 @@ TEST(VerifyTest, AReposFailureNamesItsDidAndTheOthersAreChecked) {
   TempDir dir;
   const std::string config = (dir.path() / "atfill.toml").string();
   const std::string db = (dir.path() / "db.sqlite").string();
-  WriteFile(config,
-            "[state]\ndir = \"state\"\n[sink.sqlite]\npath = \"db.sqlite\"\n"
-            "[progress]\ninterval_s = 60\n[crawl]\nrelay = \"" +
-                (*net)->relay_url() +
-                "\"\nmode = \"getRepo\"\ncollections = [\"app.bsky.feed.post\", "
-                "\"app.bsky.feed.like\"]\nallow_loopback_endpoints = true\n"
-                "[net]\nretries = 1\n[resolver]\nplc = \"" +
-                (*net)->plc_url() + "\"\n");
+  WriteFile(config, CrawlConfig((*net)->relay_url(), kPostsAndLikes, (*net)->plc_url(),
+                                "[net]\nretries = 1\n"));
   ProcessResult backfill = RunProcess({ATFILL_BINARY, "backfill", config}, dir.path());
   ASSERT_EQ(backfill.exit_code, 0) << backfill.err;
-  ASSERT_EQ(StoredTable(db), want);
+  ASSERT_EQ(TableCids(db), want);
 
   // A table of one collection is compared in that collection by default ([crawl] collections):
   // the repos' other records are not missing.
   TempDir posts_dir;
   const std::string posts_config = (posts_dir.path() / "atfill.toml").string();
   WriteFile(posts_config,
-            "[state]\ndir = \"state\"\n[sink.sqlite]\npath = \"db.sqlite\"\n"
-            "[progress]\ninterval_s = 60\n[crawl]\nrelay = \"" +
-                (*net)->relay_url() +
-                "\"\nmode = \"getRepo\"\ncollections = [\"app.bsky.feed.post\"]\n"
-                "allow_loopback_endpoints = true\n[resolver]\nplc = \"" +
-                (*net)->plc_url() + "\"\n");
+            CrawlConfig((*net)->relay_url(),
+                        "mode = \"getRepo\"\ncollections = [\"app.bsky.feed.post\"]\n",
+                        (*net)->plc_url()));
   ProcessResult posts_backfill =
       RunProcess({ATFILL_BINARY, "backfill", posts_config}, posts_dir.path());
   ASSERT_EQ(posts_backfill.exit_code, 0) << posts_backfill.err;
@@ -572,7 +548,7 @@ TEST(VerifyTest, AReposFailureNamesItsDidAndTheOthersAreChecked) {
   EXPECT_EQ(report.repos_failed, by_pds[0].size() + by_pds[1].size());
   // The failures' sentences name the DID and the reason.
   EXPECT_NE(verify.out.find("502"), std::string::npos) << verify.out;
-  EXPECT_EQ(StoredTable(db), want) << "a failed check wrote";
+  EXPECT_EQ(TableCids(db), want) << "a failed check wrote";
 }
 
 }  // namespace
