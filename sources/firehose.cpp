@@ -474,8 +474,7 @@ struct FirehoseSource::Impl {
       resync_inflight.insert(did);
       resyncs_started.fetch_add(1);
       net::HttpRequest req;
-      req.url =
-          k->second.pds + "/xrpc/com.atproto.sync.getRepo?did=" + PercentEncodeQueryValue(did);
+      req.url = GetRepoUrl(k->second.pds, did);
       req.max_response_bytes = options.max_repo_bytes;
       std::shared_ptr<Shared> sh = shared;
       http->Submit(std::move(req), [sh, did](Result<net::HttpResponse> r) {
