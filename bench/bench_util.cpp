@@ -56,6 +56,18 @@ double ProcessCpuSeconds() {
   return sec(usage.ru_utime) + sec(usage.ru_stime);
 }
 
+IoBytes ProcessIo(const fs::path& proc) {
+  IoBytes out;
+  std::ifstream in(proc / "io");
+  std::string key;
+  double value = 0;
+  while (in >> key >> value) {
+    if (key == "read_bytes:") out.read = value;
+    if (key == "write_bytes:") out.written = value;
+  }
+  return out;
+}
+
 std::map<int, ThreadCpu> ThreadTicks() {
   std::map<int, ThreadCpu> out;
   std::error_code ec;

@@ -24,6 +24,15 @@ bool ResetPeakRss();
 // The process's user + system CPU time so far (threads that ended included), seconds.
 double ProcessCpuSeconds();
 
+// Bytes a process made the storage layer read and write (/proc/<pid>/io read_bytes, write_bytes):
+// reads the page cache served are not counted, so they show what a table larger than the memory
+// it is given costs. `proc` is "/proc/self" or "/proc/<pid>"; zeros when unreadable.
+struct IoBytes {
+  double read = 0;
+  double written = 0;
+};
+IoBytes ProcessIo(const std::filesystem::path& proc);
+
 // "INSERT INTO atfill_record_rows(did_id, collection_id, rkey, cid, rev, indexed_at, created_at,
 // record) VALUES (?, ...)" with `rows` rows of those 8 parameters, as the benchmarks' bare loops
 // write the sink's table.

@@ -18,13 +18,17 @@
 //    window: items_per_second (events/s over the Write calls), cpu_s (process CPU during them,
 //    every thread), cpu_us_per_event, peak_rss_mb (VmHWM, reset at the start of the window),
 //    disk_bytes_per_record (database + WAL file / rows so far), db_bytes_per_record (database
-//    file only), vs_repo (events/s / BM_RepoOrder's).
+//    file only), read_bytes_per_event and written_bytes_per_event (what the process read from
+//    and wrote to the storage layer during the window, /proc/self/io: reads the page cache served
+//    are not counted), vs_repo (events/s / BM_RepoOrder's). Run it in a memory limit smaller
+//    than the table (bench/memory_limited) to see the table outgrow its page cache.
 //  * BM_Query/<name>: the queries users run, on the final table (warm cache, LIMIT 20), through
 //    the atfill_records view.
 //  * With ATFILL_SCALE_PG set, the same stream into the PostgreSQL sink:
 //    BM_PgInterleaved/window:N (the counters of BM_Interleaved, with server_cpu_s, the CPU of
-//    the server's processes during the window when the server runs on this machine, and
-//    cpu_us_per_event counting client and server; bytes per record are the record table's and
+//    the server's processes during the window when the server runs on this machine,
+//    server_read_bytes_per_event and server_written_bytes_per_event from their /proc/<pid>/io,
+//    and cpu_us_per_event counting client and server; bytes per record are the record table's and
 //    its indexes' as PostgreSQL counts them) and BM_PgQuery/<name> (the same queries through the
 //    view, as prepared statements with every value a parameter).
 //
@@ -567,7 +571,9 @@ void BM_Interleaved(benchmark::State& state) {
   for (auto _ : state) {
     bench::ResetPeakRss();
     Span span;
+    const bench::IoBytes io0 = bench::ProcessIo("/proc/self");
     Status st = WriteRows(g.sink.get(), g.stream.get(), rows, &span);
+    const bench::IoBytes io1 = bench::ProcessIo("/proc/self");
     if (!st.ok()) {
       g.stopped = true;
       return state.SkipWithError(st.ToString().c_str());
@@ -576,6 +582,9 @@ void BM_Interleaved(benchmark::State& state) {
     g.seconds += span.seconds;
     state.SetIterationTime(span.seconds);
     const double rate = static_cast<double>(rows) / span.seconds;
+    state.counters["read_bytes_per_event"] = (io1.read - io0.read) / static_cast<double>(rows);
+    state.counters["written_bytes_per_event"] =
+        (io1.written - io0.written) / static_cast<double>(rows);
     const double db = static_cast<double>(FileSize(g.path));
     const double wal = static_cast<double>(FileSize(g.path.string() + "-wal"));
     state.counters["rows_total"] = static_cast<double>(g.rows);
@@ -707,15 +716,23 @@ std::string PgValue(PGconn* c, const std::string& sql) {
   return out;
 }
 
-// CPU seconds of the server's processes (the postmaster, its live children, and the children it
-// has reaped), when the server runs on this machine and its data directory is readable; -1
-// otherwise. Backends that exit between two samples are counted once the postmaster reaps them.
-double PgServerCpuSeconds(PGconn* c) {
+// What the server's processes used: CPU seconds (the postmaster, its live children, and the
+// children it has reaped) and the bytes its live processes read and wrote through the storage
+// layer, when the server runs on this machine and its data directory is readable; cpu is -1
+// otherwise. Backends that exit between two samples are counted in CPU once the postmaster reaps
+// them; their I/O is not (the sink's and this benchmark's connections, the checkpointer and the
+// background writer live throughout, autovacuum's workers do not).
+struct ServerUsage {
+  double cpu = -1;
+  bench::IoBytes io;
+};
+ServerUsage PgServerUsage(PGconn* c) {
   static const std::string data_dir = PgValue(c, "SHOW data_directory");
-  if (data_dir.empty()) return -1;
+  ServerUsage usage;
+  if (data_dir.empty()) return usage;
   std::ifstream pidfile(data_dir + "/postmaster.pid");
   long postmaster = 0;
-  if (!(pidfile >> postmaster) || postmaster <= 0) return -1;
+  if (!(pidfile >> postmaster) || postmaster <= 0) return usage;
   const double tick = static_cast<double>(::sysconf(_SC_CLK_TCK));
   // Fields after the command's closing parenthesis: state(3) ppid(4) ... utime(14) stime(15)
   // cutime(16) cstime(17).
@@ -734,12 +751,12 @@ double PgServerCpuSeconds(PGconn* c) {
     *reaped = (std::atof(v[13].c_str()) + std::atof(v[14].c_str())) / tick;
     return true;
   };
+  const fs::path postmaster_dir = fs::path("/proc") / std::to_string(postmaster);
   long ppid = 0;
   double own = 0, reaped = 0;
-  if (!read(fs::path("/proc") / std::to_string(postmaster) / "stat", &ppid, &own, &reaped)) {
-    return -1;
-  }
+  if (!read(postmaster_dir / "stat", &ppid, &own, &reaped)) return usage;
   double total = own + reaped;
+  usage.io = bench::ProcessIo(postmaster_dir);
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator("/proc", ec)) {
     const std::string name = entry.path().filename().string();
@@ -748,9 +765,13 @@ double PgServerCpuSeconds(PGconn* c) {
     double child_own = 0, child_reaped = 0;
     if (read(entry.path() / "stat", &parent, &child_own, &child_reaped) && parent == postmaster) {
       total += child_own + child_reaped;
+      const bench::IoBytes io = bench::ProcessIo(entry.path());
+      usage.io.read += io.read;
+      usage.io.written += io.written;
     }
   }
-  return total;
+  usage.cpu = total;
+  return usage;
 }
 
 struct PgGrowing {
@@ -811,9 +832,9 @@ void BM_PgInterleaved(benchmark::State& state) {
   for (auto _ : state) {
     bench::ResetPeakRss();
     Span span;
-    const double server0 = PgServerCpuSeconds(g.admin.get());
+    const ServerUsage server0 = PgServerUsage(g.admin.get());
     Status st = WriteRows(g.sink.get(), g.stream.get(), rows, &span);
-    const double server1 = PgServerCpuSeconds(g.admin.get());
+    const ServerUsage server1 = PgServerUsage(g.admin.get());
     if (!st.ok()) {
       g.stopped = true;
       return state.SkipWithError(st.ToString().c_str());
@@ -825,9 +846,12 @@ void BM_PgInterleaved(benchmark::State& state) {
     state.counters["rows_total"] = static_cast<double>(g.rows);
     state.counters["cpu_s"] = span.cpu;
     double cpu = span.cpu;
-    if (server0 >= 0 && server1 >= 0) {
-      state.counters["server_cpu_s"] = server1 - server0;
-      cpu += server1 - server0;
+    if (server0.cpu >= 0 && server1.cpu >= 0) {
+      state.counters["server_cpu_s"] = server1.cpu - server0.cpu;
+      cpu += server1.cpu - server0.cpu;
+      state.counters["server_read_bytes_per_event"] = (server1.io.read - server0.io.read) / n;
+      state.counters["server_written_bytes_per_event"] =
+          (server1.io.written - server0.io.written) / n;
     }
     state.counters["cpu_us_per_event"] = cpu * 1e6 / n;
     state.counters["peak_rss_mb"] = static_cast<double>(bench::StatusKb("VmHWM")) / 1024.0;
