@@ -4,7 +4,10 @@
 // every body decompresses to its exact text. Prints, per collection and in all, the average body
 // and compressed sizes, and the CPU per record of compressing and decompressing.
 //
-//   build/bench/compress_estimate DATABASE [SAMPLES=2000] [DICT_BYTES=32768] [LEVEL=3]
+//   build/bench/compress_estimate DATABASE [SAMPLES=2000] [DICT_BYTES=32768] [LEVEL=3] [PREFIX=0]
+//
+// PREFIX > 0 compresses only each body's first PREFIX bytes (the dictionaries are still trained on
+// whole bodies): with a small PREFIX the CPU per record is what a frame costs whatever its size.
 //
 // A database to read: ATFILL_SCALE_DIR=/tmp/scale ATFILL_SCALE_ROWS=300000
 // ATFILL_SCALE_WINDOW=300000 build/bench/scale_bench --benchmark_filter=Interleaved keeps
@@ -18,6 +21,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -49,7 +53,7 @@ std::vector<std::string> Bodies(sqlite3* db, int64_t collection_id) {
 }
 
 bool Measure(const std::string& nsid, const std::vector<std::string>& bodies, size_t samples,
-             size_t dict_cap, int level, Totals* all) {
+             size_t dict_cap, int level, size_t prefix, Totals* all) {
   std::string joined;
   std::vector<size_t> sizes;
   for (size_t i = 0; i < bodies.size() && i < samples; ++i) {
@@ -73,7 +77,9 @@ bool Measure(const std::string& nsid, const std::vector<std::string>& bodies, si
   Totals t;
   std::vector<char> out, back;
   bool ok = true;
-  for (const std::string& b : bodies) {
+  for (const std::string& whole : bodies) {
+    const std::string_view b =
+        prefix > 0 ? std::string_view(whole).substr(0, prefix) : std::string_view(whole);
     out.resize(ZSTD_compressBound(b.size()));
     back.resize(b.size() + 1);
     const size_t plain = ZSTD_compressCCtx(cctx, out.data(), out.size(), b.data(), b.size(), level);
@@ -115,12 +121,13 @@ bool Measure(const std::string& nsid, const std::vector<std::string>& bodies, si
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s DATABASE [SAMPLES] [DICT_BYTES] [LEVEL]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s DATABASE [SAMPLES] [DICT_BYTES] [LEVEL] [PREFIX]\n", argv[0]);
     return 2;
   }
   const size_t samples = argc > 2 ? std::strtoul(argv[2], nullptr, 10) : 2000;
   const size_t dict_cap = argc > 3 ? std::strtoul(argv[3], nullptr, 10) : 32768;
   const int level = argc > 4 ? std::atoi(argv[4]) : 3;
+  const size_t prefix = argc > 5 ? std::strtoul(argv[5], nullptr, 10) : 0;
   sqlite3* db = nullptr;
   if (sqlite3_open_v2(argv[1], &db, SQLITE_OPEN_READONLY, nullptr) != SQLITE_OK) {
     std::fprintf(stderr, "cannot open %s\n", argv[1]);
@@ -139,7 +146,7 @@ int main(int argc, char** argv) {
   Totals all;
   bool ok = true;
   for (const auto& [id, nsid] : collections) {
-    ok = Measure(nsid, Bodies(db, id), samples, dict_cap, level, &all) && ok;
+    ok = Measure(nsid, Bodies(db, id), samples, dict_cap, level, prefix, &all) && ok;
   }
   sqlite3_close(db);
   const double n = static_cast<double>(std::max<long long>(all.rows, 1));

@@ -15,7 +15,8 @@
 //                                                 64,512,16: the WAL as atfill replays)
 //   ATFILL_BENCH_SQLITE_CHECKPOINT=inline         (the writer checkpoints inside its COMMIT,
 //                                                 as before background_checkpoint)
-//   ATFILL_BENCH_SQLITE_COMPRESS=0                (bodies stored as text; default compressed)
+//   ATFILL_BENCH_SQLITE_COMPRESS=1 or 0           (bodies compressed, or text; unset, the sink's
+//                                                 default: text)
 //   ATFILL_REPLAY_BENCH_PG=CONNINFO               (Replay/0 into the PostgreSQL sink instead, a
 //   fresh
 //                                                 schema of the run on that server)

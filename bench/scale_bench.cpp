@@ -51,7 +51,8 @@
 //   ATFILL_SCALE_BATCH        events per sink batch (default: the engine's, 5,000)
 //   ATFILL_SCALE_CHECKPOINT   inline: the sinks checkpoint inside their COMMIT instead of on
 //                             their checkpoint thread
-//   ATFILL_BENCH_SQLITE_COMPRESS  0: the sinks store bodies as text (default: the sink's, on)
+//   ATFILL_BENCH_SQLITE_COMPRESS  1: the sinks compress bodies, 0: text (unset: the sink's
+//                             default, text)
 //   ATFILL_SCALE_BULK         1: BM_RepoOrder's sink loads with bulk_load (a fresh backfill's
 //                             layout, indexes built when the sink closes, timed with the writes)
 //   ATFILL_SCALE_PG           a libpq connection string: run the PostgreSQL benchmarks there, in
