@@ -174,6 +174,8 @@ Status ReadLive(ConfigFile& file, SourceSettings& c) {
   ATFILL_RETURN_IF_ERROR(
       file.ReadInt("live.resync_retry_ms", &c.firehose_resync_retry_ms, 1, 86'400'000));
   ATFILL_RETURN_IF_ERROR(file.ReadUint("live.verify_threads", &c.firehose_verify_threads, 1, 64));
+  ATFILL_RETURN_IF_ERROR(
+      file.ReadUint("live.max_waiting_mb", &c.firehose_max_waiting_mb, 1, 1'000'000));
   ATFILL_RETURN_IF_ERROR(file.ReadStringList("live.collections", &l.collections));
   ATFILL_RETURN_IF_ERROR(file.ReadStringList("live.dids", &l.dids));
   ATFILL_RETURN_IF_ERROR(file.ReadUint("live.start_seq", &l.start_seq, 0, INT64_MAX));
@@ -472,6 +474,7 @@ Status PlanFirehose(const pipeline::Environment& env, pipeline::PlanDraft& draft
   o.max_resyncs_in_flight = settings.firehose_max_resyncs;
   o.resync_retry_ms = settings.firehose_resync_retry_ms;
   o.verify_threads = settings.firehose_verify_threads;
+  o.max_waiting_bytes = settings.firehose_max_waiting_mb << 20;
   o.limits = settings.crawl.limits;
   // Keys and PDSs come from DID documents, so their endpoints are checked as the crawl's are.
   o.http = settings.crawl.resolver_http;

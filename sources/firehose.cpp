@@ -51,6 +51,7 @@ Status FirehoseOptions::Validate() const {
     return Status::Invalid("live: max_resyncs_in_flight must be at least 1");
   }
   if (resync_retry_ms < 1) return Status::Invalid("live: resync_retry_ms must be at least 1");
+  if (max_waiting_bytes == 0) return Status::Invalid("live: max_waiting_bytes must be at least 1");
   if (verify_threads < 1 || verify_threads > 64) {
     return Status::Invalid("live: verify_threads must be 1..64");
   }
@@ -120,6 +121,10 @@ struct FirehoseSource::Impl {
   std::unordered_map<std::string, Known> known;
   std::unordered_map<std::string, std::deque<FirehoseFrame>> waiting;  // for their key, in order
   std::multiset<int64_t> waiting_seqs;
+  // What the waiting frames hold (HeldBytes), and the most they held at once.
+  uint64_t waiting_bytes = 0;
+  std::atomic<uint64_t> peak_waiting_bytes{0};
+  bool paused_for_keys = false;
   std::unordered_set<std::string> resolving;
   std::unordered_set<std::string> desynced;  // awaiting a resync (queued, in flight or retrying)
   std::unordered_set<std::string> resync_queued, resync_inflight;
@@ -365,17 +370,41 @@ struct FirehoseSource::Impl {
     return false;
   }
 
+  // The memory a waiting frame holds, roughly: its blocks and strings.
+  static uint64_t HeldBytes(const FirehoseFrame& f) {
+    constexpr uint64_t kFixed = 256;
+    if (const auto* c = std::get_if<FirehoseCommit>(&f.payload)) {
+      uint64_t n = kFixed + c->blocks.size() + c->repo.size() + c->rev.size() + c->time.size();
+      for (const FirehoseOp& op : c->ops) n += sizeof(FirehoseOp) + op.path.size();
+      return n;
+    }
+    if (const auto* y = std::get_if<FirehoseSync>(&f.payload)) {
+      return kFixed + y->blocks.size() + y->did.size();
+    }
+    return kFixed;
+  }
+
+  void Hold(const std::string& did, FirehoseFrame f) {
+    waiting_seqs.insert(f.seq());
+    waiting_bytes += HeldBytes(f);
+    if (waiting_bytes > peak_waiting_bytes.load()) peak_waiting_bytes = waiting_bytes;
+    waiting[did].push_back(std::move(f));
+  }
+
+  void Unhold(const FirehoseFrame& f) {
+    waiting_seqs.erase(waiting_seqs.find(f.seq()));
+    waiting_bytes -= HeldBytes(f);
+  }
+
   Status Dispatch(FirehoseFrame f, pipeline::EventChunk* chunk) {
     const std::string did(f.did());
-    if (auto it = waiting.find(did); it != waiting.end()) {
-      waiting_seqs.insert(f.seq());
-      it->second.push_back(std::move(f));
+    if (waiting.contains(did)) {
+      Hold(did, std::move(f));
       return Status::OK();
     }
     ATFILL_ASSIGN_OR_RETURN(bool done, Handle(f, chunk));
     if (!done) {
-      waiting_seqs.insert(f.seq());
-      waiting[did].push_back(std::move(f));
+      Hold(did, std::move(f));
       Resolve(did);
     }
     return Status::OK();
@@ -392,7 +421,7 @@ struct FirehoseSource::Impl {
         Resolve(did);
         return Status::OK();
       }
-      waiting_seqs.erase(waiting_seqs.find(q.front().seq()));
+      Unhold(q.front());
       q.pop_front();
     }
     waiting.erase(it);
@@ -420,7 +449,7 @@ struct FirehoseSource::Impl {
       // rest still apply. The next frame of the account asks again.
       if (auto it = waiting.find(did); it != waiting.end()) {
         for (FirehoseFrame& f : it->second) {
-          waiting_seqs.erase(waiting_seqs.find(f.seq()));
+          Unhold(f);
           if (NeedsKey(f)) {
             Refuse(f, "key_unresolved", why, chunk);
           } else {
@@ -591,13 +620,20 @@ Result<bool> FirehoseSource::Read(pipeline::EventChunk* chunk) {
   std::deque<std::pair<std::string, Result<net::HttpResponse>>> repos;
   std::deque<std::string> retries;
   bool reconnect = false;
+  // Frames waiting for keys hold max_waiting_bytes or more: no new message is taken until keys
+  // arrive (or their resolution fails). The messages wait in the connection's buffer, whose own
+  // bound drops the connection and resumes it later from the newest seq read, so nothing is lost.
+  const bool paused = s.waiting_bytes >= s.options.max_waiting_bytes;
+  if (paused && !s.paused_for_keys) chunk->counters.emplace_back("firehose_paused_for_keys", 1);
+  s.paused_for_keys = paused;
   {
     std::unique_lock<std::mutex> lock(sh.mu);
     auto ready = [&] {
-      return !sh.queue.empty() || !sh.resolved.empty() || !sh.repos.empty() || !sh.retries.empty();
+      return (!paused && !sh.queue.empty()) || !sh.resolved.empty() || !sh.repos.empty() ||
+             !sh.retries.empty();
     };
     if (!ready()) sh.cv.wait_for(lock, std::chrono::milliseconds(s.options.tick_ms), ready);
-    while (!sh.queue.empty() && messages.size() < s.options.chunk_messages) {
+    while (!paused && !sh.queue.empty() && messages.size() < s.options.chunk_messages) {
       sh.queued_bytes -= sh.queue.front().size();
       messages.push_back(std::move(sh.queue.front()));
       sh.queue.pop_front();
@@ -727,6 +763,7 @@ FirehoseStats FirehoseSource::stats() const {
   st.verified = s.verified.load();
   st.refused = s.refused.load();
   st.resyncs_started = s.resyncs_started.load();
+  st.peak_waiting_bytes = s.peak_waiting_bytes.load();
   {
     std::lock_guard<std::mutex> lock(s.chain_mu);
     st.desynchronized = s.chain->desynchronized();

@@ -82,6 +82,10 @@ struct FirehoseOptions {
   uint32_t verify_threads = 2;
   // Commits held per desynchronized repo (FirehoseChainOptions::max_held_per_repo).
   size_t max_held_per_repo = 1000;
+  // Frames waiting for their account's signing key (being resolved), bytes: at this much, no new
+  // message is read until keys arrive; the connection's buffer (max_buffered_bytes) takes the
+  // stream meanwhile. The frames of one read (chunk_messages) may pass it.
+  uint64_t max_waiting_bytes = uint64_t{64} << 20;
   net::WebSocketOptions websocket;
 
   Status Validate() const;
@@ -96,7 +100,8 @@ struct FirehoseStats {
   uint64_t verified = 0;  // commits that verified
   uint64_t refused = 0;   // commits and syncs that did not
   uint64_t resyncs_started = 0;
-  uint64_t desynchronized = 0;  // repos awaiting their resync now
+  uint64_t peak_waiting_bytes = 0;  // the most the frames waiting for keys held at once
+  uint64_t desynchronized = 0;      // repos awaiting their resync now
   std::string host;
   std::string last_error;
 };

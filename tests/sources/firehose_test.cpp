@@ -199,5 +199,57 @@ TEST(FirehoseSource, ResumesFromItsCursorAcrossDisconnectsAndRuns) {
   EXPECT_TRUE(table == truth) << testing::DiffCids(truth, table);
 }
 
+// Frames of accounts whose key is still being resolved wait in memory. With max_waiting_bytes
+// reached, the source reads no new message until keys arrive, so what waits stays within one
+// read's frames of the bound; the stream meanwhile waits in the connection, and nothing is lost.
+TEST(FirehoseSource, FramesWaitingForKeysStayBoundedAndAllLand) {
+  simnet::SimnetOptions no = Network();
+  auto slow_plc = simnet::ParseFaultSpec("plc:latency_ms=100");
+  ASSERT_TRUE(slow_plc.ok()) << slow_plc.status().ToString();
+  no.faults = *slow_plc;
+  auto net = simnet::Simnet::Start(no);
+  ASSERT_TRUE(net.ok()) << net.status().ToString();
+  auto log = simnet::BuildFirehoseLog((*net)->network(), simnet::FirehoseLogOptions{});
+  ASSERT_TRUE(log.ok()) << log.status().ToString();
+  const uint64_t commits = log->commits;
+  const auto truth = Truth(**net);
+
+  struct Run {
+    Consumed consumed;
+    std::map<std::string, std::string> table;
+  };
+  auto run = [&](uint64_t max_waiting_bytes) {
+    auto relay = simnet::FirehoseRelay::Start(log->frames);
+    EXPECT_TRUE(relay.ok()) << relay.status().ToString();
+    TempDir dir;
+    FirehoseOptions o = Options(**net, **relay);
+    o.chunk_messages = 8;
+    o.max_waiting_bytes = max_waiting_bytes;
+    Run r{Consume(dir.path(), o), {}};
+    r.table = testing::TableCids((dir.path() / "db.sqlite").string());
+    return r;
+  };
+  const Run unbounded = run(FirehoseOptions{}.max_waiting_bytes);
+  const Run bounded = run(1);
+
+  for (const Run* r : {&unbounded, &bounded}) {
+    const state::JobRecord& job = r->consumed.job.job;
+    EXPECT_EQ(job.stop_reason.code, "stream_idle") << job.stop_reason.sentence;
+    EXPECT_EQ(Counter(job, "firehose_verified"), commits);
+    EXPECT_EQ(Counter(job, "firehose_applied"), commits);
+    EXPECT_EQ(Counter(job, "firehose_refused"), 0u);
+    EXPECT_TRUE(r->table == truth) << testing::DiffCids(truth, r->table);
+  }
+  // Without the bound, the frames of many accounts waited at once (the relay sends the log
+  // faster than the PLC answers); with it, the source paused and held a read's worth at most.
+  EXPECT_EQ(Counter(unbounded.consumed.job.job, "firehose_paused_for_keys"), 0u);
+  EXPECT_GT(Counter(bounded.consumed.job.job, "firehose_paused_for_keys"), 0u);
+  EXPECT_GT(bounded.consumed.stats.peak_waiting_bytes, 0u);
+  EXPECT_LT(bounded.consumed.stats.peak_waiting_bytes * 4,
+            unbounded.consumed.stats.peak_waiting_bytes)
+      << "bounded " << bounded.consumed.stats.peak_waiting_bytes << " unbounded "
+      << unbounded.consumed.stats.peak_waiting_bytes;
+}
+
 }  // namespace
 }  // namespace atfill
