@@ -45,9 +45,9 @@ struct SourceSettings {
   bool live_firehose = false;
   // [live] max_resyncs_in_flight, resync_retry_ms: the firehose's resyncs (FirehoseOptions).
   uint32_t firehose_max_resyncs = 8;
+  int64_t firehose_resync_retry_ms = 30'000;
   // [live] max_waiting_mb: frames waiting for their key (FirehoseOptions::max_waiting_bytes).
   uint64_t firehose_max_waiting_mb = 64;
-  int64_t firehose_resync_retry_ms = 30'000;
   // [live] verify_threads: threads verifying a chunk's commits at once (FirehoseOptions).
   uint32_t firehose_verify_threads = 2;
   LabelerOptions labels;  // [labels] (no labelers: no label subscription)
