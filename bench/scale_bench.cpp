@@ -79,6 +79,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <random>
 #include <sstream>
@@ -718,15 +719,29 @@ std::string PgValue(PGconn* c, const std::string& sql) {
 }
 
 // What the server's processes used: CPU seconds (the postmaster, its live children, and the
-// children it has reaped) and the bytes its live processes read and wrote through the storage
+// children it has reaped) and, per live process, the bytes it read and wrote through the storage
 // layer, when the server runs on this machine and its data directory is readable; cpu is -1
 // otherwise. Backends that exit between two samples are counted in CPU once the postmaster reaps
 // them; their I/O is not (the sink's and this benchmark's connections, the checkpointer and the
 // background writer live throughout, autovacuum's workers do not).
 struct ServerUsage {
   double cpu = -1;
-  bench::IoBytes io;
+  std::map<long, bench::IoBytes> io;  // by pid
 };
+
+// The I/O of `after`'s processes since `before`: a process sampled in both counts its growth, one
+// started since counts whole; one that exited in between counts nothing (its counters are gone),
+// rather than taking its earlier total off the others'.
+bench::IoBytes IoSince(const ServerUsage& before, const ServerUsage& after) {
+  bench::IoBytes d;
+  for (const auto& [pid, io] : after.io) {
+    const auto it = before.io.find(pid);
+    const bench::IoBytes base = it == before.io.end() ? bench::IoBytes{} : it->second;
+    d.read += io.read - base.read;
+    d.written += io.written - base.written;
+  }
+  return d;
+}
 ServerUsage PgServerUsage(PGconn* c) {
   static const std::string data_dir = PgValue(c, "SHOW data_directory");
   ServerUsage usage;
@@ -757,7 +772,7 @@ ServerUsage PgServerUsage(PGconn* c) {
   double own = 0, reaped = 0;
   if (!read(postmaster_dir / "stat", &ppid, &own, &reaped)) return usage;
   double total = own + reaped;
-  usage.io = bench::ProcessIo(postmaster_dir);
+  usage.io[postmaster] = bench::ProcessIo(postmaster_dir);
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator("/proc", ec)) {
     const std::string name = entry.path().filename().string();
@@ -766,9 +781,7 @@ ServerUsage PgServerUsage(PGconn* c) {
     double child_own = 0, child_reaped = 0;
     if (read(entry.path() / "stat", &parent, &child_own, &child_reaped) && parent == postmaster) {
       total += child_own + child_reaped;
-      const bench::IoBytes io = bench::ProcessIo(entry.path());
-      usage.io.read += io.read;
-      usage.io.written += io.written;
+      usage.io[std::atol(name.c_str())] = bench::ProcessIo(entry.path());
     }
   }
   usage.cpu = total;
@@ -850,9 +863,9 @@ void BM_PgInterleaved(benchmark::State& state) {
     if (server0.cpu >= 0 && server1.cpu >= 0) {
       state.counters["server_cpu_s"] = server1.cpu - server0.cpu;
       cpu += server1.cpu - server0.cpu;
-      state.counters["server_read_bytes_per_event"] = (server1.io.read - server0.io.read) / n;
-      state.counters["server_written_bytes_per_event"] =
-          (server1.io.written - server0.io.written) / n;
+      const bench::IoBytes io = IoSince(server0, server1);
+      state.counters["server_read_bytes_per_event"] = io.read / n;
+      state.counters["server_written_bytes_per_event"] = io.written / n;
     }
     state.counters["cpu_us_per_event"] = cpu * 1e6 / n;
     state.counters["peak_rss_mb"] = static_cast<double>(bench::StatusKb("VmHWM")) / 1024.0;
