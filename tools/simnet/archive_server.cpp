@@ -251,25 +251,6 @@ Status WriteFromJetstream(const JetstreamLog& log, const ArchiveOptions& o) {
 
 }  // namespace
 
-Status ArchiveOptions::Validate() const {
-  if (rows_per_block < 1 || rows_per_block > 262'144) {
-    return Status::Invalid("rows_per_block must be 1..262144");
-  }
-  if (segment_bytes < 1) return Status::Invalid("segment_bytes must be at least 1");
-  if (!(whole_segment_threshold >= 0 && whole_segment_threshold <= 1)) {
-    return Status::Invalid("whole_segment_threshold must be within 0..1");
-  }
-  if (max_list_page < 1 || max_list_page > 1000) {
-    return Status::Invalid("max_list_page must be 1..1000");
-  }
-  if (from_jetstream && dir.empty()) return Status::Invalid("from_jetstream needs a directory");
-  if (from_repos && dir.empty()) return Status::Invalid("from_repos needs a directory");
-  const int s = faults.no_archive_status;
-  if (s != 0 && s != 404 && s != 501)
-    return Status::Invalid("no_archive_status must be 0, 404 or 501");
-  return Status::OK();
-}
-
 struct ArchiveServer::Segment {
   uint64_t index = 0;
   std::string name, path, checksum;

@@ -127,18 +127,6 @@ class Session : public std::enable_shared_from_this<Session> {
 
 }  // namespace
 
-Status LabelerOptions::Validate() const {
-  if (labels > 1'000'000) return Status::Invalid("labeler labels must be at most 1,000,000");
-  for (double share : {negation_share, expired_share, expiring_share, bad_signature_share}) {
-    if (!(share >= 0 && share <= 1)) return Status::Invalid("labeler shares must be in 0..1");
-  }
-  if (negation_share + expired_share + expiring_share + bad_signature_share > 1) {
-    return Status::Invalid("labeler shares add up to more than 1");
-  }
-  if (!(frames_per_second >= 0)) return Status::Invalid("labeler frames_per_second is negative");
-  return Status::OK();
-}
-
 Result<std::unique_ptr<LabelerLog>> LabelerLog::Generate(const Network& net,
                                                          const LabelerOptions& options) {
   ATFILL_RETURN_IF_ERROR(options.Validate());

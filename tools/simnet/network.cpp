@@ -125,6 +125,37 @@ std::string RecordBody(const SimnetOptions& o, const std::vector<Account>& accou
 
 }  // namespace
 
+Status ArchiveOptions::Validate() const {
+  if (rows_per_block < 1 || rows_per_block > 262'144) {
+    return Status::Invalid("rows_per_block must be 1..262144");
+  }
+  if (segment_bytes < 1) return Status::Invalid("segment_bytes must be at least 1");
+  if (!(whole_segment_threshold >= 0 && whole_segment_threshold <= 1)) {
+    return Status::Invalid("whole_segment_threshold must be within 0..1");
+  }
+  if (max_list_page < 1 || max_list_page > 1000) {
+    return Status::Invalid("max_list_page must be 1..1000");
+  }
+  if (from_jetstream && dir.empty()) return Status::Invalid("from_jetstream needs a directory");
+  if (from_repos && dir.empty()) return Status::Invalid("from_repos needs a directory");
+  const int s = faults.no_archive_status;
+  if (s != 0 && s != 404 && s != 501)
+    return Status::Invalid("no_archive_status must be 0, 404 or 501");
+  return Status::OK();
+}
+
+Status LabelerOptions::Validate() const {
+  if (labels > 1'000'000) return Status::Invalid("labeler labels must be at most 1,000,000");
+  for (double share : {negation_share, expired_share, expiring_share, bad_signature_share}) {
+    if (!(share >= 0 && share <= 1)) return Status::Invalid("labeler shares must be in 0..1");
+  }
+  if (negation_share + expired_share + expiring_share + bad_signature_share > 1) {
+    return Status::Invalid("labeler shares add up to more than 1");
+  }
+  if (!(frames_per_second >= 0)) return Status::Invalid("labeler frames_per_second is negative");
+  return Status::OK();
+}
+
 Status SimnetOptions::Validate() const {
   if (accounts == 0 || accounts > 1'000'000) {
     return Status::Invalid("accounts must be 1..1000000, not " + std::to_string(accounts));
