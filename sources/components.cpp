@@ -246,12 +246,14 @@ Status ReadSourceConfig(ConfigFile& file, pipeline::Settings& settings) {
   ATFILL_RETURN_IF_ERROR(file.ReadUint("files.chunk_lines", &c.files.chunk_lines, 1, 1'000'000));
   ATFILL_RETURN_IF_ERROR(
       file.ReadUint("files.max_line_bytes", &c.files.max_line_bytes, 64, 1 << 30));
+  ATFILL_RETURN_IF_ERROR(pipeline::ReadBatchOptions(file, "files", &c.files_batch));
   ATFILL_RETURN_IF_ERROR(ReadCrawl(file, c));
   ATFILL_RETURN_IF_ERROR(ReadArchive(file, settings.Get<pipeline::CoreSettings>(), c));
   ATFILL_RETURN_IF_ERROR(ReadLive(file, c));
   ATFILL_RETURN_IF_ERROR(ReadLabels(file, c));
   ATFILL_RETURN_IF_ERROR(ReadVerify(file, c));
   const std::string& path = file.source_name();
+  if (Status s = c.files_batch.Validate(); !s.ok()) return s.WithContext(path + ": [files]");
   if (Status s = c.live_batch.Validate(); !s.ok()) return s.WithContext(path + ": [live]");
   if (Status s = c.crawl_batch.Validate(); !s.ok()) return s.WithContext(path + ": [crawl]");
   if (Status s = c.replay.Validate(); !s.ok()) return s.WithContext(path + ": [archive]");
@@ -371,6 +373,7 @@ Status PlanFiles(const pipeline::Environment& env, pipeline::PlanDraft& draft) {
   job.counters.extra[pipeline::kInputTotal] = (*source)->total_bytes();
   draft.plan->source = draft.Keep(std::move(*source));
   draft.plan->cursor_name = "job/" + std::to_string(job.id) + "/file";
+  draft.plan->batch = Of(env).files_batch;
   return Status::OK();
 }
 

@@ -63,6 +63,12 @@ struct SourceSettings {
   // and fewer, larger commits cost less per event (bench/live_bench, docs/performance.md).
   pipeline::BatcherOptions live_batch{
       .max_events = 50'000, .max_delay_ms = 1000, .max_chunks = 128};
+  // [files] batch_records, batch_ms, batch_chunks: an ingest's batches, larger than [engine]'s:
+  // an event file is a backlog whose accounts interleave, and fewer, larger commits write the
+  // by-account index's newest block once for more events (docs/performance.md, "Batches in a
+  // backlog"). At most batch_chunks chunks of [files] chunk_lines are in a batch.
+  pipeline::BatcherOptions files_batch{
+      .max_events = 50'000, .max_delay_ms = 1000, .max_chunks = 64};
   // [crawl] source: where a backfill of collections reads from: "crawl" (every PDS), "replay"
   // (the Jetstream archive; never falls back) or "auto" (replay when an archive is configured and
   // answers, else crawl). Account backfills (given DIDs) always crawl.

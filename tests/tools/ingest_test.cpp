@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <random>
+#include <regex>
 
 #include "atproto/json.hpp"
 #include "sinks/sqlite_reader.hpp"
@@ -247,7 +248,7 @@ TEST(IngestTest, ConfigErrorsNameTheKeyAndLine) {
 TEST(IngestTest, BatchAuditTrailListsEveryBatch) {
   gen::EventGenOptions o;
   o.dids = 20;
-  Workspace ws("[jobs]\nrecord_batches = true\n[engine]\nbatch_records = 500\n");
+  Workspace ws("[jobs]\nrecord_batches = true\n[files]\nbatch_records = 500\n");
   ASSERT_TRUE(gen::EventGenerator::WriteFile(o, 3000, (ws.dir / "e.jsonl").string()).ok());
   auto r = ws.Atfill({"ingest", ws.config, (ws.dir / "e.jsonl").string()});
   ASSERT_EQ(r.exit_code, 0) << Describe(r);
@@ -262,6 +263,60 @@ TEST(IngestTest, BatchAuditTrailListsEveryBatch) {
   EXPECT_GE(batches, 2u);
   EXPECT_LE(batches, 6u);
   EXPECT_THAT(b.out, HasSubstr(":3000\""));
+}
+
+// The events of each batch of job 1, from `atfill job --batches` in `ws`.
+std::vector<uint64_t> BatchCounts(const Workspace& ws) {
+  auto b = ws.Atfill({"job", ws.config, "1", "--json", "--batches"});
+  EXPECT_EQ(b.exit_code, 0) << Describe(b);
+  std::vector<uint64_t> counts;
+  static const std::regex kEntry(R"re("batch":\d+,"from":"[^"]*","to":"[^"]*","count":(\d+))re");
+  for (std::sregex_iterator it(b.out.begin(), b.out.end(), kEntry), end; it != end; ++it) {
+    counts.push_back(std::stoull((*it)[1].str()));
+  }
+  return counts;
+}
+
+// An event file is a backlog: `atfill ingest` writes it in [files]' batches (up to 50,000
+// events by default, fewer and larger commits), not in [engine]'s, and [files] batch_records
+// sets them.
+TEST(IngestTest, AnEventFileIsWrittenInBacklogBatches) {
+  gen::EventGenOptions o;
+  o.dids = 2000;
+  constexpr uint64_t kEvents = 60'000;
+  TempDir data;
+  const std::string events = (data / "e.jsonl").string();
+  ASSERT_TRUE(gen::EventGenerator::WriteFile(o, kEvents, events).ok());
+  auto sum = [](const std::vector<uint64_t>& v) {
+    uint64_t n = 0;
+    for (uint64_t c : v) n += c;
+    return n;
+  };
+
+  // [engine]'s limit does not apply to an ingest.
+  Workspace defaults("[jobs]\nrecord_batches = true\n[engine]\nbatch_records = 500\n");
+  auto r = defaults.Atfill({"ingest", defaults.config, events});
+  ASSERT_EQ(r.exit_code, 0) << Describe(r);
+  const std::vector<uint64_t> large = BatchCounts(defaults);
+  ASSERT_FALSE(large.empty());
+  EXPECT_EQ(sum(large), kEvents);
+  // More than [engine]'s default of 5,000 in the largest (its batch_ms of 1 s would have to pass
+  // before 5,000 events were read for it not to be). A batch closes at the chunk that reaches
+  // the limit, so it holds at most one chunk ([files] chunk_lines, 1,024) more.
+  constexpr uint64_t kChunk = 1024;
+  EXPECT_GT(*std::max_element(large.begin(), large.end()), 5'000u);
+  EXPECT_LE(*std::max_element(large.begin(), large.end()), 50'000u + kChunk);
+
+  Workspace set("[jobs]\nrecord_batches = true\n[files]\nbatch_records = 7000\n");
+  r = set.Atfill({"ingest", set.config, events});
+  ASSERT_EQ(r.exit_code, 0) << Describe(r);
+  const std::vector<uint64_t> small = BatchCounts(set);
+  EXPECT_EQ(sum(small), kEvents);
+  EXPECT_GE(small.size(), kEvents / (7'000u + kChunk));
+  EXPECT_LE(*std::max_element(small.begin(), small.end()), 7'000u + kChunk);
+  const auto content = Content(set.db());
+  EXPECT_FALSE(content.empty());
+  EXPECT_EQ(content, Content(defaults.db()));
 }
 
 // The row count of the table at `db` (0 while it does not exist yet). WAL readers never block
@@ -371,7 +426,7 @@ TEST(IngestCrashTest, FiveKillsAtRandomPointsConvergeToTheUninterruptedTable) {
   const std::string events = (data / "events.jsonl").string();
   ASSERT_TRUE(gen::EventGenerator::WriteFile(o, 200'000, events).ok());
 
-  Workspace reference("[engine]\nbatch_records = 2000\n");
+  Workspace reference("[files]\nbatch_records = 2000\n");
   auto ref = reference.Atfill({"ingest", reference.config, events});
   ASSERT_EQ(ref.exit_code, 0) << Describe(ref);
   const auto want = Content(reference.db());
@@ -389,7 +444,7 @@ TEST(IngestCrashTest, FiveKillsAtRandomPointsConvergeToTheUninterruptedTable) {
   }
   std::sort(targets.begin(), targets.end());
 
-  Workspace crashed("[engine]\nbatch_records = 2000\n");
+  Workspace crashed("[files]\nbatch_records = 2000\n");
   int kills = 0;
   for (uint64_t target : targets) {
     Child child({kAtfill, "ingest", crashed.config, events}, crashed.dir.path());
@@ -556,7 +611,7 @@ namespace atfill {
 namespace {
 
 TEST(IngestTest, AFullErrorLogStopsTheJobWithThatReason) {
-  Workspace ws("[jobs]\nerror_log_cap = 5\n[engine]\nbatch_records = 10\n");
+  Workspace ws("[jobs]\nerror_log_cap = 5\n[files]\nbatch_records = 10\n");
   std::string text;
   for (int i = 0; i < 50; ++i) text += "not json " + std::to_string(i) + "\n";
   WriteFile(ws.dir / "bad.jsonl", text);

@@ -182,7 +182,8 @@ TEST(PostgresRunTest, AServerStoppedAndRestartedMidRunLosesNothing) {
   // Small batches and quick sink retries, so the outage lands mid-run and the run waits it out.
   const std::string config = Config(
       pg.path(), (*db)->conninfo(),
-      "[engine]\nbatch_records = 1000\nsink_retry_initial_ms = 50\nsink_retry_max_ms = 400\n");
+      "[engine]\nsink_retry_initial_ms = 50\nsink_retry_max_ms = 400\n[files]\nbatch_records = "
+      "1000\n");
   testing::Child run({ATFILL_BINARY, "ingest", config, events}, pg.path());
   // Once some batches are in, the server goes away until the run has tried to reconnect three
   // times (each attempt refused), then comes back.
