@@ -1,9 +1,10 @@
 // The SQLite sink as its table grows: create events from 1,000,000 accounts interleaved as a live
 // stream or an archive delivers them (each event from an account drawn at random, record keys TIDs
-// of the event's time, so increasing with time), written into ONE database in the engine's default
-// batches (5,000 events per Write, as `atfill ingest` hands them to the sink), reported per window
-// of rows. The events go to the sink directly: the engine's parse, CID check and guard cost the
-// same at every table size, so leaving them out shows the part that grows.
+// of the event's time, so increasing with time), written into ONE database in a backlog's batches
+// (50,000 events per Write, as the live consumer and `atfill ingest` hand them to the sink while
+// they catch up: [live] and [files] batch_records), reported per window of rows. The events go to
+// the sink directly: the engine's parse, CID check and guard cost the same at every table size, so
+// leaving them out shows the part that grows.
 //
 // Benchmarks, in this order:
 //  * BM_RepoOrder: the reference, in a database of its own: a window of rows in repo order
@@ -48,7 +49,10 @@
 //                             at the sink's version, atfill_schema_version included)
 //   ATFILL_SCALE_CACHE_MB     the sink's page cache (default: SqliteSinkOptions' default)
 //   ATFILL_SCALE_PAGE_SIZE    the page size of the new databases, bytes (default: the sink's)
-//   ATFILL_SCALE_BATCH        events per sink batch (default: the engine's, 5,000)
+//   ATFILL_SCALE_BATCH        events per sink batch (default 50,000: [live] and [files]
+//                             batch_records; [engine]'s default is 5,000)
+//   ATFILL_SCALE_REPO_BATCH   events per sink batch of the repo-order runs (default:
+//                             ATFILL_SCALE_BATCH; a crawl commits [crawl] batch_records, 50,000)
 //   ATFILL_SCALE_CHECKPOINT   inline: the sinks checkpoint inside their COMMIT instead of on
 //                             their checkpoint thread
 //   ATFILL_BENCH_SQLITE_COMPRESS  1: the sinks compress bodies, 0: text (unset: the sink's
@@ -91,7 +95,6 @@
 #include "atproto/cid.hpp"
 #include "base/bytes.hpp"
 #include "bench/bench_util.hpp"
-#include "pipeline/batcher.hpp"
 #include "pipeline/event.hpp"
 #include "pipeline/sink.hpp"
 #include "sinks/postgres_sink.hpp"
@@ -105,9 +108,10 @@ namespace fs = std::filesystem;
 using pipeline::Event;
 using pipeline::RecordEvent;
 
-// Events per sink batch: the engine's default (pipeline/batcher.hpp: max_events), or
-// ATFILL_SCALE_BATCH.
+// Events per sink batch: a backlog's, as sources::SourceSettings' files_batch and live_batch set
+// it, or ATFILL_SCALE_BATCH; RepoBatchEvents() for the repo-order runs.
 size_t BatchEvents();
+size_t RepoBatchEvents();
 uint32_t RepoAccounts();
 // The stream's clock: the first event's time and the gap between two events (one event every
 // 500 us, about the live firehose's pace).
@@ -121,8 +125,14 @@ uint64_t EnvU64(const char* name, uint64_t fallback) {
 }
 
 size_t BatchEvents() {
-  static const size_t events = static_cast<size_t>(
-      std::max<uint64_t>(1, EnvU64("ATFILL_SCALE_BATCH", pipeline::BatcherOptions{}.max_events)));
+  static const size_t events =
+      static_cast<size_t>(std::max<uint64_t>(1, EnvU64("ATFILL_SCALE_BATCH", 50'000)));
+  return events;
+}
+
+size_t RepoBatchEvents() {
+  static const size_t events =
+      static_cast<size_t>(std::max<uint64_t>(1, EnvU64("ATFILL_SCALE_REPO_BATCH", BatchEvents())));
   return events;
 }
 
@@ -349,12 +359,13 @@ struct Span {
   uint64_t body_bytes = 0;
 };
 
-// Writes `rows` events of `stream` into `sink` in batches of BatchEvents(), timing only the Write
+// Writes `rows` events of `stream` into `sink` in batches of `batch_events`, timing only the Write
 // calls.
-Status WriteRows(pipeline::Sink* sink, Stream* stream, uint64_t rows, Span* span) {
+Status WriteRows(pipeline::Sink* sink, Stream* stream, uint64_t rows, Span* span,
+                 size_t batch_events = BatchEvents()) {
   std::vector<Event> batch;
   for (uint64_t done = 0; done < rows;) {
-    const size_t n = static_cast<size_t>(std::min<uint64_t>(BatchEvents(), rows - done));
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(batch_events, rows - done));
     stream->Fill(n, &batch, &span->body_bytes);
     const double cpu0 = bench::ProcessCpuSeconds();
     const auto t0 = std::chrono::steady_clock::now();
@@ -381,7 +392,7 @@ void BM_RepoOrder(benchmark::State& state) {
     if (!sink.ok()) return state.SkipWithError(sink.status().ToString().c_str());
     Stream stream(RepoAccounts(), /*repo_order=*/true, 7);
     Span span;
-    if (Status st = WriteRows(sink->get(), &stream, rows, &span); !st.ok()) {
+    if (Status st = WriteRows(sink->get(), &stream, rows, &span, RepoBatchEvents()); !st.ok()) {
       return state.SkipWithError(st.ToString().c_str());
     }
     // A bulk load builds its indexes when the sink closes: part of the load's time.
@@ -467,7 +478,7 @@ void BM_RepoRaw(benchmark::State& state) {
     const double cpu0 = bench::ProcessCpuSeconds();
     double untimed_cpu = 0;
     for (uint64_t done = 0; done < rows;) {
-      const size_t n = static_cast<size_t>(std::min<uint64_t>(BatchEvents(), rows - done));
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(RepoBatchEvents(), rows - done));
       const double g0 = bench::ProcessCpuSeconds();
       stream.Fill(n, &batch, &body_bytes);
       ids.clear();
