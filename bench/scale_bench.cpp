@@ -100,6 +100,7 @@
 #include "sinks/postgres_sink.hpp"
 #include "sinks/sqlite_functions.hpp"
 #include "sinks/sqlite_sink.hpp"
+#include "sources/components.hpp"
 
 namespace atfill {
 namespace {
@@ -108,8 +109,8 @@ namespace fs = std::filesystem;
 using pipeline::Event;
 using pipeline::RecordEvent;
 
-// Events per sink batch: a backlog's, as sources::SourceSettings' files_batch and live_batch set
-// it, or ATFILL_SCALE_BATCH; RepoBatchEvents() for the repo-order runs.
+// Events per sink batch: a backlog's (an ingest's, [files] batch_records; the live consumer's is
+// the same), or ATFILL_SCALE_BATCH; RepoBatchEvents() for the repo-order runs.
 size_t BatchEvents();
 size_t RepoBatchEvents();
 uint32_t RepoAccounts();
@@ -125,8 +126,8 @@ uint64_t EnvU64(const char* name, uint64_t fallback) {
 }
 
 size_t BatchEvents() {
-  static const size_t events =
-      static_cast<size_t>(std::max<uint64_t>(1, EnvU64("ATFILL_SCALE_BATCH", 50'000)));
+  static const size_t events = static_cast<size_t>(std::max<uint64_t>(
+      1, EnvU64("ATFILL_SCALE_BATCH", sources::SourceSettings{}.files_batch.max_events)));
   return events;
 }
 

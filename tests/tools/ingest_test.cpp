@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <numeric>
 #include <random>
 #include <regex>
 
@@ -288,9 +289,7 @@ TEST(IngestTest, AnEventFileIsWrittenInBacklogBatches) {
   const std::string events = (data / "e.jsonl").string();
   ASSERT_TRUE(gen::EventGenerator::WriteFile(o, kEvents, events).ok());
   auto sum = [](const std::vector<uint64_t>& v) {
-    uint64_t n = 0;
-    for (uint64_t c : v) n += c;
-    return n;
+    return std::accumulate(v.begin(), v.end(), 0ull);
   };
 
   // [engine]'s limit does not apply to an ingest.
