@@ -48,6 +48,8 @@
 //                             measure another layout with the same sink (it must leave the schema
 //                             at the sink's version, atfill_schema_version included)
 //   ATFILL_SCALE_CACHE_MB     the sink's page cache (default: SqliteSinkOptions' default)
+//   ATFILL_SCALE_WAL_MB       the sink's WAL size that starts a checkpoint (default:
+//                             SqliteSinkOptions' default)
 //   ATFILL_SCALE_PAGE_SIZE    the page size of the new databases, bytes (default: the sink's)
 //   ATFILL_SCALE_BATCH        events per sink batch (default 50,000: [live] and [files]
 //                             batch_records; [engine]'s default is 5,000)
@@ -144,6 +146,7 @@ struct Config {
   uint64_t repo_rows = EnvU64("ATFILL_SCALE_REPO_ROWS", std::min(rows, window));
   double max_seconds = static_cast<double>(EnvU64("ATFILL_SCALE_MAX_SECONDS", 0));
   uint64_t cache_mb = EnvU64("ATFILL_SCALE_CACHE_MB", 0);
+  uint64_t wal_mb = EnvU64("ATFILL_SCALE_WAL_MB", 0);
   int64_t page_size = static_cast<int64_t>(EnvU64(
       "ATFILL_SCALE_PAGE_SIZE", static_cast<uint64_t>(sinks::SqliteSinkOptions{}.page_size_bytes)));
   bool bulk = EnvU64("ATFILL_SCALE_BULK", 0) != 0;
@@ -344,6 +347,9 @@ Result<std::unique_ptr<pipeline::Sink>> NewDatabase(const fs::path& path, bool b
   options.path = path.string();
   options.page_size_bytes = Cfg().page_size;
   if (Cfg().cache_mb > 0) options.cache_bytes = static_cast<int64_t>(Cfg().cache_mb) << 20;
+  if (Cfg().wal_mb > 0) {
+    options.wal_autocheckpoint_bytes = static_cast<int64_t>(Cfg().wal_mb) << 20;
+  }
   options.bulk_load = bulk;
   options.compress = bench::SqliteCompress(options.compress);
   if (const char* c = std::getenv("ATFILL_SCALE_CHECKPOINT")) {
