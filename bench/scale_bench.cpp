@@ -111,10 +111,6 @@ namespace fs = std::filesystem;
 using pipeline::Event;
 using pipeline::RecordEvent;
 
-// Events per sink batch: a backlog's (an ingest's, [files] batch_records; the live consumer's is
-// the same), or ATFILL_SCALE_BATCH; RepoBatchEvents() for the repo-order runs.
-size_t BatchEvents();
-size_t RepoBatchEvents();
 uint32_t RepoAccounts();
 // The stream's clock: the first event's time and the gap between two events (one event every
 // 500 us, about the live firehose's pace).
@@ -125,18 +121,6 @@ uint64_t EnvU64(const char* name, uint64_t fallback) {
   const char* v = std::getenv(name);
   if (v == nullptr || *v == '\0') return fallback;
   return std::strtoull(v, nullptr, 10);
-}
-
-size_t BatchEvents() {
-  static const size_t events = static_cast<size_t>(std::max<uint64_t>(
-      1, EnvU64("ATFILL_SCALE_BATCH", sources::SourceSettings{}.files_batch.max_events)));
-  return events;
-}
-
-size_t RepoBatchEvents() {
-  static const size_t events =
-      static_cast<size_t>(std::max<uint64_t>(1, EnvU64("ATFILL_SCALE_REPO_BATCH", BatchEvents())));
-  return events;
 }
 
 struct Config {
@@ -150,6 +134,11 @@ struct Config {
   int64_t page_size = static_cast<int64_t>(EnvU64(
       "ATFILL_SCALE_PAGE_SIZE", static_cast<uint64_t>(sinks::SqliteSinkOptions{}.page_size_bytes)));
   bool bulk = EnvU64("ATFILL_SCALE_BULK", 0) != 0;
+  // Events per sink batch: a backlog's (an ingest's, [files] batch_records; the live consumer's
+  // is the same), and the repo-order runs' (the same unless set).
+  uint64_t batch = std::max<uint64_t>(
+      1, EnvU64("ATFILL_SCALE_BATCH", sources::SourceSettings{}.files_batch.max_events));
+  uint64_t repo_batch = std::max<uint64_t>(1, EnvU64("ATFILL_SCALE_REPO_BATCH", batch));
 };
 
 const Config& Cfg() {
@@ -369,7 +358,7 @@ struct Span {
 // Writes `rows` events of `stream` into `sink` in batches of `batch_events`, timing only the Write
 // calls.
 Status WriteRows(pipeline::Sink* sink, Stream* stream, uint64_t rows, Span* span,
-                 size_t batch_events = BatchEvents()) {
+                 uint64_t batch_events = Cfg().batch) {
   std::vector<Event> batch;
   for (uint64_t done = 0; done < rows;) {
     const size_t n = static_cast<size_t>(std::min<uint64_t>(batch_events, rows - done));
@@ -399,7 +388,7 @@ void BM_RepoOrder(benchmark::State& state) {
     if (!sink.ok()) return state.SkipWithError(sink.status().ToString().c_str());
     Stream stream(RepoAccounts(), /*repo_order=*/true, 7);
     Span span;
-    if (Status st = WriteRows(sink->get(), &stream, rows, &span, RepoBatchEvents()); !st.ok()) {
+    if (Status st = WriteRows(sink->get(), &stream, rows, &span, Cfg().repo_batch); !st.ok()) {
       return state.SkipWithError(st.ToString().c_str());
     }
     // A bulk load builds its indexes when the sink closes: part of the load's time.
@@ -485,7 +474,7 @@ void BM_RepoRaw(benchmark::State& state) {
     const double cpu0 = bench::ProcessCpuSeconds();
     double untimed_cpu = 0;
     for (uint64_t done = 0; done < rows;) {
-      const size_t n = static_cast<size_t>(std::min<uint64_t>(RepoBatchEvents(), rows - done));
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(Cfg().repo_batch, rows - done));
       const double g0 = bench::ProcessCpuSeconds();
       stream.Fill(n, &batch, &body_bytes);
       ids.clear();
