@@ -13,6 +13,7 @@ SQLITE_EXTENSION_INIT1
 #include <string>
 #include <unordered_map>
 
+#include "base/encoding.hpp"
 #include "sinks/sqlite_functions.hpp"
 
 namespace atfill::sinks {
@@ -121,16 +122,40 @@ void AtfillJson(sqlite3_context* ctx, int /*argc*/, sqlite3_value** argv) {
   sqlite3_result_text64(ctx, text, size, sqlite3_free, SQLITE_UTF8);
 }
 
+// The binary CIDs atfill stores: CIDv1, a sha2-256 multihash of 32 bytes (atproto::Cid's).
+constexpr int kBinaryCidSize = 36;
+
+void AtfillCid(sqlite3_context* ctx, int /*argc*/, sqlite3_value** argv) {
+  sqlite3_value* value = argv[0];
+  if (sqlite3_value_type(value) != SQLITE_BLOB) {
+    sqlite3_result_value(ctx, value);  // stored as text: the CID's text itself
+    return;
+  }
+  const auto* bytes = static_cast<const uint8_t*>(sqlite3_value_blob(value));
+  const int size = sqlite3_value_bytes(value);
+  if (size != kBinaryCidSize || bytes[0] != 0x01 || bytes[2] != 0x12 || bytes[3] != 0x20) {
+    sqlite3_result_error(
+        ctx, "atfill_cid: the cid is a blob but not a binary CIDv1 with a sha2-256 hash", -1);
+    return;
+  }
+  std::string text(1, 'b');  // multibase base32
+  text += Base32LowerEncode(ByteView(bytes, kBinaryCidSize));
+  sqlite3_result_text(ctx, text.data(), static_cast<int>(text.size()), SQLITE_TRANSIENT);
+}
+
 void DestroyDecoder(void* decoder) { delete static_cast<Decoder*>(decoder); }
 
 }  // namespace
 
 int RegisterSqliteFunctions(sqlite3* db) {
   // Deterministic (a committed dictionary never changes) and innocuous (no side effects), so
-  // the view may call it also where the schema is not trusted (PRAGMA trusted_schema = OFF).
-  return sqlite3_create_function_v2(db, "atfill_json", 1,
-                                    SQLITE_UTF8 | SQLITE_DETERMINISTIC | SQLITE_INNOCUOUS,
-                                    new Decoder(), AtfillJson, nullptr, nullptr, DestroyDecoder);
+  // the view may call them also where the schema is not trusted (PRAGMA trusted_schema = OFF).
+  constexpr int kFlags = SQLITE_UTF8 | SQLITE_DETERMINISTIC | SQLITE_INNOCUOUS;
+  const int rc = sqlite3_create_function_v2(db, "atfill_json", 1, kFlags, new Decoder(), AtfillJson,
+                                            nullptr, nullptr, DestroyDecoder);
+  if (rc != SQLITE_OK) return rc;
+  return sqlite3_create_function_v2(db, "atfill_cid", 1, kFlags, nullptr, AtfillCid, nullptr,
+                                    nullptr, nullptr);
 }
 
 }  // namespace atfill::sinks
@@ -142,7 +167,8 @@ extern "C" __attribute__((visibility("default"))) int sqlite3_atfillsqliteext_in
   SQLITE_EXTENSION_INIT2(api);
   const int rc = atfill::sinks::RegisterSqliteFunctions(db);
   if (rc != SQLITE_OK) {
-    *error = sqlite3_mprintf("atfill: cannot register atfill_json: %s", sqlite3_errstr(rc));
+    *error = sqlite3_mprintf("atfill: cannot register atfill_json and atfill_cid: %s",
+                             sqlite3_errstr(rc));
   }
   return rc;
 }

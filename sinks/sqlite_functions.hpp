@@ -8,10 +8,12 @@
 //                        zstd frame it holds, decompressed with the dictionary of atfill_dicts the
 //                        frame names. A blob that is not such a frame, or names a dictionary the
 //                        database does not hold, is an SQL error naming the reason.
+//   atfill_cid(cid)      the text form ("bafyrei...") of a value of atfill_record_rows.cid: the
+//                        value itself when it is text, else multibase 'b' and the base32 of the
+//                        36-byte binary CIDv1 it holds (any other blob is an SQL error).
 //
-// The atfill_records view calls atfill_json once the database holds a compressed row (see
-// sqlite_schema.hpp), so a connection without the function cannot read the view's `record` of
-// such a database.
+// The atfill_records view calls both once the database holds a compressed row (see
+// sqlite_schema.hpp), so a connection without them cannot read the view of such a database.
 #pragma once
 
 #include <sqlite3.h>

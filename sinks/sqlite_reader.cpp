@@ -98,11 +98,12 @@ Status SqliteReader::Impl::Init() {
                             "atfill_record_rows r WHERE r.did_id = d.id) ORDER BY d.did",
                             true));
   ATFILL_ASSIGN_OR_RETURN(
-      repo, sqlite::Prepare(raw,
-                            "SELECT c.nsid, r.rkey, r.cid, r.rev FROM atfill_record_rows r JOIN "
-                            "atfill_collections c ON c.id = r.collection_id WHERE r.did_id = "
-                            "(SELECT id FROM atfill_dids WHERE did = ?1) ORDER BY c.nsid, r.rkey",
-                            true));
+      repo, sqlite::Prepare(
+                raw,
+                "SELECT c.nsid, r.rkey, atfill_cid(r.cid), r.rev FROM atfill_record_rows r JOIN "
+                "atfill_collections c ON c.id = r.collection_id WHERE r.did_id = "
+                "(SELECT id FROM atfill_dids WHERE did = ?1) ORDER BY c.nsid, r.rkey",
+                true));
   return Status::OK();
 }
 

@@ -94,18 +94,24 @@ INSERT INTO sqlite_stat1(tbl, idx, stat) VALUES
 ANALYZE sqlite_schema;
 )sql";
 
-// The view over the record table; `record` is the stored value itself (kRecordColumn) until the
-// database holds a compressed row, then atfill_json's (kDecodedRecordColumn).
-constexpr std::string_view kRecordColumn = "r.record";
-constexpr std::string_view kDecodedRecordColumn = "atfill_json(r.record)";
+// The view over the record table reads `record` and `cid` as they are stored (kPlainView) until
+// the database holds a compressed row, then through atfill_json and atfill_cid (kDecodingView).
+struct ViewColumns {
+  std::string_view record;
+  std::string_view cid;
+};
+constexpr ViewColumns kPlainView = {"r.record", "r.cid"};
+constexpr ViewColumns kDecodingView = {"atfill_json(r.record)", "atfill_cid(r.cid)"};
 
-std::string RecordsView(std::string_view record_column) {
+std::string RecordsView(ViewColumns columns) {
   std::string sql = R"sql(
 CREATE VIEW atfill_records(uri, did, collection, rkey, record, cid, rev, indexed_at, created_at) AS
 SELECT 'at://' || d.did || '/' || c.nsid || '/' || r.rkey,
        d.did, c.nsid, r.rkey, )sql";
-  sql += record_column;
-  sql += R"sql(, r.cid, r.rev,
+  sql += columns.record;
+  sql += ", ";
+  sql += columns.cid;
+  sql += R"sql(, r.rev,
        strftime('%Y-%m-%dT%H:%M:%S', r.indexed_at / 1000000, 'unixepoch') ||
            printf('.%06dZ', r.indexed_at % 1000000),
        r.created_at
@@ -137,7 +143,7 @@ Status MigrateTo2(sqlite3* db) {
   ATFILL_RETURN_IF_ERROR(Exec(db, "PRAGMA legacy_alter_table = ON"));
   Status st = Exec(db, "DROP VIEW atfill_records");
   if (st.ok()) st = Exec(db, kRecordRowsV2);
-  if (st.ok()) st = Exec(db, RecordsView(kRecordColumn).c_str());
+  if (st.ok()) st = Exec(db, RecordsView(kPlainView).c_str());
   for (size_t i = 0; st.ok() && i < user_objects.size(); ++i) {
     st = Exec(db, user_objects[i].c_str());
   }
@@ -160,9 +166,35 @@ CREATE INDEX atfill_dicts_by_collection ON atfill_dicts(collection_id, id);
 
 Status MigrateTo3(sqlite3* db) { return Exec(db, kSchemaV3); }
 
+// Whether the view is the decoding one of version 3 (atfill_json only) or 4 (and atfill_cid).
+Result<bool> ViewCalls(sqlite3* db, const char* function) {
+  ATFILL_ASSIGN_OR_RETURN(Stmt find,
+                          Prepare(db,
+                                  "SELECT count(*) FROM sqlite_schema WHERE type = "
+                                  "'view' AND name = 'atfill_records' AND instr(sql, ?1)",
+                                  false));
+  const std::string call = std::string(function) + "(";
+  sqlite3_bind_text(find.get(), 1, call.data(), static_cast<int>(call.size()), SQLITE_STATIC);
+  const int rc = sqlite3_step(find.get());
+  if (rc != SQLITE_ROW) return ErrorStatus(db, rc, "reading the schema catalogue");
+  return sqlite3_column_int(find.get(), 0) != 0;
+}
+
+// Version 4: a compressed row's CID may be stored binary, 36 bytes instead of its 59 characters
+// (the record table's largest column after the body; docs/performance.md, "Where a record's bytes
+// go"). Only a database whose view already decodes (it holds a compressed row, so it already needs
+// atfill's functions) gets the new view; the sink writes binary CIDs only beside compressed
+// bodies, so a database without any keeps the view that the sqlite3 shell reads as it is.
+Status MigrateTo4(sqlite3* db) {
+  ATFILL_ASSIGN_OR_RETURN(bool decoding, ViewCalls(db, "atfill_json"));
+  if (!decoding) return Status::OK();
+  ATFILL_RETURN_IF_ERROR(Exec(db, "DROP VIEW atfill_records"));
+  return Exec(db, RecordsView(kDecodingView).c_str());
+}
+
 // kMigrations[n] takes a database from version n to n + 1.
 using Migration = Status (*)(sqlite3*);
-constexpr std::array<Migration, 3> kMigrations = {MigrateTo1, MigrateTo2, MigrateTo3};
+constexpr std::array<Migration, 4> kMigrations = {MigrateTo1, MigrateTo2, MigrateTo3, MigrateTo4};
 static_assert(kMigrations.size() == kSqliteSchemaVersion);
 
 Status SetVersion(sqlite3* db, int version) {
@@ -240,16 +272,10 @@ Status InWriteTransaction(sqlite3* db, Body&& body) {
 }  // namespace
 
 Status UseDecodingView(sqlite3* db) {
-  ATFILL_ASSIGN_OR_RETURN(Stmt find, Prepare(db,
-                                             "SELECT count(*) FROM sqlite_schema WHERE type = "
-                                             "'view' AND name = 'atfill_records' AND sql LIKE "
-                                             "'%atfill_json(%'",
-                                             false));
-  const int rc = sqlite3_step(find.get());
-  if (rc != SQLITE_ROW) return ErrorStatus(db, rc, "reading the schema catalogue");
-  if (sqlite3_column_int(find.get(), 0) != 0) return Status::OK();
+  ATFILL_ASSIGN_OR_RETURN(bool decoding, ViewCalls(db, "atfill_cid"));
+  if (decoding) return Status::OK();
   ATFILL_RETURN_IF_ERROR(Exec(db, "DROP VIEW atfill_records"));
-  return Exec(db, RecordsView(kDecodedRecordColumn).c_str());
+  return Exec(db, RecordsView(kDecodingView).c_str());
 }
 
 Result<bool> HasRecordRows(sqlite3* db) {

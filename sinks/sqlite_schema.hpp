@@ -27,6 +27,13 @@
 //   atfill_records.record          r.record while the database holds no dictionary, then
 //                                  atfill_json(r.record) (sqlite_functions.hpp)
 //
+// Version 4: no row rewritten;
+//   atfill_record_rows.cid         the CID's text (TEXT), or its 36 binary bytes (BLOB) in a row
+//                                  whose record is compressed (the sink writes both forms of a
+//                                  row together)
+//   atfill_records.cid             r.cid while the database holds no dictionary, then
+//                                  atfill_cid(r.cid), in the same view as atfill_json
+//
 // The bulk-load layout (not a version: a state of a version 2 database while a fresh backfill
 // loads it): atfill_record_rows_key and atfill_record_rows_by_created are absent and
 //   atfill_record_rows_bulk_key    unique (did_id, collection_id, rkey)
@@ -53,8 +60,9 @@ Status MigrateSchema(sqlite3* db);
 // never migrate).
 Status CheckSchemaCurrent(sqlite3* db);
 
-// Makes the atfill_records view return atfill_json(record) (the exact JSON text of compressed
-// and uncompressed rows) unless it already does; inside the caller's write transaction.
+// Makes the atfill_records view return atfill_json(record) and atfill_cid(cid) (the exact JSON
+// and CID text of compressed and uncompressed rows) unless it already does; inside the caller's
+// write transaction.
 Status UseDecodingView(sqlite3* db);
 
 // Whether the record table holds any row.

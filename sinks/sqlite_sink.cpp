@@ -13,6 +13,7 @@
 #include <thread>
 #include <utility>
 
+#include "atproto/cid.hpp"
 #include "sinks/event_checks.hpp"
 #include "sinks/intern_cache.hpp"
 #include "sinks/sqlite_checkpointer.hpp"
@@ -69,6 +70,19 @@ int BindBody(sqlite3_stmt* s, int index, const sqlite::EncodedBody& body) {
                            SQLITE_STATIC);
 }
 
+// Binds a row's cid: its 36 binary bytes beside a compressed body (schema version 4: the view
+// then reads it through atfill_cid), else its text, `text` (which may be empty then). Without a
+// copy: the event and the text must outlive the step.
+void BindCid(sqlite3_stmt* s, int index, const RecordEvent& e, const sqlite::EncodedBody& body,
+             std::string_view text) {
+  if (body.compressed) {
+    const ByteView binary = e.cid.binary();
+    sqlite3_bind_blob(s, index, binary.data(), static_cast<int>(binary.size()), SQLITE_STATIC);
+  } else {
+    BindText(s, index, text);
+  }
+}
+
 // Binds the record INSERT's parameters (did_id, collection_id, rkey, cid, rev, indexed_at,
 // created_at, record); the code of the body's bind (the only one that can fail: SQLITE_TOOBIG).
 // Texts are bound without a copy and must outlive the step.
@@ -77,7 +91,7 @@ int BindRow(sqlite3_stmt* s, const RecordEvent& e, int64_t did_id, int64_t colle
   sqlite3_bind_int64(s, 1, did_id);
   sqlite3_bind_int64(s, 2, collection_id);
   BindText(s, 3, e.rkey);
-  BindText(s, 4, cid);
+  BindCid(s, 4, e, body, cid);
   BindTextOrNull(s, 5, e.rev);
   sqlite3_bind_int64(s, 6, now);
   BindTextOrNull(s, 7, e.created_at);
@@ -409,7 +423,6 @@ enum class WriteVerdict : uint8_t { kStale, kUnchanged, kUnchangedNewerRev, kUpd
 Status SqliteSink::ApplyWrite(const RecordEvent& e, int64_t now, WriteStats* stats) {
   ATFILL_ASSIGN_OR_RETURN(int64_t did_id, Intern(dids_, e.did));
   ATFILL_ASSIGN_OR_RETURN(int64_t collection_id, Intern(collections_, e.collection));
-  const std::string cid = e.cid.ToString();
   sqlite::EncodedBody body{e.body, false};
   if (compressor_ != nullptr) {
     auto encoded = compressor_->Encode(collection_id, e.body);
@@ -419,6 +432,9 @@ Status SqliteSink::ApplyWrite(const RecordEvent& e, int64_t now, WriteStats* sta
     }
     body = *encoded;
   }
+  // A compressed row stores its CID binary; its text is then needed only on a conflict.
+  std::string cid;
+  if (!body.compressed) cid = e.cid.ToString();
   {
     sqlite3_stmt* s = insert_row_.get();
     ResetOnExit reset(s);
@@ -430,6 +446,7 @@ Status SqliteSink::ApplyWrite(const RecordEvent& e, int64_t now, WriteStats* sta
       return Status::OK();
     }
   }
+  if (body.compressed) cid = e.cid.ToString();
   return ApplyToExisting(e, did_id, collection_id, cid, now, body, stats);
 }
 
@@ -475,7 +492,7 @@ Status SqliteSink::ApplyToExisting(const RecordEvent& e, int64_t did_id, int64_t
     case WriteVerdict::kUpdate: {
       sqlite3_stmt* s = update_row_.get();
       ResetOnExit reset(s);
-      BindText(s, 1, cid);
+      BindCid(s, 1, e, body, cid);
       BindTextOrNull(s, 2, e.rev);
       sqlite3_bind_int64(s, 3, now);
       BindTextOrNull(s, 4, e.created_at);
@@ -587,7 +604,20 @@ Result<std::optional<int64_t>> SqliteSink::ReadRow(int64_t did_id, int64_t colle
   int rc = sqlite3_step(s);
   if (rc == SQLITE_DONE) return std::optional<int64_t>();
   if (rc != SQLITE_ROW) return Failed(rc, "reading the stored record");
-  on_row(ColumnText(s, 1), ColumnText(s, 2));
+  if (sqlite3_column_type(s, 1) != SQLITE_BLOB) {
+    on_row(ColumnText(s, 1), ColumnText(s, 2));
+  } else {
+    // A compressed row's binary CID (schema version 4), compared as text.
+    const auto* bytes = static_cast<const uint8_t*>(sqlite3_column_blob(s, 1));
+    auto cid =
+        atproto::Cid::FromBinary(ByteView(bytes, static_cast<size_t>(sqlite3_column_bytes(s, 1))));
+    if (!cid.ok()) {
+      return Status::Corrupt("the stored record's cid is a blob but not a binary CID: " +
+                             cid.status().message())
+          .WithContext("SQLite database " + options_.path);
+    }
+    on_row(cid->ToString(), ColumnText(s, 2));
+  }
   return std::optional<int64_t>(sqlite3_column_int64(s, 0));
 }
 

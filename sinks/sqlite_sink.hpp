@@ -31,7 +31,7 @@
 namespace atfill::sinks {
 
 // The schema version this build writes and reads.
-inline constexpr int kSqliteSchemaVersion = 3;
+inline constexpr int kSqliteSchemaVersion = 4;
 
 // When a commit reaches the disk. The sink always runs in WAL mode.
 enum class SqliteSynchronous : uint8_t {

@@ -1,8 +1,8 @@
-// The SQLite sink's compressed bodies (schema version 3): every body reads back byte for byte
-// through the view, the reader and the loadable extension; a collection's dictionary commits with
-// the first rows that need it or not at all (a failed batch, a SIGKILL); compressed and text rows
-// mix across reopens and `compress` settings; a version 2 database migrates without rewriting a
-// row.
+// The SQLite sink's compressed bodies (schema version 3) and the binary CIDs beside them
+// (version 4): every body and CID reads back byte for byte through the view, the reader and the
+// loadable extension; a collection's dictionary commits with the first rows that need it or not at
+// all (a failed batch, a SIGKILL); compressed and text rows mix across reopens and `compress`
+// settings; version 2 and 3 databases migrate without rewriting a row.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sqlite3.h>
@@ -111,12 +111,35 @@ class SqliteCompressTest : public ::testing::Test {
         "SELECT d.id || ' ' || c.nsid || ' ' || d.samples FROM atfill_dicts d JOIN "
         "atfill_collections c ON c.id = d.collection_id ORDER BY d.id");
   }
+  // Whether the view reads through atfill_json and atfill_cid (fails the test if through one only).
   bool ViewDecodes() {
-    return RawDb(Path())
-               .Column(
-                   "SELECT count(*) FROM sqlite_schema WHERE name = 'atfill_records' AND sql "
-                   "LIKE '%atfill_json(%'")
-               .at(0) == "1";
+    auto calls = [&](const char* function) {
+      return RawDb(Path())
+                 .Column(
+                     "SELECT count(*) FROM sqlite_schema WHERE name = 'atfill_records' AND "
+                     "instr(sql, '" +
+                     std::string(function) + "(')")
+                 .at(0) == "1";
+    };
+    const bool json = calls("atfill_json");
+    EXPECT_EQ(calls("atfill_cid"), json);
+    return json;
+  }
+  // Every row's CID is stored as its body is: text beside text, 36 binary bytes beside a zstd
+  // frame; and the view gives each row the CID of its body, as text.
+  void ExpectCidsFollowBodies() {
+    RawDb db(Path());
+    EXPECT_EQ(db.Column("SELECT count(*) FROM atfill_record_rows WHERE NOT ((typeof(record) = "
+                        "'text' AND typeof(cid) = 'text') OR (typeof(record) = 'blob' AND "
+                        "typeof(cid) = 'blob' AND length(cid) = 36))"),
+              std::vector<std::string>{"0"});
+    const std::vector<std::string> uris = db.Column("SELECT uri FROM atfill_records ORDER BY uri");
+    const std::vector<std::string> cids = db.Column("SELECT cid FROM atfill_records ORDER BY uri");
+    ASSERT_EQ(uris.size(), want_.size());
+    ASSERT_EQ(cids.size(), uris.size());
+    for (size_t i = 0; i < uris.size(); ++i) {
+      EXPECT_EQ(cids[i], testing::CidOf(want_[uris[i]])) << uris[i];
+    }
   }
 
   testing::TempDir dir_;
@@ -162,6 +185,7 @@ TEST_F(SqliteCompressTest, EveryBodyReadsBackExactly) {
   }
   MustWrite(*sink, posts);
   ExpectAllExact();
+  ExpectCidsFollowBodies();
   // "{}" and "x" are smaller as text than as a frame; the large bodies compress.
   const std::vector<std::string> storage = Storage(kPost);
   ASSERT_EQ(storage.size(), kSamples + odd.size());
@@ -231,6 +255,50 @@ TEST_F(SqliteCompressTest, CompressedAndTextRowsMixAcrossReopens) {
   EXPECT_EQ(Storage(kLike), want);
   EXPECT_EQ(Dictionaries(), std::vector<std::string>{"1 app.bsky.feed.like 20"});
   ExpectAllExact();
+  ExpectCidsFollowBodies();
+}
+
+// The rev guard reads a binary CID as the CID it is: the same body again is unchanged (its newer
+// rev raised in place), another body an update, an older rev stale, a delete removes the row; the
+// reader's listing of a repo (what verify compares with a PDS) gives the CIDs as text.
+TEST_F(SqliteCompressTest, TheGuardAndTheReaderReadBinaryCids) {
+  auto sink = MustOpen();
+  ASSERT_NE(sink, nullptr);
+  MustWrite(*sink, Likes("a", 30, 1));
+  ASSERT_EQ(
+      RawDb(Path()).Column("SELECT typeof(cid) FROM atfill_record_rows WHERE rkey = 'a000025'"),
+      std::vector<std::string>{"blob"});
+  const std::string same = LikeBody(1 + 25);
+  const std::string other = LikeBody(5000);
+  auto again = sink->Write(
+      std::vector<Event>{MakeCreate(kAlice, kLike, Rkey("a", 25), same, "3kzzzzzzzzz2a")});
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->unchanged, 1u);
+  EXPECT_EQ(again->updated, 0u);
+  EXPECT_EQ(RawDb(Path()).Column("SELECT rev FROM atfill_record_rows WHERE rkey = 'a000025'"),
+            std::vector<std::string>{"3kzzzzzzzzz2a"});
+  auto older = sink->Write(std::vector<Event>{
+      testing::MakeUpdate(kAlice, kLike, Rkey("a", 25), other, "3kaaaaaaaaa2a")});
+  ASSERT_TRUE(older.ok()) << older.status().ToString();
+  EXPECT_EQ(older->stale, 1u);
+  MustWrite(*sink, {testing::MakeUpdate(kAlice, kLike, Rkey("a", 26), other, "3kzzzzzzzzz2a")});
+  auto deleted = sink->Write(std::vector<Event>{testing::MakeDelete(kAlice, kLike, Rkey("a", 27))});
+  ASSERT_TRUE(deleted.ok()) << deleted.status().ToString();
+  EXPECT_EQ(deleted->deleted, 1u);
+  want_.erase("at://" + std::string(kAlice) + "/" + kLike + "/" + Rkey("a", 27));
+  ExpectAllExact();
+  ExpectCidsFollowBodies();
+
+  auto reader = SqliteReader::Open(Path());
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  auto repo = (*reader)->RepoRecords(kAlice);
+  ASSERT_TRUE(repo.ok()) << repo.status().ToString();
+  ASSERT_EQ(repo->size(), 29u);
+  for (const RepoRecordKey& k : *repo) {
+    EXPECT_EQ(k.cid,
+              testing::CidOf(want_["at://" + std::string(kAlice) + "/" + kLike + "/" + k.rkey]))
+        << k.rkey;
+  }
 }
 
 // A database whose sink never compressed keeps the view any SQLite program reads.
@@ -336,7 +404,7 @@ TEST_F(SqliteCompressTest, MigratesAVersion2DatabaseWithoutRewritingRows) {
   {
     RawDb plain(Path(), false);
     EXPECT_EQ(plain.Column("SELECT version FROM atfill_schema_version"),
-              std::vector<std::string>{"3"});
+              std::vector<std::string>{std::to_string(kSqliteSchemaVersion)});
     EXPECT_EQ(plain.Column(all_rows), before);
     EXPECT_EQ(plain.Column("SELECT count(*) FROM atfill_records"), std::vector<std::string>{"30"});
     EXPECT_EQ(plain.Column("SELECT record FROM atfill_records WHERE rkey = 'old000002'"),
@@ -394,6 +462,81 @@ TEST_F(SqliteCompressTest, AtfillJsonRejectsBlobsItCannotRead) {
   EXPECT_EQ(db.Column("SELECT atfill_json('plain text') || atfill_json(NULL) IS NULL"),
             std::vector<std::string>{"1"});
   EXPECT_EQ(db.Column("SELECT atfill_json('{\"a\":1}')"), std::vector<std::string>{"{\"a\":1}"});
+  // atfill_cid: text as it is, a binary CIDv1 as its text, any other blob an error.
+  const std::string cid = testing::CidOf(LikeBody(1));
+  EXPECT_EQ(db.Column("SELECT atfill_cid('" + cid + "') || atfill_cid(NULL) IS NULL"),
+            std::vector<std::string>{"1"});
+  EXPECT_EQ(db.Column("SELECT atfill_cid('" + cid + "')"), std::vector<std::string>{cid});
+  const std::string binary_hex =
+      db.Column("SELECT hex(cid) FROM atfill_record_rows WHERE typeof(cid) = 'blob' LIMIT 1").at(0);
+  ASSERT_EQ(binary_hex.size(), 72u) << binary_hex;
+  EXPECT_EQ(db.Column("SELECT atfill_cid(x'" + binary_hex +
+                      "') = cid FROM atfill_records WHERE "
+                      "rkey = (SELECT rkey FROM atfill_record_rows WHERE hex(cid) = '" +
+                      binary_hex + "')"),
+            std::vector<std::string>{"1"});
+  for (const std::string& bad :
+       {std::string("x'0171'"), "x'00" + binary_hex.substr(2) + "'", "x'" + binary_hex + "00'"}) {
+    EXPECT_EQ(error_of("SELECT atfill_cid(" + bad + ")"),
+              "atfill_cid: the cid is a blob but not a binary CIDv1 with a sha2-256 hash")
+        << bad;
+  }
+}
+
+// A version 3 database whose view already decodes, with compressed rows whose CIDs are text (as
+// version 3 wrote them): it migrates to version 4 without rewriting a row; the view then reads
+// both CID forms, and the rows written after store theirs binary.
+TEST_F(SqliteCompressTest, MigratesAVersion3DatabaseWithoutRewritingRows) {
+  {
+    auto sink = MustOpen();
+    ASSERT_NE(sink, nullptr);
+    MustWrite(*sink, Likes("old", 30, 1));
+  }
+  {
+    // Back to what version 3 wrote: text CIDs, the view through atfill_json only.
+    RawDb db(Path());
+    ASSERT_EQ(db.Exec("UPDATE atfill_record_rows SET cid = atfill_cid(cid); DROP VIEW "
+                      "atfill_records; CREATE VIEW atfill_records(uri, did, collection, rkey, "
+                      "record, cid, rev, indexed_at, created_at) AS SELECT 'at://' || d.did || "
+                      "'/' || c.nsid || '/' || r.rkey, d.did, c.nsid, r.rkey, "
+                      "atfill_json(r.record), r.cid, r.rev, strftime('%Y-%m-%dT%H:%M:%S', "
+                      "r.indexed_at / 1000000, 'unixepoch') || printf('.%06dZ', r.indexed_at % "
+                      "1000000), r.created_at FROM atfill_record_rows r JOIN atfill_dids d ON "
+                      "d.id = r.did_id JOIN atfill_collections c ON c.id = r.collection_id; "
+                      "UPDATE atfill_schema_version SET version = 3"),
+              SQLITE_OK)
+        << sqlite3_errmsg(db.get());
+  }
+  const std::string all_rows =
+      "SELECT id || ' ' || typeof(cid) || ' ' || cid || ' ' || typeof(record) FROM "
+      "atfill_record_rows ORDER BY id";
+  const std::vector<std::string> before = RawDb(Path(), false).Column(all_rows);
+  ASSERT_EQ(before.size(), 30u);
+  EXPECT_EQ(RawDb(Path()).Column("SELECT count(*) FROM atfill_record_rows WHERE typeof(cid) = "
+                                 "'text' AND typeof(record) = 'blob'"),
+            std::vector<std::string>{std::to_string(30 - kSamples + 1)});
+  auto sink = MustOpen();
+  ASSERT_NE(sink, nullptr);
+  EXPECT_EQ(RawDb(Path(), false).Column("SELECT version FROM atfill_schema_version"),
+            std::vector<std::string>{std::to_string(kSqliteSchemaVersion)});
+  EXPECT_TRUE(ViewDecodes());
+  EXPECT_EQ(RawDb(Path(), false).Column(all_rows), before);
+  // The same body again over a text CID is unchanged.
+  auto again =
+      sink->Write(std::vector<Event>{MakeCreate(kAlice, kLike, Rkey("old", 29), LikeBody(1 + 29))});
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->unchanged, 1u);
+  MustWrite(*sink, Likes("new", 10, 1000));
+  EXPECT_EQ(RawDb(Path()).Column("SELECT DISTINCT typeof(cid) FROM atfill_record_rows WHERE rkey "
+                                 "LIKE 'new%'"),
+            std::vector<std::string>{"blob"});
+  ExpectAllExact();
+  RawDb db(Path());
+  for (const auto& [uri, body] : want_) {
+    EXPECT_EQ(db.Column("SELECT cid FROM atfill_records WHERE uri = '" + uri + "'"),
+              std::vector<std::string>{testing::CidOf(body)})
+        << uri;
+  }
 }
 
 // The loadable extension gives a program that knows nothing of atfill the same text: a plain
