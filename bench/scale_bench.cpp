@@ -66,6 +66,11 @@
 //                             and created anew at the start and kept afterwards (to EXPLAIN)
 //   ATFILL_SCALE_PG_SETUP_SQL a file of SQL run in that new schema (it is the search_path) before
 //                             the sink opens it: another layout with the same sink
+//   ATFILL_SCALE_PG_KEEP      1: keep the schema and its rows instead, the setup file unused (a
+//                             table an earlier run made, grown by bench/scale_pg_append.sql,
+//                             say); the stream goes on from the event after as many as the table
+//                             holds, so its record keys are new, and ATFILL_SCALE_ROWS more rows
+//                             are written, rows_total counting those already there
 //
 //   ATFILL_SCALE_PG="host=127.0.0.1 port=15470 user=postgres dbname=postgres"
 //     build/bench/scale_bench --benchmark_filter=Pg             (the variable set for the run)
@@ -213,8 +218,9 @@ constexpr std::array<Collection, 6> kMix = {{{"app.bsky.feed.like", 55},
 // Deterministic events; the same seed gives the same stream.
 class Stream {
  public:
-  Stream(uint32_t accounts, bool repo_order, uint64_t seed)
-      : accounts_(accounts), repo_order_(repo_order), rng_(seed) {
+  // `first`: the index of the first event, as if that many had come before (its time follows).
+  Stream(uint32_t accounts, bool repo_order, uint64_t seed, uint64_t first = 0)
+      : accounts_(accounts), repo_order_(repo_order), rng_(seed + first), counter_(first) {
     for (const auto& c : kMix) total_weight_ += c.weight;
   }
 
@@ -800,6 +806,7 @@ struct PgGrowing {
   std::unique_ptr<Stream> stream;
   PgConn admin;  // the benchmark's own connection: sizes, server CPU, queries
   uint64_t rows = 0;
+  uint64_t first = 0;  // the rows the table held at the start (ATFILL_SCALE_PG_KEEP)
   double seconds = 0;
   bool stopped = false;
 };
@@ -813,9 +820,21 @@ Status PgStart(PgGrowing* g) {
   g->admin = PgConnect();
   if (g->admin == nullptr) return Status::Unavailable("cannot connect to ATFILL_SCALE_PG");
   const std::string schema = "\"" + PgSchema() + "\"";
-  ATFILL_RETURN_IF_ERROR(PgExec(
-      g->admin.get(), "DROP SCHEMA IF EXISTS " + schema + " CASCADE; CREATE SCHEMA " + schema));
-  if (const char* setup = std::getenv("ATFILL_SCALE_PG_SETUP_SQL"); setup != nullptr && *setup) {
+  uint64_t first = 0;
+  if (EnvU64("ATFILL_SCALE_PG_KEEP", 0) != 0) {
+    const std::string held =
+        PgValue(g->admin.get(), "SELECT count(*) FROM " + schema + ".atfill_record_rows");
+    if (held.empty()) {
+      return Status::NotFound("ATFILL_SCALE_PG_KEEP: schema " + schema +
+                              " holds no record table to keep");
+    }
+    first = std::strtoull(held.c_str(), nullptr, 10);
+  } else {
+    ATFILL_RETURN_IF_ERROR(PgExec(
+        g->admin.get(), "DROP SCHEMA IF EXISTS " + schema + " CASCADE; CREATE SCHEMA " + schema));
+  }
+  if (const char* setup = std::getenv("ATFILL_SCALE_PG_SETUP_SQL");
+      first == 0 && setup != nullptr && *setup) {
     std::ifstream in(setup);
     std::stringstream sql;
     sql << in.rdbuf();
@@ -826,7 +845,9 @@ Status PgStart(PgGrowing* g) {
   options.conninfo = PgConninfo();
   options.schema = PgSchema();
   ATFILL_ASSIGN_OR_RETURN(g->sink, sinks::OpenPostgresSink(options));
-  g->stream = std::make_unique<Stream>(Cfg().accounts, /*repo_order=*/false, 11);
+  g->stream = std::make_unique<Stream>(Cfg().accounts, /*repo_order=*/false, 11, first);
+  g->rows = first;
+  g->first = first;
   return Status::OK();
 }
 
@@ -849,7 +870,7 @@ void BM_PgInterleaved(benchmark::State& state) {
       return state.SkipWithError(st.ToString().c_str());
     }
   }
-  const uint64_t rows = std::min(Cfg().window, Cfg().rows - g.rows);
+  const uint64_t rows = std::min(Cfg().window, Cfg().rows - (g.rows - g.first));
   for (auto _ : state) {
     bench::ResetPeakRss();
     Span span;
