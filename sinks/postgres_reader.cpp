@@ -120,18 +120,24 @@ Result<std::unique_ptr<PostgresReader>> PostgresReader::Open(const PostgresReade
       "SELECT record FROM " + view + " WHERE did = $1 AND collection = $2 AND rkey = $3";
   impl->all_sql = std::string(kColumns) + view + " ORDER BY uri COLLATE \"C\"";
   impl->count_sql = "SELECT count(*) FROM " + rows;
-  impl->holds_sql = "SELECT 1 FROM " + rows + " WHERE did_id = (SELECT id FROM " +
+  // By account, the record table is read through (did_epoch, did_id, collection_id), one probe
+  // per block of atfill_record_epochs (schema version 5).
+  const std::string epochs = pg::QualifiedName(options.schema, "atfill_record_epochs");
+  impl->holds_sql = "SELECT 1 FROM " + epochs + " e JOIN " + rows +
+                    " r ON r.did_epoch = e.epoch WHERE r.did_id = (SELECT id FROM " +
                     pg::QualifiedName(options.schema, "atfill_dids") +
-                    " WHERE did = $1) AND collection_id = (SELECT id FROM " +
+                    " WHERE did = $1) AND r.collection_id = (SELECT id FROM " +
                     pg::QualifiedName(options.schema, "atfill_collections") +
                     " WHERE nsid = $2) LIMIT 1";
   const std::string dids = pg::QualifiedName(options.schema, "atfill_dids");
   const std::string collections = pg::QualifiedName(options.schema, "atfill_collections");
-  impl->dids_sql = "SELECT d.did FROM " + dids + " d WHERE EXISTS (SELECT 1 FROM " + rows +
-                   " r WHERE r.did_id = d.id) ORDER BY d.did COLLATE \"C\"";
-  impl->repo_sql = "SELECT c.nsid, r.rkey, r.cid, coalesce(r.rev, '') FROM " + rows + " r JOIN " +
-                   collections + " c ON c.id = r.collection_id WHERE r.did_id = (SELECT id FROM " +
-                   dids + " WHERE did = $1) ORDER BY c.nsid COLLATE \"C\", r.rkey COLLATE \"C\"";
+  impl->dids_sql =
+      "SELECT d.did FROM " + dids + " d WHERE EXISTS (SELECT 1 FROM " + epochs + " e JOIN " + rows +
+      " r ON r.did_epoch = e.epoch WHERE r.did_id = d.id) ORDER BY d.did COLLATE \"C\"";
+  impl->repo_sql = "SELECT c.nsid, r.rkey, r.cid, coalesce(r.rev, '') FROM " + epochs + " e JOIN " +
+                   rows + " r ON r.did_epoch = e.epoch JOIN " + collections +
+                   " c ON c.id = r.collection_id WHERE r.did_id = (SELECT id FROM " + dids +
+                   " WHERE did = $1) ORDER BY c.nsid COLLATE \"C\", r.rkey COLLATE \"C\"";
   ATFILL_RETURN_IF_ERROR(impl->Connect());
   return std::unique_ptr<PostgresReader>(new PostgresReader(std::move(impl)));
 }

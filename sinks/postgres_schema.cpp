@@ -155,9 +155,65 @@ Status MigrateTo4(PGconn* conn, const std::string& schema) {
   return Exec(conn, WithSchema(kSchemaV4, schema).c_str(), nullptr);
 }
 
+// Version 5: the record table's indexes take a stream's new rows near their right edge, as
+// SQLite's version 2 does, so the cost of a write stops growing with the table once it outgrows
+// the memory (with the account first in the key, every row of a stream that interleaves millions
+// of accounts lands on a leaf of its own: docs/performance.md, "Past the page cache (PostgreSQL)"):
+//  * the primary key leads with the collection and the record key (record keys are mostly TIDs,
+//    ordered in time); the sink's ON CONFLICT names the same columns, in any order;
+//  * by account, (did_epoch, did_id, collection_id), where did_epoch is the row's block of 2^20
+//    rows (its id, from the identity sequence); new rows only touch the newest block's part;
+//  * atfill_record_epochs holds every block in use, and the view joins it: for `did = $1` the
+//    planner then joins the account's one row to each block and probes the index once per block
+//    (PostgreSQL 15 has no skip scan). A statement trigger adds the blocks of the rows every
+//    INSERT wrote, whoever runs it, so no row is left out of the view.
+// An existing table is rewritten in place, in the migration's transaction (ids in physical order,
+// then the indexes built again); docs/postgres.md gives its time.
+constexpr std::string_view kSchemaV5 = R"sql(
+ALTER TABLE {S}.atfill_record_rows ADD COLUMN id bigint GENERATED ALWAYS AS IDENTITY;
+ALTER TABLE {S}.atfill_record_rows
+  ADD COLUMN did_epoch bigint GENERATED ALWAYS AS (id >> 20) STORED;
+CREATE TABLE {S}.atfill_record_epochs(epoch bigint PRIMARY KEY);
+INSERT INTO {S}.atfill_record_epochs(epoch)
+  SELECT DISTINCT did_epoch FROM {S}.atfill_record_rows;
+ALTER TABLE {S}.atfill_record_rows DROP CONSTRAINT atfill_record_rows_pkey;
+ALTER TABLE {S}.atfill_record_rows ADD CONSTRAINT atfill_record_rows_pkey
+  PRIMARY KEY (collection_id, rkey, did_id);
+CREATE INDEX atfill_record_rows_by_did ON {S}.atfill_record_rows(did_epoch, did_id, collection_id);
+CREATE OR REPLACE FUNCTION {S}.atfill_record_rows_epochs() RETURNS trigger
+  LANGUAGE plpgsql AS $$
+BEGIN
+  INSERT INTO {S}.atfill_record_epochs(epoch)
+    SELECT DISTINCT n.did_epoch FROM atfill_new_rows n
+    WHERE NOT EXISTS (SELECT 1 FROM {S}.atfill_record_epochs e WHERE e.epoch = n.did_epoch)
+    ON CONFLICT (epoch) DO NOTHING;
+  RETURN NULL;
+END $$;
+CREATE TRIGGER atfill_record_rows_epochs AFTER INSERT ON {S}.atfill_record_rows
+  REFERENCING NEW TABLE AS atfill_new_rows
+  FOR EACH STATEMENT EXECUTE FUNCTION {S}.atfill_record_rows_epochs();
+CREATE OR REPLACE VIEW {S}.atfill_records(uri, did, collection, rkey, record, cid, rev, indexed_at,
+                                          created_at) AS
+SELECT 'at://' || d.did || '/' || c.nsid || '/' || r.rkey,
+       d.did, c.nsid, r.rkey, r.record, r.cid, r.rev,
+       to_char(timestamp '1970-01-01' + (r.indexed_at / 1000000) * interval '1 second' +
+                   (r.indexed_at % 1000000) * interval '1 microsecond',
+               'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+       r.created_at
+FROM {S}.atfill_record_rows r
+JOIN {S}.atfill_dids d ON d.id = r.did_id
+JOIN {S}.atfill_collections c ON c.id = r.collection_id AND c.nsid = r.collection
+JOIN {S}.atfill_record_epochs e ON e.epoch = r.did_epoch;
+)sql";
+
+Status MigrateTo5(PGconn* conn, const std::string& schema) {
+  return Exec(conn, WithSchema(kSchemaV5, schema).c_str(), nullptr);
+}
+
 // kMigrations[n] takes the tables from version n to n + 1.
 using Migration = Status (*)(PGconn*, const std::string&);
-constexpr std::array<Migration, 4> kMigrations = {MigrateTo1, MigrateTo2, MigrateTo3, MigrateTo4};
+constexpr std::array<Migration, 5> kMigrations = {MigrateTo1, MigrateTo2, MigrateTo3, MigrateTo4,
+                                                  MigrateTo5};
 static_assert(kMigrations.size() == kPostgresSchemaVersion);
 
 // Any key both sides agree on; the second half is the schema's name, so that sinks on different

@@ -284,8 +284,8 @@ Status PostgresSink::SetUpSession() {
   ATFILL_RETURN_IF_ERROR(prepare(dids_.statement, intern_sql("atfill_dids", "did"), 2));
   ATFILL_RETURN_IF_ERROR(
       prepare(collections_.statement, intern_sql("atfill_collections", "nsid"), 2));
-  // Every new row in one statement. The stage holds the batch's rows in key order, which keeps
-  // the primary key's pages hot when accounts interleave.
+  // Every new row in one statement. The stage holds the batch's rows in the primary key's order,
+  // so the key takes them as a run per collection (near its right edge when record keys are TIDs).
   ATFILL_RETURN_IF_ERROR(prepare(
       "atfill_insert_new",
       "WITH ins AS (INSERT INTO " + rows +
@@ -306,10 +306,12 @@ Status PostgresSink::SetUpSession() {
           " y WHERE y.did_id = s.did_id AND y.collection_id = s.collection_id AND y.rkey = s.rkey "
           "LIMIT 1) x ON true WHERE x.mine IS NOT TRUE",
       0));
+  // By account through (did_epoch, did_id, ...): one probe per block of rows (schema version 5).
   ATFILL_RETURN_IF_ERROR(prepare(
       "atfill_remove_untouched",
-      "DELETE FROM " + rows +
-          " r WHERE r.did_id = $1::bigint AND ($2::integer[] IS NULL OR r.collection_id = "
+      "DELETE FROM " + rows + " r USING " + Table("atfill_record_epochs") +
+          " e WHERE r.did_epoch = e.epoch AND r.did_id = $1::bigint AND ($2::integer[] IS NULL OR "
+          "r.collection_id = "
           "ANY($2::integer[])) AND ($3::text IS NULL OR r.rev IS NULL OR r.rev < $3::text) AND "
           "NOT EXISTS (SELECT 1 FROM pg_temp.atfill_stage s WHERE s.did_id = r.did_id AND "
           "s.collection_id = r.collection_id AND s.rkey = r.rkey)",
@@ -578,7 +580,8 @@ void PostgresSink::BuildSlots(std::span<const Event> batch) {
 
 Status PostgresSink::StageAndInsertNew(std::span<const Event> batch, int64_t now) {
   if (slots_.empty()) return Status::OK();
-  // Key order (rkeys as bytes, like the "C" collation).
+  // The primary key's order, (collection_id, rkey, did_id) (rkeys as bytes, like the "C"
+  // collation).
   stage_order_.resize(slots_.size());
   for (size_t s = 0; s < slots_.size(); ++s) stage_order_[s] = static_cast<uint32_t>(s);
   auto rkey = [&](uint32_t s) -> std::string_view {
@@ -587,9 +590,9 @@ Status PostgresSink::StageAndInsertNew(std::span<const Event> batch, int64_t now
   std::sort(stage_order_.begin(), stage_order_.end(), [&](uint32_t x, uint32_t y) {
     const Slot& a = slots_[x];
     const Slot& b = slots_[y];
-    if (a.did_id != b.did_id) return a.did_id < b.did_id;
     if (a.collection_id != b.collection_id) return a.collection_id < b.collection_id;
-    return rkey(x) < rkey(y);
+    if (const int c = rkey(x).compare(rkey(y)); c != 0) return c < 0;
+    return a.did_id < b.did_id;
   });
   uint64_t staged_writes = 0;
   copy_.Reset();

@@ -31,7 +31,7 @@
 namespace atfill::sinks {
 
 // The schema version this build writes and reads.
-inline constexpr int kPostgresSchemaVersion = 4;
+inline constexpr int kPostgresSchemaVersion = 5;
 
 struct PostgresSinkOptions {
   // libpq connection string ("host=db.example port=5432 dbname=atfill user=atfill") or URI

@@ -232,8 +232,8 @@ TEST_F(PostgresSinkTest, CreatesTheSchemaAndTheDocumentedView) {
   EXPECT_EQ(Column("SELECT table_name FROM information_schema.tables WHERE table_schema = "
                    "'public' ORDER BY table_name"),
             (std::vector<std::string>{"atfill_collections", "atfill_dids", "atfill_label_rows",
-                                      "atfill_labels", "atfill_record_rows", "atfill_records",
-                                      "atfill_schema_version"}));
+                                      "atfill_labels", "atfill_record_epochs", "atfill_record_rows",
+                                      "atfill_records", "atfill_schema_version"}));
   EXPECT_EQ(Column("SELECT column_name FROM information_schema.columns WHERE table_name = "
                    "'atfill_records' ORDER BY ordinal_position"),
             (std::vector<std::string>{"uri", "did", "collection", "rkey", "record", "cid", "rev",
@@ -455,8 +455,8 @@ TEST_F(PostgresSinkTest, TablesGoInTheConfiguredSchema) {
   EXPECT_EQ(Column("SELECT table_name FROM information_schema.tables WHERE table_schema = "
                    "'atfill \"data\"' ORDER BY table_name"),
             (std::vector<std::string>{"atfill_collections", "atfill_dids", "atfill_label_rows",
-                                      "atfill_labels", "atfill_record_rows", "atfill_records",
-                                      "atfill_schema_version"}));
+                                      "atfill_labels", "atfill_record_epochs", "atfill_record_rows",
+                                      "atfill_records", "atfill_schema_version"}));
   EXPECT_EQ(Column("SELECT count(*) FROM information_schema.tables WHERE table_schema = "
                    "'public'"),
             std::vector<std::string>{"0"});
@@ -564,7 +564,9 @@ TEST_F(PostgresSinkTest, ReaderLookupsUseTheKeyIndex) {
       "rkey = 'k'");
   ASSERT_TRUE(plan.ok()) << plan.status().ToString();
   ASSERT_FALSE(plan->empty());
-  for (const std::string& step : *plan) EXPECT_EQ(step.find("Seq Scan"), std::string::npos) << step;
+  for (const std::string& step : *plan) {
+    EXPECT_EQ(step.find("Seq Scan on atfill_record_rows"), std::string::npos) << step;
+  }
 }
 
 // Schema version 2 as atfill wrote it, frozen here: the upgrade must take such a database as it is.
@@ -620,7 +622,7 @@ TEST_F(PostgresSinkTest, UpgradesAVersion2Database) {
   EXPECT_EQ(Column("SELECT indexname FROM pg_indexes WHERE tablename = 'atfill_record_rows' "
                    "ORDER BY indexname"),
             (std::vector<std::string>{"atfill_record_rows_by_collection_created",
-                                      "atfill_record_rows_pkey"}));
+                                      "atfill_record_rows_by_did", "atfill_record_rows_pkey"}));
   EXPECT_EQ(Column(every_row), before);
   EXPECT_EQ(MustReadAll().size(), 2u);
   auto stats = sink->Write(std::vector<Event>{MakeCreate(kBob, kPost, "c", kBody, kRev2),
@@ -636,7 +638,8 @@ TEST_F(PostgresSinkTest, UpgradesAVersion2Database) {
 
 // The queries users run, through the view, each answered from an index: a collection newest first
 // reads its index backwards (no sort of the collection), by DID and by DID and collection probe the
-// primary key, and so does a record by its URI's parts.
+// index by account once per block of rows (schema version 5), and a record by its URI's parts
+// probes the primary key.
 TEST_F(PostgresSinkTest, TheViewAnswersTheUsersQueriesFromIndexes) {
   auto sink = MustOpen();
   ASSERT_NE(sink, nullptr);
@@ -660,9 +663,10 @@ TEST_F(PostgresSinkTest, TheViewAnswersTheUsersQueriesFromIndexes) {
   const Case cases[] = {
       {"SELECT uri FROM atfill_records WHERE collection = $1 ORDER BY created_at DESC LIMIT 20",
        "Index Scan Backward using atfill_record_rows_by_collection_created"},
-      {"SELECT uri FROM atfill_records WHERE did = $2 LIMIT 20", "atfill_record_rows_pkey"},
+      {"SELECT uri FROM atfill_records WHERE did = $2 LIMIT 20",
+       "Index Cond: ((did_epoch = e.epoch) AND (did_id = d.id))"},
       {"SELECT uri FROM atfill_records WHERE did = $2 AND collection = $1 LIMIT 20",
-       "atfill_record_rows_pkey"},
+       "Index Cond: ((did_epoch = e.epoch) AND (did_id = d.id) AND (collection_id = c.id))"},
       {"SELECT uri FROM atfill_records WHERE did = $2 AND collection = $1 AND rkey = $3",
        "atfill_record_rows_pkey"},
   };
@@ -689,6 +693,58 @@ TEST_F(PostgresSinkTest, TheViewAnswersTheUsersQueriesFromIndexes) {
       "DESC LIMIT 2");
   ASSERT_TRUE(newest.ok()) << newest.status().ToString();
   EXPECT_EQ(*newest, (std::vector<std::string>{"k19998", "k19995"}));
+}
+
+// Rows in several blocks of 2^20 ids (written by plain SQL with ids of its choosing, which the
+// sink never does): each block is added to atfill_record_epochs by the insert itself, so every row
+// stays in the view; the queries by account find the rows of every block, through the index by
+// account, and so do the reader and a purge.
+TEST_F(PostgresSinkTest, RowsOfEveryBlockStayInTheViewAndAreFoundByAccount) {
+  auto sink = MustOpen();
+  ASSERT_NE(sink, nullptr);
+  ASSERT_TRUE(sink->Write(std::vector<Event>{MakeCreate(kAlice, kPost, "a", kBody, kRev1),
+                                             MakeCreate(kBob, kPost, "b", kBody, kRev1)})
+                  .ok());
+  auto conn = MustConnect();
+  ASSERT_NE(conn, nullptr);
+  ASSERT_TRUE(conn->Exec("INSERT INTO atfill_collections(nsid) VALUES ('" + std::string(kLike) +
+                         "'); INSERT INTO atfill_record_rows(id, did_id, collection_id, rkey, "
+                         "cid, rev, indexed_at, created_at, record) OVERRIDING SYSTEM VALUE "
+                         "SELECT i, d.id, c.id, 'k' || i, '" +
+                         testing::CidOf(kBody) + "', NULL, 1796029200123456, NULL, '" + kBody +
+                         "' FROM (VALUES (1048581), (3145735), (3145736)) v(i) JOIN atfill_dids d "
+                         "ON d.did = '" +
+                         kAlice + "' JOIN atfill_collections c ON c.nsid = '" + kLike + "'")
+                  .ok());
+  EXPECT_EQ(Column("SELECT epoch FROM atfill_record_epochs ORDER BY epoch"),
+            (std::vector<std::string>{"0", "1", "3"}));
+  EXPECT_EQ(Column("SELECT rkey FROM atfill_records WHERE did = '" + std::string(kAlice) +
+                   "' ORDER BY rkey"),
+            (std::vector<std::string>{"a", "k1048581", "k3145735", "k3145736"}));
+  EXPECT_EQ(Column("SELECT rkey FROM atfill_records WHERE did = '" + std::string(kAlice) +
+                   "' AND collection = '" + kLike + "' ORDER BY rkey"),
+            (std::vector<std::string>{"k1048581", "k3145735", "k3145736"}));
+  EXPECT_EQ(MustReadAll().size(), 5u);
+  auto reader = PostgresReader::Open(db_->conninfo());
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  auto repo = (*reader)->RepoRecords(kAlice);
+  ASSERT_TRUE(repo.ok()) << repo.status().ToString();
+  EXPECT_EQ(repo->size(), 4u);
+  auto holds = (*reader)->HoldsRecords(kAlice, kLike);
+  ASSERT_TRUE(holds.ok()) << holds.status().ToString();
+  EXPECT_TRUE(*holds);
+  auto dids = (*reader)->Dids();
+  ASSERT_TRUE(dids.ok()) << dids.status().ToString();
+  EXPECT_EQ(*dids, (std::vector<std::string>{kAlice, kBob}));
+  auto purged =
+      sink->Write(std::vector<Event>{testing::MakeAccount(kAlice, AccountStatus::kDeleted)});
+  ASSERT_TRUE(purged.ok()) << purged.status().ToString();
+  EXPECT_EQ(purged->purged_records, 4u);
+  EXPECT_EQ(Column("SELECT count(*) FROM atfill_record_rows WHERE did_id = (SELECT id FROM "
+                   "atfill_dids WHERE did = '" +
+                   std::string(kAlice) + "')"),
+            std::vector<std::string>{"0"});
+  EXPECT_EQ(MustReadAll().size(), 1u);
 }
 
 // ---------------------------------------------------------------------------------------------
