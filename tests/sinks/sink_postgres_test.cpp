@@ -695,10 +695,10 @@ TEST_F(PostgresSinkTest, TheViewAnswersTheUsersQueriesFromIndexes) {
   EXPECT_EQ(*newest, (std::vector<std::string>{"k19998", "k19995"}));
 }
 
-// Rows in several blocks of 2^20 ids (written by plain SQL with ids of its choosing, which the
-// sink never does): each block is added to atfill_record_epochs by the insert itself, so every row
-// stays in the view; the queries by account find the rows of every block, through the index by
-// account, and so do the reader and a purge.
+// Rows in several blocks of 2^20 ids (written by plain SQL after the identity sequence was moved
+// on, as millions of rows would): each block up to the sequence's is added to atfill_record_epochs
+// by the insert itself, so every row stays in the view; the queries by account find the rows of
+// every block, through the index by account, and so do the reader and a purge.
 TEST_F(PostgresSinkTest, RowsOfEveryBlockStayInTheViewAndAreFoundByAccount) {
   auto sink = MustOpen();
   ASSERT_NE(sink, nullptr);
@@ -707,23 +707,32 @@ TEST_F(PostgresSinkTest, RowsOfEveryBlockStayInTheViewAndAreFoundByAccount) {
                   .ok());
   auto conn = MustConnect();
   ASSERT_NE(conn, nullptr);
-  ASSERT_TRUE(conn->Exec("INSERT INTO atfill_collections(nsid) VALUES ('" + std::string(kLike) +
-                         "'); INSERT INTO atfill_record_rows(id, did_id, collection_id, rkey, "
-                         "cid, rev, indexed_at, created_at, record) OVERRIDING SYSTEM VALUE "
-                         "SELECT i, d.id, c.id, 'k' || i, '" +
-                         testing::CidOf(kBody) + "', NULL, 1796029200123456, NULL, '" + kBody +
-                         "' FROM (VALUES (1048581), (3145735), (3145736)) v(i) JOIN atfill_dids d "
-                         "ON d.did = '" +
-                         kAlice + "' JOIN atfill_collections c ON c.nsid = '" + kLike + "'")
-                  .ok());
+  auto insert = [&](int64_t after_id, std::vector<std::string> rkeys) {
+    std::string values;
+    for (const std::string& k : rkeys) values += (values.empty() ? "('" : ", ('") + k + "')";
+    return conn->Exec("SELECT setval(pg_get_serial_sequence('atfill_record_rows', 'id'), " +
+                      std::to_string(after_id) +
+                      "); INSERT INTO atfill_record_rows(did_id, collection_id, rkey, cid, rev, "
+                      "indexed_at, created_at, record) SELECT d.id, c.id, v.k, '" +
+                      testing::CidOf(kBody) + "', NULL, 1796029200123456, NULL, '" + kBody +
+                      "' FROM (VALUES " + values + ") v(k) JOIN atfill_dids d ON d.did = '" +
+                      kAlice + "' JOIN atfill_collections c ON c.nsid = '" + kLike + "'");
+  };
+  ASSERT_TRUE(
+      conn->Exec("INSERT INTO atfill_collections(nsid) VALUES ('" + std::string(kLike) + "')")
+          .ok());
+  ASSERT_TRUE(insert((1 << 20) + 4, {"k1"}).ok());          // block 1
+  ASSERT_TRUE(insert((3 << 20) + 6, {"k3a", "k3b"}).ok());  // block 3
+  EXPECT_EQ(Column("SELECT did_epoch FROM atfill_record_rows ORDER BY id"),
+            (std::vector<std::string>{"0", "0", "1", "3", "3"}));
   EXPECT_EQ(Column("SELECT epoch FROM atfill_record_epochs ORDER BY epoch"),
-            (std::vector<std::string>{"0", "1", "3"}));
+            (std::vector<std::string>{"0", "1", "2", "3"}));
   EXPECT_EQ(Column("SELECT rkey FROM atfill_records WHERE did = '" + std::string(kAlice) +
                    "' ORDER BY rkey"),
-            (std::vector<std::string>{"a", "k1048581", "k3145735", "k3145736"}));
+            (std::vector<std::string>{"a", "k1", "k3a", "k3b"}));
   EXPECT_EQ(Column("SELECT rkey FROM atfill_records WHERE did = '" + std::string(kAlice) +
                    "' AND collection = '" + kLike + "' ORDER BY rkey"),
-            (std::vector<std::string>{"k1048581", "k3145735", "k3145736"}));
+            (std::vector<std::string>{"k1", "k3a", "k3b"}));
   EXPECT_EQ(MustReadAll().size(), 5u);
   auto reader = PostgresReader::Open(db_->conninfo());
   ASSERT_TRUE(reader.ok()) << reader.status().ToString();
