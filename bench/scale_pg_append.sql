@@ -1,6 +1,7 @@
 -- Appends rows of bench/scale_bench's stream (its collection mix, record keys and createdAt that
--- follow time, accounts at random, bodies of the same shapes and about the same size) to a version 3
--- record table that scale_bench's PostgreSQL run made, straight in SQL: PostgreSQL's sink would take
+-- follow time, accounts at random, bodies of the same shapes and about the same size) to a record
+-- table of version 3 or later that scale_bench's PostgreSQL run made (version 5 gives the rows
+-- their ids and blocks itself), straight in SQL: PostgreSQL's sink would take
 -- hours for 50M rows on a shared 2-core machine, and what is measured on the result is the queries
 -- (docs/performance.md, "The queries at 50M rows (PostgreSQL)"). Rows g = :first .. :last; the
 -- table's indexes are kept, so each row is indexed as the sink's would be. The accounts are those the
