@@ -111,6 +111,10 @@ CREATE TRIGGER atfill_record_rows_collection BEFORE INSERT ON {S}.atfill_record_
 DROP INDEX IF EXISTS {S}.atfill_record_rows_by_created;
 CREATE INDEX IF NOT EXISTS atfill_record_rows_by_collection_created
   ON {S}.atfill_record_rows(collection, created_at);
+)sql";
+
+// The view of versions 3 and 4; version 5 joins one more table to it (kSchemaV5).
+constexpr std::string_view kRecordsViewV3 = R"sql(
 CREATE OR REPLACE VIEW {S}.atfill_records(uri, did, collection, rkey, record, cid, rev, indexed_at,
                                           created_at) AS
 SELECT 'at://' || d.did || '/' || c.nsid || '/' || r.rkey,
@@ -121,11 +125,12 @@ SELECT 'at://' || d.did || '/' || c.nsid || '/' || r.rkey,
        r.created_at
 FROM {S}.atfill_record_rows r
 JOIN {S}.atfill_dids d ON d.id = r.did_id
-JOIN {S}.atfill_collections c ON c.id = r.collection_id AND c.nsid = r.collection;
+JOIN {S}.atfill_collections c ON c.id = r.collection_id AND c.nsid = r.collection
 )sql";
 
 Status MigrateTo3(PGconn* conn, const std::string& schema) {
-  return Exec(conn, WithSchema(kSchemaV3, schema).c_str(), nullptr);
+  const std::string sql = std::string(kSchemaV3) + std::string(kRecordsViewV3) + ";";
+  return Exec(conn, WithSchema(sql, schema).c_str(), nullptr);
 }
 
 // Version 4: labels from labelers (sinks/postgres_labels.hpp). The primary key leads with the
@@ -194,22 +199,12 @@ BEGIN
 END $$;
 CREATE TRIGGER atfill_record_rows_epochs AFTER INSERT ON {S}.atfill_record_rows
   FOR EACH STATEMENT EXECUTE FUNCTION {S}.atfill_record_rows_epochs();
-CREATE OR REPLACE VIEW {S}.atfill_records(uri, did, collection, rkey, record, cid, rev, indexed_at,
-                                          created_at) AS
-SELECT 'at://' || d.did || '/' || c.nsid || '/' || r.rkey,
-       d.did, c.nsid, r.rkey, r.record, r.cid, r.rev,
-       to_char(timestamp '1970-01-01' + (r.indexed_at / 1000000) * interval '1 second' +
-                   (r.indexed_at % 1000000) * interval '1 microsecond',
-               'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
-       r.created_at
-FROM {S}.atfill_record_rows r
-JOIN {S}.atfill_dids d ON d.id = r.did_id
-JOIN {S}.atfill_collections c ON c.id = r.collection_id AND c.nsid = r.collection
-JOIN {S}.atfill_record_epochs e ON e.epoch = r.did_epoch;
 )sql";
 
 Status MigrateTo5(PGconn* conn, const std::string& schema) {
-  return Exec(conn, WithSchema(kSchemaV5, schema).c_str(), nullptr);
+  const std::string sql = std::string(kSchemaV5) + std::string(kRecordsViewV3) +
+                          "JOIN {S}.atfill_record_epochs e ON e.epoch = r.did_epoch;";
+  return Exec(conn, WithSchema(sql, schema).c_str(), nullptr);
 }
 
 // kMigrations[n] takes the tables from version n to n + 1.
