@@ -13,7 +13,7 @@ SQLITE_EXTENSION_INIT1
 #include <string>
 #include <unordered_map>
 
-#include "base/encoding.hpp"
+#include "atproto/cid.hpp"
 #include "sinks/sqlite_functions.hpp"
 
 namespace atfill::sinks {
@@ -122,9 +122,6 @@ void AtfillJson(sqlite3_context* ctx, int /*argc*/, sqlite3_value** argv) {
   sqlite3_result_text64(ctx, text, size, sqlite3_free, SQLITE_UTF8);
 }
 
-// The binary CIDs atfill stores: CIDv1, a sha2-256 multihash of 32 bytes (atproto::Cid's).
-constexpr int kBinaryCidSize = 36;
-
 void AtfillCid(sqlite3_context* ctx, int /*argc*/, sqlite3_value** argv) {
   sqlite3_value* value = argv[0];
   if (sqlite3_value_type(value) != SQLITE_BLOB) {
@@ -132,14 +129,15 @@ void AtfillCid(sqlite3_context* ctx, int /*argc*/, sqlite3_value** argv) {
     return;
   }
   const auto* bytes = static_cast<const uint8_t*>(sqlite3_value_blob(value));
-  const int size = sqlite3_value_bytes(value);
-  if (size != kBinaryCidSize || bytes[0] != 0x01 || bytes[2] != 0x12 || bytes[3] != 0x20) {
-    sqlite3_result_error(
-        ctx, "atfill_cid: the cid is a blob but not a binary CIDv1 with a sha2-256 hash", -1);
+  auto cid =
+      atproto::Cid::FromBinary(ByteView(bytes, static_cast<size_t>(sqlite3_value_bytes(value))));
+  if (!cid.ok()) {
+    const std::string message =
+        "atfill_cid: the cid is a blob but not a binary CID: " + cid.status().message();
+    sqlite3_result_error(ctx, message.c_str(), -1);
     return;
   }
-  std::string text(1, 'b');  // multibase base32
-  text += Base32LowerEncode(ByteView(bytes, kBinaryCidSize));
+  const std::string text = cid->ToString();
   sqlite3_result_text(ctx, text.data(), static_cast<int>(text.size()), SQLITE_TRANSIENT);
 }
 

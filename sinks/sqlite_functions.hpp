@@ -9,8 +9,8 @@
 //                        frame names. A blob that is not such a frame, or names a dictionary the
 //                        database does not hold, is an SQL error naming the reason.
 //   atfill_cid(cid)      the text form ("bafyrei...") of a value of atfill_record_rows.cid: the
-//                        value itself when it is text, else multibase 'b' and the base32 of the
-//                        36-byte binary CIDv1 it holds (any other blob is an SQL error).
+//                        value itself when it is text, else that of the binary CID it holds
+//                        (atproto::Cid's; any other blob is an SQL error naming the reason).
 //
 // The atfill_records view calls both once the database holds a compressed row (see
 // sqlite_schema.hpp), so a connection without them cannot read the view of such a database.
