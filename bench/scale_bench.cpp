@@ -69,8 +69,9 @@
 //   ATFILL_SCALE_PG_KEEP      1: keep the schema and its rows instead, the setup file unused (a
 //                             table an earlier run made, grown by bench/scale_pg_append.sql,
 //                             say); the stream goes on from the event after as many as the table
-//                             holds, so its record keys are new, and ATFILL_SCALE_ROWS more rows
-//                             are written, rows_total counting those already there
+//                             holds rows, so its record keys are new (but for a few: the events
+//                             that updated a profile made no row), and ATFILL_SCALE_ROWS more
+//                             rows are written, rows_total counting those already there
 //
 //   ATFILL_SCALE_PG="host=127.0.0.1 port=15470 user=postgres dbname=postgres"
 //     build/bench/scale_bench --benchmark_filter=Pg             (the variable set for the run)
@@ -821,7 +822,8 @@ Status PgStart(PgGrowing* g) {
   if (g->admin == nullptr) return Status::Unavailable("cannot connect to ATFILL_SCALE_PG");
   const std::string schema = "\"" + PgSchema() + "\"";
   uint64_t first = 0;
-  if (EnvU64("ATFILL_SCALE_PG_KEEP", 0) != 0) {
+  const bool keep = EnvU64("ATFILL_SCALE_PG_KEEP", 0) != 0;
+  if (keep) {
     const std::string held =
         PgValue(g->admin.get(), "SELECT count(*) FROM " + schema + ".atfill_record_rows");
     if (held.empty()) {
@@ -834,7 +836,7 @@ Status PgStart(PgGrowing* g) {
         g->admin.get(), "DROP SCHEMA IF EXISTS " + schema + " CASCADE; CREATE SCHEMA " + schema));
   }
   if (const char* setup = std::getenv("ATFILL_SCALE_PG_SETUP_SQL");
-      first == 0 && setup != nullptr && *setup) {
+      !keep && setup != nullptr && *setup) {
     std::ifstream in(setup);
     std::stringstream sql;
     sql << in.rdbuf();
