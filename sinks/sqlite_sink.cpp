@@ -177,7 +177,8 @@ class SqliteSink final : public pipeline::Sink {
   Status Prepare();
   Status WriteOnce(std::span<const Event> batch, int64_t now, WriteStats* stats);
   Status ApplyWrite(const RecordEvent& e, int64_t now, WriteStats* stats);
-  // A create/update whose INSERT conflicted: the rev guard against the stored row.
+  // A create/update whose INSERT conflicted: the rev guard against the stored row. `cid` is the
+  // event's CID text, empty when the body is compressed (its CID is then stored binary).
   Status ApplyToExisting(const RecordEvent& e, int64_t did_id, int64_t collection_id,
                          const std::string& cid, int64_t now, const sqlite::EncodedBody& body,
                          WriteStats* stats);
@@ -187,8 +188,13 @@ class SqliteSink final : public pipeline::Sink {
   // Only rows whose rev is older than `before_rev` (or that have none) when it is not empty.
   Result<uint64_t> RemoveRows(int64_t did_id, const std::vector<std::string>& collections,
                               const std::string& before_rev, const char* what);
+  // The stored row's cid: its text, or the CID its binary form holds (schema version 4).
+  struct StoredCid {
+    std::string_view text;
+    std::optional<atproto::Cid> binary;
+  };
   // Looks up the stored row of (did_id, collection_id, rkey); when it exists calls
-  // on_row(cid, rev) (views valid only during the call) and returns its rowid.
+  // on_row(const StoredCid&, rev) (views valid only during the call) and returns its rowid.
   template <typename OnRow>
   Result<std::optional<int64_t>> ReadRow(int64_t did_id, int64_t collection_id,
                                          std::string_view rkey, OnRow&& on_row);
@@ -432,7 +438,8 @@ Status SqliteSink::ApplyWrite(const RecordEvent& e, int64_t now, WriteStats* sta
     }
     body = *encoded;
   }
-  // A compressed row stores its CID binary; its text is then needed only on a conflict.
+  // A compressed row stores its CID binary and needs no text (but to compare it with a stored
+  // text CID, on a conflict).
   std::string cid;
   if (!body.compressed) cid = e.cid.ToString();
   {
@@ -446,7 +453,6 @@ Status SqliteSink::ApplyWrite(const RecordEvent& e, int64_t now, WriteStats* sta
       return Status::OK();
     }
   }
-  if (body.compressed) cid = e.cid.ToString();
   return ApplyToExisting(e, did_id, collection_id, cid, now, body, stats);
 }
 
@@ -454,12 +460,20 @@ Status SqliteSink::ApplyToExisting(const RecordEvent& e, int64_t did_id, int64_t
                                    const std::string& cid, int64_t now,
                                    const sqlite::EncodedBody& body, WriteStats* stats) {
   WriteVerdict verdict = WriteVerdict::kStale;
-  auto decide = [&](std::string_view stored_cid, std::string_view stored_rev) {
+  // A binary stored CID compares as a CID; a text one with the event's text (computed here when
+  // the row's body is compressed, whose CID goes in binary and needs no text otherwise).
+  std::string text_of_cid;
+  auto same_cid = [&](const StoredCid& stored) {
+    if (stored.binary) return *stored.binary == e.cid;
+    if (cid.empty()) text_of_cid = e.cid.ToString();
+    return stored.text == (cid.empty() ? text_of_cid : cid);
+  };
+  auto decide = [&](const StoredCid& stored_cid, std::string_view stored_rev) {
     const bool has_rev = !e.rev.empty();
     const bool stored_has_rev = !stored_rev.empty();
     if (has_rev && stored_has_rev && stored_rev > e.rev) {
       verdict = WriteVerdict::kStale;
-    } else if (stored_cid == cid) {
+    } else if (same_cid(stored_cid)) {
       // Raising the stored rev keeps a later delete between the two revs stale.
       verdict = has_rev && (!stored_has_rev || e.rev > stored_rev)
                     ? WriteVerdict::kUnchangedNewerRev
@@ -513,7 +527,7 @@ Status SqliteSink::ApplyDelete(const RecordEvent& e, WriteStats* stats) {
   ATFILL_ASSIGN_OR_RETURN(std::optional<int64_t> collection_id, Lookup(collections_, e.collection));
   if (!collection_id) return Status::OK();
   bool stale = false;
-  auto decide = [&](std::string_view, std::string_view stored_rev) {
+  auto decide = [&](const StoredCid&, std::string_view stored_rev) {
     stale = !e.rev.empty() && !stored_rev.empty() && stored_rev > e.rev;
   };
   ATFILL_ASSIGN_OR_RETURN(std::optional<int64_t> rowid,
@@ -604,10 +618,10 @@ Result<std::optional<int64_t>> SqliteSink::ReadRow(int64_t did_id, int64_t colle
   int rc = sqlite3_step(s);
   if (rc == SQLITE_DONE) return std::optional<int64_t>();
   if (rc != SQLITE_ROW) return Failed(rc, "reading the stored record");
+  StoredCid stored;
   if (sqlite3_column_type(s, 1) != SQLITE_BLOB) {
-    on_row(ColumnText(s, 1), ColumnText(s, 2));
+    stored.text = ColumnText(s, 1);
   } else {
-    // A compressed row's binary CID (schema version 4), compared as text.
     const auto* bytes = static_cast<const uint8_t*>(sqlite3_column_blob(s, 1));
     auto cid =
         atproto::Cid::FromBinary(ByteView(bytes, static_cast<size_t>(sqlite3_column_bytes(s, 1))));
@@ -616,8 +630,9 @@ Result<std::optional<int64_t>> SqliteSink::ReadRow(int64_t did_id, int64_t colle
                              cid.status().message())
           .WithContext("SQLite database " + options_.path);
     }
-    on_row(cid->ToString(), ColumnText(s, 2));
+    stored.binary = *cid;
   }
+  on_row(stored, ColumnText(s, 2));
   return std::optional<int64_t>(sqlite3_column_int64(s, 0));
 }
 
