@@ -62,8 +62,10 @@ class SqliteReader {
   Result<uint64_t> Count();
   // Whether any record of `did` in `collection` is stored. Uses the key index (no scan).
   Result<bool> HoldsRecords(std::string_view did, std::string_view collection);
-  // The DIDs that hold at least one record, in byte order.
+  // The DIDs that hold at least one record, in byte order. Reads the account index once through.
   Result<std::vector<std::string>> Dids();
+  // The statement Dids runs (its plan is tested).
+  static std::string_view DidsSql();
   // The records of `did` as (collection, rkey, cid, rev), by collection then rkey (byte order).
   // Uses the account index (no scan).
   Result<std::vector<RepoRecordKey>> RepoRecords(std::string_view did);
