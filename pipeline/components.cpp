@@ -186,6 +186,15 @@ Result<JobPlan> Components::Plan(const Environment& env, state::JobRecord& job,
   }
   // The sink is opened after the source (which says what it needs of it) but released after
   // everything else: the source and the stages may use it until they are gone.
+  // A copy of the log: the sink may speak after the plan (a bulk load's indexes, built as it
+  // closes), and the environment's own lifetime is the caller's.
+  if (!draft.sink_hints.log) {
+    draft.sink_hints.log = [log = env.log](std::string_view line) {
+      Environment said;
+      said.log = log;
+      said.Log(line);
+    };
+  }
   auto sink = OpenSink(*env.settings, draft.sink_hints);
   if (!sink.ok()) {
     // A database that cannot be opened is unavailable, not a job this build cannot run.

@@ -93,6 +93,9 @@ struct SinkHints {
   bool dry_run = false;    // write nothing (the dry-run sink)
   bool bulk_load = false;  // a crawl alone into an empty table may bulk-load it (SQLite)
   std::optional<int64_t> wal_autocheckpoint_bytes;  // a replay checkpoints SQLite's WAL less often
+  // Where the sink says what keeps the job waiting (an upgrade of its tables, a bulk load's index
+  // builds); Plan sets it to the environment's log.
+  std::function<void(std::string_view line)> log;
 };
 
 // One stored record as `atfill verify` compares it with its repo.

@@ -77,6 +77,7 @@ pipeline::Components::SinkKind Sqlite() {
     if (hints.dry_run) return NewDryRunSink();
     SqliteSinkOptions options = settings.Get<SinkSettings>().sqlite;
     options.bulk_load = hints.bulk_load;
+    options.log = hints.log;
     if (hints.wal_autocheckpoint_bytes) {
       options.wal_autocheckpoint_bytes = *hints.wal_autocheckpoint_bytes;
     }
@@ -103,7 +104,9 @@ pipeline::Components::SinkKind Postgres() {
   k.open = [](const pipeline::Settings& settings,
               const pipeline::SinkHints& hints) -> Result<std::unique_ptr<pipeline::Sink>> {
     if (hints.dry_run) return NewDryRunSink();
-    return OpenPostgresSink(settings.Get<SinkSettings>().postgres);
+    PostgresSinkOptions options = settings.Get<SinkSettings>().postgres;
+    options.log = hints.log;
+    return OpenPostgresSink(options);
   };
   k.open_labels = [](const pipeline::Settings& settings) {
     return OpenPostgresLabelSink(settings.Get<SinkSettings>().postgres);

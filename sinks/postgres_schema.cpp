@@ -217,7 +217,8 @@ static_assert(kMigrations.size() == kPostgresSchemaVersion);
 // schemas of one database do not wait for each other.
 constexpr const char* kLockKey = "1635018345";  // "atfi"
 
-Status MigrateLocked(PGconn* conn, const std::string& schema) {
+Status MigrateLocked(PGconn* conn, const std::string& schema,
+                     const std::function<void(int from)>& upgrading) {
   ATFILL_ASSIGN_OR_RETURN(
       PgResult lock,
       Query(conn, std::string("SELECT pg_advisory_xact_lock(") + kLockKey + ", hashtext($1))",
@@ -244,6 +245,8 @@ Status MigrateLocked(PGconn* conn, const std::string& schema) {
                         schema)
                  .c_str(),
              nullptr));
+  } else if (version < kPostgresSchemaVersion && upgrading) {
+    upgrading(version);
   }
   for (int v = version; v < kPostgresSchemaVersion; ++v) {
     Status st = kMigrations[static_cast<size_t>(v)](conn, schema);
@@ -288,7 +291,8 @@ Result<int> ReadSchemaVersion(PGconn* conn, const std::string& schema) {
   return version;
 }
 
-Status MigrateSchema(PGconn* conn, const std::string& schema) {
+Status MigrateSchema(PGconn* conn, const std::string& schema,
+                     const std::function<void(int from)>& upgrading) {
   // The common case, tables already current, takes no lock.
   ATFILL_ASSIGN_OR_RETURN(int version, ReadSchemaVersion(conn, schema));
   if (version == kPostgresSchemaVersion) return Status::OK();
@@ -299,7 +303,7 @@ Status MigrateSchema(PGconn* conn, const std::string& schema) {
   }
   // A migration waits for another process's, whatever the sink's own lock_timeout.
   ATFILL_RETURN_IF_ERROR(Exec(conn, "BEGIN; SET LOCAL lock_timeout = '60s'", nullptr));
-  Status st = MigrateLocked(conn, schema);
+  Status st = MigrateLocked(conn, schema, upgrading);
   if (st.ok()) st = Exec(conn, "COMMIT", nullptr);
   if (!st.ok() && PQtransactionStatus(conn) != PQTRANS_IDLE) {
     (void)Exec(conn, "ROLLBACK", nullptr);  // the migration error is the one worth reporting

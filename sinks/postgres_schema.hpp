@@ -20,6 +20,7 @@
 
 #include <libpq-fe.h>
 
+#include <functional>
 #include <string>
 
 #include "base/status.hpp"
@@ -37,7 +38,10 @@ Result<int> ReadSchemaVersion(PGconn* conn, const std::string& schema);
 // not exist), applying each migration N -> N+1 in order in one transaction that holds an advisory
 // lock, so that several processes opening one database at once serialise here and exactly one
 // creates the tables. Tables written by a newer atfill are Unsupported and left untouched.
-Status MigrateSchema(PGconn* conn, const std::string& schema);
+// `upgrading`, when set, is called under the lock before the migrations of tables that already
+// existed (not when creating them), with the version found.
+Status MigrateSchema(PGconn* conn, const std::string& schema,
+                     const std::function<void(int from)>& upgrading = {});
 
 // Fails unless the tables are exactly at kPostgresSchemaVersion (readers never migrate).
 Status CheckSchemaCurrent(PGconn* conn, const std::string& schema);

@@ -4,6 +4,7 @@
 #include <charconv>
 #include <chrono>
 #include <climits>
+#include <cstdio>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -247,8 +248,34 @@ Status PostgresSink::ConnectOnce(Clock::time_point deadline, bool migrate) {
                                "; atfill stores records as UTF-8 text and needs a UTF8 database");
   }
   if (migrate) {
-    Status st = pg::MigrateSchema(c, options_.schema);
-    if (!st.ok()) return st.WithContext("schema " + options_.schema + " of " + pg::Describe(c));
+    // An upgrade may rewrite the record table (versions 3 and 5 do): the job waits for it.
+    const auto start = Clock::now();
+    int upgraded_from = 0;
+    const std::string where = "schema " + options_.schema + " of " + pg::Describe(c);
+    Status st = pg::MigrateSchema(c, options_.schema, [&](int from) {
+      upgraded_from = from;
+      if (!options_.log) return;
+      // The planner's estimate of the rows: no scan.
+      std::string rows = "its record rows";
+      auto n =
+          pg::Query(c, "SELECT reltuples::bigint FROM pg_class WHERE oid = to_regclass($1)",
+                    {pg::QualifiedName(options_.schema, "atfill_record_rows").c_str()}, nullptr);
+      // -1: never vacuumed nor analysed, so no estimate.
+      if (n.ok() && PQntuples(n->get()) == 1 && !pg::Cell(n->get(), 0, 0).starts_with('-')) {
+        rows = "about " + std::string(pg::Cell(n->get(), 0, 0)) + " record rows";
+      }
+      options_.log("atfill: postgres: upgrading " + where + " from schema version " +
+                   std::to_string(from) + " to " + std::to_string(kPostgresSchemaVersion) + " (" +
+                   rows + "), in one transaction");
+    });
+    if (!st.ok()) return st.WithContext(where);
+    if (upgraded_from != 0 && options_.log) {
+      char seconds[32];
+      std::snprintf(seconds, sizeof seconds, "%.1f s",
+                    std::chrono::duration<double>(Clock::now() - start).count());
+      options_.log("atfill: postgres: upgraded " + where + " to schema version " +
+                   std::to_string(kPostgresSchemaVersion) + " in " + seconds);
+    }
   }
   return SetUpSession();
 }

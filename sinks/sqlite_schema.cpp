@@ -202,7 +202,7 @@ Status SetVersion(sqlite3* db, int version) {
   return Exec(db, sql.c_str());
 }
 
-Status MigrateLocked(sqlite3* db) {
+Status MigrateLocked(sqlite3* db, const std::function<void(int from)>& upgrading) {
   ATFILL_ASSIGN_OR_RETURN(int version, ReadSchemaVersion(db));
   if (version > kSqliteSchemaVersion) {
     return Status::Unsupported("database schema version " + std::to_string(version) +
@@ -213,6 +213,8 @@ Status MigrateLocked(sqlite3* db) {
     ATFILL_RETURN_IF_ERROR(Exec(db,
                                 "CREATE TABLE atfill_schema_version(version INTEGER NOT NULL);"
                                 "INSERT INTO atfill_schema_version(version) VALUES (0);"));
+  } else if (version < kSqliteSchemaVersion && upgrading) {
+    upgrading(version);
   }
   for (int v = version; v < kSqliteSchemaVersion; ++v) {
     Status st = kMigrations[static_cast<size_t>(v)](db);
@@ -367,15 +369,15 @@ Result<int> ReadSchemaVersion(sqlite3* db) {
   return version;
 }
 
-Status MigrateSchema(sqlite3* db) {
+Status MigrateSchema(sqlite3* db, const std::function<void(int from)>& upgrading) {
   // The common case, an up-to-date database, needs no write lock.
   ATFILL_ASSIGN_OR_RETURN(int version, ReadSchemaVersion(db));
   if (version == kSqliteSchemaVersion) return Status::OK();
-  if (version > kSqliteSchemaVersion) return MigrateLocked(db);  // reports the refusal
+  if (version > kSqliteSchemaVersion) return MigrateLocked(db, {});  // reports the refusal
 
   ATFILL_RETURN_IF_ERROR(Exec(db, "BEGIN IMMEDIATE"));
   // Re-read under the write lock: another process may have migrated in between.
-  Status st = MigrateLocked(db);
+  Status st = MigrateLocked(db, upgrading);
   if (st.ok()) st = Exec(db, "COMMIT");
   if (!st.ok() && !sqlite3_get_autocommit(db)) {
     (void)Exec(db, "ROLLBACK");  // the migration error is the one worth reporting

@@ -43,6 +43,8 @@
 
 #include <sqlite3.h>
 
+#include <functional>
+
 #include "base/status.hpp"
 
 namespace atfill::sinks::sqlite {
@@ -53,8 +55,9 @@ Result<int> ReadSchemaVersion(sqlite3* db);
 
 // Brings the database to kSqliteSchemaVersion, applying each migration N -> N+1 in order inside one
 // IMMEDIATE transaction (all or nothing). A database written by a newer atfill is Unsupported and
-// left untouched.
-Status MigrateSchema(sqlite3* db);
+// left untouched. `upgrading`, when set, is called under the lock before the migrations of a
+// database that already held atfill tables (not when creating them), with the version found.
+Status MigrateSchema(sqlite3* db, const std::function<void(int from)>& upgrading = {});
 
 // Fails unless the database is exactly at kSqliteSchemaVersion (used by read-only openers, which
 // never migrate).

@@ -24,6 +24,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "base/status.hpp"
 #include "pipeline/sink.hpp"
@@ -95,6 +96,10 @@ struct SqliteSinkOptions {
   size_t dictionary_samples = 1000;
   // The clock for indexed_at, unix microseconds. Empty: the system clock. Tests pass a fake.
   std::function<int64_t()> now_us;
+  // Where the sink says, one line at a time, what keeps a job waiting before its first batch or
+  // after its last: an upgrade of the tables written by an older atfill (a large table's takes
+  // minutes), and the index builds ending a bulk load. Empty: nothing is said.
+  std::function<void(std::string_view line)> log;
 
   Status Validate() const;
 };

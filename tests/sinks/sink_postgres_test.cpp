@@ -613,8 +613,25 @@ TEST_F(PostgresSinkTest, UpgradesAVersion2Database) {
   const std::vector<std::string> before = Column(every_row);
   ASSERT_EQ(before.size(), 2u);
 
+  // The upgrade is said before it runs (a large table's rewrite takes minutes) and when it ended.
+  std::vector<std::string> said;
+  options_.log = [&said](std::string_view line) { said.emplace_back(line); };
   auto sink = MustOpen();
   ASSERT_NE(sink, nullptr);
+  ASSERT_EQ(said.size(), 2u);
+  EXPECT_TRUE(said[0].starts_with("atfill: postgres: upgrading schema public of ")) << said[0];
+  // A table never analysed has no estimate of its rows.
+  EXPECT_TRUE(said[0].ends_with(" from schema version 2 to " +
+                                std::to_string(kPostgresSchemaVersion) +
+                                " (its record rows), in one transaction"))
+      << said[0];
+  EXPECT_TRUE(said[1].starts_with("atfill: postgres: upgraded schema public of ")) << said[1];
+  EXPECT_NE(said[1].find(" to schema version " + std::to_string(kPostgresSchemaVersion) + " in "),
+            std::string::npos)
+      << said[1];
+  said.clear();
+  EXPECT_NE(MustOpen(), nullptr);
+  EXPECT_TRUE(said.empty());  // current tables: nothing to say
   EXPECT_EQ(Column("SELECT version FROM atfill_schema_version"),
             std::vector<std::string>{std::to_string(kPostgresSchemaVersion)});
   EXPECT_EQ(Column("SELECT collection FROM atfill_record_rows ORDER BY did_id"),

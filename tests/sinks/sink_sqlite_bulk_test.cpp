@@ -149,8 +149,12 @@ TEST(SqliteBulkLoadTest, LoadsWithoutTheFinalIndexesAndEndsWithTheSameTableIndex
   const auto batches = CrawlBatches(12);
   WriteAll(Options(truth, false), batches);
   ASSERT_EQ(Indexes(truth), kFinalIndexes);
+  // The index builds at the close are said (the job's end waits for them), and nothing else.
+  std::vector<std::string> said;
+  SqliteSinkOptions options = Options(bulk, true);
+  options.log = [&said](std::string_view line) { said.emplace_back(line); };
   {
-    auto sink = OpenSqliteSink(Options(bulk, true));
+    auto sink = OpenSqliteSink(options);
     ASSERT_TRUE(sink.ok()) << sink.status().ToString();
     for (const auto& b : batches) ASSERT_TRUE((*sink)->Write(b).ok());
     // While loading: the key by account, no created_at index.
@@ -166,7 +170,14 @@ TEST(SqliteBulkLoadTest, LoadsWithoutTheFinalIndexesAndEndsWithTheSameTableIndex
     auto got = GetRecord(bulk, uri);
     ASSERT_TRUE(got.ok() && got->has_value()) << uri;
     EXPECT_EQ((*got)->record, R"({"text":"updated"})");
+    EXPECT_TRUE(said.empty());
   }
+  ASSERT_EQ(said.size(), 2u);
+  const std::string max_id = Column(bulk, "SELECT max(id) FROM atfill_record_rows").at(0);
+  EXPECT_EQ(said[0], "atfill: sqlite: building the indexes of the bulk load of " + bulk +
+                         " (up to " + max_id + " record rows)");
+  EXPECT_TRUE(said[1].starts_with("atfill: sqlite: built the indexes of " + bulk + " in "))
+      << said[1];
   EXPECT_EQ(Indexes(bulk), kFinalIndexes);
   EXPECT_EQ(Stat1(bulk), Stat1(truth));
   EXPECT_EQ(Plans(bulk), Plans(truth));
@@ -234,10 +245,18 @@ TEST(SqliteBulkLoadTest, SigkillMidLoadThenAnOrdinaryOpenBuildsTheIndexesFirst) 
   KillMidLoad(path, batches);
   // The killed owner's lock file is left; the kernel released its lock.
   EXPECT_TRUE(std::filesystem::exists(path + "-bulkload"));
-  auto sink = OpenSqliteSink(Options(path, false));
+  std::vector<std::string> said;
+  SqliteSinkOptions options = Options(path, false);
+  options.log = [&said](std::string_view line) { said.emplace_back(line); };
+  auto sink = OpenSqliteSink(options);
   ASSERT_TRUE(sink.ok()) << sink.status().ToString();
   EXPECT_EQ(Indexes(path), kFinalIndexes);
   EXPECT_FALSE(std::filesystem::exists(path + "-bulkload"));
+  // The open waited for the build, and said so.
+  ASSERT_EQ(said.size(), 2u);
+  EXPECT_TRUE(said[0].starts_with("atfill: sqlite: building the indexes of the bulk load of " +
+                                  path + " (up to "))
+      << said[0];
   for (const auto& b : batches) ASSERT_TRUE((*sink)->Write(b).ok());
   EXPECT_EQ(Uris(path), Uris(truth));
   EXPECT_EQ(Stat1(path), Stat1(truth));

@@ -180,7 +180,10 @@ class SqliteSinkTest : public ::testing::Test {
 };
 
 TEST_F(SqliteSinkTest, CreatesTheSchemaInAnEmptyFile) {
+  std::vector<std::string> said;
+  options_.log = [&said](std::string_view line) { said.emplace_back(line); };
   ASSERT_NE(MustOpen(), nullptr);
+  EXPECT_TRUE(said.empty());  // creating the tables is no upgrade
   RawDb db(Path());
   EXPECT_EQ(db.Column("SELECT version FROM atfill_schema_version"),
             std::vector<std::string>{std::to_string(kSqliteSchemaVersion)});
@@ -297,8 +300,18 @@ TEST_F(SqliteSinkTest, MigratesAVersion1DatabaseKeepingItsRows) {
   const std::vector<std::string> view_before = RawDb(Path()).Column(all_view);
   ASSERT_EQ(before.size(), 2u);
 
+  // The upgrade is said before it runs (a large table's takes minutes) and when it ended.
+  std::vector<std::string> said;
+  options_.log = [&said](std::string_view line) { said.emplace_back(line); };
   auto sink = MustOpen();
   ASSERT_NE(sink, nullptr);
+  ASSERT_EQ(said.size(), 2u);
+  EXPECT_EQ(said[0], "atfill: sqlite: upgrading " + Path() + " from schema version 1 to " +
+                         std::to_string(kSqliteSchemaVersion) +
+                         " (up to 9 record rows), in one transaction");
+  EXPECT_TRUE(said[1].starts_with("atfill: sqlite: upgraded " + Path() + " to schema version " +
+                                  std::to_string(kSqliteSchemaVersion) + " in "))
+      << said[1];
   {
     RawDb db(Path());
     EXPECT_EQ(db.Column("SELECT version FROM atfill_schema_version"),
@@ -327,8 +340,10 @@ TEST_F(SqliteSinkTest, MigratesAVersion1DatabaseKeepingItsRows) {
   EXPECT_EQ(stats->purged_records, 1u);
   EXPECT_EQ(MustReadAll().size(), 2u);
   sink.reset();
-  // Opening again migrates nothing more.
+  // Opening again migrates nothing more, and says nothing.
+  said.clear();
   ASSERT_NE(MustOpen(), nullptr);
+  EXPECT_TRUE(said.empty());
   EXPECT_EQ(RawDb(Path()).Column(
                 "SELECT count(*) FROM sqlite_schema WHERE tbl_name = 'atfill_record_rows'"),
             std::vector<std::string>{"5"});

@@ -13,6 +13,8 @@
 #include "atproto/json.hpp"
 #include "sinks/sqlite_reader.hpp"
 #include "tests/common/process.hpp"
+#include "tests/common/raw_sqlite.hpp"
+#include "tests/common/sqlite_fixtures.hpp"
 #include "tests/common/test_util.hpp"
 #include "tools/gen/event_gen.hpp"
 
@@ -226,6 +228,34 @@ TEST(IngestTest, DryRunWritesNothingAndSaysWhatItWouldHave) {
   EXPECT_FALSE(std::filesystem::exists(ws.db()));
   auto job = ws.Atfill({"job", ws.config, "1", "--json"});
   EXPECT_THAT(job.out, HasSubstr("\"dry_run\":\"true\""));
+}
+
+// A database written by an older atfill is upgraded before the job's first batch; the job waits
+// for it (a large table's upgrade takes minutes), and says so rather than showing a job at 0.
+TEST(IngestTest, AnUpgradeOfTheDatabaseIsSaidBeforeTheJobWaitsForIt) {
+  Workspace ws;
+  {
+    testing::RawDb db(ws.db());
+    ASSERT_EQ(db.Exec(testing::FrozenSchemaV1()), SQLITE_OK) << sqlite3_errmsg(db.get());
+  }
+  WriteFile((ws.dir / "e.jsonl").string(),
+            CommitLine("did:plc:ewvi7nxzyoun6zhxrhs64oiz", "create", "3lbqzb5ddb22a",
+                       R"({"$type":"app.bsky.feed.post","text":"one"})"));
+  auto r = ws.Atfill({"ingest", ws.config, (ws.dir / "e.jsonl").string()});
+  ASSERT_EQ(r.exit_code, 0) << Describe(r);
+  const size_t upgrading = r.err.find("atfill: sqlite: upgrading ");
+  const size_t upgraded = r.err.find("atfill: sqlite: upgraded ");
+  ASSERT_NE(upgrading, std::string::npos) << r.err;
+  ASSERT_NE(upgraded, std::string::npos) << r.err;
+  EXPECT_LT(upgrading, upgraded);
+  EXPECT_THAT(r.err, HasSubstr("out.db from schema version 1 to " +
+                               std::to_string(sinks::kSqliteSchemaVersion) +
+                               " (no record rows), in one transaction\n"));
+  EXPECT_EQ(Rows(ws.db()).size(), 1u);
+  // The next run finds the tables current and says nothing of them.
+  auto again = ws.Atfill({"ingest", ws.config, (ws.dir / "e.jsonl").string()});
+  ASSERT_EQ(again.exit_code, 0) << Describe(again);
+  EXPECT_THAT(again.err, ::testing::Not(HasSubstr("atfill: sqlite: upgrad")));
 }
 
 TEST(IngestTest, ConfigErrorsNameTheKeyAndLine) {
