@@ -255,13 +255,16 @@ Status PostgresSink::ConnectOnce(Clock::time_point deadline, bool migrate) {
     Status st = pg::MigrateSchema(c, options_.schema, [&](int from) {
       upgraded_from = from;
       if (!options_.log) return;
-      // The planner's estimate of the rows: no scan.
+      // The planner's estimate of the rows (rows per page at the last vacuum or analyse, times
+      // the pages now): no scan. None for a table never vacuumed nor analysed.
       std::string rows = "its record rows";
       auto n =
-          pg::Query(c, "SELECT reltuples::bigint FROM pg_class WHERE oid = to_regclass($1)",
+          pg::Query(c,
+                    "SELECT (reltuples / relpages * (pg_relation_size(oid) / "
+                    "current_setting('block_size')::bigint))::bigint FROM pg_class WHERE oid "
+                    "= to_regclass($1) AND relpages > 0 AND reltuples >= 0",
                     {pg::QualifiedName(options_.schema, "atfill_record_rows").c_str()}, nullptr);
-      // -1: never vacuumed nor analysed, so no estimate.
-      if (n.ok() && PQntuples(n->get()) == 1 && !pg::Cell(n->get(), 0, 0).starts_with('-')) {
+      if (n.ok() && PQntuples(n->get()) == 1) {
         rows = "about " + std::string(pg::Cell(n->get(), 0, 0)) + " record rows";
       }
       options_.log("atfill: postgres: upgrading " + where + " from schema version " +
