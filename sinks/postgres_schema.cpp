@@ -218,11 +218,24 @@ static_assert(kMigrations.size() == kPostgresSchemaVersion);
 constexpr const char* kLockKey = "1635018345";  // "atfi"
 
 Status MigrateLocked(PGconn* conn, const std::string& schema,
-                     const std::function<void(int from)>& upgrading) {
+                     const std::function<void(int from)>& upgrading,
+                     const std::function<void()>& waiting) {
   ATFILL_ASSIGN_OR_RETURN(
-      PgResult lock,
-      Query(conn, std::string("SELECT pg_advisory_xact_lock(") + kLockKey + ", hashtext($1))",
+      PgResult tried,
+      Query(conn, std::string("SELECT pg_try_advisory_xact_lock(") + kLockKey + ", hashtext($1))",
             {schema.c_str()}, nullptr));
+  if (Cell(tried.get(), 0, 0) != "t") {
+    // Another process holds it: it is creating or upgrading the tables, and a large table's
+    // upgrade takes minutes or hours. Wait for its transaction to end however long that is (the
+    // lock goes with it, committed or not), rather than fail at the lock timeout.
+    if (waiting) waiting();
+    ATFILL_RETURN_IF_ERROR(Exec(conn, "SET LOCAL lock_timeout = 0", nullptr));
+    ATFILL_ASSIGN_OR_RETURN(
+        PgResult lock,
+        Query(conn, std::string("SELECT pg_advisory_xact_lock(") + kLockKey + ", hashtext($1))",
+              {schema.c_str()}, nullptr));
+    ATFILL_RETURN_IF_ERROR(Exec(conn, "SET LOCAL lock_timeout = '60s'", nullptr));
+  }
   ATFILL_ASSIGN_OR_RETURN(
       PgResult has_schema,
       Query(conn, "SELECT 1 FROM pg_namespace WHERE nspname = $1", {schema.c_str()}, nullptr));
@@ -292,7 +305,8 @@ Result<int> ReadSchemaVersion(PGconn* conn, const std::string& schema) {
 }
 
 Status MigrateSchema(PGconn* conn, const std::string& schema,
-                     const std::function<void(int from)>& upgrading) {
+                     const std::function<void(int from)>& upgrading,
+                     const std::function<void()>& waiting) {
   // The common case, tables already current, takes no lock.
   ATFILL_ASSIGN_OR_RETURN(int version, ReadSchemaVersion(conn, schema));
   if (version == kPostgresSchemaVersion) return Status::OK();
@@ -301,9 +315,11 @@ Status MigrateSchema(PGconn* conn, const std::string& schema,
                                " is newer than this atfill supports (" +
                                std::to_string(kPostgresSchemaVersion) + "); upgrade atfill");
   }
-  // A migration waits for another process's, whatever the sink's own lock_timeout.
+  // A migration's statements wait up to 60 s for the locks they need (a user's long query on the
+  // record table), whatever the sink's own lock_timeout; another process's migration is waited
+  // for however long it takes (MigrateLocked).
   ATFILL_RETURN_IF_ERROR(Exec(conn, "BEGIN; SET LOCAL lock_timeout = '60s'", nullptr));
-  Status st = MigrateLocked(conn, schema, upgrading);
+  Status st = MigrateLocked(conn, schema, upgrading, waiting);
   if (st.ok()) st = Exec(conn, "COMMIT", nullptr);
   if (!st.ok() && PQtransactionStatus(conn) != PQTRANS_IDLE) {
     (void)Exec(conn, "ROLLBACK", nullptr);  // the migration error is the one worth reporting

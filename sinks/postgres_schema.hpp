@@ -39,9 +39,11 @@ Result<int> ReadSchemaVersion(PGconn* conn, const std::string& schema);
 // lock, so that several processes opening one database at once serialise here and exactly one
 // creates the tables. Tables written by a newer atfill are Unsupported and left untouched.
 // `upgrading`, when set, is called under the lock before the migrations of tables that already
-// existed (not when creating them), with the version found.
+// existed (not when creating them), with the version found. Another process's migration is
+// waited for however long it takes; `waiting`, when set, is called before that wait.
 Status MigrateSchema(PGconn* conn, const std::string& schema,
-                     const std::function<void(int from)>& upgrading = {});
+                     const std::function<void(int from)>& upgrading = {},
+                     const std::function<void()>& waiting = {});
 
 // Fails unless the tables are exactly at kPostgresSchemaVersion (readers never migrate).
 Status CheckSchemaCurrent(PGconn* conn, const std::string& schema);

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <future>
 #include <iostream>
 #include <map>
 #include <mutex>
@@ -651,6 +652,40 @@ TEST_F(PostgresSinkTest, UpgradesAVersion2Database) {
   EXPECT_EQ(Column("SELECT uri FROM atfill_records WHERE collection = 'app.bsky.feed.post' ORDER "
                    "BY created_at DESC"),
             std::vector<std::string>{Uri(kBob, kPost, "c")});
+}
+
+// Another process creating or upgrading the tables (here a connection holding the upgrade lock in
+// an open transaction, as a long upgrade does) is waited for however long it takes, and the wait
+// is said; the open goes on once that transaction ends.
+TEST_F(PostgresSinkTest, AnOpenWaitsForAnotherProcesssUpgradeAndSaysSo) {
+  auto holder = MustConnect();
+  ASSERT_NE(holder, nullptr);
+  ASSERT_TRUE(holder->Exec("BEGIN").ok());
+  ASSERT_TRUE(
+      holder->Column("SELECT pg_advisory_xact_lock(1635018345, hashtext('public'))::text").ok());
+  std::promise<std::string> waiting;
+  std::vector<std::string> said;
+  std::mutex mu;
+  options_.log = [&](std::string_view line) {
+    std::lock_guard lock(mu);
+    said.emplace_back(line);
+    if (said.size() == 1) waiting.set_value(std::string(line));
+  };
+  Result<std::unique_ptr<pipeline::Sink>> opened = Status::Internal("not opened");
+  std::thread opener([&] { opened = OpenPostgresSink(options_); });
+  auto line = waiting.get_future();
+  const bool told = line.wait_for(std::chrono::seconds(60)) == std::future_status::ready;
+  ASSERT_TRUE(holder->Exec("COMMIT").ok());
+  opener.join();
+  ASSERT_TRUE(told) << "the open never said it was waiting";
+  EXPECT_TRUE(line.get().starts_with(
+      "atfill: postgres: waiting for another atfill process creating or upgrading the tables of "
+      "schema public of "))
+      << said[0];
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  EXPECT_EQ(said.size(), 1u);  // creating the tables is no upgrade
+  EXPECT_EQ(Column("SELECT version FROM atfill_schema_version"),
+            std::vector<std::string>{std::to_string(kPostgresSchemaVersion)});
 }
 
 // The queries users run, through the view, each answered from an index: a collection newest first
