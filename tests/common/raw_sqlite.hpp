@@ -33,16 +33,17 @@ class RawDb {
     if (err != nullptr) sqlite3_free(err);
     return rc;
   }
-  // The first column of every row of `sql`, as text ("NULL" for NULL); a statement that fails
-  // to prepare or to run fails the test.
-  std::vector<std::string> Column(const std::string& sql) const {
+  // Column `col` (the first by default) of every row of `sql`, as text ("NULL" for NULL); a
+  // statement that fails to prepare or to run fails the test. A query plan's steps:
+  // Column("EXPLAIN QUERY PLAN " + query, 3).
+  std::vector<std::string> Column(const std::string& sql, int col = 0) const {
     std::vector<std::string> out;
     sqlite3_stmt* s = nullptr;
     EXPECT_EQ(sqlite3_prepare_v2(db_, sql.c_str(), -1, &s, nullptr), SQLITE_OK)
         << sql << ": " << sqlite3_errmsg(db_);
     int rc = SQLITE_DONE;
     while (s != nullptr && (rc = sqlite3_step(s)) == SQLITE_ROW) {
-      const unsigned char* t = sqlite3_column_text(s, 0);
+      const unsigned char* t = sqlite3_column_text(s, col);
       out.push_back(t == nullptr ? "NULL" : reinterpret_cast<const char*>(t));
     }
     EXPECT_EQ(rc, SQLITE_DONE) << sql << ": " << sqlite3_errmsg(db_);

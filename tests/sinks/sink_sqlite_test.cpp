@@ -362,16 +362,7 @@ TEST_F(SqliteSinkTest, UserQueriesUseIndexes) {
            "SELECT uri, record FROM atfill_records WHERE did = 'd' AND collection = 'c' AND "
            "rkey = 'k'",
        }) {
-    std::vector<std::string> plan;
-    sqlite3_stmt* s = nullptr;
-    ASSERT_EQ(
-        sqlite3_prepare_v2(db.get(), ("EXPLAIN QUERY PLAN " + query).c_str(), -1, &s, nullptr),
-        SQLITE_OK)
-        << query;
-    while (sqlite3_step(s) == SQLITE_ROW) {
-      plan.emplace_back(reinterpret_cast<const char*>(sqlite3_column_text(s, 3)));
-    }
-    sqlite3_finalize(s);
+    const std::vector<std::string> plan = db.Column("EXPLAIN QUERY PLAN " + query, 3);
     ASSERT_FALSE(plan.empty()) << query;
     for (const std::string& step : plan) {
       EXPECT_EQ(step.find("SCAN"), std::string::npos) << query << ": " << step;
@@ -545,18 +536,10 @@ TEST_F(SqliteSinkTest, OptionsAreValidated) {
 
 TEST_F(SqliteSinkTest, ReaderLookupUsesTheKeyIndex) {
   ASSERT_NE(MustOpen(), nullptr);
-  RawDb db(Path());
-  std::vector<std::string> plan;
-  sqlite3_stmt* s = nullptr;
-  ASSERT_EQ(sqlite3_prepare_v2(db.get(),
-                               "EXPLAIN QUERY PLAN SELECT * FROM atfill_records WHERE did = 'a' "
-                               "AND collection = 'b' AND rkey = 'c'",
-                               -1, &s, nullptr),
-            SQLITE_OK);
-  while (sqlite3_step(s) == SQLITE_ROW) {
-    plan.emplace_back(reinterpret_cast<const char*>(sqlite3_column_text(s, 3)));
-  }
-  sqlite3_finalize(s);
+  const std::vector<std::string> plan = RawDb(Path()).Column(
+      "EXPLAIN QUERY PLAN SELECT * FROM atfill_records WHERE did = 'a' AND collection = 'b' AND "
+      "rkey = 'c'",
+      3);
   ASSERT_FALSE(plan.empty());
   for (const std::string& step : plan) {
     EXPECT_EQ(step.find("SCAN"), std::string::npos) << step;
@@ -568,17 +551,8 @@ TEST_F(SqliteSinkTest, ReaderLookupUsesTheKeyIndex) {
 // accounts times the blocks: more than the table's rows once accounts outnumber a block's rows.
 TEST_F(SqliteSinkTest, ReaderListsTheAccountsInOnePass) {
   ASSERT_NE(MustOpen(), nullptr);
-  RawDb db(Path());
-  std::vector<std::string> plan;
-  sqlite3_stmt* s = nullptr;
-  ASSERT_EQ(sqlite3_prepare_v2(
-                db.get(), ("EXPLAIN QUERY PLAN " + std::string(SqliteReader::DidsSql())).c_str(),
-                -1, &s, nullptr),
-            SQLITE_OK);
-  while (sqlite3_step(s) == SQLITE_ROW) {
-    plan.emplace_back(reinterpret_cast<const char*>(sqlite3_column_text(s, 3)));
-  }
-  sqlite3_finalize(s);
+  const std::vector<std::string> plan =
+      RawDb(Path()).Column("EXPLAIN QUERY PLAN " + std::string(SqliteReader::DidsSql()), 3);
   ASSERT_FALSE(plan.empty());
   bool one_pass = false;
   for (const std::string& step : plan) {
