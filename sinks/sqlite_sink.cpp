@@ -75,8 +75,17 @@ Status FinishBulkLoadSaying(sqlite3* db, const SqliteSinkOptions& options) {
       options.log("atfill: sqlite: building the indexes of the bulk load of " + options.path +
                   " (" + RecordRowsOf(db) + ")");
       Status st = sqlite::FinishBulkLoad(db);
-      options.log("atfill: sqlite: " + std::string(st.ok() ? "built" : "did not build") +
-                  " the indexes of " + options.path + " in " + SecondsSince(start));
+      // FinishBulkLoad leaves the load layout without an error when another writer held the
+      // database past the busy timeout.
+      auto still = sqlite::InBulkLayout(db);
+      if (st.ok() && still.ok() && !*still) {
+        options.log("atfill: sqlite: built the indexes of " + options.path + " in " +
+                    SecondsSince(start));
+      } else {
+        options.log("atfill: sqlite: the indexes of " + options.path + " are not built (" +
+                    (st.ok() ? std::string("another writer held the database") : st.ToString()) +
+                    "); the next sink to open it builds them");
+      }
       return st;
     }
   }

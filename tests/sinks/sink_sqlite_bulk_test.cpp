@@ -318,5 +318,32 @@ TEST(SqliteBulkLoadTest, ALockedDatabaseLoadsInTheFinalLayout) {
   EXPECT_FALSE(Uris(path).empty());
 }
 
+// A load whose owner closes while another writer holds the database past the busy timeout keeps
+// its layout, says that its indexes are not built, and the next sink to open it builds them.
+TEST(SqliteBulkLoadTest, AnOwnerClosingBesideAnotherWriterSaysTheIndexesAreNotBuilt) {
+  testing::TempDir dir;
+  const std::string path = (dir.path() / "atfill.db").string();
+  std::vector<std::string> said;
+  SqliteSinkOptions o = Options(path, true);
+  o.busy_timeout_ms = 50;
+  o.log = [&said](std::string_view line) { said.emplace_back(line); };
+  auto sink = OpenSqliteSink(o);
+  ASSERT_TRUE(sink.ok()) << sink.status().ToString();
+  ASSERT_TRUE((*sink)->Write(CrawlBatches(1)[0]).ok());
+  sqlite3* lock = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &lock), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(lock, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr), SQLITE_OK);
+  sink->reset();
+  sqlite3_exec(lock, "ROLLBACK", nullptr, nullptr, nullptr);
+  sqlite3_close(lock);
+  ASSERT_EQ(said.size(), 2u);
+  EXPECT_EQ(said[1], "atfill: sqlite: the indexes of " + path +
+                         " are not built (another writer held the database); the next sink to "
+                         "open it builds them");
+  EXPECT_NE(Indexes(path), kFinalIndexes);
+  ASSERT_TRUE(OpenSqliteSink(Options(path, false)).ok());
+  EXPECT_EQ(Indexes(path), kFinalIndexes);
+}
+
 }  // namespace
 }  // namespace atfill::sinks
