@@ -37,7 +37,7 @@ class PostgresLabelSink final : public pipeline::LabelSink {
       return conn.status().WithContext("connecting to PostgreSQL " +
                                        pg::DescribeConninfo(options_.conninfo));
     }
-    Status st = pg::MigrateSchema(conn->get(), options_.schema);
+    Status st = pg::MigrateSchema(conn->get(), options_.schema, options_.log);
     if (!st.ok()) return st.WithContext("schema " + options_.schema + " of " + Describe());
     conn_ = std::move(*conn);
     return Status::OK();

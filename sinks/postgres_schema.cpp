@@ -2,6 +2,8 @@
 
 #include <array>
 #include <charconv>
+#include <chrono>
+#include <cstdio>
 #include <string>
 #include <string_view>
 
@@ -217,9 +219,27 @@ static_assert(kMigrations.size() == kPostgresSchemaVersion);
 // schemas of one database do not wait for each other.
 constexpr const char* kLockKey = "1635018345";  // "atfi"
 
-Status MigrateLocked(PGconn* conn, const std::string& schema,
-                     const std::function<void(int from)>& upgrading,
-                     const std::function<void()>& waiting) {
+// The record table's rows as the planner estimates them (rows per page at the last vacuum or
+// analyse, times the pages now), for the upgrade's line: no scan. Under a savepoint, so that a
+// failure cannot abort the migration's transaction.
+std::string EstimatedRecordRows(PGconn* conn, const std::string& schema) {
+  if (!Exec(conn, "SAVEPOINT atfill_estimate", nullptr).ok()) return "its record rows";
+  auto n = Query(conn,
+                 "SELECT (reltuples / relpages * (pg_relation_size(oid) / "
+                 "current_setting('block_size')::bigint))::bigint FROM pg_class WHERE oid = "
+                 "to_regclass($1) AND relpages > 0 AND reltuples >= 0",
+                 {QualifiedName(schema, "atfill_record_rows").c_str()}, nullptr);
+  (void)Exec(conn,
+             n.ok() ? "RELEASE SAVEPOINT atfill_estimate" : "ROLLBACK TO SAVEPOINT atfill_estimate",
+             nullptr);
+  // None for a table never vacuumed nor analysed.
+  if (!n.ok() || PQntuples(n->get()) != 1) return "its record rows";
+  return "about " + std::string(Cell(n->get(), 0, 0)) + " record rows";
+}
+
+// Returns the version the tables were upgraded from, 0 when they were created or already current.
+Result<int> MigrateLocked(PGconn* conn, const std::string& schema, const std::string& where,
+                          const std::function<void(std::string_view line)>& log) {
   ATFILL_ASSIGN_OR_RETURN(
       PgResult tried,
       Query(conn, std::string("SELECT pg_try_advisory_xact_lock(") + kLockKey + ", hashtext($1))",
@@ -228,7 +248,11 @@ Status MigrateLocked(PGconn* conn, const std::string& schema,
     // Another process holds it: it is creating or upgrading the tables, and a large table's
     // upgrade takes minutes or hours. Wait for its transaction to end however long that is (the
     // lock goes with it, committed or not), rather than fail at the lock timeout.
-    if (waiting) waiting();
+    if (log) {
+      log("atfill: postgres: waiting for another atfill process creating or upgrading the tables "
+          "of " +
+          where);
+    }
     ATFILL_RETURN_IF_ERROR(Exec(conn, "SET LOCAL lock_timeout = 0", nullptr));
     ATFILL_ASSIGN_OR_RETURN(
         PgResult lock,
@@ -258,8 +282,10 @@ Status MigrateLocked(PGconn* conn, const std::string& schema,
                         schema)
                  .c_str(),
              nullptr));
-  } else if (version < kPostgresSchemaVersion && upgrading) {
-    upgrading(version);
+  } else if (version < kPostgresSchemaVersion && log) {
+    log("atfill: postgres: upgrading " + where + " from schema version " + std::to_string(version) +
+        " to " + std::to_string(kPostgresSchemaVersion) + " (" + EstimatedRecordRows(conn, schema) +
+        "), in one transaction");
   }
   for (int v = version; v < kPostgresSchemaVersion; ++v) {
     Status st = kMigrations[static_cast<size_t>(v)](conn, schema);
@@ -276,7 +302,7 @@ Status MigrateLocked(PGconn* conn, const std::string& schema,
                             std::to_string(v + 1));
     }
   }
-  return Status::OK();
+  return version == 0 || version == kPostgresSchemaVersion ? 0 : version;
 }
 
 }  // namespace
@@ -305,8 +331,7 @@ Result<int> ReadSchemaVersion(PGconn* conn, const std::string& schema) {
 }
 
 Status MigrateSchema(PGconn* conn, const std::string& schema,
-                     const std::function<void(int from)>& upgrading,
-                     const std::function<void()>& waiting) {
+                     const std::function<void(std::string_view line)>& log) {
   // The common case, tables already current, takes no lock.
   ATFILL_ASSIGN_OR_RETURN(int version, ReadSchemaVersion(conn, schema));
   if (version == kPostgresSchemaVersion) return Status::OK();
@@ -319,10 +344,20 @@ Status MigrateSchema(PGconn* conn, const std::string& schema,
   // record table), whatever the sink's own lock_timeout; another process's migration is waited
   // for however long it takes (MigrateLocked).
   ATFILL_RETURN_IF_ERROR(Exec(conn, "BEGIN; SET LOCAL lock_timeout = '60s'", nullptr));
-  Status st = MigrateLocked(conn, schema, upgrading, waiting);
+  const auto start = std::chrono::steady_clock::now();
+  const std::string where = "schema " + schema + " of " + Describe(conn);
+  Result<int> from = MigrateLocked(conn, schema, where, log);
+  Status st = from.status();
   if (st.ok()) st = Exec(conn, "COMMIT", nullptr);
   if (!st.ok() && PQtransactionStatus(conn) != PQTRANS_IDLE) {
     (void)Exec(conn, "ROLLBACK", nullptr);  // the migration error is the one worth reporting
+  }
+  if (st.ok() && *from != 0 && log) {
+    char seconds[32];
+    std::snprintf(seconds, sizeof seconds, "%.1f s",
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    log("atfill: postgres: upgraded " + where + " to schema version " +
+        std::to_string(kPostgresSchemaVersion) + " in " + seconds);
   }
   return st;
 }

@@ -22,6 +22,7 @@
 
 #include <functional>
 #include <string>
+#include <string_view>
 
 #include "base/status.hpp"
 
@@ -38,12 +39,11 @@ Result<int> ReadSchemaVersion(PGconn* conn, const std::string& schema);
 // not exist), applying each migration N -> N+1 in order in one transaction that holds an advisory
 // lock, so that several processes opening one database at once serialise here and exactly one
 // creates the tables. Tables written by a newer atfill are Unsupported and left untouched.
-// `upgrading`, when set, is called under the lock before the migrations of tables that already
-// existed (not when creating them), with the version found. Another process's migration is
-// waited for however long it takes; `waiting`, when set, is called before that wait.
+// Another process's migration is waited for however long it takes (a large table's upgrade takes
+// minutes or hours). `log`, when set, is told in one line each: that wait, an upgrade of tables
+// that already existed before it runs (not their creation), and its end with its time.
 Status MigrateSchema(PGconn* conn, const std::string& schema,
-                     const std::function<void(int from)>& upgrading = {},
-                     const std::function<void()>& waiting = {});
+                     const std::function<void(std::string_view line)>& log = {});
 
 // Fails unless the tables are exactly at kPostgresSchemaVersion (readers never migrate).
 Status CheckSchemaCurrent(PGconn* conn, const std::string& schema);

@@ -4,7 +4,6 @@
 #include <charconv>
 #include <chrono>
 #include <climits>
-#include <cstdio>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -248,47 +247,9 @@ Status PostgresSink::ConnectOnce(Clock::time_point deadline, bool migrate) {
                                "; atfill stores records as UTF-8 text and needs a UTF8 database");
   }
   if (migrate) {
-    // An upgrade may rewrite the record table (versions 3 and 5 do): the job waits for it.
-    const auto start = Clock::now();
-    int upgraded_from = 0;
-    const std::string where = "schema " + options_.schema + " of " + pg::Describe(c);
-    Status st = pg::MigrateSchema(
-        c, options_.schema,
-        [&](int from) {
-          upgraded_from = from;
-          if (!options_.log) return;
-          // The planner's estimate of the rows (rows per page at the last vacuum or analyse, times
-          // the pages now): no scan. None for a table never vacuumed nor analysed.
-          std::string rows = "its record rows";
-          auto n = pg::Query(
-              c,
-              "SELECT (reltuples / relpages * (pg_relation_size(oid) / "
-              "current_setting('block_size')::bigint))::bigint FROM pg_class WHERE oid "
-              "= to_regclass($1) AND relpages > 0 AND reltuples >= 0",
-              {pg::QualifiedName(options_.schema, "atfill_record_rows").c_str()}, nullptr);
-          if (n.ok() && PQntuples(n->get()) == 1) {
-            rows = "about " + std::string(pg::Cell(n->get(), 0, 0)) + " record rows";
-          }
-          options_.log("atfill: postgres: upgrading " + where + " from schema version " +
-                       std::to_string(from) + " to " + std::to_string(kPostgresSchemaVersion) +
-                       " (" + rows + "), in one transaction");
-        },
-        [&] {
-          if (options_.log) {
-            options_.log(
-                "atfill: postgres: waiting for another atfill process creating or upgrading "
-                "the tables of " +
-                where);
-          }
-        });
-    if (!st.ok()) return st.WithContext(where);
-    if (upgraded_from != 0 && options_.log) {
-      char seconds[32];
-      std::snprintf(seconds, sizeof seconds, "%.1f s",
-                    std::chrono::duration<double>(Clock::now() - start).count());
-      options_.log("atfill: postgres: upgraded " + where + " to schema version " +
-                   std::to_string(kPostgresSchemaVersion) + " in " + seconds);
-    }
+    // Says in options_.log what the job waits for here: an upgrade may rewrite the record table.
+    Status st = pg::MigrateSchema(c, options_.schema, options_.log);
+    if (!st.ok()) return st.WithContext("schema " + options_.schema + " of " + pg::Describe(c));
   }
   return SetUpSession();
 }

@@ -56,8 +56,9 @@ struct PostgresSinkOptions {
   size_t intern_cache_entries = 1 << 20;
   // The clock for indexed_at, unix microseconds. Empty: the system clock. Tests pass a fake.
   std::function<int64_t()> now_us;
-  // Where the sink says, one line, that it is upgrading tables written by an older atfill (a large
-  // table's upgrade rewrites it, which takes minutes) and when that ended. Empty: nothing is said.
+  // Where the sink says, one line each, what keeps a job waiting as it opens: an upgrade of tables
+  // written by an older atfill (a large table's upgrade rewrites it, which takes minutes) and its
+  // end, or another process's creation or upgrade of them. Empty: nothing is said.
   std::function<void(std::string_view line)> log;
 
   Status Validate() const;

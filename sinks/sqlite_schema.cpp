@@ -1,6 +1,9 @@
 #include "sinks/sqlite_schema.hpp"
 
 #include <array>
+#include <chrono>
+#include <cstdio>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -194,6 +197,23 @@ Status MigrateTo4(sqlite3* db) {
 
 // kMigrations[n] takes a database from version n to n + 1.
 using Migration = Status (*)(sqlite3*);
+using Clock = std::chrono::steady_clock;
+using LogLine = std::function<void(std::string_view line)>;
+
+std::string SecondsSince(Clock::time_point start) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f s",
+                std::chrono::duration<double>(Clock::now() - start).count());
+  return text;
+}
+
+// The record table's rows, from its largest id (no scan): for the lines a long wait prints.
+std::string RecordRowsOf(sqlite3* db) {
+  auto max = Prepare(db, "SELECT max(id) FROM atfill_record_rows", false);
+  if (!max.ok() || sqlite3_step(max->get()) != SQLITE_ROW) return "its record rows";
+  if (sqlite3_column_type(max->get(), 0) == SQLITE_NULL) return "no record rows";
+  return "up to " + std::to_string(sqlite3_column_int64(max->get(), 0)) + " record rows";
+}
 constexpr std::array<Migration, 4> kMigrations = {MigrateTo1, MigrateTo2, MigrateTo3, MigrateTo4};
 static_assert(kMigrations.size() == kSqliteSchemaVersion);
 
@@ -202,7 +222,8 @@ Status SetVersion(sqlite3* db, int version) {
   return Exec(db, sql.c_str());
 }
 
-Status MigrateLocked(sqlite3* db, const std::function<void(int from)>& upgrading) {
+// Returns the version the database was upgraded from, 0 when it was created or already current.
+Result<int> MigrateLocked(sqlite3* db, std::string_view name, const LogLine& log) {
   ATFILL_ASSIGN_OR_RETURN(int version, ReadSchemaVersion(db));
   if (version > kSqliteSchemaVersion) {
     return Status::Unsupported("database schema version " + std::to_string(version) +
@@ -213,8 +234,10 @@ Status MigrateLocked(sqlite3* db, const std::function<void(int from)>& upgrading
     ATFILL_RETURN_IF_ERROR(Exec(db,
                                 "CREATE TABLE atfill_schema_version(version INTEGER NOT NULL);"
                                 "INSERT INTO atfill_schema_version(version) VALUES (0);"));
-  } else if (version < kSqliteSchemaVersion && upgrading) {
-    upgrading(version);
+  } else if (version < kSqliteSchemaVersion && log) {
+    log("atfill: sqlite: upgrading " + std::string(name) + " from schema version " +
+        std::to_string(version) + " to " + std::to_string(kSqliteSchemaVersion) + " (" +
+        RecordRowsOf(db) + "), in one transaction");
   }
   for (int v = version; v < kSqliteSchemaVersion; ++v) {
     Status st = kMigrations[static_cast<size_t>(v)](db);
@@ -224,7 +247,7 @@ Status MigrateLocked(sqlite3* db, const std::function<void(int from)>& upgrading
     }
     ATFILL_RETURN_IF_ERROR(SetVersion(db, v + 1));
   }
-  return Status::OK();
+  return version == 0 || version == kSqliteSchemaVersion ? 0 : version;
 }
 
 // The bulk layout of a fresh backfill (see BeginBulkLoad in sqlite_schema.hpp): the record
@@ -323,18 +346,37 @@ Result<bool> BeginBulkLoad(sqlite3* db) {
   return bulk;
 }
 
-Status FinishBulkLoad(sqlite3* db) {
+Status FinishBulkLoad(sqlite3* db, std::string_view name, const LogLine& log) {
   // The common case, a table in the final layout, needs no write lock.
   ATFILL_ASSIGN_OR_RETURN(bool bulk, InBulkLayout(db));
   if (!bulk) return Status::OK();
+  const auto start = Clock::now();
+  if (log) {
+    log("atfill: sqlite: building the indexes of the bulk load of " + std::string(name) + " (" +
+        RecordRowsOf(db) + ")");
+  }
+  bool built = false;
   Status st = InWriteTransaction(db, [&]() -> Status {
     // Re-read under the write lock: another connection may have finished it in between.
     ATFILL_ASSIGN_OR_RETURN(bool still, InBulkLayout(db));
-    return still ? Exec(db, kFinishBulk) : Status::OK();
+    if (!still) return Status::OK();
+    built = true;
+    return Exec(db, kFinishBulk);
   });
   // Another writer kept the lock past the busy timeout: the table answers every query in either
   // layout, and the next open (or the loading sink's close) finishes it.
-  if (!st.ok() && IsBusy(db)) return Status::OK();
+  const bool busy = !st.ok() && IsBusy(db);
+  if (log) {
+    if (st.ok()) {
+      log("atfill: sqlite: " + std::string(built ? "built" : "another connection built") +
+          " the indexes of " + std::string(name) + " in " + SecondsSince(start));
+    } else {
+      log("atfill: sqlite: the indexes of " + std::string(name) + " are not built (" +
+          (busy ? std::string("another writer held the database") : st.ToString()) +
+          "); the next sink to open it builds them");
+    }
+  }
+  if (busy) return Status::OK();
   if (!st.ok()) return st.WithContext("building the indexes of a bulk load");
   return st;
 }
@@ -369,18 +411,24 @@ Result<int> ReadSchemaVersion(sqlite3* db) {
   return version;
 }
 
-Status MigrateSchema(sqlite3* db, const std::function<void(int from)>& upgrading) {
+Status MigrateSchema(sqlite3* db, std::string_view name, const LogLine& log) {
   // The common case, an up-to-date database, needs no write lock.
   ATFILL_ASSIGN_OR_RETURN(int version, ReadSchemaVersion(db));
   if (version == kSqliteSchemaVersion) return Status::OK();
-  if (version > kSqliteSchemaVersion) return MigrateLocked(db, {});  // reports the refusal
+  if (version > kSqliteSchemaVersion) return MigrateLocked(db, name, {}).status();  // the refusal
 
   ATFILL_RETURN_IF_ERROR(Exec(db, "BEGIN IMMEDIATE"));
   // Re-read under the write lock: another process may have migrated in between.
-  Status st = MigrateLocked(db, upgrading);
+  const auto start = Clock::now();
+  Result<int> from = MigrateLocked(db, name, log);
+  Status st = from.status();
   if (st.ok()) st = Exec(db, "COMMIT");
   if (!st.ok() && !sqlite3_get_autocommit(db)) {
     (void)Exec(db, "ROLLBACK");  // the migration error is the one worth reporting
+  }
+  if (st.ok() && *from != 0 && log) {
+    log("atfill: sqlite: upgraded " + std::string(name) + " to schema version " +
+        std::to_string(kSqliteSchemaVersion) + " in " + SecondsSince(start));
   }
   return st;
 }

@@ -44,6 +44,7 @@
 #include <sqlite3.h>
 
 #include <functional>
+#include <string_view>
 
 #include "base/status.hpp"
 
@@ -55,9 +56,11 @@ Result<int> ReadSchemaVersion(sqlite3* db);
 
 // Brings the database to kSqliteSchemaVersion, applying each migration N -> N+1 in order inside one
 // IMMEDIATE transaction (all or nothing). A database written by a newer atfill is Unsupported and
-// left untouched. `upgrading`, when set, is called under the lock before the migrations of a
-// database that already held atfill tables (not when creating them), with the version found.
-Status MigrateSchema(sqlite3* db, const std::function<void(int from)>& upgrading = {});
+// left untouched. `log`, when set, is told in one line each of an upgrade of a database that
+// already held atfill tables (not their creation) before it runs, and of its end with its time; a
+// large table's upgrade takes minutes. `name` names the database in those lines.
+Status MigrateSchema(sqlite3* db, std::string_view name = {},
+                     const std::function<void(std::string_view line)>& log = {});
 
 // Fails unless the database is exactly at kSqliteSchemaVersion (used by read-only openers, which
 // never migrate).
@@ -83,7 +86,9 @@ Result<bool> BeginBulkLoad(sqlite3* db);
 // Builds the final layout's indexes of a table in the bulk-load layout and drops the bulk key, in
 // one transaction (all or nothing: a kill during it leaves the bulk layout, finished by the next
 // call). Does nothing to a table in the final layout, nor when another writer keeps the write lock
-// past the busy timeout (the table then stays in the bulk layout, which answers the same).
-Status FinishBulkLoad(sqlite3* db);
+// past the busy timeout (the table then stays in the bulk layout, which answers the same). `log`,
+// when set, is told of the build before it runs and of how it ended, as MigrateSchema's.
+Status FinishBulkLoad(sqlite3* db, std::string_view name = {},
+                      const std::function<void(std::string_view line)>& log = {});
 
 }  // namespace atfill::sinks::sqlite

@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
-#include <cstdio>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -50,47 +49,6 @@ constexpr size_t kMaxDictionarySamples = 100'000;
 bool IsBusyCode(int rc) { return (rc & 0xff) == SQLITE_BUSY || (rc & 0xff) == SQLITE_LOCKED; }
 
 using Clock = std::chrono::steady_clock;
-
-std::string SecondsSince(Clock::time_point start) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%.1f s",
-                std::chrono::duration<double>(Clock::now() - start).count());
-  return text;
-}
-
-// The record table's rows, from its largest id (no scan): for the lines a long wait prints.
-std::string RecordRowsOf(sqlite3* db) {
-  auto max = sqlite::Prepare(db, "SELECT max(id) FROM atfill_record_rows", false);
-  if (!max.ok() || sqlite3_step(max->get()) != SQLITE_ROW) return "its record rows";
-  if (sqlite3_column_type(max->get(), 0) == SQLITE_NULL) return "no record rows";
-  return "up to " + std::to_string(sqlite3_column_int64(max->get(), 0)) + " record rows";
-}
-
-// sqlite::FinishBulkLoad, said in options.log when it builds the indexes: the job waits for it.
-Status FinishBulkLoadSaying(sqlite3* db, const SqliteSinkOptions& options) {
-  if (options.log) {
-    auto bulk = sqlite::InBulkLayout(db);
-    if (bulk.ok() && *bulk) {
-      const auto start = Clock::now();
-      options.log("atfill: sqlite: building the indexes of the bulk load of " + options.path +
-                  " (" + RecordRowsOf(db) + ")");
-      Status st = sqlite::FinishBulkLoad(db);
-      // FinishBulkLoad leaves the load layout without an error when another writer held the
-      // database past the busy timeout.
-      auto still = sqlite::InBulkLayout(db);
-      if (st.ok() && still.ok() && !*still) {
-        options.log("atfill: sqlite: built the indexes of " + options.path + " in " +
-                    SecondsSince(start));
-      } else {
-        options.log("atfill: sqlite: the indexes of " + options.path + " are not built (" +
-                    (st.ok() ? std::string("another writer held the database") : st.ToString()) +
-                    "); the next sink to open it builds them");
-      }
-      return st;
-    }
-  }
-  return sqlite::FinishBulkLoad(db);
-}
 
 // Between tries at a locked database: sleeps *backoff (then doubles it, up to 100 ms), never past
 // `deadline`; false, without sleeping, once the deadline has passed.
@@ -203,7 +161,7 @@ class SqliteSink final : public pipeline::Sink {
   // Builds the indexes of a bulk load this sink owns. A failure leaves the load layout, which
   // the next open finishes (or continues, with bulk_load).
   ~SqliteSink() override {
-    if (bulk_owner_.held() && FinishBulkLoadSaying(db_.get(), options_).ok()) {
+    if (bulk_owner_.held() && sqlite::FinishBulkLoad(db_.get(), options_.path, options_.log).ok()) {
       bulk_owner_.Remove();
     }
   }
@@ -301,23 +259,8 @@ Result<std::unique_ptr<pipeline::Sink>> SqliteSink::Open(const SqliteSinkOptions
   pragmas += "; PRAGMA cache_size = -" + std::to_string(options.cache_bytes / 1024 + 1);
   // Retried within the busy timeout, like the switch above.
   ATFILL_RETURN_IF_ERROR(sqlite::ExecRetryingBusy(raw, pragmas.c_str(), options.busy_timeout_ms));
-  {
-    // An upgrade may rewrite the record table (version 1 to 2 does): the job waits for it.
-    const auto start = Clock::now();
-    int upgraded_from = 0;
-    ATFILL_RETURN_IF_ERROR(sqlite::MigrateSchema(raw, [&](int from) {
-      upgraded_from = from;
-      if (options.log) {
-        options.log("atfill: sqlite: upgrading " + options.path + " from schema version " +
-                    std::to_string(from) + " to " + std::to_string(kSqliteSchemaVersion) + " (" +
-                    RecordRowsOf(raw) + "), in one transaction");
-      }
-    }));
-    if (upgraded_from != 0 && options.log) {
-      options.log("atfill: sqlite: upgraded " + options.path + " to schema version " +
-                  std::to_string(kSqliteSchemaVersion) + " in " + SecondsSince(start));
-    }
-  }
+  // Says in options.log what the job waits for here: an upgrade may rewrite the record table.
+  ATFILL_RETURN_IF_ERROR(sqlite::MigrateSchema(raw, options.path, options.log));
   // A bulk load belongs to the sink holding its owner lock; the kernel releases the lock of a
   // process that dies. Only a load without an owner (killed) is taken over: continued by a
   // bulk_load sink, finished by any other. A load whose owner is alive is left to it.
@@ -334,7 +277,7 @@ Result<std::unique_ptr<pipeline::Sink>> SqliteSink::Open(const SqliteSinkOptions
         ATFILL_ASSIGN_OR_RETURN(bool bulk, sqlite::BeginBulkLoad(raw));
         if (!bulk) owner.Release();
       } else {
-        ATFILL_RETURN_IF_ERROR(FinishBulkLoadSaying(raw, options));
+        ATFILL_RETURN_IF_ERROR(sqlite::FinishBulkLoad(raw, options.path, options.log));
         ATFILL_ASSIGN_OR_RETURN(bool still, sqlite::InBulkLayout(raw));
         if (!still) owner.Remove();
         owner.Release();
