@@ -197,6 +197,9 @@ Status MigrateTo4(sqlite3* db) {
 
 // kMigrations[n] takes a database from version n to n + 1.
 using Migration = Status (*)(sqlite3*);
+constexpr std::array<Migration, 4> kMigrations = {MigrateTo1, MigrateTo2, MigrateTo3, MigrateTo4};
+static_assert(kMigrations.size() == kSqliteSchemaVersion);
+
 using Clock = std::chrono::steady_clock;
 using LogLine = std::function<void(std::string_view line)>;
 
@@ -214,8 +217,6 @@ std::string RecordRowsOf(sqlite3* db) {
   if (sqlite3_column_type(max->get(), 0) == SQLITE_NULL) return "no record rows";
   return "up to " + std::to_string(sqlite3_column_int64(max->get(), 0)) + " record rows";
 }
-constexpr std::array<Migration, 4> kMigrations = {MigrateTo1, MigrateTo2, MigrateTo3, MigrateTo4};
-static_assert(kMigrations.size() == kSqliteSchemaVersion);
 
 Status SetVersion(sqlite3* db, int version) {
   std::string sql = "UPDATE atfill_schema_version SET version = " + std::to_string(version);
