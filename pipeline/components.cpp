@@ -184,8 +184,6 @@ Result<JobPlan> Components::Plan(const Environment& env, state::JobRecord& job,
   if (plan.source == nullptr) {
     return Status::Internal("the source factory '" + source_name + "' made no source");
   }
-  // The sink is opened after the source (which says what it needs of it) but released after
-  // everything else: the source and the stages may use it until they are gone.
   // A copy of the log: the sink may speak after the plan (a bulk load's indexes, built as it
   // closes), and the environment's own lifetime is the caller's.
   if (!draft.sink_hints.log) {
@@ -195,6 +193,8 @@ Result<JobPlan> Components::Plan(const Environment& env, state::JobRecord& job,
       said.Log(line);
     };
   }
+  // The sink is opened after the source (which says what it needs of it) but released after
+  // everything else: the source and the stages may use it until they are gone.
   auto sink = OpenSink(*env.settings, draft.sink_hints);
   if (!sink.ok()) {
     // A database that cannot be opened is unavailable, not a job this build cannot run.
