@@ -3,12 +3,12 @@
 #include <array>
 #include <charconv>
 #include <chrono>
-#include <cstdio>
 #include <string>
 #include <string_view>
 
 #include "sinks/postgres_sink.hpp"
 #include "sinks/postgres_util.hpp"
+#include "sinks/upgrade_lines.hpp"
 
 namespace atfill::sinks::pg {
 namespace {
@@ -283,9 +283,8 @@ Result<int> MigrateLocked(PGconn* conn, const std::string& schema, const std::st
                  .c_str(),
              nullptr));
   } else if (version < kPostgresSchemaVersion && log) {
-    log("atfill: postgres: upgrading " + where + " from schema version " + std::to_string(version) +
-        " to " + std::to_string(kPostgresSchemaVersion) + " (" + EstimatedRecordRows(conn, schema) +
-        "), in one transaction");
+    log(UpgradingLine("postgres", where, version, kPostgresSchemaVersion,
+                      EstimatedRecordRows(conn, schema)));
   }
   for (int v = version; v < kPostgresSchemaVersion; ++v) {
     Status st = kMigrations[static_cast<size_t>(v)](conn, schema);
@@ -353,11 +352,7 @@ Status MigrateSchema(PGconn* conn, const std::string& schema,
     (void)Exec(conn, "ROLLBACK", nullptr);  // the migration error is the one worth reporting
   }
   if (st.ok() && *from != 0 && log) {
-    char seconds[32];
-    std::snprintf(seconds, sizeof seconds, "%.1f s",
-                  std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-    log("atfill: postgres: upgraded " + where + " to schema version " +
-        std::to_string(kPostgresSchemaVersion) + " in " + seconds);
+    log(UpgradedLine("postgres", where, kPostgresSchemaVersion, start));
   }
   return st;
 }

@@ -2,7 +2,6 @@
 
 #include <array>
 #include <chrono>
-#include <cstdio>
 #include <functional>
 #include <string>
 #include <string_view>
@@ -10,6 +9,7 @@
 
 #include "sinks/sqlite_sink.hpp"
 #include "sinks/sqlite_util.hpp"
+#include "sinks/upgrade_lines.hpp"
 
 namespace atfill::sinks::sqlite {
 namespace {
@@ -203,13 +203,6 @@ static_assert(kMigrations.size() == kSqliteSchemaVersion);
 using Clock = std::chrono::steady_clock;
 using LogLine = std::function<void(std::string_view line)>;
 
-std::string SecondsSince(Clock::time_point start) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%.1f s",
-                std::chrono::duration<double>(Clock::now() - start).count());
-  return text;
-}
-
 // The record table's rows, from its largest id (no scan): for the lines a long wait prints.
 std::string RecordRowsOf(sqlite3* db) {
   auto max = Prepare(db, "SELECT max(id) FROM atfill_record_rows", false);
@@ -236,9 +229,7 @@ Result<int> MigrateLocked(sqlite3* db, std::string_view name, const LogLine& log
                                 "CREATE TABLE atfill_schema_version(version INTEGER NOT NULL);"
                                 "INSERT INTO atfill_schema_version(version) VALUES (0);"));
   } else if (version < kSqliteSchemaVersion && log) {
-    log("atfill: sqlite: upgrading " + std::string(name) + " from schema version " +
-        std::to_string(version) + " to " + std::to_string(kSqliteSchemaVersion) + " (" +
-        RecordRowsOf(db) + "), in one transaction");
+    log(UpgradingLine("sqlite", name, version, kSqliteSchemaVersion, RecordRowsOf(db)));
   }
   for (int v = version; v < kSqliteSchemaVersion; ++v) {
     Status st = kMigrations[static_cast<size_t>(v)](db);
@@ -428,8 +419,7 @@ Status MigrateSchema(sqlite3* db, std::string_view name, const LogLine& log) {
     (void)Exec(db, "ROLLBACK");  // the migration error is the one worth reporting
   }
   if (st.ok() && *from != 0 && log) {
-    log("atfill: sqlite: upgraded " + std::string(name) + " to schema version " +
-        std::to_string(kSqliteSchemaVersion) + " in " + SecondsSince(start));
+    log(UpgradedLine("sqlite", name, kSqliteSchemaVersion, start));
   }
   return st;
 }
