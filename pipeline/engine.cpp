@@ -408,6 +408,7 @@ class EngineRun : public internal::GraphBodies {
                                     std::to_string(report.attempts) + " attempt(s)"));
         return false;
       }
+      committer_->OnSinkRetry({report.batch_no, report.attempts, err, delay_ms, start});
       // A sink outage pauses ingest instead of skipping; sleep in short steps so a stop request
       // is noticed.
       for (int64_t waited = 0; waited < delay_ms && !committer_->StopRequested(); waited += 50) {

@@ -52,8 +52,17 @@ struct BatchReport {
   uint32_t attempts = 0;
 };
 
-// The job's side of the commit. PrepareCommit and OnCommitted run on the engine's serial commit
-// node, one batch at a time; StopRequested may be called from any thread.
+// A transient sink failure the engine waits out (the batch is written again, nothing is skipped).
+struct SinkRetry {
+  uint64_t batch_no = 0;
+  uint32_t attempts = 0;    // failed attempts at this batch so far
+  Status error;             // the sink's last answer (Unavailable)
+  int64_t retry_in_ms = 0;  // how long until the next attempt
+  int64_t since_us = 0;     // when the first attempt at this batch started
+};
+
+// The job's side of the commit. PrepareCommit, OnCommitted and OnSinkRetry run on the engine's
+// serial commit node, one batch at a time; StopRequested may be called from any thread.
 class Committer {
  public:
   virtual ~Committer() = default;
@@ -63,6 +72,10 @@ class Committer {
   virtual void OnCommitted(const BatchReport& report) = 0;
   // Checkpoint between chunks: true stops reading; what was read is still committed.
   virtual bool StopRequested() const = 0;
+  // The sink refused a batch with a transient failure; the engine waits `retry_in_ms`, then
+  // writes it again. Called after each failed attempt, before the wait; must not block for long.
+  // The next OnCommitted means the sink took the batch.
+  virtual void OnSinkRetry(const SinkRetry& retry) { static_cast<void>(retry); }
 };
 
 struct RunSummary {

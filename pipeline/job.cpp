@@ -1,6 +1,7 @@
 #include "pipeline/job.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <variant>
 #include <vector>
 
@@ -133,6 +134,8 @@ state::JobRecord JobRunner::Snapshot() const {
 Status JobRunner::PrepareCommit(const BatchReport& report, state::WriteBatch* batch) {
   const PendingBatch& b = *report.batch;
   pending_ = job_;
+  pending_.waiting = {};
+  pending_.waiting_since_us = 0;
   state::JobCounters& c = pending_.counters;
   std::vector<state::NewError> errors;
   const int64_t now = now_us_();
@@ -215,7 +218,53 @@ Status JobRunner::PrepareCommit(const BatchReport& report, state::WriteBatch* ba
   return jobs_->Put(batch, pending_);
 }
 
+void JobRunner::Log(const std::string& line) const {
+  if (options_.log) {
+    options_.log(line);
+  } else {
+    std::fprintf(stderr, "%s\n", line.c_str());
+  }
+}
+
+void JobRunner::OnSinkRetry(const SinkRetry& retry) {
+  const int64_t now = now_us_();
+  char next[32];
+  std::snprintf(next, sizeof(next), "%.1f s", static_cast<double>(retry.retry_in_ms) / 1000);
+  job_.waiting = {"sink_unavailable",
+                  "the sink refuses batch " + std::to_string(retry.batch_no) + " (" +
+                      retry.error.message() + "); " + std::to_string(retry.attempts) +
+                      " attempt(s), the next in " + next +
+                      "; nothing is skipped, and the job goes on when the sink takes it"};
+  job_.waiting_since_us = retry.since_us;
+  job_.counters.extra["sink_retries"] += 1;
+  // Said at once, then now and then while it lasts, not at every attempt: the waits double up to
+  // the retry's maximum, and a log a line per attempt would bury everything else.
+  const bool say = wait_said_us_ == 0 || retry.attempts % 4 == 0 || now - wait_said_us_ >= 60000000;
+  if (say) {
+    wait_said_us_ = now;
+    Log("atfill: job " + std::to_string(job_.id) + ": " + job_.waiting.sentence);
+  }
+  if (options_.on_change) options_.on_change(job_, nullptr);
+  {
+    std::lock_guard<std::mutex> lock(snapshot_mu_);
+    snapshot_ = job_;
+  }
+  if (say) {
+    // So that `atfill job` and `atfill jobs` in another process see the wait too. Best effort:
+    // the state may sit on the file system that is full, and then this write fails like the
+    // sink's; the next commit writes the job anyway.
+    state::WriteBatch batch;
+    if (jobs_->Put(&batch, job_).ok()) static_cast<void>(kv_->Write(batch));
+  }
+}
+
 void JobRunner::OnCommitted(const BatchReport& report) {
+  if (wait_said_us_ != 0) {
+    wait_said_us_ = 0;
+    Log("atfill: job " + std::to_string(job_.id) + ": the sink took batch " +
+        std::to_string(report.batch_no) + " after " + std::to_string(report.attempts) +
+        " attempt(s); the job goes on");
+  }
   job_ = pending_;
   for (const auto& chunk : report.batch->chunks) {
     if (!chunk->resume_cursor.empty()) committed_cursor_ = chunk->resume_cursor;

@@ -30,6 +30,10 @@ struct JobOptions {
   // thread that published it. For watchers (the admin API's stage history, metrics); must not
   // block for long.
   std::function<void(const state::JobRecord& job, const BatchReport* batch)> on_change;
+  // Where the runner says what a user must know at once: a sink that refuses writes (a full disk,
+  // a database restart) and, when it takes them again, that it does. One line, no newline, naming
+  // its speaker ("atfill: job 3: ..."). Unset: standard error.
+  std::function<void(std::string_view line)> log;
   Status Validate() const;
 };
 
@@ -86,9 +90,13 @@ class JobRunner : public Committer {
   Status PrepareCommit(const BatchReport& report, state::WriteBatch* batch) override;
   void OnCommitted(const BatchReport& report) override;
   bool StopRequested() const override;
+  // Shows the wait in the job (state::JobRecord::waiting) and says it through options.log: at the
+  // first failed attempt, then at every fourth one and at least once a minute.
+  void OnSinkRetry(const SinkRetry& retry) override;
 
  private:
   Status Save(state::JobRecord record);
+  void Log(const std::string& line) const;
 
   state::KvStore* kv_;
   state::JobStore* jobs_;
@@ -104,6 +112,8 @@ class JobRunner : public Committer {
   std::string committed_cursor_;
   std::atomic<StopKind> stop_{StopKind::kNone};
   std::atomic<bool> error_cap_hit_{false};
+  // Owned by the commit path: when the current sink wait was last said (0: not waiting).
+  int64_t wait_said_us_ = 0;
   mutable std::mutex snapshot_mu_;
   state::JobRecord snapshot_;
 };

@@ -68,11 +68,16 @@ Result<ProcessState> OpenStateForWrite(const Settings& settings) {
 
 Result<ProcessState> OpenStateForRead(const Settings& settings) {
   const CoreSettings& core = settings.Get<CoreSettings>();
-  auto kv = state::OpenRocksDb(core.state);
-  if (kv.ok()) return Wrap(std::move(*kv), core, false);
-  if (kv.status().code() != StatusCode::kUnavailable) return kv.status();
-  ATFILL_ASSIGN_OR_RETURN(auto view, state::OpenRocksDbReadOnly(core.state));
-  return Wrap(std::move(view), core, true);
+  // Never the exclusive open: it writes (a new log, a manifest, the owner file) and so fails, or
+  // worse, on a full disk, and it would shut out a process starting beside it.
+  const bool held = state::StateDirHeld(core.state.path);
+  auto view = state::OpenRocksDbReadOnly(core.state);
+  if (view.status().code() == StatusCode::kNotFound) {
+    // No state yet: nothing to show, and nothing is created for it.
+    return Wrap(state::NewMemoryKvStore(), core, false);
+  }
+  if (!view.ok()) return view.status();
+  return Wrap(std::move(*view), core, held);
 }
 
 std::filesystem::path RequestsDir(const Settings& settings) {

@@ -22,7 +22,7 @@ struct ProcessState {
   std::unique_ptr<state::JobStore> jobs;
   std::unique_ptr<state::ErrorLog> errors;
   std::unique_ptr<state::Tombstones> tombstones;
-  // Another process holds the state: this is a read-only view of it.
+  // Another process holds the state, of which this is a read-only view.
   bool read_only = false;
   // The jobs this process runs on it (MakeController); released first.
   std::unique_ptr<JobController> controller;
@@ -35,7 +35,9 @@ struct ProcessState {
 // Exclusive: fails with a message naming the holder when another process has the directory, or
 // when the directory belongs to another shard ([engine] shard) than the settings'.
 Result<ProcessState> OpenStateForWrite(const Settings& settings);
-// Exclusive when possible; otherwise a read-only view of what the holder has written.
+// A read-only view (state::OpenRocksDbReadOnly) that writes nothing into the directory, whether
+// or not another process holds it (`read_only` says whether one does); an empty state when the
+// directory holds none yet.
 Result<ProcessState> OpenStateForRead(const Settings& settings);
 
 // "<state dir>/requests": where another process asks the holder to pause or cancel a job

@@ -47,6 +47,9 @@ enum JobTag : uint32_t {
   kTagStopSentence = 20,
   kTagStartedBy = 21,
   kTagParam = 22,
+  kTagWaitingCode = 23,
+  kTagWaitingSentence = 24,
+  kTagWaitingSince = 25,
 };
 
 enum AuditTag : uint32_t {
@@ -136,6 +139,11 @@ std::string EncodeJobRecord(const JobRecord& r) {
   w.Str(kTagStopSentence, r.stop_reason.sentence);
   w.Str(kTagStartedBy, r.started_by);
   for (const auto& [name, value] : r.params) w.StrPair(kTagParam, name, value);
+  if (!r.waiting.empty()) {
+    w.Str(kTagWaitingCode, r.waiting.code);
+    w.Str(kTagWaitingSentence, r.waiting.sentence);
+    w.Int(kTagWaitingSince, r.waiting_since_us);
+  }
   return w.Take();
 }
 
@@ -218,6 +226,14 @@ Result<JobRecord> DecodeJobRecord(std::string_view bytes) {
           case kTagStartedBy:
             r.started_by = f.Str();
             return Status::OK();
+          case kTagWaitingCode:
+            r.waiting.code = f.Str();
+            return Status::OK();
+          case kTagWaitingSentence:
+            r.waiting.sentence = f.Str();
+            return Status::OK();
+          case kTagWaitingSince:
+            return int_into(f, &r.waiting_since_us);
           case kTagParam: {
             std::string name, value;
             ATFILL_RETURN_IF_ERROR(f.StrPair(&name, &value));

@@ -80,6 +80,12 @@ struct JobRecord {
   int64_t finished_us = 0;
   int64_t heartbeat_us = 0;
   StopReason stop_reason;
+  // What the running job waits for while it makes no progress (code "sink_unavailable": the sink
+  // refuses writes, as on a full disk or while its database restarts; the sentence names the sink,
+  // its reason, the attempts and the next try), with the time the wait began; empty otherwise.
+  // The next commit clears it.
+  StopReason waiting;
+  int64_t waiting_since_us = 0;
   std::string started_by;  // "cli", "api", ...
   std::map<std::string, std::string> params;
   bool operator==(const JobRecord&) const = default;

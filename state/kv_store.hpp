@@ -123,10 +123,16 @@ struct RocksDbOptions {
 // A directory written by a newer schema than this build understands is Unsupported.
 Result<std::unique_ptr<KvStore>> OpenRocksDb(const RocksDbOptions& options);
 
-// A read-only view of a state directory another process holds (a RocksDB secondary instance):
-// reads see what the holder had written when it opened; Write is Unsupported. NotFound when the
-// directory holds no state.
+// A read-only view of a state directory, held by another process or by none (a RocksDB secondary
+// instance): reads see what had been written when it opened; Write is Unsupported. It writes
+// nothing into the directory (its own files go to a temporary folder, and it keeps no log), so it
+// works on a full disk. NotFound when the directory holds no state.
 Result<std::unique_ptr<KvStore>> OpenRocksDbReadOnly(const RocksDbOptions& options);
+
+// Whether another process holds the state directory open for writing, asked of RocksDB's lock
+// file without taking the lock or writing anything (this process's own locks do not count). False
+// when there is no lock file (no state yet).
+bool StateDirHeld(const std::string& path);
 
 // The version of the RocksDB library this process runs with (the shared library loaded).
 std::string RocksDbVersion();

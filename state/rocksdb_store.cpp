@@ -1,3 +1,4 @@
+#include <fcntl.h>
 #include <rocksdb/cache.h>
 #include <rocksdb/convenience.h>
 #include <rocksdb/db.h>
@@ -12,6 +13,7 @@
 #include <array>
 #include <cerrno>
 #include <chrono>
+#include <cstdarg>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
@@ -306,6 +308,12 @@ Status CheckSchema(KvStore& kv, const std::string& path) {
 
 namespace {
 
+class SilentLogger : public rocksdb::Logger {
+ public:
+  using rocksdb::Logger::Logv;
+  void Logv(const char*, va_list) override {}
+};
+
 rocksdb::DBOptions DbOptions(const RocksDbOptions& options) {
   rocksdb::DBOptions db;
   db.create_if_missing = true;
@@ -388,6 +396,9 @@ Result<std::unique_ptr<KvStore>> OpenRocksDbReadOnly(const RocksDbOptions& optio
   db.create_missing_column_families = false;
   // A secondary instance may keep every file open; -1 is what RocksDB asks for here.
   db.max_open_files = -1;
+  // Nothing of a read-only view is worth a log file, and the temporary folder may sit on a full
+  // disk.
+  db.info_log = std::make_shared<SilentLogger>();
   ATFILL_ASSIGN_OR_RETURN(auto descriptors, Descriptors(options, db));
   std::string secondary = (fs::temp_directory_path() / "atfill-secondary-XXXXXX").string();
   if (::mkdtemp(secondary.data()) == nullptr) {
@@ -407,6 +418,19 @@ Result<std::unique_ptr<KvStore>> OpenRocksDbReadOnly(const RocksDbOptions& optio
   for (int i = 0; i < kFamilyCount; ++i) families[i] = handles[i + 1];
   return std::unique_ptr<KvStore>(std::make_unique<RocksDbStore>(
       path, false, std::move(owned), std::move(handles), families, secondary));
+}
+
+bool StateDirHeld(const std::string& path) {
+  const std::string lock = (fs::path(path) / "LOCK").string();
+  const int fd = ::open(lock.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  // RocksDB holds a write lock on the whole file for as long as a DB is open on it.
+  struct flock probe {};
+  probe.l_type = F_WRLCK;
+  probe.l_whence = SEEK_SET;
+  const bool held = ::fcntl(fd, F_GETLK, &probe) == 0 && probe.l_type != F_UNLCK;
+  ::close(fd);
+  return held;
 }
 
 std::string RocksDbVersion() { return rocksdb::GetRocksVersionAsString(); }

@@ -90,8 +90,10 @@ class RecordingCommitter : public Committer {
     last_cursor = report.batch->chunks.back()->resume_cursor;
   }
   bool StopRequested() const override { return stop.load(); }
+  void OnSinkRetry(const SinkRetry& retry) override { retries.push_back(retry); }
 
   std::atomic<bool> stop{false};
+  std::vector<SinkRetry> retries;
   uint64_t committed_chunks = 0;
   std::string last_cursor;
   std::vector<uint32_t> attempts;
@@ -193,6 +195,18 @@ TEST(EngineTest, RetriesATransientSinkFailure) {
   EXPECT_EQ(sink.positions.size(), 30u);
   ASSERT_FALSE(committer.attempts.empty());
   EXPECT_EQ(committer.attempts.front(), 4u);
+  // Each failed attempt is said to the committer before the wait, with the sink's reason and the
+  // doubling wait (SmallBatches: 1 ms, then at most 2).
+  ASSERT_EQ(committer.retries.size(), 3u);
+  for (uint32_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(committer.retries[i].batch_no, 0u);
+    EXPECT_EQ(committer.retries[i].attempts, i + 1);
+    EXPECT_EQ(committer.retries[i].error.code(), StatusCode::kUnavailable);
+    EXPECT_EQ(committer.retries[i].error.message(), "database is locked");
+    EXPECT_GT(committer.retries[i].since_us, 0);
+  }
+  EXPECT_EQ(committer.retries[0].retry_in_ms, 1);
+  EXPECT_EQ(committer.retries[2].retry_in_ms, 2);
 }
 
 TEST(EngineTest, AFinalSinkFailureEndsTheRunWithoutCommitting) {

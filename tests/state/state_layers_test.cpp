@@ -483,6 +483,8 @@ JobRecord FullRecord() {
   r.finished_us = 0;
   r.heartbeat_us = INT64_MAX;
   r.stop_reason = {"unfinished_units", "3 units could not be fetched; see the error log"};
+  r.waiting = {"sink_unavailable", "the sink refuses batch 4 (database or disk is full)"};
+  r.waiting_since_us = 1780000000123456;
   r.started_by = "cli";
   r.params = {{"config", "/etc/atfill.toml"},
               {"collections", "app.bsky.feed.post\nx"},

@@ -59,9 +59,9 @@ simnet::SimnetOptions Network(int64_t latency_ms) {
 class Server {
  public:
   // `extra`: more config sections. `backfill_first`: run `atfill backfill` to its end before the
-  // server starts (for tests of what the server finds).
+  // server starts (for tests of what the server finds). `args`: after `atfill run CONFIG`.
   explicit Server(const simnet::Simnet& net, const std::string& extra = "",
-                  bool backfill_first = false) {
+                  bool backfill_first = false, const std::vector<std::string>& args = {}) {
     config_ = (dir_ / "atfill.toml").string();
     testing::WriteFile(config_,
                        "[state]\ndir = \"state\"\n[sink.sqlite]\npath = \"db.sqlite\"\n"
@@ -76,8 +76,9 @@ class Server {
       auto before = testing::RunProcess({ATFILL_BINARY, "backfill", config_}, dir_.path());
       EXPECT_EQ(before.exit_code, 0) << before.err;
     }
-    child_ = std::make_unique<Child>(std::vector<std::string>{ATFILL_BINARY, "run", config_},
-                                     dir_.path());
+    std::vector<std::string> argv{ATFILL_BINARY, "run", config_};
+    argv.insert(argv.end(), args.begin(), args.end());
+    child_ = std::make_unique<Child>(argv, dir_.path());
     // The port it listens on, from its first lines.
     const std::regex listening(R"(dashboard on http://127\.0\.0\.1:(\d+)/)");
     testing::WaitUntil(
@@ -330,6 +331,27 @@ TEST(AdminRunTest, ABackfillStartedOverTheApiStreamsEveryStageAndLands) {
 
   auto stopped = server.Stop();
   EXPECT_EQ(stopped.exit_code, 0) << stopped.err;
+}
+
+// Every line of an `atfill run` process names the verb the user typed, whoever started the job
+// (the command line here); the job records who did.
+TEST(AdminRunTest, ABackfillFromTheCommandLineIsReportedAsTheRunsOwn) {
+  auto net = simnet::Simnet::Start(Network(1));
+  ASSERT_TRUE(net.ok()) << net.status().ToString();
+  Server server(**net, "", false, {"--backfill"});
+  ASSERT_NE(server.port(), 0) << server.log();
+  ASSERT_TRUE(
+      testing::WaitUntil([&] { return server.log().find("job 1 completed") != std::string::npos; },
+                         std::chrono::seconds(60)))
+      << server.log();
+  const std::string log = server.log();
+  EXPECT_THAT(log, HasSubstr("atfill run: backfill job 1 crawls 1 collection(s)"));
+  EXPECT_THAT(log, HasSubstr("atfill run: job 1 completed"));
+  EXPECT_THAT(log, ::testing::Not(HasSubstr("atfill cli:")));
+  EXPECT_THAT(log, ::testing::Not(HasSubstr("atfill api:")));
+  auto job = server.Client().Get("/admin/backfill/1");
+  ASSERT_TRUE(job);
+  EXPECT_THAT(job->body, HasSubstr("\"started_by\":\"cli\""));
 }
 
 TEST(AdminRunTest, PauseResumeAndCancelSteerRunningJobs) {

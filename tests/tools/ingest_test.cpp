@@ -2,10 +2,14 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/mount.h>
+#include <sys/statvfs.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <regex>
@@ -24,8 +28,10 @@ namespace {
 using testing::Child;
 using ::testing::HasSubstr;
 using testing::ProcessResult;
+using testing::ReadFileOrDie;
 using testing::RunProcess;
 using testing::TempDir;
+using testing::WaitUntil;
 using testing::WriteFile;
 
 const std::string kAtfill = ATFILL_BINARY;
@@ -710,6 +716,120 @@ TEST(IngestTest, CtrlCPausesAtTheNextCheckpointAndTheSameCommandResumes) {
   EXPECT_THAT(again.err, HasSubstr("resuming job 1 (paused)"));
   auto shown = ws.Atfill({"job", ws.config, "1", "--json"});
   EXPECT_THAT(shown.out, HasSubstr("\"events_read\":" + std::to_string(kEvents) + ","));
+}
+
+}  // namespace
+}  // namespace atfill
+
+namespace atfill {
+namespace {
+
+// A tmpfs of a few MiB mounted for one test, so that a run really meets a full disk: the state
+// and the database sit in it, the config, the input and the process's output outside. Mounting
+// needs root, as tools/test and CI run; without it the test fails, saying so.
+class SmallFileSystem {
+ public:
+  SmallFileSystem(const std::filesystem::path& at, int mib) : at_(at) {
+    std::filesystem::create_directories(at);
+    const std::string size = "size=" + std::to_string(mib) + "m";
+    if (::mount("tmpfs", at.c_str(), "tmpfs", 0, size.c_str()) == 0) {
+      mounted_ = true;
+    } else {
+      error_ = std::string("mount -t tmpfs ") + at.string() + ": " + std::strerror(errno);
+    }
+  }
+  ~SmallFileSystem() {
+    if (mounted_) ::umount2(at_.c_str(), MNT_DETACH);
+  }
+  bool mounted() const { return mounted_; }
+  const std::string& error() const { return error_; }
+  bool Grow(int mib) {
+    const std::string size = "size=" + std::to_string(mib) + "m";
+    return ::mount("tmpfs", at_.c_str(), "tmpfs", MS_REMOUNT, size.c_str()) == 0;
+  }
+  // Less than 64 KiB left: every page SQLite or RocksDB asks for next is refused.
+  bool Full() const {
+    struct statvfs s {};
+    return ::statvfs(at_.c_str(), &s) == 0 && s.f_bavail * s.f_frsize < (64u << 10);
+  }
+
+ private:
+  std::filesystem::path at_;
+  bool mounted_ = false;
+  std::string error_;
+};
+
+TEST(IngestTest, AFullDiskIsSaidAtOnceWaitedOutAndLosesNothing) {
+  gen::EventGenOptions o;
+  o.dids = 2000;
+  TempDir inputs;
+  const std::string events = (inputs / "e.jsonl").string();
+  ASSERT_TRUE(gen::EventGenerator::WriteFile(o, 150'000, events).ok());
+  // What an uninterrupted run makes of the same file.
+  Workspace reference;
+  auto uninterrupted = reference.Atfill({"ingest", reference.config, events});
+  ASSERT_EQ(uninterrupted.exit_code, 0) << Describe(uninterrupted);
+  const auto expected = Content(reference.db());
+  ASSERT_GT(expected.size(), 100'000u);
+
+  Workspace ws;
+  const std::filesystem::path disk = ws.dir / "disk";
+  SmallFileSystem fs(disk, 24);
+  ASSERT_TRUE(fs.mounted()) << fs.error();
+  WriteFile(ws.config, "[state]\ndir = \"" + (disk / "state").string() +
+                           "\"\n[sink.sqlite]\npath = \"" + (disk / "out.db").string() +
+                           "\"\n[progress]\ninterval_s = 0.2\n");
+  Child child({kAtfill, "ingest", ws.config, events}, ws.dir.path());
+  ASSERT_TRUE(WaitUntil([&] { return fs.Full() || !child.Running(); }, std::chrono::seconds(120)));
+  ASSERT_TRUE(child.Running()) << "the ingest ended before the disk was full:\n"
+                               << ReadFileOrDie(child.err_path());
+  // Said within seconds of the disk filling: the job, the sink's path and SQLite's reason, the
+  // attempts and the next try.
+  const auto said = [&] {
+    return ReadFileOrDie(child.err_path()).find("the sink refuses batch") != std::string::npos;
+  };
+  ASSERT_TRUE(WaitUntil(said, std::chrono::seconds(10))) << ReadFileOrDie(child.err_path());
+  std::string err = ReadFileOrDie(child.err_path());
+  EXPECT_THAT(err, HasSubstr("atfill: job 1: the sink refuses batch "));
+  EXPECT_THAT(err, HasSubstr((disk / "out.db").string()));
+  EXPECT_THAT(err, HasSubstr("database or disk is full"));
+  EXPECT_THAT(err, ::testing::ContainsRegex("[0-9]+ attempt\\(s\\), the next in [0-9.]+ s"));
+  // The progress line shows the wait.
+  ASSERT_TRUE(WaitUntil(
+      [&] { return ReadFileOrDie(child.err_path()).find("| waiting ") != std::string::npos; },
+      std::chrono::seconds(10)));
+  // A verb that only reads works on the full disk and writes nothing there.
+  auto shown = ws.Atfill({"job", ws.config, "1"});
+  EXPECT_EQ(shown.exit_code, 0) << Describe(shown);
+  EXPECT_EQ(shown.signal, 0) << Describe(shown);
+  EXPECT_THAT(shown.out, HasSubstr("job 1 (ingest)"));
+  auto listed = ws.Atfill({"jobs", ws.config});
+  EXPECT_EQ(listed.exit_code, 0) << Describe(listed);
+  EXPECT_THAT(listed.out, HasSubstr("read-only view"));
+  ASSERT_TRUE(child.Running()) << ReadFileOrDie(child.err_path());
+
+  // Space comes back: the same run goes on and ends with the uninterrupted table.
+  ASSERT_TRUE(fs.Grow(1024));
+  auto done = child.Wait();
+  ASSERT_EQ(done.exit_code, 0) << Describe(done);
+  EXPECT_THAT(done.err, HasSubstr("atfill: job 1: the sink took batch "));
+  EXPECT_THAT(done.err, HasSubstr("150,000 events read"));
+  EXPECT_EQ(Content((disk / "out.db").string()), expected);
+}
+
+TEST(IngestTest, TheLastProgressLineShowsTheFinishedJob) {
+  gen::EventGenOptions o;
+  o.dids = 50;
+  Workspace ws("[progress]\ninterval_s = 3600\n");
+  ASSERT_TRUE(gen::EventGenerator::WriteFile(o, 2000, (ws.dir / "e.jsonl").string()).ok());
+  auto r = ws.Atfill({"ingest", ws.config, (ws.dir / "e.jsonl").string()});
+  ASSERT_EQ(r.exit_code, 0) << Describe(r);
+  // With an hour between lines, the only progress line is the one printed at the end.
+  const size_t line = r.err.find("job 1 ingest ");
+  ASSERT_NE(line, std::string::npos) << r.err;
+  const std::string progress = r.err.substr(line, r.err.find('\n', line) - line);
+  EXPECT_THAT(progress, HasSubstr("job 1 ingest completed/completed"));
+  EXPECT_THAT(progress, HasSubstr("| 2,000 events |"));
 }
 
 }  // namespace

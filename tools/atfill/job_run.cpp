@@ -95,7 +95,9 @@ Result<pipeline::JobOutcome> RunAndReport(const char* verb, const AppConfig& con
       config.progress_interval_s, ::isatty(STDERR_FILENO) != 0);
   progress.Start();
   Result<pipeline::JobOutcome> outcome = controller.Run(std::move(job), ctx);
-  progress.Stop();
+  // The controller forgets a job once its run ends, so the last line shows the outcome's record
+  // rather than a snapshot that would fall back to the job as it started.
+  progress.Stop(outcome.ok() ? &outcome->job : nullptr);
   if (!outcome.ok()) {
     std::fprintf(stderr, "atfill %s: %s\n", verb, outcome.status().message().c_str());
     return outcome;

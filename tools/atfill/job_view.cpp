@@ -83,6 +83,11 @@ std::string ProgressLine(const state::JobRecord& job, int64_t now_us) {
     line += " | ETA " + FormatDuration(p.eta_s);
   }
   line += " | " + FormatCount(job.counters.failed_records) + " errors";
+  if (!job.waiting.empty()) {
+    // The rate decays while nothing commits; say why, and for how long, on the line people watch.
+    line += " | waiting " + FormatDuration((now_us - job.waiting_since_us) / 1000000) + ": " +
+            job.waiting.sentence;
+  }
   if (auto it = job.counters.extra.find("refused"); it != job.counters.extra.end()) {
     line += " | " + FormatCount(it->second) + " refused";
   }
@@ -112,11 +117,12 @@ void ProgressReporter::Start() {
   thread_ = std::thread([this] { Loop(); });
 }
 
-void ProgressReporter::Stop() {
+void ProgressReporter::Stop(const state::JobRecord* last) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stop_ && !thread_.joinable()) return;
     stop_ = true;
+    if (last != nullptr) last_ = *last;
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
@@ -129,7 +135,8 @@ void ProgressReporter::Loop() {
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
     const bool stopping = cv_.wait_for(lock, period, [this] { return stop_; });
-    const std::string line = ProgressLine(snapshot_(), pipeline::NowMicros());
+    const std::string line =
+        ProgressLine(stopping && last_ ? *last_ : snapshot_(), pipeline::NowMicros());
     if (terminal_) {
       // \r and "erase to end of line" redraw one status line in place.
       std::fprintf(stderr, "\r\x1b[K%s%s", line.c_str(), stopping ? "\n" : "");

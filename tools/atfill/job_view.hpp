@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -23,14 +24,15 @@ std::string ProgressLine(const state::JobRecord& job, int64_t now_us);
 std::string JobJson(const state::JobRecord& job, int64_t now_us);
 
 // Prints a job's progress while it runs, from its own thread: on a terminal a line redrawn twice
-// a second, otherwise a plain log line every `interval_s`. Stop() prints the final line.
+// a second, otherwise a plain log line every `interval_s`. Stop() prints the final line: of
+// `last` when given (the finished job, which the snapshot may no longer know), else of a snapshot.
 class ProgressReporter {
  public:
   using SnapshotFn = std::function<state::JobRecord()>;
   ProgressReporter(SnapshotFn snapshot, double interval_s, bool terminal);
   ~ProgressReporter();
   void Start();
-  void Stop();
+  void Stop(const state::JobRecord* last = nullptr);
 
  private:
   void Loop();
@@ -41,6 +43,7 @@ class ProgressReporter {
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;
+  std::optional<state::JobRecord> last_;
 };
 
 }  // namespace atfill::cli

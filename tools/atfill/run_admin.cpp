@@ -32,7 +32,9 @@ RunAdmin::RunAdmin(const AppConfig& config, OpenedState& st, std::function<bool(
       details_(st.kv.get(), st.jobs.get(), st.errors.get()),
       live_running_(std::move(live_running)),
       jobs_(&controller_, [this](state::JobRecord job, const pipeline::JobContext& ctx) {
-        return RunAndReport("api", config_, st_, std::move(job), ctx);
+        // Every job of this process reports as "atfill run", whether the command line, the API
+        // or a collection change started it (the job records which).
+        return RunAndReport("run", config_, st_, std::move(job), ctx);
       }) {}
 
 RunAdmin::~RunAdmin() { Shutdown(); }
@@ -106,6 +108,7 @@ Result<std::vector<admin::JobSummary>> RunAdmin::ListJobs() {
   std::vector<admin::JobSummary> out;
   for (auto& j : jobs) {
     admin::JobSummary s;
+    WithWait(&j);
     ATFILL_ASSIGN_OR_RETURN(s.queued_units, details_.QueuedUnits(j.id));
     s.job = std::move(j);
     out.push_back(std::move(s));
@@ -113,7 +116,21 @@ Result<std::vector<admin::JobSummary>> RunAdmin::ListJobs() {
   return out;
 }
 
-Result<admin::JobDetails> RunAdmin::GetJob(uint64_t id) { return details_.Get(id); }
+void RunAdmin::WithWait(state::JobRecord* job) const {
+  // A wait for the sink may not reach the state (it can sit on the full disk the sink waits
+  // for), but the running job's snapshot holds it.
+  if (!job->waiting.empty()) return;
+  if (auto running = controller_.Snapshot(job->id); running && !running->waiting.empty()) {
+    job->waiting = running->waiting;
+    job->waiting_since_us = running->waiting_since_us;
+  }
+}
+
+Result<admin::JobDetails> RunAdmin::GetJob(uint64_t id) {
+  ATFILL_ASSIGN_OR_RETURN(admin::JobDetails details, details_.Get(id));
+  WithWait(&details.job);
+  return details;
+}
 
 Result<std::vector<admin::StageChange>> RunAdmin::StageChanges(uint64_t id, uint64_t since) {
   ATFILL_RETURN_IF_ERROR(st_.jobs->Get(id).status());

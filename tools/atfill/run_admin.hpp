@@ -66,6 +66,9 @@ class RunAdmin : public admin::AdminBackend {
   void SetRuntimeCollections(RuntimeCollections* collections) { collections_ = collections; }
 
  private:
+  // Copies a running job's wait for its sink (JobRecord::waiting) into `job` read from state.
+  void WithWait(state::JobRecord* job) const;
+
   const AppConfig& config_;
   OpenedState& st_;
   pipeline::JobController& controller_;

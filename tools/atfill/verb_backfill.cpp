@@ -55,7 +55,9 @@ Result<state::JobRecord> CreateBackfill(const AppConfig& config, OpenedState& st
                                         const std::string& started_by) {
   ATFILL_ASSIGN_OR_RETURN(auto made,
                           sources::CreateBackfill(EnvOf(config, st), targets, started_by));
-  AnnounceBackfill(started_by.c_str(), made.crawl, made.job, made.resumed);
+  // Only `atfill run` (its admin API and its collection reloads included) creates backfills this
+  // way, so its lines say "atfill run" whoever asked; `started_by` is what the job records.
+  AnnounceBackfill("run", made.crawl, made.job, made.resumed);
   return made.job;
 }
 

@@ -15,7 +15,8 @@
 
 namespace atfill::cli {
 
-// sources::CreateBackfill, announced on standard error ("crawls 2 collection(s) ...").
+// sources::CreateBackfill inside `atfill run`, announced on standard error as "atfill run: backfill
+// job N crawls 2 collection(s) ..."; `started_by` ("cli", "api", "run") is recorded in the job.
 Result<state::JobRecord> CreateBackfill(const AppConfig& config, OpenedState& st,
                                         const sources::BackfillTargets& targets,
                                         const std::string& started_by);

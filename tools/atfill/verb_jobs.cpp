@@ -96,6 +96,12 @@ int RunJobs(std::span<char* const> args) {
                 j.started_by.c_str(), FormatTime(j.updated_us).c_str());
   }
   if (jobs->empty()) std::printf("(no jobs yet)\n");
+  for (const auto& j : *jobs) {
+    if (!j.waiting.empty()) {
+      std::printf("job %" PRIu64 " waits since %s: %s\n", j.id,
+                  FormatTime(j.waiting_since_us).c_str(), j.waiting.sentence.c_str());
+    }
+  }
   if (st->read_only) std::printf("(read-only view: another atfill process holds the state)\n");
   return kExitOk;
 }
@@ -193,6 +199,10 @@ int RunJob(std::span<char* const> args) {
   std::printf("job %" PRIu64 " (%s), started by %s\n", j.id, j.kind.c_str(), j.started_by.c_str());
   std::printf("  status      %s / %s\n", std::string(state::JobStatusName(j.status)).c_str(),
               std::string(state::JobStageName(j.stage)).c_str());
+  if (!j.waiting.empty()) {
+    std::printf("  waiting     %s since %s: %s\n", j.waiting.code.c_str(),
+                FormatTime(j.waiting_since_us).c_str(), j.waiting.sentence.c_str());
+  }
   if (!j.stop_reason.empty()) {
     std::printf("  stopped     %s: %s\n", j.stop_reason.code.c_str(),
                 j.stop_reason.sentence.c_str());

@@ -97,6 +97,10 @@ int RunStatus(std::span<char* const> args) {
   const auto p = pipeline::DeriveProgress(*live, now);
   std::printf("live job %" PRIu64 ": %s\n", live->id,
               std::string(state::JobStatusName(live->status)).c_str());
+  if (!live->waiting.empty()) {
+    std::printf("  waiting     since %s: %s\n", FormatTime(live->waiting_since_us).c_str(),
+                live->waiting.sentence.c_str());
+  }
   std::printf("  hosts       %s\n",
               live->params.count("hosts") ? live->params.at("hosts").c_str() : "");
   std::printf("  protocol    %s\n",

@@ -85,6 +85,17 @@ void WriteStopReason(JsonWriter& w, const state::StopReason& reason) {
   w.Key("sentence").String(reason.sentence).EndObject();
 }
 
+// What a running job waits for (JobRecord::waiting): null, or its code, sentence and start.
+void WriteWaiting(JsonWriter& w, const state::JobRecord& job) {
+  if (job.waiting.empty()) {
+    w.Null();
+    return;
+  }
+  w.BeginObject().Key("code").String(job.waiting.code);
+  w.Key("sentence").String(job.waiting.sentence);
+  w.Key("since").String(FormatTime(job.waiting_since_us)).EndObject();
+}
+
 // Job parameters that hold a list, one item a line (as the verbs store them): answered as arrays
 // of strings, empty lines skipped.
 constexpr std::string_view kListParams[] = {"blocks", "collections", "dids", "files", "hosts"};
@@ -128,6 +139,8 @@ void WriteJobFields(JsonWriter& w, const state::JobRecord& job, int64_t now_us) 
   WriteProgress(w, job, now_us);
   w.Key("stop_reason");
   WriteStopReason(w, job.stop_reason);
+  w.Key("waiting");
+  WriteWaiting(w, job);
   w.Key("params");
   WriteParams(w, job.params);
 }
@@ -573,6 +586,8 @@ std::string CountersJson(const JobDetails& d, int64_t now_us) {
   WriteErrorsByKind(w, d.errors_by_kind);
   w.Key("updated_at").String(FormatTime(d.job.updated_us));
   w.Key("heartbeat_at").String(FormatTime(d.job.heartbeat_us));
+  w.Key("waiting");
+  WriteWaiting(w, d.job);
   w.EndObject();
   return w.Take();
 }

@@ -7,8 +7,11 @@
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
 
+#include <algorithm>
 #include <map>
 #include <mutex>
+
+#include "pipeline/engine.hpp"
 
 namespace atfill::admin {
 namespace {
@@ -64,6 +67,13 @@ struct Metrics::Impl {
           .Name("atfill_queue_depth")
           .Help("Units waiting in the work queue of an unfinished job")
           .Register(registry);
+  prometheus::Family<prometheus::Gauge>& sink_waiting =
+      prometheus::BuildGauge()
+          .Name("atfill_sink_waiting_seconds")
+          .Help(
+              "How long a job has waited for a sink that refuses writes (a full disk, a "
+              "database restart), seconds")
+          .Register(registry);
   prometheus::Family<prometheus::Gauge>& jobs =
       prometheus::BuildGauge().Name("atfill_jobs").Help("Jobs by status").Register(registry);
 
@@ -76,8 +86,33 @@ struct Metrics::Impl {
   // Refresh's own state: the queue series it set, so it can remove those of ended jobs.
   std::mutex refresh_mu;
   std::map<uint64_t, prometheus::Gauge*> queue_series;
+  std::map<uint64_t, prometheus::Gauge*> waiting_series;
   prometheus::Gauge* lag = nullptr;
 };
+
+namespace {
+
+// One series per job of `values` (times `scale`) in `family`; the series of jobs not in `values`
+// are removed. `series` is the family's series as this function last set them.
+void SetJobSeries(prometheus::Family<prometheus::Gauge>& family,
+                  std::map<uint64_t, prometheus::Gauge*>& series,
+                  const std::map<uint64_t, uint64_t>& values, double scale) {
+  for (auto it = series.begin(); it != series.end();) {
+    if (values.count(it->first) == 0) {
+      family.Remove(it->second);
+      it = series.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (const auto& [id, value] : values) {
+    auto& gauge = series[id];
+    if (gauge == nullptr) gauge = &family.Add({{"job", std::to_string(id)}});
+    gauge->Set(static_cast<double>(value) * scale);
+  }
+}
+
+}  // namespace
 
 Metrics::Metrics() : impl_(std::make_unique<Impl>()) {
   static const char* const kClasses[] = {"1xx", "2xx", "3xx", "4xx", "5xx", "error"};
@@ -137,27 +172,22 @@ void Metrics::Refresh(const std::vector<JobSummary>& jobs, const LiveStatus& liv
   std::lock_guard<std::mutex> lock(impl_->refresh_mu);
   std::map<state::JobStatus, uint64_t> counts;
   std::map<uint64_t, uint64_t> depths;
+  std::map<uint64_t, uint64_t> waits;
+  const int64_t now_us = pipeline::NowMicros();
   for (const auto& j : jobs) {
     ++counts[j.job.status];
     if (!state::IsTerminal(j.job.status)) depths[j.job.id] = j.queued_units;
+    if (!j.job.waiting.empty()) {
+      waits[j.job.id] =
+          static_cast<uint64_t>(std::max<int64_t>(0, now_us - j.job.waiting_since_us));
+    }
   }
   for (const auto& [status, gauge] : impl_->by_status) {
     auto it = counts.find(status);
     gauge->Set(it == counts.end() ? 0.0 : static_cast<double>(it->second));
   }
-  for (auto it = impl_->queue_series.begin(); it != impl_->queue_series.end();) {
-    if (depths.count(it->first) == 0) {
-      impl_->queue_depth.Remove(it->second);
-      it = impl_->queue_series.erase(it);
-    } else {
-      ++it;
-    }
-  }
-  for (const auto& [id, depth] : depths) {
-    auto& gauge = impl_->queue_series[id];
-    if (gauge == nullptr) gauge = &impl_->queue_depth.Add({{"job", std::to_string(id)}});
-    gauge->Set(static_cast<double>(depth));
-  }
+  SetJobSeries(impl_->queue_depth, impl_->queue_series, depths, 1);
+  SetJobSeries(impl_->sink_waiting, impl_->waiting_series, waits, 1e-6);
   const bool has_lag = live.configured && live.lag_s >= 0;
   if (has_lag) {
     if (impl_->lag == nullptr) impl_->lag = &impl_->live_lag.Add({});

@@ -10,6 +10,8 @@
 //   atfill_sink_batch_seconds           histogram  time to write and commit one sink batch
 //   atfill_live_lag_seconds             gauge      how far the live consumer is behind
 //   atfill_queue_depth{job}             gauge      units waiting in an unfinished job's queue
+//   atfill_sink_waiting_seconds{job}    gauge      how long a job has waited for a sink that
+//                                                  refuses writes (present only while it waits)
 //   atfill_jobs{status}                 gauge      jobs by status (every status, 0 included)
 //
 // Thread-safe: every method may be called from any thread at once.
@@ -80,8 +82,9 @@ class Metrics {
 
   // Sets the gauges from the backend's view: atfill_jobs from every job's status;
   // atfill_queue_depth for each job that is not terminal (the series of jobs that ended or
-  // disappeared are removed); atfill_live_lag_seconds from `live` when it is configured and
-  // knows its lag (else the series is absent).
+  // disappeared are removed); atfill_sink_waiting_seconds for each job waiting for its sink;
+  // atfill_live_lag_seconds from `live` when it is configured and knows its lag (else the series is
+  // absent).
   void Refresh(const std::vector<JobSummary>& jobs, const LiveStatus& live);
 
   // The Prometheus text exposition format (version 0.0.4) of every family.

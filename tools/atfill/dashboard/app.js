@@ -591,6 +591,10 @@
     $('detail-eta').textContent = fmtDuration(p.eta_s);
     $('detail-queued').textContent = fmtCount(d.queued_units);
     $('detail-failed-blocks').textContent = fmtCount(d.failed_blocks);
+    // A sink that refuses writes (a full disk, a database restart): what the job waits for.
+    $('detail-waiting').textContent =
+        d.waiting ? d.waiting.sentence + ' (since ' + d.waiting.since + ')' : '-';
+    $('detail-waiting').className = d.waiting ? 'waiting' : '';
     $('detail-stop-reason').textContent =
         d.stop_reason ? d.stop_reason.code + ': ' + d.stop_reason.sentence : '-';
     $('detail-times').textContent = 'created ' + d.created_at + '\nstarted ' + d.started_at +
