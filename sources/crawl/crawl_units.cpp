@@ -166,10 +166,8 @@ void CrawlSource::Impl::HandleFetched(Completion& c, EventChunk* chunk) {
     }
     FetchedResponses& out = Responses(chunk);
     out.bytes += resp.body.size();
-    FetchedResponse item{
-        FetchedResponse::Kind::kRepo, u.did, "", u.pds, u.signing_key, ++recent_seq, "", nullptr};
-    item.diff = std::make_shared<RepoDiff>(std::move(*diff));
-    out.items.push_back(std::move(item));
+    out.items.push_back({FetchedResponse::Kind::kRepo, u.did, "", u.pds, u.signing_key,
+                         ++recent_seq, "", std::make_shared<RepoDiff>(std::move(*diff)), false});
     FinishUnit(u, chunk, "", "", true);
     return;
   }
@@ -177,7 +175,7 @@ void CrawlSource::Impl::HandleFetched(Completion& c, EventChunk* chunk) {
     FetchedResponses& out = Responses(chunk);
     out.bytes += resp.body.size();
     out.items.push_back({FetchedResponse::Kind::kRepo, u.did, "", u.pds, u.signing_key,
-                         ++recent_seq, std::move(resp.body), nullptr});
+                         ++recent_seq, std::move(resp.body), nullptr, u.whole});
     FinishUnit(u, chunk, "", "", true);
     return;
   }
@@ -194,7 +192,7 @@ void CrawlSource::Impl::HandleFetched(Completion& c, EventChunk* chunk) {
     FetchedResponses& out = Responses(chunk);
     out.bytes += resp.body.size();
     out.items.push_back({FetchedResponse::Kind::kRecordsPage, u.did, u.collection, u.pds, "", 0,
-                         std::move(resp.body), nullptr});
+                         std::move(resp.body), nullptr, false});
   }
   if (scan.count == 0 || scan.cursor.empty() || scan.cursor == u.page_cursor) {
     FinishUnit(u, chunk, "", "", false);

@@ -360,6 +360,83 @@ TEST(VerifyTest, IncrementalBackfillAppliesWhatChangedSinceTheStoredRev) {
   EXPECT_TRUE(down.ok()) << down.ToString();
 }
 
+// [crawl] incremental, when the getRepo?since answer cannot settle a repo: a record created
+// after the backfill with the bytes of one the repo held before (the same block, which the PDS does
+// not send again) makes the crawl fetch the whole repo, and the whole repo replaces the stored
+// rows: a record deleted beside it leaves the table as it left the PDS.
+TEST(VerifyTest, AnIncrementalBackfillThatFetchesTheWholeRepoDropsTheRowsItNoLongerHolds) {
+  ATFILL_PEERS_UP(peers, kSeedArgs);
+  const PeerManifest& m = peers.manifest();
+  std::map<std::string, std::string> want = ManifestTable(m);
+  const std::set<std::string> collections = ManifestCollections(m);
+  net::HttpClientOptions options;
+  options.allow_private_addresses = true;
+  auto client = net::HttpClient::Start(options);
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  const PeerAccount& a = m.accounts[0];
+  const std::string xrpc = peers.pds_url_ip() + "/xrpc/";
+  const std::string session = Post(**client, xrpc + "com.atproto.server.createSession",
+                                   "{\"identifier\":\"" + a.did + "\",\"password\":\"password\"}");
+  const std::string token = Member(session, "accessJwt");
+  ASSERT_FALSE(token.empty()) << session;
+  const std::string collection = a.records[1].collection;
+  const auto create = [&](const std::string& rkey) {
+    return Post(**client, xrpc + "com.atproto.repo.createRecord",
+                "{\"repo\":\"" + a.did + "\",\"collection\":\"" + collection + "\",\"rkey\":\"" +
+                    rkey + "\",\"validate\":false,\"record\":{\"$type\":\"" + collection +
+                    "\",\"text\":\"the same bytes twice\"}}",
+                token);
+  };
+  const std::string first_twin = create("twin-1");
+  ASSERT_FALSE(Member(first_twin, "cid").empty()) << first_twin;
+  want[Member(first_twin, "uri")] = Member(first_twin, "cid");
+
+  TempDir dir;
+  const std::string config = (dir.path() / "atfill.toml").string();
+  const std::string db = (dir.path() / "db.sqlite").string();
+  WriteFile(config, CrawlConfig(peers.pds_url(),
+                                "discovery = \"listRepos\"\nmode = \"getRepo\"\n"
+                                "incremental = true\ncollections = [" +
+                                    TomlStrings(collections) + "]\n",
+                                peers.plc_url()));
+  ProcessResult first = RunProcess({ATFILL_BINARY, "backfill", config}, dir.path());
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  ASSERT_EQ(TableCids(db), want);
+
+  const PeerRecord& gone = a.records[0];
+  ASSERT_EQ(Post(**client, xrpc + "com.atproto.repo.deleteRecord",
+                 "{\"repo\":\"" + a.did + "\",\"collection\":\"" + gone.collection +
+                     "\",\"rkey\":\"" + gone.rkey + "\"}",
+                 token)
+                .rfind("error", 0),
+            std::string::npos);
+  const std::string second_twin = create("twin-2");
+  ASSERT_EQ(Member(second_twin, "cid"), Member(first_twin, "cid")) << second_twin;
+  want.erase(gone.uri);
+  want[Member(second_twin, "uri")] = Member(second_twin, "cid");
+
+  ProcessResult second = RunProcess({ATFILL_BINARY, "backfill", config}, dir.path());
+  ASSERT_EQ(second.exit_code, 0) << second.err;
+  EXPECT_EQ(TableCids(db), want) << second.err;
+
+  ProcessResult job = RunProcess({ATFILL_BINARY, "job", config, "2", "--json"}, dir.path());
+  ASSERT_EQ(job.exit_code, 0) << job.err;
+  simdjson::dom::parser parser;
+  simdjson::dom::element doc;
+  ASSERT_EQ(parser.parse(job.out).get(doc), simdjson::SUCCESS) << job.out;
+  auto counter = [&](const char* name) -> uint64_t {
+    uint64_t v = 0;
+    return doc["job"]["counters"][name].get(v) == simdjson::SUCCESS ? v : 0;
+  };
+  // The two accounts that wrote nothing are settled by their answers; account 0 is fetched whole.
+  EXPECT_EQ(counter("repos_incremental_refetched"), 1u) << job.out;
+  EXPECT_EQ(counter("repos_incremental"), 2u) << job.out;
+  EXPECT_EQ(counter("resyncs"), 1u) << job.out;
+
+  const Status down = peers.Down();
+  EXPECT_TRUE(down.ok()) << down.ToString();
+}
+
 std::string ReadText(const std::filesystem::path& path) {
   std::ifstream in(path);
   std::stringstream text;
