@@ -2,6 +2,7 @@
 
 #include "net/xrpc_error.hpp"
 #include "pipeline/job.hpp"
+#include "state/error_log.hpp"
 
 namespace atfill::sources {
 
@@ -19,8 +20,13 @@ void CrawlSource::Impl::FinishUnit(Unit& u, EventChunk* chunk, const std::string
   if (u.position <= resume_upto) chunk->resolved_errors.push_back({"unit_deferred", UnitKey(u)});
   if (!error_kind.empty()) {
     chunk->errors.push_back({error_kind, UnitKey(u), message});
-    chunk->counters.emplace_back("units_failed", 1);
-    ++stats.units_failed;
+    if (state::IsOutcomeKind(error_kind)) {
+      chunk->counters.emplace_back("units_unavailable", 1);
+      ++stats.units_unavailable;
+    } else {
+      chunk->counters.emplace_back("units_failed", 1);
+      ++stats.units_failed;
+    }
   }
   // A host's units are counted as they end (with done or errors; Decode adds those for a
   // repo CAR), so a unit that was resolved, then interrupted and resolved again after a
@@ -134,10 +140,11 @@ void CrawlSource::Impl::HandleFetched(Completion& c, EventChunk* chunk) {
                              (e.error.empty() ? "" : " " + e.error) +
                              (e.message.empty() ? "" : " (" + Truncated(e.message) + ")") +
                              " for " + u.did;
-    if (net::IsFinalXrpcError(resp.status, e)) {
+    if (net::IsAccountStateXrpcError(resp.status, e)) {
       FinishUnit(u, chunk, "repo_unavailable", what, false);
-    } else if (resp.status >= 400 && resp.status < 500 && resp.status != 408 &&
-               resp.status != 429 && u.attempts + 1 >= options.unit_attempts) {
+    } else if (net::IsFinalXrpcError(resp.status, e) ||
+               (resp.status >= 400 && resp.status < 500 && resp.status != 408 &&
+                resp.status != 429 && u.attempts + 1 >= options.unit_attempts)) {
       FinishUnit(u, chunk, "fetch_rejected", what, false);
     } else {
       RetryOrDefer(u, chunk, "fetch_failed", what);

@@ -466,6 +466,99 @@ simnet::SimnetOptions ActivePlcNetwork(uint64_t seed, uint32_t accounts, uint32_
   return so;
 }
 
+// What the network reports of its accounts is an outcome, not an error: a getRepo backfill of a
+// simnet network with deactivated and taken-down accounts completes without errors and exits 0,
+// counting them (units_unavailable) and listing them (atfill job --errors) with the state each
+// PDS answered. A repo whose commit is signed with another key than its DID document's is an
+// error: the same backfill of a network that has one exits 1.
+TEST(VerifyTest, UnavailableAccountsAreOutcomesAndABadRepoStillExits1) {
+  for (const bool bad_signature : {false, true}) {
+    SCOPED_TRACE(bad_signature ? "one PDS signs with another key" : "no bad repo");
+    simnet::SimnetOptions so = ActivePlcNetwork(23, 40, 2, 1, 8);
+    so.collections = {"app.bsky.feed.post", "app.bsky.feed.like"};
+    so.deactivated_share = 0.1;
+    so.takendown_share = 0.1;
+    if (bad_signature) {
+      auto rules = simnet::ParseFaultSpec("pds-0001:bad_signature=always");
+      ASSERT_TRUE(rules.ok()) << rules.status().ToString();
+      so.faults = *rules;
+    }
+    auto net = simnet::Simnet::Start(so);
+    ASSERT_TRUE(net.ok()) << net.status().ToString();
+    // The inactive accounts' states as their PDS answers them (getRepo lists a repo with records).
+    std::map<std::string, std::string> inactive;
+    for (const simnet::Account& a : (*net)->network().accounts()) {
+      uint64_t records = 0;
+      for (uint32_t n : a.collection_counts) records += n;
+      if (a.status == simnet::AccountStatus::kDeactivated && records > 0) {
+        inactive[a.did] = "RepoDeactivated";
+      } else if (a.status == simnet::AccountStatus::kTakendown && records > 0) {
+        inactive[a.did] = "RepoTakendown";
+      }
+    }
+    ASSERT_GE(inactive.size(), 2u);
+    auto truth = (*net)->Truth();
+    ASSERT_TRUE(truth.ok()) << truth.status().ToString();
+    std::map<std::string, std::string> want;
+    for (const simnet::TruthRecord& r : truth->records) {
+      if (r.faults.find("bad_signature") == std::string::npos) want[r.uri] = r.cid;
+    }
+    ASSERT_EQ(want.size() < truth->records.size(), bad_signature);
+
+    TempDir dir;
+    const std::string config = (dir.path() / "atfill.toml").string();
+    const std::string db = (dir.path() / "db.sqlite").string();
+    WriteFile(config, CrawlConfig((*net)->relay_url(), kPostsAndLikes, (*net)->plc_url()));
+    ProcessResult backfill = RunProcess({ATFILL_BINARY, "backfill", config}, dir.path());
+    EXPECT_EQ(backfill.exit_code, bad_signature ? 1 : 0) << backfill.err;
+    EXPECT_EQ(TableCids(db), want);
+    EXPECT_NE(backfill.err.find(", " + std::to_string(inactive.size()) + " unavailable"),
+              std::string::npos)
+        << backfill.err;
+
+    ProcessResult job =
+        RunProcess({ATFILL_BINARY, "job", config, "1", "--json", "--errors"}, dir.path());
+    ASSERT_EQ(job.exit_code, 0) << job.err;
+    simdjson::dom::parser parser;
+    simdjson::dom::element doc;
+    ASSERT_EQ(parser.parse(job.out).get(doc), simdjson::SUCCESS) << job.out;
+    uint64_t unavailable = 0, failed = 0, outcomes = 0;
+    EXPECT_EQ(doc["job"]["counters"]["units_unavailable"].get(unavailable), simdjson::SUCCESS);
+    EXPECT_EQ(doc["job"]["counters"]["failed_records"].get(failed), simdjson::SUCCESS);
+    EXPECT_EQ(doc["outcomes_by_kind"]["repo_unavailable"].get(outcomes), simdjson::SUCCESS)
+        << job.out;
+    EXPECT_EQ(unavailable, inactive.size()) << job.out;
+    EXPECT_EQ(outcomes, inactive.size()) << job.out;
+    std::map<std::string, std::string> listed;  // DID -> the XRPC error its PDS answered
+    std::set<std::string> error_kinds;
+    for (simdjson::dom::element e : doc["errors"].get_array()) {
+      const std::string kind(e["kind"].get_string().value());
+      const std::string key(e["key"].get_string().value());
+      const std::string message(e["message"].get_string().value());
+      if (kind != "repo_unavailable") {
+        error_kinds.insert(kind);
+        continue;
+      }
+      for (const char* state : {"RepoDeactivated", "RepoTakendown"}) {
+        if (message.find(state) != std::string::npos) listed[key] = state;
+      }
+    }
+    EXPECT_EQ(listed, inactive) << job.out;
+    if (bad_signature) {
+      EXPECT_EQ(error_kinds, std::set<std::string>{"bad_signature"}) << job.out;
+      EXPECT_GT(failed, 0u) << job.out;
+    } else {
+      EXPECT_TRUE(error_kinds.empty()) << job.out;
+      EXPECT_EQ(failed, 0u) << job.out;
+    }
+
+    ProcessResult shown = RunProcess({ATFILL_BINARY, "job", config, "1"}, dir.path());
+    ASSERT_EQ(shown.exit_code, 0) << shown.err;
+    EXPECT_NE(shown.out.find("unavailable accounts"), std::string::npos) << shown.out;
+    EXPECT_NE(shown.out.find("repo_unavailable"), std::string::npos) << shown.out;
+  }
+}
+
 // [verify] every_hours: `atfill run` (no live consumer) starts a verify job of the stored repos
 // every ~1 s after the last ended, each a job in the store started by "schedule" with its
 // counters; with [verify] repair the first one puts back a row deleted by hand and the next finds
