@@ -43,6 +43,10 @@ bool IsFinalXrpcError(int status, const XrpcError& error) {
   return false;
 }
 
+bool IsAccountStateXrpcError(int status, const XrpcError& error) {
+  return IsFinalXrpcError(status, error) && error.error != "InvalidRequest";
+}
+
 bool IsFinalXrpcError(const HttpResponse& response) {
   if (response.status < 400 || response.status >= 500) return false;
   return IsFinalXrpcError(response.status, ParseXrpcError(response));

@@ -27,5 +27,9 @@ XrpcError ParseXrpcError(const HttpResponse& response);
 bool IsFinalXrpcError(int status, const XrpcError& error);
 // Parses the body of `response` and applies the rule above.
 bool IsFinalXrpcError(const HttpResponse& response);
+// True when a final error (above) is the PDS's report of the account's state, not a failure of
+// the request: RepoDeactivated, RepoTakendown, RepoSuspended, or RepoNotFound (the account was
+// deleted or is not on this PDS). InvalidRequest is not one: it says the request was wrong.
+bool IsAccountStateXrpcError(int status, const XrpcError& error);
 
 }  // namespace atfill::net

@@ -88,6 +88,16 @@ bool CollectionMatches(std::string_view nsid, const std::vector<std::string>& pa
   return false;
 }
 
+AccountEvent ResyncMarker(std::string_view did, const std::vector<std::string>& collections,
+                          std::string_view rev) {
+  AccountEvent marker;
+  marker.did.assign(did);
+  marker.resync = true;
+  marker.resync_collections = collections;
+  marker.purge_before_rev.assign(rev);
+  return marker;
+}
+
 bool StatusPurgesRecords(AccountStatus status) {
   return status == AccountStatus::kDeleted || status == AccountStatus::kTakendown ||
          status == AccountStatus::kSuspended;

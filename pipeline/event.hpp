@@ -81,6 +81,12 @@ struct AccountEvent {
 
 using Event = std::variant<RecordEvent, AccountEvent>;
 
+// The marker that begins a repo's replacement by a fetched copy of it (commit `rev`): the sink
+// removes the DID's rows in `collections` older than `rev`, and the fetched records, which follow
+// it as creates, are then exactly what the table holds of those collections.
+AccountEvent ResyncMarker(std::string_view did, const std::vector<std::string>& collections,
+                          std::string_view rev);
+
 // `nsid` matches one of `patterns` (exact NSIDs or "prefix.*"; "*" matches every collection); an
 // empty list matches every collection.
 bool CollectionMatches(std::string_view nsid, const std::vector<std::string>& patterns);

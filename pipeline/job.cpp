@@ -159,7 +159,11 @@ Status JobRunner::PrepareCommit(const BatchReport& report, state::WriteBatch* ba
   for (const auto& e : b.events) records += std::holds_alternative<RecordEvent>(e) ? 1 : 0;
   c.total_records += records;
   c.records_written += report.stats.records_written();
-  c.failed_records += errors.size();
+  // What the network reported of its accounts is logged with the errors but is none.
+  const auto failed = std::count_if(errors.begin(), errors.end(), [](const state::NewError& e) {
+    return !state::IsOutcomeKind(e.kind);
+  });
+  c.failed_records += failed;
   auto bump = [&](const char* name, uint64_t n) {
     if (n != 0) c.extra[name] += n;
   };
@@ -180,7 +184,10 @@ Status JobRunner::PrepareCommit(const BatchReport& report, state::WriteBatch* ba
     // Into the same state write as the cursor: a replay after a crash re-reads these lines, and
     // their errors must not be counted twice.
     ATFILL_ASSIGN_OR_RETURN(auto appended, errors_->AppendAll(pending_.id, errors, batch));
-    if (appended.cap_reached && options_.stop_at_error_cap) error_cap_hit_.store(true);
+    // A log filled by outcomes alone does not stop the job: they stay counted past the cap.
+    if (appended.cap_reached && failed > 0 && options_.stop_at_error_cap) {
+      error_cap_hit_.store(true);
+    }
   }
   // The newest position in the batch; chunks without one (ticks, frames that carry no seq) keep
   // the cursor where it was.

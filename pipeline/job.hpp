@@ -23,7 +23,8 @@ struct JobOptions {
   // dashboard draws the job's rate from. One small state entry per batch, the newest
   // state::JobStoreOptions::max_audit_batches kept, so it is on by default.
   bool record_batches = true;
-  // Stop the job when its error log holds this many entries (the error log's cap).
+  // Stop the job when its error log holds this many entries (the error log's cap) and a batch
+  // brings an error (not only outcomes, state::IsOutcomeKind).
   bool stop_at_error_cap = true;
   // Called with the job each time the runner publishes it (when it starts, after each committed
   // batch with that batch's report, and when it ends with `batch` null), in that order, on the

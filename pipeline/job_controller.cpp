@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <fstream>
+#include <map>
 
 namespace atfill::pipeline {
 namespace {
@@ -371,10 +372,22 @@ Result<std::vector<state::JobRecord>> JobController::Recover() {
 
 Result<bool> JobController::HasUnresolvedErrors(uint64_t job) {
   ATFILL_ASSIGN_OR_RETURN(state::ErrorTotals totals, errors_->Totals(job));
-  if (totals.dropped > 0) return true;  // entries past the cap were never stored
   ATFILL_ASSIGN_OR_RETURN(auto entries, errors_->List(job, 0, totals.entries));
-  return std::any_of(entries.begin(), entries.end(),
-                     [](const state::ErrorEntry& e) { return !e.resolved; });
+  // Outcomes the network reported (state::IsOutcomeKind) are logged beside the errors but are
+  // none. Every occurrence of a stored entry is one of its attempts.
+  std::map<std::string, uint64_t> stored;
+  for (const state::ErrorEntry& e : entries) {
+    if (state::IsOutcomeKind(e.kind)) continue;
+    if (!e.resolved) return true;
+    stored[e.kind] += e.attempts;
+  }
+  if (totals.dropped == 0) return false;
+  // Past the cap an error is counted by its kind but not stored, so never resolved.
+  ATFILL_ASSIGN_OR_RETURN(auto counts, errors_->CountsByKind(job));
+  for (const auto& [kind, n] : counts) {
+    if (!state::IsOutcomeKind(kind) && n > stored[kind]) return true;
+  }
+  return false;
 }
 
 std::filesystem::path JobController::RequestPath(const std::filesystem::path& dir, uint64_t job,

@@ -85,7 +85,8 @@ using JobPlanner = std::function<Result<JobPlan>(state::JobRecord& job, const Jo
 struct JobOutcome {
   state::JobRecord job;  // as it ended: completed, paused, cancelled or failed
   // Completed, but its error log holds an error no later attempt resolved (some input was refused
-  // and the rest processed), or more errors than it could store.
+  // and the rest processed), or more errors than it could store. Outcomes the network reported
+  // (accounts deactivated, taken down, suspended or gone: state::IsOutcomeKind) are not errors.
   bool unresolved_errors = false;
 };
 
@@ -187,7 +188,8 @@ class JobController {
   // request) are resumed by a restart.
   static bool ShouldResume(const state::JobRecord& job);
 
-  // Whether `job`'s error log holds an error no later attempt resolved (or more than it stored).
+  // Whether `job`'s error log holds an error no later attempt resolved (or more than it stored);
+  // outcome entries (state::IsOutcomeKind) are not errors.
   Result<bool> HasUnresolvedErrors(uint64_t job);
 
   // Request files: "<dir>/<job>.<what>", what = "pause" or "cancel".

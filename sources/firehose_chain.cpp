@@ -101,13 +101,7 @@ Status FirehoseChain::Sync(const FirehoseSync& frame, pipeline::EventChunk* chun
 Status FirehoseChain::Resynced(std::string_view did, FetchedRepo repo, pipeline::EventChunk* chunk,
                                bool* resync) {
   *resync = false;
-  pipeline::AccountEvent marker;
-  marker.did = std::string(did);
-  marker.resync = true;
-  marker.resync_collections = options_.collections;
-  // Rows older than the fetched commit go; the fetched records follow.
-  marker.purge_before_rev = repo.rev;
-  chunk->events.push_back(std::move(marker));
+  chunk->events.push_back(pipeline::ResyncMarker(did, options_.collections, repo.rev));
   for (pipeline::RecordEvent& r : repo.records) {
     r.origin = pipeline::Origin::kLive;
     chunk->events.push_back(std::move(r));

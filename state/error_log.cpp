@@ -172,6 +172,8 @@ std::string Truncate(std::string_view s, size_t max) {
 
 }  // namespace
 
+bool IsOutcomeKind(std::string_view kind) { return kind == "repo_unavailable"; }
+
 Status ErrorLogOptions::Validate() const {
   if (max_entries_per_job == 0) return Status::Invalid("error log: max_entries_per_job is 0");
   if (max_key_bytes == 0 || max_message_bytes == 0) {

@@ -34,6 +34,13 @@ struct NewError {
   int64_t time_us = 0;  // unix µs
 };
 
+// Whether entries of `kind` record an outcome the network reported rather than a failure:
+// "repo_unavailable", an account its PDS reports deactivated, taken down, suspended or gone. The
+// log keeps and lists them like the errors (atfill job --errors); the engine does not count them
+// among a job's errors (JobCounters::failed_records), and they do not make a completed job one
+// that completed with errors.
+bool IsOutcomeKind(std::string_view kind);
+
 struct ErrorEntry {
   uint64_t seq = 0;  // position in the job's log, from 1, in first-seen order
   std::string kind;

@@ -120,8 +120,8 @@ struct CrawlSource::Impl {
   std::deque<std::pair<uint64_t, std::string>> finishing;
 
   struct AtomicStats {
-    std::atomic<uint64_t> units_queued{0}, units_finished{0}, units_failed{0}, units_deferred{0},
-        fetch_requests{0}, resolutions{0}, retries{0};
+    std::atomic<uint64_t> units_queued{0}, units_finished{0}, units_failed{0}, units_unavailable{0},
+        units_deferred{0}, fetch_requests{0}, resolutions{0}, retries{0};
   } stats;
 
   Impl(CrawlOptions o, uint64_t j, state::KvStore* k);

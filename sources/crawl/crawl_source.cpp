@@ -392,6 +392,7 @@ CrawlStats CrawlSource::stats() const {
   s.units_queued = a.units_queued;
   s.units_finished = a.units_finished;
   s.units_failed = a.units_failed;
+  s.units_unavailable = a.units_unavailable;
   s.units_deferred = a.units_deferred;
   s.fetch_requests = a.fetch_requests;
   s.resolutions = a.resolutions;

@@ -2,6 +2,7 @@
 
 #include "net/xrpc_error.hpp"
 #include "pipeline/job.hpp"
+#include "state/error_log.hpp"
 
 namespace atfill::sources {
 
@@ -19,8 +20,13 @@ void CrawlSource::Impl::FinishUnit(Unit& u, EventChunk* chunk, const std::string
   if (u.position <= resume_upto) chunk->resolved_errors.push_back({"unit_deferred", UnitKey(u)});
   if (!error_kind.empty()) {
     chunk->errors.push_back({error_kind, UnitKey(u), message});
-    chunk->counters.emplace_back("units_failed", 1);
-    ++stats.units_failed;
+    if (state::IsOutcomeKind(error_kind)) {
+      chunk->counters.emplace_back("units_unavailable", 1);
+      ++stats.units_unavailable;
+    } else {
+      chunk->counters.emplace_back("units_failed", 1);
+      ++stats.units_failed;
+    }
   }
   // A host's units are counted as they end (with done or errors; Decode adds those for a
   // repo CAR), so a unit that was resolved, then interrupted and resolved again after a
@@ -134,10 +140,11 @@ void CrawlSource::Impl::HandleFetched(Completion& c, EventChunk* chunk) {
                              (e.error.empty() ? "" : " " + e.error) +
                              (e.message.empty() ? "" : " (" + Truncated(e.message) + ")") +
                              " for " + u.did;
-    if (net::IsFinalXrpcError(resp.status, e)) {
+    if (net::IsAccountStateXrpcError(resp.status, e)) {
       FinishUnit(u, chunk, "repo_unavailable", what, false);
-    } else if (resp.status >= 400 && resp.status < 500 && resp.status != 408 &&
-               resp.status != 429 && u.attempts + 1 >= options.unit_attempts) {
+    } else if (net::IsFinalXrpcError(resp.status, e) ||
+               (resp.status >= 400 && resp.status < 500 && resp.status != 408 &&
+                resp.status != 429 && u.attempts + 1 >= options.unit_attempts)) {
       FinishUnit(u, chunk, "fetch_rejected", what, false);
     } else {
       RetryOrDefer(u, chunk, "fetch_failed", what);
@@ -166,10 +173,8 @@ void CrawlSource::Impl::HandleFetched(Completion& c, EventChunk* chunk) {
     }
     FetchedResponses& out = Responses(chunk);
     out.bytes += resp.body.size();
-    FetchedResponse item{
-        FetchedResponse::Kind::kRepo, u.did, "", u.pds, u.signing_key, ++recent_seq, "", nullptr};
-    item.diff = std::make_shared<RepoDiff>(std::move(*diff));
-    out.items.push_back(std::move(item));
+    out.items.push_back({FetchedResponse::Kind::kRepo, u.did, "", u.pds, u.signing_key,
+                         ++recent_seq, "", std::make_shared<RepoDiff>(std::move(*diff)), false});
     FinishUnit(u, chunk, "", "", true);
     return;
   }
@@ -177,7 +182,7 @@ void CrawlSource::Impl::HandleFetched(Completion& c, EventChunk* chunk) {
     FetchedResponses& out = Responses(chunk);
     out.bytes += resp.body.size();
     out.items.push_back({FetchedResponse::Kind::kRepo, u.did, "", u.pds, u.signing_key,
-                         ++recent_seq, std::move(resp.body), nullptr});
+                         ++recent_seq, std::move(resp.body), nullptr, u.whole});
     FinishUnit(u, chunk, "", "", true);
     return;
   }
@@ -194,7 +199,7 @@ void CrawlSource::Impl::HandleFetched(Completion& c, EventChunk* chunk) {
     FetchedResponses& out = Responses(chunk);
     out.bytes += resp.body.size();
     out.items.push_back({FetchedResponse::Kind::kRecordsPage, u.did, u.collection, u.pds, "", 0,
-                         std::move(resp.body), nullptr});
+                         std::move(resp.body), nullptr, false});
   }
   if (scan.count == 0 || scan.cursor.empty() || scan.cursor == u.page_cursor) {
     FinishUnit(u, chunk, "", "", false);

@@ -96,6 +96,9 @@ struct CrawlStats {
   uint64_t units_queued = 0;
   uint64_t units_finished = 0;  // left the queue (records or a final error)
   uint64_t units_failed = 0;    // of which with a final error
+  // of which the PDS reported the account deactivated, taken down, suspended or gone: an outcome,
+  // not an error (logged as repo_unavailable)
+  uint64_t units_unavailable = 0;
   uint64_t units_deferred = 0;  // out of tries this run; left queued
   uint64_t fetch_requests = 0;
   uint64_t resolutions = 0;

@@ -165,6 +165,13 @@ void ResponseDecoder::Decode(const FetchedResponses& in, pipeline::EventChunk* c
     recent.records = repo->records.size();
     recent.outcome = "ok";
     log->PutRecent(&chunk->state_writes, job, recent, options->recent_repos);
+    if (r.replaces_stored) {
+      pipeline::AccountEvent marker =
+          pipeline::ResyncMarker(r.did, options->collections, repo->rev);
+      marker.origin = pipeline::Origin::kCrawl;
+      marker.position = chunk->seq;
+      chunk->events.emplace_back(std::move(marker));
+    }
     for (auto& rec : repo->records) {
       rec.position = chunk->seq;
       chunk->events.emplace_back(std::move(rec));

@@ -42,6 +42,10 @@ struct FetchedResponse {
   std::string body;
   // kRepo fetched with getRepo?since: the answer read against the stored records (body empty).
   std::shared_ptr<RepoDiff> diff;
+  // kRepo fetched whole because a getRepo?since answer could not settle it: the table holds an
+  // older state of the repo, so its records replace the stored rows, as a resync's do (the rows
+  // the repo no longer holds go).
+  bool replaces_stored = false;
 };
 
 // A chunk's answers, in the order they arrived.

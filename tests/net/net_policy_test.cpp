@@ -215,6 +215,23 @@ TEST(XrpcErrorTest, ParsesErrorAndMessage) {
   }
 }
 
+// An account's state is an outcome of the crawl; a refused request (InvalidRequest) is an error.
+TEST(XrpcErrorTest, AccountStatesAreTheFinalAnswersThatNameTheAccount) {
+  auto state_for = [](int status, const char* error) {
+    return IsAccountStateXrpcError(status, XrpcError{error, ""});
+  };
+  EXPECT_TRUE(state_for(400, "RepoNotFound"));
+  EXPECT_TRUE(state_for(404, "RepoNotFound"));
+  EXPECT_TRUE(state_for(400, "RepoTakendown"));
+  EXPECT_TRUE(state_for(400, "RepoDeactivated"));
+  EXPECT_TRUE(state_for(400, "RepoSuspended"));
+  EXPECT_FALSE(state_for(400, "InvalidRequest"));
+  EXPECT_FALSE(state_for(500, "RepoDeactivated"));
+  EXPECT_FALSE(state_for(429, "RepoTakendown"));
+  EXPECT_FALSE(state_for(401, "AuthRequired"));
+  EXPECT_FALSE(state_for(200, "RepoNotFound"));
+}
+
 TEST(XrpcErrorTest, FinalForDefinitiveAnswersOnly) {
   auto final_for = [](int status, const char* error) {
     return IsFinalXrpcError(status, XrpcError{error, ""});

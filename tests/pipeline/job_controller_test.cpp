@@ -56,6 +56,27 @@ class CountingSource : public Source {
   uint64_t next_ = 0;
 };
 
+// A CountingSource whose every chunk logs an outcome (repo_unavailable: an account its PDS reports
+// deactivated), but chunk `error_at` (from 1; 0 = none), which logs an error (bad_repo).
+class OutcomeSource : public CountingSource {
+ public:
+  OutcomeSource(uint64_t chunks, uint64_t error_at) : CountingSource(chunks), error_at_(error_at) {}
+  Result<bool> Read(EventChunk* chunk) override {
+    ATFILL_ASSIGN_OR_RETURN(bool more, CountingSource::Read(chunk));
+    if (!more) return false;
+    const std::string did = "did:plc:account" + chunk->resume_cursor;
+    if (chunk->resume_cursor == std::to_string(error_at_)) {
+      chunk->errors.push_back({"bad_repo", did, "its commit does not verify"});
+    } else {
+      chunk->errors.push_back({"repo_unavailable", did, "HTTP 400 RepoDeactivated"});
+    }
+    return true;
+  }
+
+ private:
+  uint64_t error_at_;
+};
+
 // `chunks` chunks, then the end of a stream that went quiet (the consumer pauses "stream_idle").
 class IdleStream : public CountingSource {
  public:
@@ -180,6 +201,48 @@ TEST_F(JobControllerTest, RunsAJobOfARegisteredKindToItsEnd) {
   ASSERT_TRUE(stored.ok());
   EXPECT_EQ(stored->status, state::JobStatus::kCompleted);
   EXPECT_FALSE(c->Running(outcome->job.id));
+}
+
+// What the network reported of its accounts is logged but is no error: a job whose log holds only
+// outcomes, even past the log's cap, completes without unresolved errors and is not stopped at
+// the cap; one error before the cap makes it one with errors, and one past the cap (which the
+// log cannot store) fails the job at the cap as before.
+TEST_F(JobControllerTest, OutcomesInTheErrorLogAreNotErrorsEvenPastItsCap) {
+  errors_ =
+      std::make_unique<state::ErrorLog>(*kv_, state::ErrorLogOptions{.max_entries_per_job = 4});
+  auto c = MakeController();
+  c->SetPlanner("outcomes", [this](state::JobRecord& job, const JobContext&) {
+    JobPlan plan = PlanOf(std::make_shared<OutcomeSource>(std::stoull(job.params["chunks"]),
+                                                          std::stoull(job.params["error_at"])),
+                          "job/" + std::to_string(job.id) + "/outcomes");
+    plan.batch = BatcherOptions{.max_events = 1, .max_delay_ms = 5, .max_chunks = 1};
+    return Result<JobPlan>(std::move(plan));
+  });
+  const auto run = [&](uint64_t error_at) {
+    state::JobRecord job = NewJob("outcomes", 12);
+    job.params["error_at"] = std::to_string(error_at);
+    auto outcome = c->Run(std::move(job));
+    EXPECT_TRUE(outcome.ok()) << outcome.status().message();
+    return outcome.ok() ? *outcome : JobOutcome{};
+  };
+
+  const JobOutcome clean = run(0);
+  EXPECT_EQ(clean.job.status, state::JobStatus::kCompleted) << clean.job.stop_reason.sentence;
+  EXPECT_FALSE(clean.unresolved_errors);
+  EXPECT_EQ(clean.job.counters.failed_records, 0u);
+  auto kinds = errors_->CountsByKind(clean.job.id);
+  ASSERT_TRUE(kinds.ok());
+  EXPECT_EQ(kinds->at("repo_unavailable"), 12u);  // counted past the cap of 4
+
+  const JobOutcome early = run(1);
+  EXPECT_EQ(early.job.status, state::JobStatus::kCompleted) << early.job.stop_reason.sentence;
+  EXPECT_TRUE(early.unresolved_errors);
+  EXPECT_EQ(early.job.counters.failed_records, 1u);
+
+  const JobOutcome late = run(9);
+  EXPECT_EQ(late.job.status, state::JobStatus::kFailed);
+  EXPECT_EQ(late.job.stop_reason.code, "error_cap");
+  EXPECT_EQ(late.job.counters.failed_records, 1u);
 }
 
 TEST_F(JobControllerTest, AKindWithoutAPlannerIsRefusedByName) {

@@ -360,6 +360,83 @@ TEST(VerifyTest, IncrementalBackfillAppliesWhatChangedSinceTheStoredRev) {
   EXPECT_TRUE(down.ok()) << down.ToString();
 }
 
+// [crawl] incremental, when the getRepo?since answer cannot settle a repo: a record created
+// after the backfill with the bytes of one the repo held before (the same block, which the PDS does
+// not send again) makes the crawl fetch the whole repo, and the whole repo replaces the stored
+// rows: a record deleted beside it leaves the table as it left the PDS.
+TEST(VerifyTest, AnIncrementalBackfillThatFetchesTheWholeRepoDropsTheRowsItNoLongerHolds) {
+  ATFILL_PEERS_UP(peers, kSeedArgs);
+  const PeerManifest& m = peers.manifest();
+  std::map<std::string, std::string> want = ManifestTable(m);
+  const std::set<std::string> collections = ManifestCollections(m);
+  net::HttpClientOptions options;
+  options.allow_private_addresses = true;
+  auto client = net::HttpClient::Start(options);
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  const PeerAccount& a = m.accounts[0];
+  const std::string xrpc = peers.pds_url_ip() + "/xrpc/";
+  const std::string session = Post(**client, xrpc + "com.atproto.server.createSession",
+                                   "{\"identifier\":\"" + a.did + "\",\"password\":\"password\"}");
+  const std::string token = Member(session, "accessJwt");
+  ASSERT_FALSE(token.empty()) << session;
+  const std::string collection = a.records[1].collection;
+  const auto create = [&](const std::string& rkey) {
+    return Post(**client, xrpc + "com.atproto.repo.createRecord",
+                "{\"repo\":\"" + a.did + "\",\"collection\":\"" + collection + "\",\"rkey\":\"" +
+                    rkey + "\",\"validate\":false,\"record\":{\"$type\":\"" + collection +
+                    "\",\"text\":\"the same bytes twice\"}}",
+                token);
+  };
+  const std::string first_twin = create("twin-1");
+  ASSERT_FALSE(Member(first_twin, "cid").empty()) << first_twin;
+  want[Member(first_twin, "uri")] = Member(first_twin, "cid");
+
+  TempDir dir;
+  const std::string config = (dir.path() / "atfill.toml").string();
+  const std::string db = (dir.path() / "db.sqlite").string();
+  WriteFile(config, CrawlConfig(peers.pds_url(),
+                                "discovery = \"listRepos\"\nmode = \"getRepo\"\n"
+                                "incremental = true\ncollections = [" +
+                                    TomlStrings(collections) + "]\n",
+                                peers.plc_url()));
+  ProcessResult first = RunProcess({ATFILL_BINARY, "backfill", config}, dir.path());
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  ASSERT_EQ(TableCids(db), want);
+
+  const PeerRecord& gone = a.records[0];
+  ASSERT_EQ(Post(**client, xrpc + "com.atproto.repo.deleteRecord",
+                 "{\"repo\":\"" + a.did + "\",\"collection\":\"" + gone.collection +
+                     "\",\"rkey\":\"" + gone.rkey + "\"}",
+                 token)
+                .rfind("error", 0),
+            std::string::npos);
+  const std::string second_twin = create("twin-2");
+  ASSERT_EQ(Member(second_twin, "cid"), Member(first_twin, "cid")) << second_twin;
+  want.erase(gone.uri);
+  want[Member(second_twin, "uri")] = Member(second_twin, "cid");
+
+  ProcessResult second = RunProcess({ATFILL_BINARY, "backfill", config}, dir.path());
+  ASSERT_EQ(second.exit_code, 0) << second.err;
+  EXPECT_EQ(TableCids(db), want) << second.err;
+
+  ProcessResult job = RunProcess({ATFILL_BINARY, "job", config, "2", "--json"}, dir.path());
+  ASSERT_EQ(job.exit_code, 0) << job.err;
+  simdjson::dom::parser parser;
+  simdjson::dom::element doc;
+  ASSERT_EQ(parser.parse(job.out).get(doc), simdjson::SUCCESS) << job.out;
+  auto counter = [&](const char* name) -> uint64_t {
+    uint64_t v = 0;
+    return doc["job"]["counters"][name].get(v) == simdjson::SUCCESS ? v : 0;
+  };
+  // The two accounts that wrote nothing are settled by their answers; account 0 is fetched whole.
+  EXPECT_EQ(counter("repos_incremental_refetched"), 1u) << job.out;
+  EXPECT_EQ(counter("repos_incremental"), 2u) << job.out;
+  EXPECT_EQ(counter("resyncs"), 1u) << job.out;
+
+  const Status down = peers.Down();
+  EXPECT_TRUE(down.ok()) << down.ToString();
+}
+
 std::string ReadText(const std::filesystem::path& path) {
   std::ifstream in(path);
   std::stringstream text;
@@ -387,6 +464,99 @@ simnet::SimnetOptions ActivePlcNetwork(uint64_t seed, uint32_t accounts, uint32_
   so.deactivated_share = 0;
   so.takendown_share = 0;
   return so;
+}
+
+// What the network reports of its accounts is an outcome, not an error: a getRepo backfill of a
+// simnet network with deactivated and taken-down accounts completes without errors and exits 0,
+// counting them (units_unavailable) and listing them (atfill job --errors) with the state each
+// PDS answered. A repo whose commit is signed with another key than its DID document's is an
+// error: the same backfill of a network that has one exits 1.
+TEST(VerifyTest, UnavailableAccountsAreOutcomesAndABadRepoStillExits1) {
+  for (const bool bad_signature : {false, true}) {
+    SCOPED_TRACE(bad_signature ? "one PDS signs with another key" : "no bad repo");
+    simnet::SimnetOptions so = ActivePlcNetwork(23, 40, 2, 1, 8);
+    so.collections = {"app.bsky.feed.post", "app.bsky.feed.like"};
+    so.deactivated_share = 0.1;
+    so.takendown_share = 0.1;
+    if (bad_signature) {
+      auto rules = simnet::ParseFaultSpec("pds-0001:bad_signature=always");
+      ASSERT_TRUE(rules.ok()) << rules.status().ToString();
+      so.faults = *rules;
+    }
+    auto net = simnet::Simnet::Start(so);
+    ASSERT_TRUE(net.ok()) << net.status().ToString();
+    // The inactive accounts' states as their PDS answers them (getRepo lists a repo with records).
+    std::map<std::string, std::string> inactive;
+    for (const simnet::Account& a : (*net)->network().accounts()) {
+      uint64_t records = 0;
+      for (uint32_t n : a.collection_counts) records += n;
+      if (a.status == simnet::AccountStatus::kDeactivated && records > 0) {
+        inactive[a.did] = "RepoDeactivated";
+      } else if (a.status == simnet::AccountStatus::kTakendown && records > 0) {
+        inactive[a.did] = "RepoTakendown";
+      }
+    }
+    ASSERT_GE(inactive.size(), 2u);
+    auto truth = (*net)->Truth();
+    ASSERT_TRUE(truth.ok()) << truth.status().ToString();
+    std::map<std::string, std::string> want;
+    for (const simnet::TruthRecord& r : truth->records) {
+      if (r.faults.find("bad_signature") == std::string::npos) want[r.uri] = r.cid;
+    }
+    ASSERT_EQ(want.size() < truth->records.size(), bad_signature);
+
+    TempDir dir;
+    const std::string config = (dir.path() / "atfill.toml").string();
+    const std::string db = (dir.path() / "db.sqlite").string();
+    WriteFile(config, CrawlConfig((*net)->relay_url(), kPostsAndLikes, (*net)->plc_url()));
+    ProcessResult backfill = RunProcess({ATFILL_BINARY, "backfill", config}, dir.path());
+    EXPECT_EQ(backfill.exit_code, bad_signature ? 1 : 0) << backfill.err;
+    EXPECT_EQ(TableCids(db), want);
+    EXPECT_NE(backfill.err.find(", " + std::to_string(inactive.size()) + " unavailable"),
+              std::string::npos)
+        << backfill.err;
+
+    ProcessResult job =
+        RunProcess({ATFILL_BINARY, "job", config, "1", "--json", "--errors"}, dir.path());
+    ASSERT_EQ(job.exit_code, 0) << job.err;
+    simdjson::dom::parser parser;
+    simdjson::dom::element doc;
+    ASSERT_EQ(parser.parse(job.out).get(doc), simdjson::SUCCESS) << job.out;
+    uint64_t unavailable = 0, failed = 0, outcomes = 0;
+    EXPECT_EQ(doc["job"]["counters"]["units_unavailable"].get(unavailable), simdjson::SUCCESS);
+    EXPECT_EQ(doc["job"]["counters"]["failed_records"].get(failed), simdjson::SUCCESS);
+    EXPECT_EQ(doc["outcomes_by_kind"]["repo_unavailable"].get(outcomes), simdjson::SUCCESS)
+        << job.out;
+    EXPECT_EQ(unavailable, inactive.size()) << job.out;
+    EXPECT_EQ(outcomes, inactive.size()) << job.out;
+    std::map<std::string, std::string> listed;  // DID -> the XRPC error its PDS answered
+    std::set<std::string> error_kinds;
+    for (simdjson::dom::element e : doc["errors"].get_array()) {
+      const std::string kind(e["kind"].get_string().value());
+      const std::string key(e["key"].get_string().value());
+      const std::string message(e["message"].get_string().value());
+      if (kind != "repo_unavailable") {
+        error_kinds.insert(kind);
+        continue;
+      }
+      for (const char* state : {"RepoDeactivated", "RepoTakendown"}) {
+        if (message.find(state) != std::string::npos) listed[key] = state;
+      }
+    }
+    EXPECT_EQ(listed, inactive) << job.out;
+    if (bad_signature) {
+      EXPECT_EQ(error_kinds, std::set<std::string>{"bad_signature"}) << job.out;
+      EXPECT_GT(failed, 0u) << job.out;
+    } else {
+      EXPECT_TRUE(error_kinds.empty()) << job.out;
+      EXPECT_EQ(failed, 0u) << job.out;
+    }
+
+    ProcessResult shown = RunProcess({ATFILL_BINARY, "job", config, "1"}, dir.path());
+    ASSERT_EQ(shown.exit_code, 0) << shown.err;
+    EXPECT_NE(shown.out.find("unavailable accounts"), std::string::npos) << shown.out;
+    EXPECT_NE(shown.out.find("repo_unavailable"), std::string::npos) << shown.out;
+  }
 }
 
 // [verify] every_hours: `atfill run` (no live consumer) starts a verify job of the stored repos

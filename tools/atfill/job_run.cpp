@@ -110,11 +110,19 @@ Result<pipeline::JobOutcome> RunAndReport(const char* verb, const AppConfig& con
                FormatCount(c.events_read).c_str(), ReadNoun(done),
                FormatCount(c.records_written).c_str(),
                dry_run ? " (dry run: nothing was written; this is what would have been)" : "");
-  std::fprintf(stderr, ", %s errors\n", FormatCount(c.failed_records).c_str());
-  if (c.failed_records > 0) {
+  std::fprintf(stderr, ", %s errors", FormatCount(c.failed_records).c_str());
+  const auto found = c.extra.find("units_unavailable");
+  const uint64_t unavailable = found == c.extra.end() ? 0 : found->second;
+  if (unavailable > 0) {
+    std::fprintf(stderr, ", %s unavailable (accounts deactivated, taken down or gone)",
+                 FormatCount(unavailable).c_str());
+  }
+  std::fprintf(stderr, "\n");
+  if (c.failed_records > 0 || unavailable > 0) {
     std::fprintf(stderr,
-                 "atfill %s: the errors are listed by: atfill job %s %" PRIu64 " --errors\n", verb,
-                 config.path.c_str(), done.id);
+                 "atfill %s: the errors and unavailable accounts are listed by: atfill job %s "
+                 "%" PRIu64 " --errors\n",
+                 verb, config.path.c_str(), done.id);
   }
   if (!done.stop_reason.empty()) {
     std::fprintf(stderr, "atfill %s: %s: %s\n", verb, done.stop_reason.code.c_str(),

@@ -1,12 +1,14 @@
 // atfill jobs | job | pause | resume | cancel: looking at jobs and steering them.
 #include <cinttypes>
 #include <cstdio>
+#include <map>
 #include <string>
 
 #include "base/json_writer.hpp"
 #include "pipeline/engine.hpp"
 #include "pipeline/job.hpp"
 #include "pipeline/job_details.hpp"
+#include "state/error_log.hpp"
 #include "state/failed_blocks.hpp"
 #include "tools/atfill/app_config.hpp"
 #include "tools/atfill/args.hpp"
@@ -125,7 +127,12 @@ int RunJob(std::span<char* const> args) {
   }
   const state::JobRecord* job = &details->job;
   const int64_t now = pipeline::NowMicros();
-  const auto* counts = &details->errors_by_kind;
+  // What the network reported of its accounts is listed apart from the errors.
+  std::map<std::string, uint64_t> error_counts, outcome_counts;
+  for (const auto& [k, v] : details->errors_by_kind) {
+    (state::IsOutcomeKind(k) ? outcome_counts : error_counts)[k] = v;
+  }
+  const auto* counts = &error_counts;
   const std::vector<state::HostSummary>& hosts = details->hosts;
   const std::vector<state::RecentRepo>& recent = details->recent;
 
@@ -147,6 +154,9 @@ int RunJob(std::span<char* const> args) {
     w.BeginObject().Key("job").Raw(JobJson(*job, now));
     w.Key("errors_by_kind").BeginObject();
     for (const auto& [k, v] : *counts) w.Key(k).Uint(v);
+    w.EndObject();
+    w.Key("outcomes_by_kind").BeginObject();
+    for (const auto& [k, v] : outcome_counts) w.Key(k).Uint(v);
     w.EndObject();
     if (a.batches) {
       w.Key("batches").BeginArray();
@@ -234,6 +244,13 @@ int RunJob(std::span<char* const> args) {
   std::printf("  errors      %s\n", counts->empty() ? "none" : "");
   for (const auto& [k, v] : *counts)
     std::printf("    %-22s %s\n", k.c_str(), FormatCount(v).c_str());
+  if (!outcome_counts.empty()) {
+    std::printf(
+        "  unavailable accounts (deactivated, taken down, suspended or gone; not errors%s)\n",
+        a.errors ? "" : "; listed by --errors");
+    for (const auto& [k, v] : outcome_counts)
+      std::printf("    %-22s %s\n", k.c_str(), FormatCount(v).c_str());
+  }
   if (j.params.count("source") && j.params.at("source") == "replay") {
     // The archive blocks still failed (atfill retry-failed reads them again).
     state::FailedBlocks failed(*st->kv);

@@ -54,9 +54,11 @@ std::span<const Verb> Verbs() {
        "                      in [archive] dir instead: a records sweep, then an account sweep)\n"
        "                      or auto (replay when the archive can be read, else crawl);\n"
        "                      default [crawl] source. Account backfills (--did) always crawl.\n\n"
-       "exit: 0 completed, 1 completed with errors in its log (repos that could not be\n"
-       "      fetched) or failed, 2 usage or config, 3 state unavailable,\n"
-       "      4 paused (on request, or with work left: see the stop reason) or cancelled\n",
+       "exit: 0 completed (accounts their PDS reports deactivated, taken down, suspended\n"
+       "      or gone are counted, not errors), 1 completed with errors in its log (repos\n"
+       "      that could not be fetched or verified) or failed, 2 usage or config,\n"
+       "      3 state unavailable, 4 paused (on request, or with work left: see the stop\n"
+       "      reason) or cancelled\n",
        RunBackfill},
       {"archive", "write Jetstream event files into a Jetstream v2 archive (.jss segments)",
        "usage: atfill archive write CONFIG DIR FILE... [--rows-per-block N] [--segment-kb N]\n\n"
