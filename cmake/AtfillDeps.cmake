@@ -8,12 +8,13 @@ macro(atfill_pkg_dependency prefix module)
 endmacro()
 include(AtfillEngineDeps)
 
-# The launcher's tools only: the admin server, its metrics, the command line.
-pkg_check_modules(HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)
+# The launcher's tools only: the admin server's metrics, the command line.
 find_package(prometheus-cpp CONFIG REQUIRED)
 find_package(CLI11 CONFIG REQUIRED)
 if(ATFILL_BUILD_TESTS)
   find_package(GTest REQUIRED)
+  # The HTTP client of the admin and live tests.
+  pkg_check_modules(HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)
 endif()
 if(ATFILL_BUILD_BENCH)
   find_package(benchmark REQUIRED)

@@ -5,10 +5,23 @@
 #include <httplib.h>
 #include <simdjson.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
+#include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <regex>
@@ -16,6 +29,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/common/test_util.hpp"
 #include "tools/atfill/admin/admin_server.hpp"
 #include "tools/atfill/admin/metrics.hpp"
 
@@ -1267,6 +1281,299 @@ TEST_F(AdminEventsTest, UnknownJobIs404AndStreamsAreBounded) {
     if (again.Next() && (status = again.status()) == 200) break;
   }
   EXPECT_EQ(status, 200);
+}
+
+// --- Slow, idle and non-reading clients ---
+
+// A client socket on loopback, driven byte by byte, for the clients httplib will not be: one
+// that stops halfway through its request, drips it, or never reads its answer.
+class RawClient {
+ public:
+  // `receive_buffer` > 0 shrinks the socket's receive buffer (before connecting, so the window
+  // the server sees is small too).
+  explicit RawClient(uint16_t port, int receive_buffer = 0) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    EXPECT_GE(fd_, 0) << std::strerror(errno);
+    if (receive_buffer > 0) {
+      ::setsockopt(fd_, SOL_SOCKET, SO_RCVBUF, &receive_buffer, sizeof(receive_buffer));
+    }
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(port);
+    connected_ = ::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+    EXPECT_TRUE(connected_) << std::strerror(errno);
+  }
+  ~RawClient() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  RawClient(const RawClient&) = delete;
+  RawClient& operator=(const RawClient&) = delete;
+
+  // True when all of `bytes` went into the socket.
+  bool Send(std::string_view bytes) {
+    while (!bytes.empty()) {
+      const ssize_t n = ::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+      if (n <= 0) return false;
+      bytes.remove_prefix(static_cast<size_t>(n));
+    }
+    return true;
+  }
+
+  // Reads one answer with a Content-Length body (the server's only other framing is the event
+  // streams', not read here); its status, or 0 when none came within `timeout`.
+  int ReadAnswer(std::chrono::milliseconds timeout, std::string* body = nullptr) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      const size_t head_end = in_.find("\r\n\r\n");
+      if (head_end != std::string::npos) {
+        const std::string head = in_.substr(0, head_end);
+        std::smatch m;
+        size_t length = 0;
+        if (std::regex_search(head, m, std::regex("[Cc]ontent-[Ll]ength: *([0-9]+)"))) {
+          length = std::stoul(m[1].str());
+        }
+        if (in_.size() >= head_end + 4 + length) {
+          if (body != nullptr) *body = in_.substr(head_end + 4, length);
+          in_.erase(0, head_end + 4 + length);
+          return head.size() > 12 ? std::atoi(head.c_str() + 9) : -1;
+        }
+      }
+      if (!ReadSome(deadline)) return 0;
+    }
+  }
+
+  // True when the server closed the connection (end of stream or reset) within `timeout`;
+  // whatever arrives before counts in received().
+  bool WaitClosed(std::chrono::milliseconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (ReadSome(deadline)) {
+    }
+    return closed_;
+  }
+
+  // Closed as far as a look without waiting tells.
+  bool ClosedNow() { return WaitClosed(std::chrono::milliseconds(0)); }
+
+  // The server closed or reset the connection, told by the socket's TCP state without reading
+  // (reading would let a stalled server write on).
+  bool PeerEnded() const {
+    tcp_info info{};
+    socklen_t len = sizeof(info);
+    if (::getsockopt(fd_, IPPROTO_TCP, TCP_INFO, &info, &len) != 0) return true;
+    return info.tcpi_state != TCP_ESTABLISHED;
+  }
+
+  size_t received() const { return received_; }
+
+ private:
+  // Reads what is there (waiting until `deadline` for something); false at the deadline or
+  // once the connection has closed.
+  bool ReadSome(std::chrono::steady_clock::time_point deadline) {
+    if (closed_) return false;
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    pollfd p{fd_, POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(std::max<int64_t>(0, left.count()))) <= 0) return false;
+    char buf[65536];
+    const ssize_t n = ::recv(fd_, buf, sizeof(buf), 0);
+    if (n <= 0) {
+      closed_ = true;
+      return false;
+    }
+    in_.append(buf, static_cast<size_t>(n));
+    received_ += static_cast<size_t>(n);
+    if (in_.size() > (1u << 20)) in_.erase(0, in_.size() - (1u << 16));
+    return true;
+  }
+
+  int fd_ = -1;
+  bool connected_ = false;
+  bool closed_ = false;
+  std::string in_;
+  size_t received_ = 0;
+};
+
+constexpr const char* kHalfSentHead = "GET / HTTP/1.1\r\nHost: x\r\n";
+
+class AdminSlowClientsTest : public AdminServerTest {
+ protected:
+  void SetUp() override {
+    AdminServerTest::SetUp();
+    options_.header_timeout_s = 2;
+    options_.body_timeout_s = 2;
+    options_.io_timeout_s = 2;
+    options_.idle_timeout_s = 30;
+  }
+
+  // GET / and an authorised GET /admin/backfill each answer 200 within 2 s.
+  void ExpectPromptAnswers() {
+    for (const char* path : {"/", "/admin/backfill"}) {
+      SCOPED_TRACE(path);
+      const auto t0 = std::chrono::steady_clock::now();
+      Answer a = Call("GET", path, "", std::string("Bearer ") + kToken);
+      const auto took = std::chrono::steady_clock::now() - t0;
+      EXPECT_EQ(a.status, 200);
+      EXPECT_LT(took, std::chrono::seconds(2));
+    }
+  }
+
+  std::string Scrape() { return Call("GET", "/metrics").body; }
+};
+
+TEST_F(AdminSlowClientsTest, HalfSentAndIdleConnectionsNeitherStallOthersNorStay) {
+  StartServer();
+  backend_.Add(JobStatus::kRunning, JobStage::kDiscovering);
+  std::vector<std::unique_ptr<RawClient>> half_sent;
+  std::vector<std::unique_ptr<RawClient>> silent;
+  for (int i = 0; i < 300; ++i) {
+    half_sent.push_back(std::make_unique<RawClient>(server_.port()));
+    ASSERT_TRUE(half_sent.back()->Send(kHalfSentHead));
+  }
+  for (int i = 0; i < 50; ++i) silent.push_back(std::make_unique<RawClient>(server_.port()));
+  const auto opened = std::chrono::steady_clock::now();
+  ExpectPromptAnswers();
+  // Every one of them is closed by the header deadline (2 s from its accept), none much later.
+  for (auto* group : {&half_sent, &silent}) {
+    for (size_t i = 0; i < group->size(); ++i) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          opened + std::chrono::seconds(5) - std::chrono::steady_clock::now());
+      ASSERT_TRUE((*group)[i]->WaitClosed(std::max(left, std::chrono::milliseconds(0))))
+          << "connection " << i << " of " << group->size() << " still open";
+      EXPECT_EQ((*group)[i]->received(), 0u);
+    }
+  }
+  EXPECT_NE(Scrape().find("atfill_errors_total{kind=\"admin_header_timeout\"} 350\n"),
+            std::string::npos)
+      << Scrape();
+  ExpectPromptAnswers();
+}
+
+TEST_F(AdminSlowClientsTest, ADrippedHeadIsCutAtTheHeaderDeadline) {
+  StartServer();
+  RawClient slow(server_.port());
+  ASSERT_TRUE(slow.Send("GET / HTTP/1.1\r\nHost: x\r\n"));
+  // A header line every 100 ms keeps every single read short; only a deadline on the whole head
+  // ends it.
+  const auto t0 = std::chrono::steady_clock::now();
+  bool closed = false;
+  for (int i = 0; i < 60 && !closed; ++i) {
+    closed = !slow.Send("X-Drip-" + std::to_string(i) + ": y\r\n") ||
+             slow.WaitClosed(std::chrono::milliseconds(100));
+  }
+  EXPECT_TRUE(closed) << "still open after 6 s";
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(4));
+  EXPECT_EQ(slow.received(), 0u);
+}
+
+TEST_F(AdminSlowClientsTest, ADrippedBodyIsCutAtTheBodyDeadlineAndOthersAreServed) {
+  StartServer();
+  RawClient slow(server_.port());
+  ASSERT_TRUE(slow.Send(std::string("POST /admin/backfill HTTP/1.1\r\nHost: x\r\nAuthorization: "
+                                    "Bearer ") +
+                        kToken +
+                        "\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"));
+  const auto t0 = std::chrono::steady_clock::now();
+  bool closed = false;
+  for (int i = 0; i < 60 && !closed; ++i) {
+    closed = !slow.Send(" ") || slow.WaitClosed(std::chrono::milliseconds(100));
+    if (i == 5) ExpectPromptAnswers();
+  }
+  EXPECT_TRUE(closed) << "still open after 6 s";
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+  EXPECT_TRUE(backend_.started().empty());
+  EXPECT_NE(Scrape().find("atfill_errors_total{kind=\"admin_body_timeout\"} 1\n"),
+            std::string::npos);
+}
+
+TEST_F(AdminSlowClientsTest, ClientsThatNeverReadDoNotBlockOthersAndAreCut) {
+  StartServer();
+  // Each asks for the 34 KB script hundreds of times over and reads none of it, through a
+  // small receive window: the server's writes to it stall at once.
+  std::string requests;
+  for (int i = 0; i < 300; ++i) requests += "GET /app.js HTTP/1.1\r\nHost: x\r\n\r\n";
+  std::vector<std::unique_ptr<RawClient>> deaf;
+  for (int i = 0; i < 24; ++i) {
+    deaf.push_back(std::make_unique<RawClient>(server_.port(), 4096));
+    ASSERT_TRUE(deaf.back()->Send(requests));
+  }
+  ExpectPromptAnswers();
+  // The write deadline (2 s) cuts each of them: what arrived before the close is far less than
+  // the 300 answers asked for.
+  const size_t asked = 300 * DashboardFiles()[0].bytes.size();
+  for (size_t i = 0; i < deaf.size(); ++i) {
+    ASSERT_TRUE(testing::WaitUntil([&] { return deaf[i]->PeerEnded(); }, std::chrono::seconds(8)))
+        << "client " << i;
+    deaf[i]->WaitClosed(std::chrono::seconds(2));
+    EXPECT_LT(deaf[i]->received(), asked / 2) << "client " << i;
+  }
+  EXPECT_NE(Scrape().find("atfill_errors_total{kind=\"admin_write_timeout\"}"), std::string::npos);
+}
+
+TEST_F(AdminSlowClientsTest, AtTheCapTheOldestIdleConnectionMakesRoom) {
+  options_.max_connections = 8;
+  options_.max_event_streams = 2;
+  StartServer();
+  const uint64_t id = backend_.Add(JobStatus::kRunning, JobStage::kDiscovering);
+  // One stream (busy, never closed to make room), then idle keep-alive connections up to the
+  // cap, oldest first: each has had an answer, so the server holds it.
+  SseReader stream(server_.port(), "/admin/backfill/" + std::to_string(id) + "/events");
+  ASSERT_EQ(stream.Next()->name, "snapshot");
+  std::vector<std::unique_ptr<RawClient>> idle;
+  for (int i = 0; i < 7; ++i) {
+    idle.push_back(std::make_unique<RawClient>(server_.port()));
+    ASSERT_TRUE(idle.back()->Send("GET /style.css HTTP/1.1\r\nHost: x\r\n\r\n"));
+    ASSERT_EQ(idle.back()->ReadAnswer(std::chrono::seconds(5)), 200) << i;
+  }
+  // Two newcomers, kept open: each is served, and each closes the oldest idle one still open.
+  std::vector<std::unique_ptr<RawClient>> newcomers;
+  for (size_t round = 0; round < 2; ++round) {
+    SCOPED_TRACE(round);
+    newcomers.push_back(std::make_unique<RawClient>(server_.port()));
+    ASSERT_TRUE(newcomers.back()->Send("GET /style.css HTTP/1.1\r\nHost: x\r\n\r\n"));
+    EXPECT_EQ(newcomers.back()->ReadAnswer(std::chrono::seconds(2)), 200);
+    EXPECT_TRUE(idle[round]->WaitClosed(std::chrono::seconds(2)));
+  }
+  for (size_t i = 2; i < idle.size(); ++i) EXPECT_FALSE(idle[i]->ClosedNow()) << i;
+  for (auto& c : newcomers) EXPECT_FALSE(c->ClosedNow());
+  // The stream was never a candidate.
+  backend_.SetRecordsWritten(id, 5);
+  auto e = stream.Next();
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->name, "counters");
+  // The scrape's own connection made a third room.
+  EXPECT_NE(Scrape().find("atfill_errors_total{kind=\"admin_connection_evicted\"} 3\n"),
+            std::string::npos);
+  EXPECT_TRUE(idle[2]->WaitClosed(std::chrono::seconds(2)));
+}
+
+TEST_F(AdminSlowClientsTest, StopIsPromptWithSlowClientsOpen) {
+  StartServer();
+  std::vector<std::unique_ptr<RawClient>> half_sent;
+  for (int i = 0; i < 50; ++i) {
+    half_sent.push_back(std::make_unique<RawClient>(server_.port()));
+    ASSERT_TRUE(half_sent.back()->Send(kHalfSentHead));
+  }
+  ExpectPromptAnswers();
+  const auto t0 = std::chrono::steady_clock::now();
+  server_.Stop();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(1));
+  for (auto& c : half_sent) EXPECT_TRUE(c->WaitClosed(std::chrono::seconds(1)));
+}
+
+TEST(AdminServerOptionsTest, ConnectionBoundsAreChecked) {
+  AdminServerOptions o;
+  o.token = "fine";
+  ASSERT_TRUE(o.Validate().ok());
+  for (auto set : std::vector<std::function<void(AdminServerOptions&)>>{
+           [](AdminServerOptions& x) { x.header_timeout_s = 0; },
+           [](AdminServerOptions& x) { x.body_timeout_s = 0; },
+           [](AdminServerOptions& x) { x.max_connections = x.max_event_streams; }}) {
+    AdminServerOptions bad = o;
+    set(bad);
+    Status s = bad.Validate();
+    EXPECT_EQ(s.code(), StatusCode::kInvalid) << s.ToString();
+  }
 }
 
 }  // namespace

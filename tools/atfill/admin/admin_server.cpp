@@ -1,22 +1,36 @@
 #include "tools/atfill/admin/admin_server.hpp"
 #include "base/low_port.hpp"
 
-#include <httplib.h>
 #include <simdjson.h>
+#include <boost/asio/bind_executor.hpp>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/thread_pool.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <functional>
+#include <future>
 #include <initializer_list>
 #include <iterator>
+#include <list>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 #include <utility>
@@ -37,8 +51,10 @@ std::string FormatTime(int64_t unix_us) { return pipeline::FormatUtc(unix_us); }
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using httplib::Request;
-using httplib::Response;
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = asio::ip::tcp;
 
 constexpr const char* kJsonType = "application/json";
 constexpr const char* kMetricsType = "text/plain; version=0.0.4; charset=utf-8";
@@ -46,6 +62,54 @@ constexpr const char* kMetricsType = "text/plain; version=0.0.4; charset=utf-8";
 constexpr const char* kPagePolicy =
     "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
     "img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
+
+struct EventStream;
+class StreamSlot;
+
+// A request as the handlers see it: the path and the query decoded, the id segment of a
+// "{id}" route taken out.
+struct Request {
+  std::string method;
+  std::string path;
+  std::string id_segment;
+  std::multimap<std::string, std::string> params;
+  http::fields headers;
+  std::string body;
+
+  bool has_header(std::string_view name) const {
+    return headers.find(beast::string_view(name.data(), name.size())) != headers.end();
+  }
+  std::string get_header_value(std::string_view name) const {
+    auto it = headers.find(beast::string_view(name.data(), name.size()));
+    return it == headers.end() ? std::string() : std::string(it->value());
+  }
+  bool has_param(const std::string& name) const { return params.count(name) != 0; }
+  std::string get_param_value(const std::string& name) const {
+    auto it = params.find(name);
+    return it == params.end() ? std::string() : it->second;
+  }
+};
+
+// An answer as the handlers make it. One with `stream` set is an event stream: its head is
+// sent, then what the stream's polls produce, in chunks.
+struct Response {
+  int status = 0;
+  std::vector<std::pair<std::string, std::string>> headers;
+  std::string body;
+  std::shared_ptr<EventStream> stream;
+  std::shared_ptr<StreamSlot> slot;  // the stream's place among max_event_streams
+
+  void set_header(std::string_view name, std::string_view value) {
+    headers.emplace_back(name, value);
+  }
+  void set_content(std::string content, std::string_view type) {
+    body = std::move(content);
+    set_header("Content-Type", type);
+  }
+  void set_content(const char* data, size_t size, std::string_view type) {
+    set_content(std::string(data, size), type);
+  }
+};
 
 // --- JSON ---
 
@@ -334,26 +398,11 @@ constexpr Route kRoutes[] = {
     {"GET", "/metrics", RouteId::kMetrics},
 };
 
-// The regular expression httplib matches a route's path with. The id segment is bounded so the
-// match cannot recurse deeply; a longer one falls through to the fallback, which answers 404.
-std::string RouteRegex(std::string_view pattern) {
-  std::string out;
-  for (size_t i = 0; i < pattern.size(); ++i) {
-    if (pattern.substr(i).starts_with("{id}")) {
-      out += "([^/]{1,64})";
-      i += 3;
-    } else if (pattern[i] == '.' || pattern[i] == '-') {
-      out += '\\';
-      out += pattern[i];
-    } else {
-      out += pattern[i];
-    }
-  }
-  return out;
-}
+// The longest job id segment a route takes; a longer one matches no route and is answered 404.
+constexpr size_t kMaxIdSegment = 64;
 
-// Segment by segment, without regular expressions (the fallback's view of the table).
-bool MatchPath(std::string_view pattern, std::string_view path) {
+// Segment by segment; a "{id}" segment matches any non-empty one, which goes to `id` when given.
+bool MatchPath(std::string_view pattern, std::string_view path, std::string* id = nullptr) {
   for (;;) {
     const size_t p = pattern.find('/', 1);
     const size_t q = path.find('/', 1);
@@ -361,6 +410,7 @@ bool MatchPath(std::string_view pattern, std::string_view path) {
     const std::string_view qseg = path.substr(0, q);
     if (pseg == "/{id}") {
       if (qseg.size() < 2) return false;
+      if (id != nullptr) *id = std::string(qseg.substr(1));
     } else if (pseg != qseg) {
       return false;
     }
@@ -568,6 +618,19 @@ struct EventStream {
   }
 };
 
+// A stream's place among max_event_streams, given back when the last holder lets go of it: the
+// connection serving the stream, or the answer that would have opened it.
+class StreamSlot {
+ public:
+  explicit StreamSlot(std::function<void()> release) : release_(std::move(release)) {}
+  ~StreamSlot() { release_(); }
+  StreamSlot(const StreamSlot&) = delete;
+  StreamSlot& operator=(const StreamSlot&) = delete;
+
+ private:
+  std::function<void()> release_;
+};
+
 std::string EndEvent(uint64_t id, state::JobStatus status, std::string_view reason) {
   JsonWriter w;
   w.BeginObject().Key("id").Uint(id).Key("status").String(state::JobStatusName(status));
@@ -627,6 +690,99 @@ std::string_view Trim(std::string_view s) {
   while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
   while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
   return s;
+}
+
+// --- HTTP transport ---
+
+// A request head larger than this is refused with 431; a target longer than the second, 414.
+constexpr size_t kMaxHeadBytes = 16 * 1024;
+constexpr size_t kMaxTargetBytes = 8 * 1024;
+// How long a connection closed after its answer may go on sending what the server will not read,
+// so that the answer is not lost to a reset.
+constexpr auto kLingerTime = std::chrono::seconds(1);
+
+int HexValue(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+// %XX decoded (a malformed escape is kept as it is); in a query, '+' is a space as well.
+std::string PercentDecode(std::string_view s, bool query) {
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '%' && i + 2 < s.size() && HexValue(s[i + 1]) >= 0 && HexValue(s[i + 2]) >= 0) {
+      out += static_cast<char>(HexValue(s[i + 1]) * 16 + HexValue(s[i + 2]));
+      i += 2;
+    } else if (query && s[i] == '+') {
+      out += ' ';
+    } else {
+      out += s[i];
+    }
+  }
+  return out;
+}
+
+// The target's path and query parameters, decoded, into `req`.
+void SplitTarget(std::string_view target, Request* req) {
+  const size_t q = target.find('?');
+  req->path = PercentDecode(target.substr(0, q), false);
+  if (q == std::string_view::npos) return;
+  std::string_view rest = target.substr(q + 1);
+  while (!rest.empty()) {
+    const size_t amp = rest.find('&');
+    const std::string_view pair = rest.substr(0, amp);
+    rest.remove_prefix(amp == std::string_view::npos ? rest.size() : amp + 1);
+    if (pair.empty()) continue;
+    const size_t eq = pair.find('=');
+    req->params.emplace(
+        PercentDecode(pair.substr(0, eq), true),
+        eq == std::string_view::npos ? std::string() : PercentDecode(pair.substr(eq + 1), true));
+  }
+}
+
+// The head and body of a whole answer (the head only for HEAD), or the head of a stream's.
+std::string SerializeAnswer(const Response& res, bool keep_alive, bool head_only) {
+  const auto status = static_cast<unsigned>(res.status);
+  std::string out = "HTTP/1.1 " + std::to_string(status) + " ";
+  const beast::string_view reason = http::obsolete_reason(http::int_to_status(status));
+  out.append(reason.data(), reason.size());
+  out += "\r\n";
+  for (const auto& [name, value] : res.headers)
+    out.append(name).append(": ").append(value) += "\r\n";
+  if (res.stream) {
+    out += "Transfer-Encoding: chunked\r\n";
+  } else {
+    out += "Content-Length: " + std::to_string(res.body.size()) + "\r\n";
+  }
+  if (!keep_alive) out += "Connection: close\r\n";
+  out += "\r\n";
+  if (!head_only && !res.stream) out += res.body;
+  return out;
+}
+
+// One chunk of a chunked answer.
+std::string Chunk(std::string_view data) {
+  char size[20];
+  std::snprintf(size, sizeof(size), "%zx\r\n", data.size());
+  std::string out(size);
+  out.append(data) += "\r\n";
+  return out;
+}
+
+constexpr std::string_view kLastChunk = "0\r\n\r\n";
+
+// The answer to a request the transport refuses before any route sees it.
+Response ProtocolError(int status) {
+  Response res;
+  const char* what = status == 413   ? "the request body is too large"
+                     : status == 414 ? "the request URI is too long"
+                     : status == 431 ? "the request head is too large"
+                                     : "malformed request";
+  SendError(res, status, what);
+  return res;
 }
 
 }  // namespace
@@ -694,8 +850,14 @@ Status AdminServerOptions::Validate() const {
     return Status::Invalid("admin max_event_streams must be 1..threads-1");
   }
   if (max_body_bytes < 1024) return Status::Invalid("admin max_body_bytes must be at least 1024");
-  if (idle_timeout_s < 1 || io_timeout_s < 1) {
-    return Status::Invalid("admin idle_timeout_s and io_timeout_s must be at least 1");
+  if (max_connections <= max_event_streams || max_connections > 100000) {
+    return Status::Invalid("admin max_connections must be max_event_streams+1..100000, not " +
+                           std::to_string(max_connections));
+  }
+  if (header_timeout_s < 1 || body_timeout_s < 1 || idle_timeout_s < 1 || io_timeout_s < 1) {
+    return Status::Invalid(
+        "admin header_timeout_s, body_timeout_s, idle_timeout_s and io_timeout_s must be at "
+        "least 1");
   }
   return Status::OK();
 }
@@ -703,28 +865,48 @@ Status AdminServerOptions::Validate() const {
 // --- The server ---
 
 struct AdminServer::Impl {
+  class Connection;
+
   AdminServerOptions options;
   AdminBackend* backend = nullptr;
   Metrics* metrics = nullptr;
   Sha256Digest token_digest{};
-  httplib::Server server;
-  std::thread thread;
-  std::atomic<bool> listen_returned{false};
   uint16_t port = 0;
   bool started = false;
 
   std::mutex stop_mu;  // serialises Start and Stop
   bool stopped = false;
 
-  // Event streams wait on cv between polls; Stop wakes them.
+  // Stop waits on cv for the open event streams to end.
   std::mutex mu;
   std::condition_variable cv;
   bool stopping = false;
   int open_streams = 0;
 
+  // The sockets are served by one I/O thread running ioc, the handlers by the workers. After mu
+  // and cv: a handler ioc still holds when it is destroyed may release a stream's slot.
+  std::optional<asio::io_context> ioc;
+  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work;
+  std::optional<tcp::acceptor> acceptor;
+  std::optional<asio::steady_timer> accept_retry;
+  std::optional<asio::thread_pool> workers;
+  std::thread io_thread;
+  // The open connections; only the I/O thread touches the list.
+  std::list<std::shared_ptr<Connection>> connections;
+
+  bool Stopping() {
+    std::lock_guard<std::mutex> lock(mu);
+    return stopping;
+  }
+  void Accept();
+  void OnAccept(const beast::error_code& ec, tcp::socket socket);
+  bool MakeRoom();
+  // Routes one request and runs its handler; on a worker.
+  void Serve(Request& req, Response& res);
+
   bool Authorized(const Request& req) const;
   void Handle(const Route& route, const Request& req, Response& res);
-  httplib::Server::HandlerResponse OnError(const Request& req, Response& res);
+  void NoRoute(const Request& req, Response& res);
   void ServeFile(const EmbeddedFile& file, Response& res) const;
 
   void List(Response& res);
@@ -742,7 +924,6 @@ struct AdminServer::Impl {
   void ChangeCollections(const Request& req, Response& res);
   void ServeMetrics(Response& res);
 
-  bool Pump(EventStream& stream, httplib::DataSink& sink);
   std::string Poll(EventStream& stream);
 };
 
@@ -775,7 +956,7 @@ void AdminServer::Impl::Handle(const Route& route, const Request& req, Response&
   if (!Authorized(req)) return SendUnauthorized(res);
   uint64_t id = 0;
   if (route.pattern.find("{id}") != std::string_view::npos) {
-    const std::string text = req.matches.size() > 1 ? req.matches[1].str() : std::string();
+    const std::string& text = req.id_segment;
     if (!ParseJobId(text, &id)) return SendError(res, 404, "no job '" + text + "'");
   }
   switch (route.id) {
@@ -813,23 +994,12 @@ void AdminServer::Impl::Handle(const Route& route, const Request& req, Response&
   SendError(res, 500, "unhandled route");
 }
 
-// Every answer of status >= 400 passes here. Those a route made carry a body and are kept; an
-// empty one is httplib's: 404 for no matching handler (then: 401 first on protected paths, 405
-// when another method has the path, else 404), or a protocol error (400, 413, 414...).
-httplib::Server::HandlerResponse AdminServer::Impl::OnError(const Request& req, Response& res) {
-  if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-  if (res.status != 404) {
-    const char* what = res.status == 413   ? "the request body is too large"
-                       : res.status == 414 ? "the request URI is too long"
-                       : res.status == 400 ? "malformed request"
-                                           : "the request failed";
-    SendError(res, res.status, what);
-    return httplib::Server::HandlerResponse::Handled;
-  }
+// A request no route or file takes: 401 first on protected paths, 405 when another method has
+// the path, else 404.
+void AdminServer::Impl::NoRoute(const Request& req, Response& res) {
   const std::string& path = req.path;
   if (IsProtected(path) && !Authorized(req)) {
-    SendUnauthorized(res);
-    return httplib::Server::HandlerResponse::Handled;
+    return SendUnauthorized(res);
   }
   const std::string_view method = req.method == "HEAD" ? "GET" : std::string_view(req.method);
   std::string allow;
@@ -854,7 +1024,6 @@ httplib::Server::HandlerResponse AdminServer::Impl::OnError(const Request& req, 
   } else {
     SendError(res, 404, "no route " + path);
   }
-  return httplib::Server::HandlerResponse::Handled;
 }
 
 void AdminServer::Impl::List(Response& res) {
@@ -981,25 +1150,19 @@ void AdminServer::Impl::Events(uint64_t id, Response& res) {
     }
     ++open_streams;
   }
-  const auto release = [this](bool) {
+  auto slot = std::make_shared<StreamSlot>([this] {
     {
       std::lock_guard<std::mutex> lock(mu);
       --open_streams;
     }
     cv.notify_all();  // Stop waits for the last stream
-  };
+  });
   // The transitions first, then the job: a transition that happens in between is sent as a
   // stage event even though the snapshot shows its result; none is lost.
   auto changes = backend->StageChanges(id, 0);
-  if (!changes.ok()) {
-    release(false);
-    return SendStatus(res, changes.status());
-  }
+  if (!changes.ok()) return SendStatus(res, changes.status());
   auto details = backend->GetJob(id);
-  if (!details.ok()) {
-    release(false);
-    return SendStatus(res, details.status());
-  }
+  if (!details.ok()) return SendStatus(res, details.status());
   auto stream = std::make_shared<EventStream>();
   stream->id = id;
   stream->next_stage = changes->empty() ? 0 : changes->back().index + 1;
@@ -1013,48 +1176,9 @@ void AdminServer::Impl::Events(uint64_t id, Response& res) {
   res.status = 200;
   res.set_header("Cache-Control", "no-store");
   res.set_header("X-Accel-Buffering", "no");
-  res.set_chunked_content_provider(
-      "text/event-stream",
-      [this, stream](size_t, httplib::DataSink& sink) { return Pump(*stream, sink); }, release);
-}
-
-// httplib calls this again and again on the connection's worker thread until it calls
-// sink.done() or returns false (the connection then closes).
-bool AdminServer::Impl::Pump(EventStream& s, httplib::DataSink& sink) {
-  if (!s.pending.empty()) {
-    const std::string out = std::move(s.pending);
-    s.pending.clear();
-    if (!sink.write(out.data(), out.size())) return false;
-    s.last_write = Clock::now();
-    if (s.finished) sink.done();
-    return true;
-  }
-  {
-    std::unique_lock<std::mutex> lock(mu);
-    cv.wait_until(lock, s.last_poll + std::chrono::milliseconds(options.sse_interval_ms),
-                  [this] { return stopping; });
-    if (stopping) {
-      lock.unlock();
-      const std::string out = EndEvent(s.id, s.last.status, "shutdown");
-      sink.write(out.data(), out.size());
-      sink.done();
-      return true;
-    }
-  }
-  if (sink.is_writable && !sink.is_writable()) return false;
-  s.last_poll = Clock::now();
-  std::string out = Poll(s);
-  const auto now = Clock::now();
-  if (out.empty() &&
-      now - s.last_write >= std::chrono::milliseconds(options.keepalive_interval_ms)) {
-    out = ": keep-alive\n\n";
-  }
-  if (!out.empty()) {
-    if (!sink.write(out.data(), out.size())) return false;
-    s.last_write = now;
-  }
-  if (s.finished) sink.done();
-  return true;
+  res.set_header("Content-Type", "text/event-stream");
+  res.stream = std::move(stream);
+  res.slot = std::move(slot);
 }
 
 // One poll of a stream's job: the events for what changed since the last, in the order stage
@@ -1095,6 +1219,333 @@ std::string AdminServer::Impl::Poll(EventStream& s) {
   return out;
 }
 
+// --- The transport ---
+
+// One client connection, driven on the I/O thread: its request is read under the header and body
+// deadlines, handed to a worker, and its answer written under the write deadline; an event
+// stream's polls run on a worker too, between timer ticks. Every handler checks for kClosed
+// first: Close() (a deadline, eviction, Stop) may have run while it was pending.
+class AdminServer::Impl::Connection : public std::enable_shared_from_this<Connection> {
+ public:
+  Connection(Impl& server, tcp::socket socket)
+      : server_(server), stream_(std::move(socket)), timer_(stream_.get_executor()) {}
+
+  void Start(std::list<std::shared_ptr<Connection>>::iterator entry) {
+    entry_ = entry;
+    since_ = Clock::now();
+    ReadHead();
+  }
+
+  // Waiting on its client: for a request, the rest of one, or to go away after its answer.
+  bool Waiting() const { return phase_ == Phase::kWaiting; }
+  // Since when it has been waiting.
+  Clock::time_point since() const { return since_; }
+
+  // An event stream's next tick comes now (Stop ends the streams this way).
+  void WakeStream() {
+    if (sse_) timer_.cancel();
+  }
+
+  void Close() {
+    if (phase_ == Phase::kClosed) return;
+    auto self = shared_from_this();
+    phase_ = Phase::kClosed;
+    server_.connections.erase(entry_);
+    timer_.cancel();
+    beast::error_code ec;
+    stream_.socket().shutdown(tcp::socket::shutdown_both, ec);
+    stream_.close();
+    sse_.reset();
+    slot_.reset();
+  }
+
+ private:
+  enum class Phase : uint8_t { kWaiting, kBusy, kClosed };
+  // What follows a write.
+  enum class Then : uint8_t { kNextRequest, kLinger, kStream, kStreamEnded };
+
+  void ReadHead() {
+    phase_ = Phase::kWaiting;
+    parser_.emplace();
+    parser_->header_limit(static_cast<std::uint32_t>(kMaxHeadBytes));
+    parser_->body_limit(server_.options.max_body_bytes);
+    stream_.expires_after(std::chrono::seconds(server_.options.header_timeout_s));
+    http::async_read_header(
+        stream_, buffer_, *parser_,
+        [self = shared_from_this()](beast::error_code ec, size_t) { self->OnHead(ec); });
+  }
+
+  void OnHead(const beast::error_code& ec) {
+    if (phase_ == Phase::kClosed) return;
+    if (ec == beast::error::timeout) return Fail("admin_header_timeout");
+    if (ec == http::error::header_limit) return Refuse(431);
+    // A Content-Length over body_limit is refused as soon as the head is in.
+    if (ec == http::error::body_limit) return Refuse(413);
+    if (ec) return ClosedOrMalformed(ec);
+    if (parser_->get().target().size() > kMaxTargetBytes) return Refuse(414);
+    if (parser_->is_done()) return Dispatch();
+    if (parser_->content_length() && *parser_->content_length() > server_.options.max_body_bytes) {
+      return Refuse(413);
+    }
+    stream_.expires_after(std::chrono::seconds(server_.options.body_timeout_s));
+    http::async_read(
+        stream_, buffer_, *parser_,
+        [self = shared_from_this()](beast::error_code ec, size_t) { self->OnBody(ec); });
+  }
+
+  void OnBody(const beast::error_code& ec) {
+    if (phase_ == Phase::kClosed) return;
+    if (ec == beast::error::timeout) return Fail("admin_body_timeout");
+    if (ec == http::error::body_limit) return Refuse(413);
+    if (ec) return ClosedOrMalformed(ec);
+    Dispatch();
+  }
+
+  // A read ended early: the client went away (nothing to answer), or sent what is not HTTP.
+  void ClosedOrMalformed(const beast::error_code& ec) {
+    if (ec.category() == http::make_error_code(http::error::bad_target).category() &&
+        ec != http::error::end_of_stream && ec != http::error::partial_message) {
+      return Refuse(400);
+    }
+    Close();
+  }
+
+  void Fail(std::string_view kind) {
+    server_.metrics->AddErrors(kind);
+    Close();
+  }
+
+  // Answers a request no handler sees, then closes: what follows it in the stream cannot be
+  // trusted to start a request.
+  void Refuse(int status) {
+    server_.metrics->AddErrors("admin_bad_request");
+    keep_alive_ = false;
+    head_only_ = false;
+    Write(SerializeAnswer(ProtocolError(status), false, false), Then::kLinger);
+  }
+
+  void Dispatch() {
+    phase_ = Phase::kBusy;
+    stream_.expires_never();
+    http::request<http::string_body> msg = parser_->release();
+    parser_.reset();
+    keep_alive_ = msg.keep_alive();
+    head_only_ = msg.method() == http::verb::head;
+    Request req;
+    req.method = std::string(msg.method_string());
+    SplitTarget(std::string_view(msg.target().data(), msg.target().size()), &req);
+    req.headers = msg.base();
+    req.body = std::move(msg.body());
+    // The worker touches the connection only to post the answer back to the I/O thread.
+    asio::post(*server_.workers, [self = shared_from_this(), ex = stream_.get_executor(),
+                                  req = std::move(req)]() mutable {
+      Response res;
+      self->server_.Serve(req, res);
+      asio::post(ex, [self, res = std::move(res)]() mutable { self->OnAnswer(std::move(res)); });
+    });
+  }
+
+  void OnAnswer(Response res) {
+    if (phase_ == Phase::kClosed) return;
+    if (!res.stream) {
+      return Write(SerializeAnswer(res, keep_alive_, head_only_),
+                   keep_alive_ ? Then::kNextRequest : Then::kLinger);
+    }
+    std::string out = SerializeAnswer(res, keep_alive_, true);
+    sse_ = std::move(res.stream);
+    slot_ = std::move(res.slot);
+    out += Chunk(sse_->pending);
+    sse_->pending.clear();
+    sse_->last_write = Clock::now();
+    if (sse_->finished) out += kLastChunk;
+    Write(std::move(out), sse_->finished ? Then::kStreamEnded : Then::kStream);
+  }
+
+  void Write(std::string out, Then then) {
+    phase_ = Phase::kBusy;
+    out_ = std::move(out);
+    stream_.expires_after(std::chrono::seconds(server_.options.io_timeout_s));
+    asio::async_write(stream_, asio::buffer(out_),
+                      [self = shared_from_this(), then](beast::error_code ec, size_t) {
+                        self->OnWritten(ec, then);
+                      });
+  }
+
+  void OnWritten(const beast::error_code& ec, Then then) {
+    if (phase_ == Phase::kClosed) return;
+    if (ec == beast::error::timeout) return Fail("admin_write_timeout");
+    if (ec) return Close();
+    switch (then) {
+      case Then::kStream:
+        return NextTick();
+      case Then::kStreamEnded:
+        sse_.reset();
+        slot_.reset();
+        [[fallthrough]];
+      case Then::kNextRequest:
+        if (keep_alive_ && !server_.Stopping()) return WaitForRequest();
+        [[fallthrough]];
+      case Then::kLinger:
+        return Linger();
+    }
+  }
+
+  void WaitForRequest() {
+    phase_ = Phase::kWaiting;
+    since_ = Clock::now();
+    // A pipelined request is there already; its head deadline runs from now.
+    if (buffer_.size() > 0) return ReadHead();
+    stream_.expires_after(std::chrono::seconds(server_.options.idle_timeout_s));
+    stream_.async_read_some(buffer_.prepare(4096),
+                            [self = shared_from_this()](beast::error_code ec, size_t n) {
+                              if (self->phase_ == Phase::kClosed) return;
+                              // An idle timeout is the end of a keep-alive, not an error.
+                              if (ec) return self->Close();
+                              self->buffer_.commit(n);
+                              self->ReadHead();
+                            });
+  }
+
+  // Closes after the answer: no more is sent, and what the client still sends is read and
+  // dropped for a moment, so its unread bytes do not make the close a reset that loses the answer.
+  void Linger() {
+    phase_ = Phase::kWaiting;
+    since_ = Clock::now();
+    beast::error_code ec;
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
+    stream_.expires_after(kLingerTime);
+    Drain();
+  }
+
+  void Drain() {
+    stream_.async_read_some(asio::buffer(scratch_),
+                            [self = shared_from_this()](beast::error_code ec, size_t) {
+                              if (self->phase_ == Phase::kClosed) return;
+                              if (ec) return self->Close();
+                              self->Drain();
+                            });
+  }
+
+  // --- Event streams ---
+
+  void NextTick() {
+    if (server_.Stopping()) return EndStream("shutdown");
+    phase_ = Phase::kBusy;
+    stream_.expires_never();
+    timer_.expires_at(sse_->last_poll + std::chrono::milliseconds(server_.options.sse_interval_ms));
+    timer_.async_wait([self = shared_from_this()](beast::error_code) {
+      if (self->phase_ == Phase::kClosed) return;
+      if (self->server_.Stopping()) return self->EndStream("shutdown");
+      self->sse_->last_poll = Clock::now();
+      asio::post(*self->server_.workers, [self, sse = self->sse_,
+                                          ex = self->stream_.get_executor()] {
+        std::string out = self->server_.Stopping() ? std::string() : self->server_.Poll(*sse);
+        asio::post(ex, [self, out = std::move(out)]() mutable { self->OnPolled(std::move(out)); });
+      });
+    });
+  }
+
+  void OnPolled(std::string out) {
+    if (phase_ == Phase::kClosed) return;
+    const auto now = Clock::now();
+    if (out.empty() && now - sse_->last_write >=
+                           std::chrono::milliseconds(server_.options.keepalive_interval_ms)) {
+      out = ": keep-alive\n\n";
+    }
+    if (out.empty()) return NextTick();
+    sse_->last_write = now;
+    std::string chunk = Chunk(out);
+    if (sse_->finished) chunk += kLastChunk;
+    Write(std::move(chunk), sse_->finished ? Then::kStreamEnded : Then::kStream);
+  }
+
+  void EndStream(std::string_view reason) {
+    sse_->finished = true;
+    Write(Chunk(EndEvent(sse_->id, sse_->last.status, reason)) + std::string(kLastChunk),
+          Then::kStreamEnded);
+  }
+
+  Impl& server_;
+  beast::tcp_stream stream_;
+  asio::steady_timer timer_;  // an event stream's next poll
+  beast::flat_buffer buffer_;
+  std::optional<http::request_parser<http::string_body>> parser_;
+  std::list<std::shared_ptr<Connection>>::iterator entry_;
+  Phase phase_ = Phase::kWaiting;
+  Clock::time_point since_;
+  bool keep_alive_ = false;
+  bool head_only_ = false;
+  std::string out_;  // the bytes being written
+  std::shared_ptr<EventStream> sse_;
+  std::shared_ptr<StreamSlot> slot_;
+  std::array<char, 4096> scratch_{};
+};
+
+void AdminServer::Impl::Accept() {
+  acceptor->async_accept(
+      [this](beast::error_code ec, tcp::socket socket) { OnAccept(ec, std::move(socket)); });
+}
+
+void AdminServer::Impl::OnAccept(const beast::error_code& ec, tcp::socket socket) {
+  if (ec == asio::error::operation_aborted || !acceptor->is_open()) return;
+  if (ec) {
+    // Out of descriptors, most likely: accepting again at once would spin, so after a pause.
+    metrics->AddErrors("admin_accept_failed");
+    accept_retry->expires_after(std::chrono::milliseconds(100));
+    accept_retry->async_wait([this](beast::error_code e) {
+      if (!e) Accept();
+    });
+    return;
+  }
+  if (connections.size() >= static_cast<size_t>(options.max_connections) && !MakeRoom()) {
+    metrics->AddErrors("admin_connection_refused");
+    beast::error_code ignored;
+    socket.close(ignored);
+  } else {
+    auto c = std::make_shared<Connection>(*this, std::move(socket));
+    connections.push_back(c);
+    c->Start(std::prev(connections.end()));
+  }
+  Accept();
+}
+
+// Closes the connection that has waited longest on its client; false when none waits.
+bool AdminServer::Impl::MakeRoom() {
+  Connection* oldest = nullptr;
+  for (const auto& c : connections) {
+    if (c->Waiting() && (oldest == nullptr || c->since() < oldest->since())) oldest = c.get();
+  }
+  if (oldest == nullptr) return false;
+  metrics->AddErrors("admin_connection_evicted");
+  oldest->Close();
+  return true;
+}
+
+void AdminServer::Impl::Serve(Request& req, Response& res) {
+  // No exception may reach the worker pool: it would end the process.
+  try {
+    if (Stopping()) return SendError(res, 503, "the admin server is stopping");
+    const std::string_view method = req.method == "HEAD" ? "GET" : std::string_view(req.method);
+    // A literal route comes before a "{id}" one that also matches its path (kRoutes' order).
+    for (const Route& r : kRoutes) {
+      if (r.method != method) continue;
+      std::string id;
+      if (!MatchPath(r.pattern, req.path, &id) || id.size() > kMaxIdSegment) continue;
+      req.id_segment = std::move(id);
+      return Handle(r, req, res);
+    }
+    if (method == "GET") {
+      for (const EmbeddedFile& f : DashboardFiles()) {
+        if (f.path == req.path) return ServeFile(f, res);
+      }
+    }
+    NoRoute(req, res);
+  } catch (const std::exception& e) {
+    res = Response{};
+    SendError(res, 500, std::string("internal error: ") + e.what());
+  }
+}
+
 AdminServer::AdminServer() : impl_(std::make_unique<Impl>()) {}
 
 AdminServer::~AdminServer() { Stop(); }
@@ -1115,82 +1566,49 @@ Status AdminServer::Start(const AdminServerOptions& options, AdminBackend* backe
   m.metrics = metrics;
   m.token_digest = Sha256(AsBytes(options.token));
 
-  httplib::Server& svr = m.server;
-  const size_t threads = static_cast<size_t>(options.threads);
-  svr.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  svr.set_keep_alive_timeout(options.idle_timeout_s);
-  svr.set_read_timeout(options.io_timeout_s, 0);
-  svr.set_write_timeout(options.io_timeout_s, 0);
-  svr.set_payload_max_length(options.max_body_bytes);
-  // httplib's default sets SO_REUSEPORT, which lets a second process bind the same port and take
-  // a share of the connections; SO_REUSEADDR alone only allows rebinding past TIME_WAIT.
-  svr.set_socket_options([](socket_t sock) {
-    int yes = 1;
-    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
-  });
-  svr.set_error_handler(httplib::Server::HandlerWithResponse(
-      [&m](const Request& req, Response& res) { return m.OnError(req, res); }));
-  svr.set_exception_handler([](const Request&, Response& res, std::exception_ptr ep) {
-    std::string what = "internal error";
-    try {
-      if (ep) std::rethrow_exception(ep);
-    } catch (const std::exception& e) {
-      what += std::string(": ") + e.what();
-    } catch (...) {
-    }
-    SendError(res, 500, what);
-  });
-  for (const Route& r : kRoutes) {
-    auto handler = [&m, &r](const Request& req, Response& res) { m.Handle(r, req, res); };
-    const std::string re = RouteRegex(r.pattern);
-    if (r.method == "GET") {
-      svr.Get(re, handler);
-    } else if (r.method == "POST") {
-      svr.Post(re, handler);
-    } else {
-      svr.Delete(re, handler);
-    }
-  }
-  for (const EmbeddedFile& f : DashboardFiles()) {
-    svr.Get(RouteRegex(f.path), [&m, &f](const Request&, Response& res) { m.ServeFile(f, res); });
-  }
-
-  errno = 0;
-  bool bound = false;
+  m.acceptor.reset();  // a start that failed before left its own
+  m.ioc.emplace(1);
+  m.acceptor.emplace(*m.ioc);
+  const auto fail = [&](uint16_t port, const beast::error_code& ec) {
+    beast::error_code ignored;
+    m.acceptor->close(ignored);
+    return Status::IoError("admin server: cannot listen on " + options.address + ":" +
+                           std::to_string(port) + ": " + ec.message());
+  };
+  beast::error_code ec;
+  tcp::resolver resolver(*m.ioc);
+  const auto found = resolver.resolve(options.address, std::to_string(options.port),
+                                      tcp::resolver::passive | tcp::resolver::numeric_service, ec);
+  if (ec || found.empty()) return fail(options.port, ec);
+  tcp::endpoint endpoint = found.begin()->endpoint();
+  const auto try_bind = [&](uint16_t port) {
+    ec.clear();
+    beast::error_code ignored;
+    if (m.acceptor->is_open()) m.acceptor->close(ignored);
+    endpoint.port(port);
+    m.acceptor->open(endpoint.protocol(), ec);
+    // SO_REUSEADDR alone only allows rebinding past TIME_WAIT; SO_REUSEPORT, never set, would
+    // let a second process bind the same port and take a share of the connections.
+    if (!ec) m.acceptor->set_option(asio::socket_base::reuse_address(true), ec);
+    if (!ec) m.acceptor->bind(endpoint, ec);
+    if (!ec) m.acceptor->listen(asio::socket_base::max_listen_connections, ec);
+    return !ec;
+  };
   if (options.port == 0) {
     // Any free port: one below the ephemeral range (base/low_port.hpp).
-    const auto port = BindLowPort(
-        [&](uint16_t candidate) { return svr.bind_to_port(options.address, candidate); });
-    bound = port.has_value();
-    if (bound) m.port = *port;
+    const auto port = BindLowPort(try_bind);
+    if (!port) return fail(0, ec);
+    m.port = *port;
   } else {
-    bound = svr.bind_to_port(options.address, options.port);
-    if (bound) m.port = options.port;
+    if (!try_bind(options.port)) return fail(options.port, ec);
+    m.port = options.port;
   }
-  if (!bound) {
-    const int err = errno;
-    return Status::IoError("admin server: cannot listen on " + options.address + ":" +
-                           std::to_string(options.port) +
-                           (err != 0 ? std::string(": ") + std::strerror(err)
-                                     : std::string(" (address not local, in use, or refused)")));
-  }
+  m.accept_retry.emplace(*m.ioc);
+  m.workers.emplace(static_cast<size_t>(options.threads));
+  m.work.emplace(m.ioc->get_executor());
+  m.Accept();
+  m.io_thread = std::thread([&m] { m.ioc->run(); });
   m.started = true;
-  m.thread = std::thread([&m] {
-    m.server.listen_after_bind();
-    m.listen_returned = true;
-  });
-  // httplib's stop() only acts once the accept loop runs, so wait for it (a few ms).
-  const auto deadline = Clock::now() + std::chrono::seconds(10);
-  while (!m.server.is_running() && !m.listen_returned && Clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  if (!m.server.is_running()) {
-    m.server.stop();
-    if (m.thread.joinable()) m.thread.join();
-    m.stopped = true;
-    return Status::IoError("admin server: the accept loop on " + options.address + ":" +
-                           std::to_string(m.port) + " did not start");
-  }
   return Status::OK();
 }
 
@@ -1199,21 +1617,40 @@ void AdminServer::Stop() {
   std::lock_guard<std::mutex> stop_lock(m.stop_mu);
   if (!m.started || m.stopped) return;
   m.stopped = true;
-  // First the event streams: each writes `end` and finishes its answer. Only then the listening
-  // socket: httplib stops calling a stream's provider once the socket is closed, so a stream
-  // still open at that moment would be cut without its `end`. A stream blocked on a stalled
-  // client ends by the write timeout.
+  // First the event streams: each writes `end` and finishes its answer. A stream blocked on a
+  // stalled client ends by the write deadline.
+  {
+    std::lock_guard<std::mutex> lock(m.mu);
+    m.stopping = true;
+  }
+  asio::post(*m.ioc, [&m] {
+    for (const auto& c : m.connections) c->WakeStream();
+  });
   {
     std::unique_lock<std::mutex> lock(m.mu);
-    m.stopping = true;
-    m.cv.notify_all();
     m.cv.wait_for(lock,
                   std::chrono::seconds(m.options.io_timeout_s) +
                       std::chrono::milliseconds(m.options.sse_interval_ms),
                   [&m] { return m.open_streams == 0; });
   }
-  m.server.stop();
-  if (m.thread.joinable()) m.thread.join();
+  std::promise<void> closed;
+  asio::post(*m.ioc, [&m, &closed] {
+    beast::error_code ignored;
+    m.acceptor->close(ignored);
+    m.accept_retry->cancel();
+    while (!m.connections.empty()) m.connections.front()->Close();
+    closed.set_value();
+  });
+  closed.get_future().wait();
+  // The calls in flight end (those queued see `stopping` and call nothing); what they post back
+  // finds its connection closed.
+  m.workers->join();
+  m.work.reset();
+  m.ioc->stop();
+  m.io_thread.join();
+  m.acceptor.reset();
+  m.accept_retry.reset();
+  m.ioc.reset();
 }
 
 }  // namespace atfill::admin

@@ -28,13 +28,26 @@ struct AdminServerOptions {
   std::string token;
   int64_t sse_interval_ms = 250;          // how often an event stream polls its job, ms (10..60000)
   int64_t keepalive_interval_ms = 10000;  // ": keep-alive" after this long without an event, ms
-  int threads = 16;                       // worker threads; each open event stream holds one
-  int max_event_streams = 8;              // open event streams at once (< threads); more get 503
-  size_t max_body_bytes = 1 << 20;        // larger request bodies are refused with 413
-  // An idle keep-alive connection is closed after this long, s. It also bounds Stop(), which
-  // waits for such connections.
+  // Worker threads that run the handlers and the backend calls they make (which may block on
+  // RocksDB or job control), so that no socket waits on them; the sockets themselves are served
+  // by one I/O thread.
+  int threads = 16;
+  // Open event streams at once (< threads, so their polls never take every worker); more get 503.
+  int max_event_streams = 8;
+  size_t max_body_bytes = 1 << 20;  // larger request bodies are refused with 413
+  // Open connections at once (> max_event_streams). At the cap, a new connection closes the
+  // connection that has waited longest on its client (idle, or still sending its request); when
+  // every one is busy (a backend call, an answer being written, an event stream), the new one is
+  // closed instead.
+  int max_connections = 512;
+  // A request's head (request line and headers) must have arrived this long after the
+  // connection opened, or after its first byte on a kept-alive connection, s.
+  int64_t header_timeout_s = 10;
+  int64_t body_timeout_s = 30;  // a request's body must have arrived this long after its head, s
+  // A kept-alive connection that sends no byte of a next request for this long is closed, s.
   int64_t idle_timeout_s = 2;
-  int64_t io_timeout_s = 5;  // reading a request or writing an answer may stall this long, s
+  // Writing one answer (or one write of an event stream) may take this long, s.
+  int64_t io_timeout_s = 5;
   Status Validate() const;
 };
 
@@ -54,10 +67,10 @@ class AdminServer {
   // The port listened on (the one picked when options.port was 0); 0 before Start.
   uint16_t port() const;
 
-  // Ends every open event stream (with `event: end`, reason "shutdown"), stops accepting and
-  // joins the server's threads. Returns within about sse_interval_ms + idle_timeout_s (an idle
-  // keep-alive connection is waited for; a stream stuck writing to a stalled client, or a
-  // backend call in flight, up to io_timeout_s more). Idempotent; thread-safe against requests.
+  // Ends every open event stream (with `event: end`, reason "shutdown"), stops accepting, closes
+  // every connection and joins the server's threads. Returns within about sse_interval_ms (a
+  // stream stuck writing to a stalled client up to io_timeout_s more), once the backend calls in
+  // flight have returned. Idempotent; thread-safe against requests.
   void Stop();
 
  private:
