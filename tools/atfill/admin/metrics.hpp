@@ -11,6 +11,11 @@
 //   atfill_live_lag_seconds             gauge      how far the live consumer is behind
 //   atfill_queue_depth{job}             gauge      units waiting in an unfinished job's queue
 //   atfill_jobs{status}                 gauge      jobs by status (every status, 0 included)
+//   atfill_labels_total{outcome}        counter    labels from labelers: stored, negated, stale,
+//                                                  refused, bad_frame
+//   atfill_labels_refused_total{kind}   counter    refused labels by reason (bad_signature...)
+//   atfill_label_connection_errors_total counter   labeler connections failed or dropped
+//   atfill_labeler_cursor{labeler}      gauge      the seq of a labeler's last label written
 //
 // Thread-safe: every method may be called from any thread at once.
 #pragma once
@@ -81,7 +86,8 @@ class Metrics {
   // Sets the gauges from the backend's view: atfill_jobs from every job's status;
   // atfill_queue_depth for each job that is not terminal (the series of jobs that ended or
   // disappeared are removed); atfill_live_lag_seconds from `live` when it is configured and
-  // knows its lag (else the series is absent).
+  // knows its lag (else the series is absent); the label series from `live.labels` when it is
+  // configured (its counters are the labels job's, which survive restarts).
   void Refresh(const std::vector<JobSummary>& jobs, const LiveStatus& live);
 
   // The Prometheus text exposition format (version 0.0.4) of every family.
