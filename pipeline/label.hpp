@@ -27,28 +27,29 @@ struct Label {
 };
 
 struct LabelWriteStats {
-  uint64_t stored = 0;   // labels inserted or replacing an older one of (src, uri, val)
-  uint64_t negated = 0;  // stored labels removed by negations
-  uint64_t stale = 0;    // labels older (cts) than the stored label: ignored
+  uint64_t stored = 0;   // labels inserted or replacing an older label or negation
+  uint64_t negated = 0;  // negations inserted or replacing an older label or negation
+  uint64_t stale = 0;    // labels and negations older (cts) than the stored one: ignored
 
   // Counts one applied label or negation that changed `rows` rows.
   void Count(const Label& label, uint64_t rows) {
-    if (label.neg) {
-      negated += rows;
-    } else if (rows > 0) {
-      ++stored;
-    } else {
+    if (rows == 0) {
       ++stale;
+    } else if (label.neg) {
+      ++negated;
+    } else {
+      ++stored;
     }
   }
 };
 
-// The write rules every label sink implements, in one transaction per batch, in order:
-//  * a label is upserted by (src, uri, val): it replaces the stored one unless that one is newer
-//    (its cts is later), in which case it is stale;
-//  * a negation removes the stored (src, uri, val) whose cts is not later than its own.
-// Replaying a stream from any earlier cursor, in order, therefore converges to the same table.
-// Expiry is not applied when writing: the atfill_labels view leaves out expired labels.
+// The write rules every label sink implements, in one transaction per batch, in order: a label
+// or a negation is upserted by (src, uri, val), replacing the stored one unless that one is newer
+// (its cts is later), in which case it is stale. A negation is kept as a row with its cts, not
+// applied as a removal, so a label older than it that arrives after it stays negated: the newest
+// by cts wins whatever the order of arrival, and replaying a stream from any earlier cursor
+// converges to the same table. Negations and expired labels are left out by the atfill_labels
+// view, not when writing.
 class LabelSink {
  public:
   virtual ~LabelSink() = default;

@@ -13,21 +13,20 @@ namespace {
 using pg::Clock;
 using pg::Failure;
 
-// Labels come a few at a time: one statement per label, in one transaction per batch.
+// Labels come a few at a time: one statement per label or negation (both are rows: see
+// label_sinks.hpp), in one transaction per batch.
 class PostgresLabelSink final : public pipeline::LabelSink {
  public:
   explicit PostgresLabelSink(PostgresSinkOptions options) : options_(std::move(options)) {
     const std::string rows = pg::QualifiedName(options_.schema, "atfill_label_rows");
     upsert_sql_ =
         "INSERT INTO " + rows +
-        " AS l (uri, src, val, cid, cts, cts_us, exp, exp_us, indexed_at) VALUES ($1, "
-        "$2, $3, $4, $5, $6::bigint, $7, $8::bigint, (extract(epoch FROM clock_timestamp()) * "
-        "1000000)::bigint) ON CONFLICT (uri, src, "
-        "val) DO UPDATE SET cid = excluded.cid, cts = excluded.cts, cts_us = "
-        "excluded.cts_us, exp = excluded.exp, exp_us = excluded.exp_us, indexed_at = "
-        "excluded.indexed_at WHERE excluded.cts_us >= l.cts_us";
-    negate_sql_ = "DELETE FROM " + rows +
-                  " WHERE uri = $1 AND src = $2 AND val = $3 AND cts_us <= $4::bigint";
+        " AS l (uri, src, val, cid, cts, cts_us, exp, exp_us, neg, indexed_at) VALUES ($1, "
+        "$2, $3, $4, $5, $6::bigint, $7, $8::bigint, $9::boolean, (extract(epoch FROM "
+        "clock_timestamp()) * 1000000)::bigint) ON CONFLICT (uri, src, val) DO UPDATE SET cid = "
+        "excluded.cid, cts = excluded.cts, cts_us = excluded.cts_us, exp = excluded.exp, exp_us = "
+        "excluded.exp_us, neg = excluded.neg, indexed_at = excluded.indexed_at WHERE "
+        "excluded.cts_us >= l.cts_us";
   }
 
   Status Connect() {
@@ -81,15 +80,12 @@ class PostgresLabelSink final : public pipeline::LabelSink {
     if (!pg::IsStorableText(l.uri) || !pg::IsStorableText(l.val) || !pg::IsStorableText(l.cid)) {
       return Status::Invalid("the label " + l.val + " of " + l.uri + " holds a NUL byte");
     }
-    Result<pg::PgResult> r =
-        l.neg ? pg::Query(conn_.get(), negate_sql_,
-                          {l.uri.c_str(), l.src.c_str(), l.val.c_str(), cts_us.c_str()}, failure)
-              : pg::Query(conn_.get(), upsert_sql_,
-                          {l.uri.c_str(), l.src.c_str(), l.val.c_str(),
-                           l.cid.empty() ? nullptr : l.cid.c_str(), l.cts.c_str(), cts_us.c_str(),
-                           l.exp.empty() ? nullptr : l.exp.c_str(),
-                           l.exp.empty() ? nullptr : exp_us.c_str()},
-                          failure);
+    Result<pg::PgResult> r = pg::Query(
+        conn_.get(), upsert_sql_,
+        {l.uri.c_str(), l.src.c_str(), l.val.c_str(), l.cid.empty() ? nullptr : l.cid.c_str(),
+         l.cts.c_str(), cts_us.c_str(), l.exp.empty() ? nullptr : l.exp.c_str(),
+         l.exp.empty() ? nullptr : exp_us.c_str(), l.neg ? "true" : "false"},
+        failure);
     if (!r.ok()) return r.status();
     const char* tuples = PQcmdTuples(r->get());
     const uint64_t changed = tuples != nullptr ? std::strtoull(tuples, nullptr, 10) : 0;
@@ -99,7 +95,6 @@ class PostgresLabelSink final : public pipeline::LabelSink {
 
   PostgresSinkOptions options_;
   std::string upsert_sql_;
-  std::string negate_sql_;
   pg::Conn conn_;
 };
 

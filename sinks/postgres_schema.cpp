@@ -137,8 +137,7 @@ Status MigrateTo3(PGconn* conn, const std::string& schema) {
 
 // Version 4: labels from labelers (sinks/postgres_labels.hpp). The primary key leads with the
 // subject, so the query by subject (the labels of a record or an account) reads one range of it.
-// Negations are not stored: a negation removes the label it negates. The view leaves out labels
-// whose expiry has passed, at the time of the query.
+// The view leaves out labels whose expiry has passed, at the time of the query.
 constexpr std::string_view kSchemaV4 = R"sql(
 CREATE TABLE IF NOT EXISTS {S}.atfill_label_rows(
   uri text COLLATE "C" NOT NULL,
@@ -209,10 +208,27 @@ Status MigrateTo5(PGconn* conn, const std::string& schema) {
   return Exec(conn, WithSchema(sql, schema).c_str(), nullptr);
 }
 
+// Version 6: a negation is a row of the label table (neg true, with its cts) instead of a DELETE,
+// so that a label older than a negation already stored, arriving after it, loses to it as the
+// newest by cts should win; the view leaves negations out. Rows of version 5 are all labels.
+constexpr std::string_view kSchemaV6 = R"sql(
+ALTER TABLE {S}.atfill_label_rows ADD COLUMN neg boolean NOT NULL DEFAULT false;
+CREATE OR REPLACE VIEW {S}.atfill_labels(src, uri, cid, val, neg, cts, exp) AS
+SELECT l.src, l.uri, l.cid, l.val, false, l.cts, l.exp
+FROM {S}.atfill_label_rows l
+WHERE NOT l.neg
+  AND (l.exp_us IS NULL
+       OR l.exp_us > (extract(epoch FROM clock_timestamp()) * 1000000)::bigint);
+)sql";
+
+Status MigrateTo6(PGconn* conn, const std::string& schema) {
+  return Exec(conn, WithSchema(kSchemaV6, schema).c_str(), nullptr);
+}
+
 // kMigrations[n] takes the tables from version n to n + 1.
 using Migration = Status (*)(PGconn*, const std::string&);
-constexpr std::array<Migration, 5> kMigrations = {MigrateTo1, MigrateTo2, MigrateTo3, MigrateTo4,
-                                                  MigrateTo5};
+constexpr std::array<Migration, 6> kMigrations = {MigrateTo1, MigrateTo2, MigrateTo3,
+                                                  MigrateTo4, MigrateTo5, MigrateTo6};
 static_assert(kMigrations.size() == kPostgresSchemaVersion);
 
 // Any key both sides agree on; the second half is the schema's name, so that sinks on different

@@ -14,6 +14,9 @@
 // Version 4: atfill_label_rows(uri, src, val, cid, cts, cts_us, exp, exp_us, indexed_at), primary
 //   key (uri, src, val), and the view atfill_labels(src, uri, cid, val, neg, cts, exp) of the
 //   labels not expired.
+// Version 5: the record table keyed by (collection_id, rkey, did_id), did_epoch and
+//   atfill_record_epochs (see postgres_schema.cpp).
+// Version 6: atfill_label_rows.neg: a negation is a row (with its cts) the view leaves out.
 // Text that is compared or sorted (did, nsid, rkey, rev) uses the "C" collation: byte order, as
 // SQLite compares, whatever the database's locale.
 #pragma once

@@ -22,8 +22,15 @@ const std::string* Text(const Value& map, std::string_view key, bool* ok) {
   return &v->as_string();
 }
 
-// A label map of a #labels body into *out; false with *why set when it is not one.
-bool ReadLabel(const Value& item, RawLabel* out, std::string* why) {
+// The fields of a version 1 label, sig aside: the labels spec has the signature cover exactly
+// these, so that a `$type` or a field a later schema adds (which a labeler may send and a relay
+// may pass along) does not change what was signed.
+constexpr std::string_view kSignedFields[] = {"ver", "src", "uri", "cid",
+                                              "val", "neg", "cts", "exp"};
+
+// A label map of a #labels body into *out; false with *kind and *why set when it is not one.
+bool ReadLabel(const Value& item, RawLabel* out, std::string* kind, std::string* why) {
+  *kind = "bad_label";
   if (item.kind() != Kind::kMap) {
     *why = "the label is not a map";
     return false;
@@ -43,8 +50,16 @@ bool ReadLabel(const Value& item, RawLabel* out, std::string* why) {
     *why = "the label lacks one of src, uri, val, cts";
     return false;
   }
-  if (const Value* ver = item.Find("ver"); ver != nullptr && ver->kind() != Kind::kInt) {
-    *why = "the label's ver is not an integer";
+  // The spec's label object requires ver (only the Lexicon, which also describes the unsigned
+  // labels of API responses, makes it optional), and a signature covers it: a label without it
+  // or of another version is not one this reader can check.
+  const Value* ver = item.Find("ver");
+  if (ver == nullptr || ver->kind() != Kind::kInt || ver->as_int() != 1) {
+    *kind = "bad_version";
+    *why = ver == nullptr ? "the label has no ver (version 1 labels carry ver 1)"
+           : ver->kind() != Kind::kInt
+               ? "the label's ver is not an integer"
+               : "the label's ver is " + std::to_string(ver->as_int()) + ", not 1";
     return false;
   }
   const Value* neg = item.Find("neg");
@@ -88,11 +103,13 @@ bool ReadLabel(const Value& item, RawLabel* out, std::string* why) {
     l.exp_us = expires->unix_micros();
   }
   if (sig != nullptr) out->sig = sig->as_bytes();
-  // The decoder accepted only canonical DAG-CBOR, so the map without `sig`, encoded again, is
+  // The decoder accepted only canonical DAG-CBOR, so the schema's fields, encoded again, are
   // byte for byte what the labeler signed.
   Value unsigned_map = Value::MakeMap();
-  for (const auto& [key, value] : item.as_map()) {
-    if (key != "sig") unsigned_map.as_map().emplace_back(key, value);
+  for (std::string_view field : kSignedFields) {
+    if (const Value* v = item.Find(field); v != nullptr) {
+      unsigned_map.as_map().emplace_back(std::string(field), *v);
+    }
   }
   out->signed_bytes = atproto::EncodeCbor(unsigned_map);
   return true;
@@ -163,13 +180,13 @@ Result<LabelFrame> DecodeLabelFrame(ByteView message) {
   size_t index = 0;
   for (const Value& item : labels->as_array()) {
     RawLabel raw;
+    std::string kind;
     std::string why;
-    if (ReadLabel(item, &raw, &why)) {
+    if (ReadLabel(item, &raw, &kind, &why)) {
       frame.labels.push_back(std::move(raw));
     } else {
-      frame.errors.push_back(
-          LabelError{"bad_label",
-                     "seq " + std::to_string(frame.seq) + " label " + std::to_string(index), why});
+      frame.errors.push_back(LabelError{
+          kind, "seq " + std::to_string(frame.seq) + " label " + std::to_string(index), why});
     }
     ++index;
   }

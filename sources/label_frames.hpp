@@ -4,12 +4,16 @@
 //   op 1, t "#info"    body {name, message?} (name "OutdatedCursor": the cursor is older than the
 //                      labeler's history; the stream goes on from its oldest label)
 //   op -1              body {error, message?}: the labeler ends the stream
-// A label is a map {ver?, src, uri, cid?, val, neg?, cts, exp?, sig}, signed by the labeler's
-// #atproto_label key: the signature is ECDSA over SHA-256 of the label's DAG-CBOR without `sig`.
+// A label is a map {ver, src, uri, cid?, val, neg?, cts, exp?, sig}, signed by the labeler's
+// #atproto_label key: the signature is ECDSA over SHA-256 of the DAG-CBOR of those fields but
+// `sig` (the atproto labels spec: the schema's fields only, ver included, no `$type` nor any
+// other field the label carries; such fields are accepted and ignored).
 //
 // Every decoder here turns bad input into an error, never a crash: a frame it cannot read is a
 // Status naming the reason; a label it cannot accept is a LabelError with a kind for the log:
 //   bad_label      a field missing or of the wrong type, a datetime or DID that does not parse
+//   bad_version    ver missing or not 1 (the spec's label object requires it; version 1 is the
+//                  only one there is)
 //   wrong_source   src is not the labeler the stream belongs to
 //   bad_signature  no sig, or sig does not verify with the labeler's key
 #pragma once
@@ -30,7 +34,7 @@ namespace atfill::sources {
 struct RawLabel {
   pipeline::Label label;
   Bytes sig;
-  Bytes signed_bytes;  // DAG-CBOR of the label map without `sig`
+  Bytes signed_bytes;  // DAG-CBOR of the label's schema fields without `sig`
 };
 
 struct LabelError {

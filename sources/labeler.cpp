@@ -12,6 +12,7 @@
 
 #include "atproto/crypto.hpp"
 #include "net/websocket.hpp"
+#include "pipeline/run.hpp"
 #include "sources/components.hpp"
 #include "sources/label_frames.hpp"
 #include "state/cursors.hpp"
@@ -38,8 +39,39 @@ struct Shared {
   std::condition_variable cv;
   std::deque<Received> queue;
   uint64_t queued_labels = 0;
-  std::vector<std::string> lines;  // log lines, printed by the writer
+  std::vector<std::string> lines;       // log lines, printed by the writer
+  std::vector<state::NewError> errors;  // for the job's error log, appended by the writer
 };
+
+int64_t UnixMicros() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// Saves `job`'s record as a run leaves it: `status` and `reason`, with the counters it holds.
+void SaveLabelsJob(LabelJobContext* job, state::KvStore* kv, state::JobStatus status,
+                   state::StopReason reason, const std::function<void(std::string_view)>& log) {
+  if (job == nullptr || job->jobs == nullptr || job->job.id == 0) return;
+  state::JobRecord& j = job->job;
+  const int64_t now = UnixMicros();
+  j.status = status;
+  j.stop_reason = std::move(reason);
+  j.updated_us = j.heartbeat_us = now;
+  if (state::IsTerminal(status)) j.finished_us = now;
+  state::WriteBatch wb;
+  Status st = job->jobs->Put(&wb, j);
+  if (st.ok()) st = kv->Write(wb);
+  if (!st.ok()) log("atfill labels: saving job " + std::to_string(j.id) + ": " + st.message());
+}
+
+// A refusal or a connection error: its log line and its entry of the job's error log.
+void Report(Shared* shared, std::string kind, std::string key, std::string line,
+            std::string message) {
+  shared->lines.push_back(std::move(line));
+  shared->errors.push_back(
+      state::NewError{std::move(kind), std::move(key), std::move(message), UnixMicros()});
+}
 
 // One labeler. Its fields below `mu`'s comment are guarded by Shared::mu; the rest is set before
 // its connection starts.
@@ -72,9 +104,11 @@ void OnMessage(Subscription* sub, Shared* shared, uint64_t max_pending, std::str
   if (sub->overflowed) return;
   if (!frame.ok()) {
     ++sub->stats.bad_frames;
-    shared->lines.push_back(
-        "atfill labels: " + sub->did + ": a message of " + std::to_string(data.size()) +
-        " bytes is not a subscribeLabels frame, skipped: " + frame.status().message());
+    const std::string why =
+        "a message of " + std::to_string(data.size()) +
+        " bytes is not a subscribeLabels frame, skipped: " + frame.status().message();
+    Report(shared, "bad_frame", sub->did + " after seq " + std::to_string(sub->received_seq),
+           "atfill labels: " + sub->did + ": " + why, why);
     return;
   }
   switch (frame->kind) {
@@ -103,16 +137,23 @@ void OnMessage(Subscription* sub, Shared* shared, uint64_t max_pending, std::str
   Received r{sub->index, seq, {}, Clock::now()};
   for (const LabelError& e : frame->errors) {
     ++sub->stats.refused;
-    shared->lines.push_back("atfill labels: refused " + e.kind + " from " + sub->did + " (" +
-                            e.key + "): " + e.message);
+    ++sub->stats.refused_by[e.kind];
+    Report(
+        shared, e.kind, sub->did + " " + e.key,
+        "atfill labels: refused " + e.kind + " from " + sub->did + " (" + e.key + "): " + e.message,
+        e.message);
   }
   for (RawLabel& raw : frame->labels) {
     std::string kind;
     if (Status st = VerifyLabel(raw, sub->did, *sub->key, &kind); !st.ok()) {
       ++sub->stats.refused;
-      shared->lines.push_back("atfill labels: refused " + kind + " from " + sub->did + " (seq " +
-                              std::to_string(seq) + ", " + raw.label.val + " on " + raw.label.uri +
-                              "): " + st.message());
+      ++sub->stats.refused_by[kind];
+      const std::string where =
+          "seq " + std::to_string(seq) + ", " + raw.label.val + " on " + raw.label.uri;
+      Report(shared, kind, sub->did + " " + where,
+             "atfill labels: refused " + kind + " from " + sub->did + " (" + where +
+                 "): " + st.message(),
+             st.message());
       continue;
     }
     r.labels.push_back(std::move(raw.label));
@@ -120,6 +161,7 @@ void OnMessage(Subscription* sub, Shared* shared, uint64_t max_pending, std::str
   sub->stats.labels += r.labels.size();
   shared->queued_labels += r.labels.size();
   sub->received_seq = seq;
+  sub->stats.received_seq = seq;
   shared->queue.push_back(std::move(r));
   shared->cv.notify_one();
 }
@@ -128,22 +170,27 @@ void OnMessage(Subscription* sub, Shared* shared, uint64_t max_pending, std::str
 // unless it was closed on purpose.
 net::SessionAction OnEvent(Subscription* sub, Shared* shared, const net::ConnectionEvent& e) {
   std::lock_guard lock(shared->mu);
+  // Kinds as the live consumer names them (sources/jetstream.hpp), keyed by the labeler.
+  const auto error = [&](const char* kind, const std::string& why) {
+    ++sub->stats.connection_errors;
+    Report(shared, kind, sub->did, "atfill labels: " + sub->did + ": " + why, why);
+  };
   switch (e.kind) {
     case net::ConnectionEventKind::kConnected:
       shared->lines.push_back("atfill labels: connected to " + sub->did + " at " + e.url);
       break;
     case net::ConnectionEventKind::kRefused:
-      shared->lines.push_back("atfill labels: " + sub->did + " refused " + e.url + ": HTTP " +
-                              std::to_string(e.http_status) + " " + e.body.substr(0, 200));
+      error("connection_refused", "refused " + e.url + ": HTTP " + std::to_string(e.http_status) +
+                                      " " + e.body.substr(0, 200));
       break;
     case net::ConnectionEventKind::kFailed:
-      shared->lines.push_back("atfill labels: the connection to " + sub->did +
-                              " failed: " + e.error.message());
+      error(e.connected_ms >= 0 ? "connection_lost" : "connection_failed",
+            "the connection to " + e.url + " failed: " + e.error.message());
       break;
     case net::ConnectionEventKind::kClosed:
       if (!e.closed_by_client) {
-        shared->lines.push_back("atfill labels: " + sub->did + " closed the connection (" +
-                                std::to_string(e.close_code) + " " + e.close_reason + ")");
+        error("connection_closed", "the labeler closed the connection (" +
+                                       std::to_string(e.close_code) + " " + e.close_reason + ")");
       }
       break;
     case net::ConnectionEventKind::kStopped:
@@ -191,14 +238,18 @@ class Writer {
  public:
   Writer(const LabelerOptions& options, pipeline::LabelSink* sink, state::KvStore* kv,
          std::vector<std::unique_ptr<Subscription>>* subs, Shared* shared,
-         const std::function<bool()>& stop, const std::function<void(std::string_view)>& log)
+         const std::function<bool()>& stop, const std::function<void(std::string_view)>& log,
+         LabelJobContext* job)
       : options_(options),
         sink_(sink),
         kv_(kv),
         subs_(*subs),
         shared_(*shared),
         stop_(stop),
-        log_(log) {}
+        log_(log),
+        job_(job) {
+    if (job_ != nullptr) base_ = job_->job.counters;
+  }
 
   Status Connect(Subscription* sub) {
     net::WebSocketTarget target;
@@ -265,15 +316,60 @@ class Writer {
     }
   }
 
+  // Prints the lines the handlers queued and appends their errors to the job's log.
   void PrintLines() {
     std::vector<std::string> lines;
+    std::vector<state::NewError> errors;
     {
       std::lock_guard lock(shared_.mu);
       lines.swap(shared_.lines);
+      errors.swap(shared_.errors);
     }
     for (const std::string& line : lines) log_(line);
+    if (job_ != nullptr && job_->errors != nullptr && job_->job.id != 0 && !errors.empty()) {
+      // The log is for people; a failure to keep an entry is said, not fatal to the labels.
+      if (auto added = job_->errors->AppendAll(job_->job.id, errors); !added.ok()) {
+        log_("atfill labels: the error log of job " + std::to_string(job_->job.id) + ": " +
+             added.status().message());
+      }
+    }
   }
 
+ public:
+  // The last lines and errors of the handlers, once no handler runs any more.
+  void Flushed() { PrintLines(); }
+
+  // The job's counters: what it had when this run started plus this run's. Under shared_.mu.
+  state::JobCounters CountersLocked() const {
+    state::JobCounters c = base_;
+    auto& x = c.extra;
+    for (const auto& sub : subs_) {
+      const LabelerStats& s = sub->stats;
+      c.events_read += s.frames;
+      c.total_records += s.labels;
+      c.records_written += s.stored + s.negated;
+      c.failed_records += s.refused;
+      x["labels_stored"] += s.stored;
+      x["labels_negated"] += s.negated;
+      x["labels_stale"] += s.stale;
+      x["labels_bad_frames"] += s.bad_frames;
+      x["labels_connection_errors"] += s.connection_errors;
+      for (const auto& [kind, n] : s.refused_by) x["labels_refused_" + kind] += n;
+    }
+    return c;
+  }
+
+  // Saves the job as the run leaves it, with this run's counters.
+  void SaveJob(state::JobStatus status, state::StopReason reason) {
+    if (job_ == nullptr) return;
+    {
+      std::lock_guard lock(shared_.mu);
+      job_->job.counters = CountersLocked();
+    }
+    SaveLabelsJob(job_, kv_, status, std::move(reason), log_);
+  }
+
+ private:
   Status Flush() {
     std::vector<pipeline::Label> labels;
     labels.reserve(batch_labels_);
@@ -297,7 +393,6 @@ class Writer {
     for (const auto& [index, seq] : seqs) {
       cursors.SetUint64(&wb, LabelCursorName(subs_[index]->did), seq);
     }
-    ATFILL_RETURN_IF_ERROR(kv_->Write(wb).WithContext("saving the labelers' cursors"));
     {
       std::lock_guard lock(shared_.mu);
       for (const auto& [index, seq] : seqs) {
@@ -310,7 +405,17 @@ class Writer {
       LabelerStats& first = subs_[seqs.begin()->first]->stats;
       first.stored += written->stored;
       first.negated += written->negated;
+      first.stale += written->stale;
+      if (job_ != nullptr && job_->jobs != nullptr && job_->job.id != 0) {
+        // With the cursors, so that the job's counters never run ahead of what is saved.
+        job_->job.counters = CountersLocked();
+        job_->job.updated_us = job_->job.heartbeat_us = UnixMicros();
+      }
     }
+    if (job_ != nullptr && job_->jobs != nullptr && job_->job.id != 0) {
+      ATFILL_RETURN_IF_ERROR(job_->jobs->Put(&wb, job_->job));
+    }
+    ATFILL_RETURN_IF_ERROR(kv_->Write(wb).WithContext("saving the labelers' cursors"));
     batch_.clear();
     batch_labels_ = 0;
     return Status::OK();
@@ -336,6 +441,8 @@ class Writer {
   Shared& shared_;
   const std::function<bool()>& stop_;
   const std::function<void(std::string_view)>& log_;
+  LabelJobContext* job_;
+  state::JobCounters base_;
   std::vector<Received> batch_;
   uint64_t batch_labels_ = 0;
   Clock::time_point oldest_;
@@ -345,7 +452,8 @@ class Writer {
 
 Result<LabelRunSummary> RunLabelers(const LabelerOptions& options, pipeline::LabelSink* sink,
                                     state::KvStore* kv, const std::function<bool()>& stop,
-                                    const std::function<void(std::string_view)>& log) {
+                                    const std::function<void(std::string_view)>& log,
+                                    LabelJobContext* job) {
   ATFILL_RETURN_IF_ERROR(options.Validate());
   LabelRunSummary summary;
   if (options.labelers.empty()) return summary;
@@ -365,6 +473,7 @@ Result<LabelRunSummary> RunLabelers(const LabelerOptions& options, pipeline::Lab
     ATFILL_ASSIGN_OR_RETURN(auto saved, cursors.GetUint64(LabelCursorName(did)));
     sub->received_seq = saved.value_or(0);
     sub->stats.applied_seq = sub->received_seq;
+    sub->stats.received_seq = sub->received_seq;
     sub->last_message = Clock::now();
     net::WebSocketOptions ws;
     ws.allow_private_addresses = options.allow_private_endpoints;
@@ -375,11 +484,24 @@ Result<LabelRunSummary> RunLabelers(const LabelerOptions& options, pipeline::Lab
         std::to_string(sub->received_seq));
     subs.push_back(std::move(sub));
   }
-  Writer writer(options, sink, kv, &subs, &shared, stop, log);
-  for (auto& sub : subs) ATFILL_RETURN_IF_ERROR(writer.Connect(sub.get()));
-  Result<bool> idle = writer.Run();
+  Writer writer(options, sink, kv, &subs, &shared, stop, log, job);
+  Status connected = Status::OK();
+  for (auto& sub : subs) {
+    if (connected.ok()) connected = writer.Connect(sub.get());
+  }
+  Result<bool> idle = connected.ok() ? writer.Run() : Result<bool>(connected);
   for (auto& sub : subs) sub->client->Close();
-  for (const std::string& line : shared.lines) log(line);
+  for (auto& sub : subs) sub->client.reset();  // no handler runs past here
+  writer.Flushed();
+  if (!idle.ok()) {
+    writer.SaveJob(state::JobStatus::kFailed, {"labels_failed", idle.status().message()});
+  } else {
+    writer.SaveJob(state::JobStatus::kPaused,
+                   *idle ? state::StopReason{"idle",
+                                             "every labeler was quiet for [labels] "
+                                             "idle_exit_ms"}
+                         : state::StopReason{"stopped", "stopped on request"});
+  }
   for (auto& sub : subs) {
     std::lock_guard lock(shared.mu);
     summary.labelers[sub->did] = sub->stats;
@@ -391,6 +513,63 @@ Result<LabelRunSummary> RunLabelers(const LabelerOptions& options, pipeline::Lab
 }
 
 std::string LabelCursorName(std::string_view labeler) { return "labels/" + std::string(labeler); }
+
+uint64_t LabelsView::Extra(const std::string& name) const {
+  if (!job) return 0;
+  auto it = job->counters.extra.find(name);
+  return it == job->counters.extra.end() ? 0 : it->second;
+}
+
+std::map<std::string, uint64_t> LabelsView::RefusedByKind() const {
+  std::map<std::string, uint64_t> out;
+  if (!job) return out;
+  constexpr std::string_view kPrefix = "labels_refused_";
+  for (const auto& [name, n] : job->counters.extra) {
+    if (name.starts_with(kPrefix)) out[name.substr(kPrefix.size())] = n;
+  }
+  return out;
+}
+
+Result<LabelsView> ReadLabelsView(const pipeline::Environment& env) {
+  LabelsView view;
+  ATFILL_ASSIGN_OR_RETURN(auto jobs, env.jobs->List());
+  for (auto& j : jobs) {
+    if (j.kind == "labels" && (!view.job || j.id > view.job->id)) view.job = std::move(j);
+  }
+  if (!view.job) return view;
+  state::Cursors cursors(*env.kv);
+  auto labelers = view.job->params.find("labelers");
+  if (labelers == view.job->params.end()) return view;
+  for (const std::string& did : pipeline::SplitLines(labelers->second)) {
+    ATFILL_ASSIGN_OR_RETURN(auto seq, cursors.GetUint64(LabelCursorName(did)));
+    view.cursors.emplace_back(did, seq.value_or(0));
+  }
+  return view;
+}
+
+Result<state::JobRecord> FindOrCreateLabelsJob(const pipeline::Environment& env,
+                                               const std::string& started_by) {
+  const LabelerOptions& options = env.settings->Get<SourceSettings>().labels;
+  state::JobRecord prototype =
+      pipeline::NewJobRecord("labels", state::JobStage::kReplaying, started_by);
+  prototype.params = {{"labelers", pipeline::JoinLines(options.labelers)},
+                      {"sink", env.components->SinkLocation(*env.settings)}};
+  bool resumed = false;
+  ATFILL_ASSIGN_OR_RETURN(
+      state::JobRecord job,
+      pipeline::FindOrCreateJob(env.jobs, prototype, {"labelers", "sink"}, &resumed));
+  if (resumed) {
+    const int64_t now = pipeline::NowMicros();
+    job.status = state::JobStatus::kRunning;
+    job.stop_reason = {};
+    job.finished_us = 0;
+    job.started_us = job.updated_us = job.heartbeat_us = now;
+    state::WriteBatch wb;
+    ATFILL_RETURN_IF_ERROR(env.jobs->Put(&wb, job));
+    ATFILL_RETURN_IF_ERROR(env.kv->Write(wb));
+  }
+  return job;
+}
 
 Status LabelerOptions::Validate() const {
   if (batch_labels == 0) return Status::Invalid("[labels] batch_labels must be at least 1");
@@ -412,13 +591,28 @@ Result<std::unique_ptr<LabelThread>> LabelThread::Start(const pipeline::Environm
   auto sink = env.components->OpenLabelSink(*env.settings);
   if (!sink.ok()) return sink.status().WithContext("[labels]: the label tables");
   t->sink_ = std::move(*sink);
+  if (env.jobs != nullptr) {
+    auto job = FindOrCreateLabelsJob(env, "cli");
+    if (!job.ok()) return job.status().WithContext("[labels]: the labels job");
+    t->job_.jobs = env.jobs;
+    t->job_.job = std::move(*job);
+    t->job_.errors = env.errors;
+    env.Log("atfill labels: job " + std::to_string(t->job_.job.id));
+  }
   LabelThread* self = t.get();
   t->thread_ = std::thread([self, &options, env] {
     self->outcome_ = RunLabelers(
         options, self->sink_.get(), env.kv, [self] { return self->stop_.load(); },
-        [&env](std::string_view line) { env.Log(line); });
+        [&env](std::string_view line) { env.Log(line); }, &self->job_);
     if (!self->outcome_.ok()) {
       env.Log("atfill labels: the subscriptions stopped: " + self->outcome_.status().message());
+      // A run that failed before its first connection (a labeler not resolved) left the job
+      // running: say how it ended.
+      if (self->job_.job.status == state::JobStatus::kRunning) {
+        SaveLabelsJob(&self->job_, env.kv, state::JobStatus::kFailed,
+                      {"labels_failed", self->outcome_.status().message()},
+                      [&env](std::string_view line) { env.Log(line); });
+      }
     }
     self->done_ = true;
   });

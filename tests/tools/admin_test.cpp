@@ -847,6 +847,62 @@ TEST_F(AdminServerTest, LiveStatus) {
   EXPECT_TRUE(j["error"].is_null());
 }
 
+// The label subscriptions ride in the live answer, whether or not a live consumer runs.
+TEST_F(AdminServerTest, LiveStatusCarriesTheLabelSubscriptions) {
+  StartServer();
+  LiveStatus live;
+  live.labels.configured = true;
+  live.labels.job_id = 4;
+  live.labels.status = "running";
+  live.labels.labelers = {{"did:plc:labeler", 2001}};
+  live.labels.labels_per_s = 12.5;
+  live.labels.frames = 2001;
+  live.labels.labels = 1990;
+  live.labels.stored = 1800;
+  live.labels.negated = 150;
+  live.labels.stale = 40;
+  live.labels.refused = 11;
+  live.labels.refused_by = {{"bad_signature", 6}, {"bad_version", 5}};
+  live.labels.connection_errors = 3;
+  backend_.SetLive(live);
+  Answer a = Call("GET", "/admin/jetstream/status");
+  ASSERT_EQ(a.status, 200) << a.body;
+  Json j(a.body);
+  ASSERT_TRUE(j.ok);
+  EXPECT_FALSE(j["configured"].get_bool().value());
+  EXPECT_NE(a.body.find(R"("labels":{"configured":true,"status":"running","job_id":4,)"
+                        R"("labelers":[{"did":"did:plc:labeler","cursor":2001}],)"
+                        R"("labels_per_s":12.5,"frames":2001,"labels":1990,"stored":1800,)"
+                        R"("negated":150,"stale":40,"refused":11,)"
+                        R"("refused_by":{"bad_signature":6,"bad_version":5},"bad_frames":0,)"
+                        R"("connection_errors":3,"error":null})"),
+            std::string::npos)
+      << a.body;
+
+  Answer m = Call("GET", "/metrics");
+  ASSERT_EQ(m.status, 200);
+  for (const char* line : {"atfill_labels_total{outcome=\"stored\"} 1800\n",
+                           "atfill_labels_total{outcome=\"negated\"} 150\n",
+                           "atfill_labels_total{outcome=\"stale\"} 40\n",
+                           "atfill_labels_total{outcome=\"refused\"} 11\n",
+                           "atfill_labels_refused_total{kind=\"bad_signature\"} 6\n",
+                           "atfill_labels_refused_total{kind=\"bad_version\"} 5\n",
+                           "atfill_label_connection_errors_total 3\n",
+                           "atfill_labeler_cursor{labeler=\"did:plc:labeler\"} 2001\n"}) {
+    EXPECT_NE(m.body.find(line), std::string::npos) << line << m.body;
+  }
+  // The job's counters grow: the series grow by as much, not by the total again.
+  live.labels.stored = 1850;
+  live.labels.labelers[0].cursor = 2100;
+  backend_.SetLive(live);
+  m = Call("GET", "/metrics");
+  EXPECT_NE(m.body.find("atfill_labels_total{outcome=\"stored\"} 1850\n"), std::string::npos)
+      << m.body;
+  EXPECT_NE(m.body.find("atfill_labels_total{outcome=\"refused\"} 11\n"), std::string::npos);
+  EXPECT_NE(m.body.find("atfill_labeler_cursor{labeler=\"did:plc:labeler\"} 2100\n"),
+            std::string::npos);
+}
+
 TEST_F(AdminServerTest, WrongMethodIs405WithAllow) {
   StartServer();
   backend_.Add(JobStatus::kRunning, JobStage::kPending);

@@ -8,10 +8,12 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "atproto/cbor.hpp"
@@ -123,6 +125,73 @@ TEST(LabelFramesTest, AnotherKeyAnAlteredFieldOrAnotherSourceIsRefused) {
   EXPECT_EQ(kind, "wrong_source");
 }
 
+// A label map as another labeler may send it: the schema's fields (signed as the spec says, over
+// them alone) plus `extra` fields, with `ver` replaced when `ver` is set (absent when null).
+Bytes WithFields(const Label& l, const atproto::PrivateKey& key,
+                 std::vector<std::pair<std::string, atproto::Value>> extra,
+                 std::optional<atproto::Value> ver = atproto::Value::Int(1)) {
+  auto sig = key.Sign(sources::EncodeLabel(l, {}));
+  EXPECT_TRUE(sig.ok());
+  auto map = atproto::DecodeCbor(sources::EncodeLabel(l, *sig));
+  EXPECT_TRUE(map.ok());
+  atproto::Value::Map fields;
+  for (auto& [k, v] : map->as_map()) {
+    if (k != "ver") fields.emplace_back(k, v);
+  }
+  if (ver.has_value()) fields.emplace_back("ver", *ver);
+  for (auto& f : extra) fields.push_back(std::move(f));
+  return atproto::EncodeCbor(atproto::Value::MakeMap(std::move(fields)));
+}
+
+TEST(LabelFramesTest, TheSignatureCoversTheSchemaFieldsOnlyNotTypeNorUnknownFields) {
+  const auto key = Key(7);
+  Label l = MakeLabel("at://did:plc:abc/app.bsky.actor.profile/self", "sensitive",
+                      "2025-04-28T10:00:00.000Z");
+  l.cid = "bafyreib2rxk3rh6kzwq";
+  using atproto::Value;
+  const Bytes label = WithFields(
+      l, key,
+      {{"$type", Value::String("com.atproto.label.defs#label")},
+       {"reason", Value::MakeMap({{"note", Value::String("added by a later schema")}})}});
+  auto decoded = DecodeLabelFrame(sources::EncodeLabelsFrame(6601, {label}));
+  ASSERT_TRUE(decoded.ok()) << decoded.status().ToString();
+  ASSERT_EQ(decoded->labels.size(), 1u);
+  std::string kind;
+  Status st = sources::VerifyLabel(decoded->labels[0], l.src, key.public_key(), &kind);
+  EXPECT_TRUE(st.ok()) << kind << ": " << st.ToString();
+  EXPECT_EQ(decoded->labels[0].label.val, "sensitive");
+  // A schema field is still covered: the same signature over another cid is refused.
+  Label other = l;
+  other.cid = "bafyreib2rxk3rh6kzwr";
+  auto sig = key.Sign(sources::EncodeLabel(l, {}));
+  ASSERT_TRUE(sig.ok());
+  auto changed =
+      DecodeLabelFrame(sources::EncodeLabelsFrame(1, {sources::EncodeLabel(other, *sig)}));
+  ASSERT_TRUE(changed.ok());
+  kind.clear();
+  EXPECT_FALSE(sources::VerifyLabel(changed->labels[0], l.src, key.public_key(), &kind).ok());
+  EXPECT_EQ(kind, "bad_signature");
+}
+
+TEST(LabelFramesTest, ALabelWithoutVerOrOfAnotherVersionIsRefusedWithItsReason) {
+  const auto key = Key(7);
+  const Label l = MakeLabel("did:plc:abc", "rude", "2025-01-02T03:04:05Z");
+  using atproto::Value;
+  auto decoded = DecodeLabelFrame(sources::EncodeLabelsFrame(
+      9, {WithFields(l, key, {}, Value::Int(2)), WithFields(l, key, {}, std::nullopt),
+          WithFields(l, key, {}, Value::String("1")), WithFields(l, key, {})}));
+  ASSERT_TRUE(decoded.ok()) << decoded.status().ToString();
+  ASSERT_EQ(decoded->errors.size(), 3u);
+  for (const auto& e : decoded->errors) EXPECT_EQ(e.kind, "bad_version") << e.message;
+  EXPECT_EQ(decoded->errors[0].key, "seq 9 label 0");
+  EXPECT_NE(decoded->errors[0].message.find("ver is 2, not 1"), std::string::npos);
+  EXPECT_NE(decoded->errors[1].message.find("no ver"), std::string::npos);
+  EXPECT_NE(decoded->errors[2].message.find("not an integer"), std::string::npos);
+  ASSERT_EQ(decoded->labels.size(), 1u);
+  std::string kind;
+  EXPECT_TRUE(sources::VerifyLabel(decoded->labels[0], l.src, key.public_key(), &kind).ok());
+}
+
 TEST(LabelFramesTest, InfoErrorAndMalformedFramesAreToldApart) {
   auto info = DecodeLabelFrame(sources::EncodeInfoFrame("OutdatedCursor", "too old"));
   ASSERT_TRUE(info.ok());
@@ -219,24 +288,52 @@ void CheckLabelRules(pipeline::LabelSink& sink, const std::function<std::vector<
       with_us(MakeLabel("did:plc:c", "spam", at(4), false, "2099-01-01T00:00:00Z")),
       with_us(MakeLabel("did:plc:a", "rude", at(5), true)),  // negates a/rude
       with_us(MakeLabel("did:plc:d", "spam", at(9))),
-      with_us(MakeLabel("did:plc:d", "spam", at(6), true)),  // older than the label: kept
+      with_us(MakeLabel("did:plc:d", "spam", at(6), true)),  // older than the label: stale
       with_us(MakeLabel("did:plc:e", "spam", at(8))),
       with_us(MakeLabel("did:plc:e", "spam", at(7))),  // older than the stored one: stale
+      with_us(MakeLabel("did:plc:f", "misleading", at(10))),
+      with_us(MakeLabel("did:plc:f", "misleading", at(20), true)),  // negates f/misleading
+      with_us(MakeLabel("did:plc:g", "spam", at(11), true)),        // negates nothing yet
   };
   auto stats = sink.WriteLabels(batch);
   ASSERT_TRUE(stats.ok()) << stats.status().ToString();
-  EXPECT_EQ(stats->stored, 6u);
-  EXPECT_EQ(stats->negated, 1u);
-  EXPECT_EQ(stats->stale, 1u);
+  EXPECT_EQ(stats->stored, 7u);
+  EXPECT_EQ(stats->negated, 3u);
+  EXPECT_EQ(stats->stale, 2u);
   const std::vector<Row> want = {{"did:plc:a", "spam", at(1), ""},
                                  {"did:plc:c", "spam", at(4), "2099-01-01T00:00:00Z"},
                                  {"did:plc:d", "spam", at(9), ""},
                                  {"did:plc:e", "spam", at(8), ""}};
   EXPECT_EQ(read(), want);
-  // The same batch again (a replay after a crash) leaves the same table.
-  ASSERT_TRUE(sink.WriteLabels(batch).ok());
+  // Labels older than the negations already stored, arriving after them (in a later batch, as
+  // from a labeler whose history is not in cts order), stay negated.
+  const std::vector<Label> late = {
+      with_us(MakeLabel("did:plc:f", "misleading", at(15))),
+      with_us(MakeLabel("did:plc:g", "spam", at(10))),
+      with_us(MakeLabel("did:plc:a", "rude", at(4))),
+  };
+  auto late_stats = sink.WriteLabels(late);
+  ASSERT_TRUE(late_stats.ok()) << late_stats.status().ToString();
+  EXPECT_EQ(late_stats->stored, 0u);
+  EXPECT_EQ(late_stats->stale, 3u);
   EXPECT_EQ(read(), want);
+  // The same batches again (a replay after a crash) leave the same table.
+  ASSERT_TRUE(sink.WriteLabels(batch).ok());
+  ASSERT_TRUE(sink.WriteLabels(late).ok());
+  EXPECT_EQ(read(), want);
+  // A label newer than the negation puts it back.
+  auto newer =
+      sink.WriteLabels(std::vector<Label>{with_us(MakeLabel("did:plc:g", "spam", at(12)))});
+  ASSERT_TRUE(newer.ok()) << newer.status().ToString();
+  EXPECT_EQ(newer->stored, 1u);
+  std::vector<Row> with_g = want;
+  with_g.emplace_back("did:plc:g", "spam", at(12), "");
+  EXPECT_EQ(read(), with_g);
 }
+
+// The rows a sink holds after CheckLabelRules: the labels in the view, the expired one, and the
+// negations of a/rude and f/misleading.
+constexpr size_t kRowsAfterRules = 8;
 
 TEST(LabelSinkTest, SqliteAppliesNegationsNewerLabelsAndHidesExpiredOnes) {
   TempDir dir;
@@ -245,12 +342,57 @@ TEST(LabelSinkTest, SqliteAppliesNegationsNewerLabelsAndHidesExpiredOnes) {
   auto sink = sinks::OpenSqliteLabelSink(o);
   ASSERT_TRUE(sink.ok()) << sink.status().ToString();
   CheckLabelRules(**sink, [&] { return SqliteView(o.path); });
-  // The expired label is kept in the table, only the view hides it.
-  EXPECT_EQ(SqliteView(o.path, "atfill_label_rows").size(), 5u);
+  // The expired label and the negations are kept in the table, only the view hides them.
+  EXPECT_EQ(SqliteView(o.path, "atfill_label_rows").size(), kRowsAfterRules);
+  EXPECT_EQ(SqliteView(o.path, "atfill_label_rows WHERE neg = 1").size(), 2u);
   // The record sink opens the same file afterwards: both schemas live side by side.
   auto records = sinks::OpenSqliteSink(o);
   ASSERT_TRUE(records.ok()) << records.status().ToString();
-  EXPECT_EQ(SqliteView(o.path).size(), 4u);
+  EXPECT_EQ(SqliteView(o.path).size(), 5u);
+}
+
+// A label table written before negations were kept (no neg column) gets it at open, keeping its
+// labels, and then keeps negations.
+TEST(LabelSinkTest, SqliteUpgradesALabelTableWithoutNegKeepingItsRows) {
+  TempDir dir;
+  const std::string path = (dir.path() / "db.sqlite").string();
+  {
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+    const char* before = R"sql(
+CREATE TABLE atfill_label_rows(uri TEXT NOT NULL, src TEXT NOT NULL, val TEXT NOT NULL, cid TEXT,
+  cts TEXT NOT NULL, cts_us INTEGER NOT NULL, exp TEXT, exp_us INTEGER,
+  indexed_at INTEGER NOT NULL, PRIMARY KEY (uri, src, val)) WITHOUT ROWID;
+CREATE VIEW atfill_labels(src, uri, cid, val, neg, cts, exp) AS
+SELECT src, uri, cid, val, 0, cts, exp FROM atfill_label_rows
+WHERE exp_us IS NULL
+   OR exp_us > CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER);
+INSERT INTO atfill_label_rows VALUES ('did:plc:a', 'did:plc:labelerlabelerlabelerla', 'spam',
+  NULL, '2025-01-01T00:00:01Z', 1735689601000000, NULL, NULL, 0);
+)sql";
+    char* err = nullptr;
+    ASSERT_EQ(sqlite3_exec(db, before, nullptr, nullptr, &err), SQLITE_OK) << err;
+    sqlite3_close(db);
+  }
+  sinks::SqliteSinkOptions o;
+  o.path = path;
+  auto sink = sinks::OpenSqliteLabelSink(o);
+  ASSERT_TRUE(sink.ok()) << sink.status().ToString();
+  const std::vector<Row> kept = {{"did:plc:a", "spam", "2025-01-01T00:00:01Z", ""}};
+  EXPECT_EQ(SqliteView(path), kept);
+  Label neg = MakeLabel("did:plc:a", "spam", "2025-01-01T00:00:05Z", true);
+  neg.cts_us = 1735689605000000;
+  Label older = MakeLabel("did:plc:a", "spam", "2025-01-01T00:00:03Z");
+  older.cts_us = 1735689603000000;
+  ASSERT_TRUE((*sink)->WriteLabels(std::vector<Label>{neg}).ok());
+  ASSERT_TRUE((*sink)->WriteLabels(std::vector<Label>{older}).ok());
+  EXPECT_TRUE(SqliteView(path).empty());
+  // Opening it again changes nothing.
+  sink->reset();
+  auto again = sinks::OpenSqliteLabelSink(o);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_TRUE(SqliteView(path).empty());
+  EXPECT_EQ(SqliteView(path, "atfill_label_rows WHERE neg = 1").size(), 1u);
 }
 
 TEST(LabelSinkTest, PostgresAppliesNegationsNewerLabelsAndHidesExpiredOnes) {
@@ -266,11 +408,54 @@ TEST(LabelSinkTest, PostgresAppliesNegationsNewerLabelsAndHidesExpiredOnes) {
   ASSERT_TRUE(conn.ok());
   auto n = (*conn)->Column("SELECT count(*) FROM labels_here.atfill_label_rows");
   ASSERT_TRUE(n.ok());
-  EXPECT_EQ(n->at(0), "5");
-  // The record sink migrated the same schema: version 4, labels included.
+  EXPECT_EQ(n->at(0), std::to_string(kRowsAfterRules));
+  // The record sink migrated the same schema: the current version, labels included.
   auto v = (*conn)->Column("SELECT version FROM labels_here.atfill_schema_version");
   ASSERT_TRUE(v.ok());
   EXPECT_EQ(v->at(0), std::to_string(sinks::kPostgresSchemaVersion));
+}
+
+// A version 5 schema (label rows without neg) is upgraded to 6 at open, its labels kept, and then
+// keeps negations.
+TEST(LabelSinkTest, PostgresUpgradesAVersion5SchemaKeepingItsLabels) {
+  auto db = testing::PgDatabase::CreateOnTestServer();
+  ASSERT_TRUE(db.ok()) << db.status().ToString();
+  sinks::PostgresSinkOptions o;
+  o.conninfo = (*db)->conninfo();
+  o.schema = "v5";
+  ASSERT_TRUE(sinks::OpenPostgresLabelSink(o).ok());
+  auto conn = testing::PgConnection::Open(o.conninfo);
+  ASSERT_TRUE(conn.ok());
+  // Back to version 5's label table and view.
+  ASSERT_TRUE((*conn)
+                  ->Exec(R"sql(
+DROP VIEW v5.atfill_labels;
+ALTER TABLE v5.atfill_label_rows DROP COLUMN neg;
+CREATE VIEW v5.atfill_labels(src, uri, cid, val, neg, cts, exp) AS
+SELECT l.src, l.uri, l.cid, l.val, false, l.cts, l.exp FROM v5.atfill_label_rows l
+WHERE l.exp_us IS NULL OR l.exp_us > (extract(epoch FROM clock_timestamp()) * 1000000)::bigint;
+UPDATE v5.atfill_schema_version SET version = 5;
+INSERT INTO v5.atfill_label_rows VALUES ('did:plc:a', 'did:plc:labelerlabelerlabelerla', 'spam',
+  NULL, '2025-01-01T00:00:01Z', 1735689601000000, NULL, NULL, 0);
+)sql")
+                  .ok());
+  std::vector<std::string> said;
+  o.log = [&](std::string_view line) { said.emplace_back(line); };
+  auto sink = sinks::OpenPostgresLabelSink(o);
+  ASSERT_TRUE(sink.ok()) << sink.status().ToString();
+  auto v = (*conn)->Column("SELECT version FROM v5.atfill_schema_version");
+  ASSERT_TRUE(v.ok());
+  EXPECT_EQ(v->at(0), "6");
+  ASSERT_EQ(said.size(), 2u);  // the upgrade and its end
+  const std::vector<Row> kept = {{"did:plc:a", "spam", "2025-01-01T00:00:01Z", ""}};
+  EXPECT_EQ(PgView(o.conninfo, "v5"), kept);
+  Label neg = MakeLabel("did:plc:a", "spam", "2025-01-01T00:00:05Z", true);
+  neg.cts_us = 1735689605000000;
+  Label older = MakeLabel("did:plc:a", "spam", "2025-01-01T00:00:03Z");
+  older.cts_us = 1735689603000000;
+  ASSERT_TRUE((*sink)->WriteLabels(std::vector<Label>{neg}).ok());
+  ASSERT_TRUE((*sink)->WriteLabels(std::vector<Label>{older}).ok());
+  EXPECT_TRUE(PgView(o.conninfo, "v5").empty());
 }
 
 // --- atfill run against simnet's labeler ---
@@ -339,8 +524,12 @@ TEST(LabelsRunTest, TheLabelersHistoryLandsNegatedExpiredAndForgedLabelsLeftOut)
     if (!e.bad_signature) genuine.emplace(e.uri, e.val);
   }
   for (const auto& [uri, val, cts, exp] : SqliteView(db)) in_view.emplace(uri, val);
+  std::set<std::pair<std::string, std::string>> labels_in_table;
   for (const auto& [uri, val, cts, exp] : SqliteView(db, "atfill_label_rows")) {
     in_table.emplace(uri, val);
+  }
+  for (const auto& [uri, val, cts, exp] : SqliteView(db, "atfill_label_rows WHERE neg = 0")) {
+    labels_in_table.emplace(uri, val);
   }
   size_t forged_only = 0;
   for (const auto& e : log.entries()) {
@@ -362,7 +551,7 @@ TEST(LabelsRunTest, TheLabelersHistoryLandsNegatedExpiredAndForgedLabelsLeftOut)
     }
     if (!relabelled) {
       ++removed;
-      EXPECT_EQ(in_table.count({e.uri, e.val}), 0u) << "negated but present: " << e.uri;
+      EXPECT_EQ(labels_in_table.count({e.uri, e.val}), 0u) << "negated but present: " << e.uri;
     }
   }
   EXPECT_GT(removed, 10u);
@@ -376,12 +565,35 @@ TEST(LabelsRunTest, TheLabelersHistoryLandsNegatedExpiredAndForgedLabelsLeftOut)
     }
   }
   EXPECT_GT(hidden, 10u);
-  // A second run starts from the saved cursor and writes nothing new.
+  // The subscription is a job: `atfill status` shows its cursor and counters by outcome, and
+  // its error log holds every refusal with its reason.
+  auto status = testing::RunProcess({ATFILL_BINARY, "status", config}, dir.path());
+  ASSERT_EQ(status.exit_code, 0) << status.err;
+  const std::string& out = status.out;
+  EXPECT_NE(out.find("labels job 1: paused"), std::string::npos) << out;
+  EXPECT_NE(out.find("labeler     " + log.did() + ", cursor seq 600"), std::string::npos) << out;
+  EXPECT_NE(out.find("applied     600 frames"), std::string::npos) << out;
+  EXPECT_NE(out.find("refused     " + std::to_string(log.bad_signatures) + ": " +
+                     std::to_string(log.bad_signatures) + " bad_signature"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("stopped     idle:"), std::string::npos) << out;
+  auto errors =
+      testing::RunProcess({ATFILL_BINARY, "job", config, "1", "--errors", "--json"}, dir.path());
+  ASSERT_EQ(errors.exit_code, 0) << errors.err;
+  EXPECT_EQ(CountOf(errors.out, "\"kind\":\"bad_signature\""), log.bad_signatures) << errors.out;
+  EXPECT_NE(errors.out.find("\"bad_signature\":" + std::to_string(log.bad_signatures)),
+            std::string::npos)
+      << errors.out;
+  // A second run starts from the saved cursor, writes nothing new, and goes on in the same job.
   auto again = testing::RunProcess({ATFILL_BINARY, "run", config}, dir.path());
   ASSERT_EQ(again.exit_code, 4) << again.err;
   EXPECT_NE(again.err.find("from seq 600"), std::string::npos) << again.err;
   EXPECT_NE(again.err.find(": 0 frames"), std::string::npos) << again.err;
+  EXPECT_NE(again.err.find("atfill labels: job 1"), std::string::npos) << again.err;
   EXPECT_EQ(SqliteView(db), want);
+  auto status_again = testing::RunProcess({ATFILL_BINARY, "status", config}, dir.path());
+  EXPECT_NE(status_again.out.find("applied     600 frames"), std::string::npos) << status_again.out;
 }
 
 int64_t RowCount(const std::string& db) {

@@ -10,6 +10,7 @@
 
 #include "net/http_client.hpp"
 #include "pipeline/job.hpp"
+#include "sources/labeler.hpp"
 #include "tools/atfill/admin/admin_server.hpp"
 #include "tools/atfill/admin/metrics.hpp"
 #include "tools/atfill/cli.hpp"
@@ -22,6 +23,34 @@ namespace atfill::cli {
 namespace {
 
 std::string Name(state::JobStatus status) { return std::string(state::JobStatusName(status)); }
+
+// The label subscriptions as their job record and cursors say (sources::ReadLabelsView).
+Result<admin::LabelsStatus> ReadLabels(const AppConfig& config, const pipeline::Environment& env) {
+  admin::LabelsStatus l;
+  ATFILL_ASSIGN_OR_RETURN(sources::LabelsView view, sources::ReadLabelsView(env));
+  l.configured = view.job.has_value() || !config.sources().labels.labelers.empty();
+  if (!view.job) {
+    l.status = "not started";
+    for (const std::string& did : config.sources().labels.labelers) l.labelers.push_back({did, 0});
+    return l;
+  }
+  const state::JobRecord& job = *view.job;
+  l.job_id = job.id;
+  l.status = Name(job.status);
+  for (const auto& [did, seq] : view.cursors) l.labelers.push_back({did, seq});
+  l.labels_per_s = pipeline::DeriveProgress(job, pipeline::NowMicros()).records_per_s;
+  l.frames = job.counters.events_read;
+  l.labels = job.counters.total_records;
+  l.refused = job.counters.failed_records;
+  l.stored = view.Extra("labels_stored");
+  l.negated = view.Extra("labels_negated");
+  l.stale = view.Extra("labels_stale");
+  l.refused_by = view.RefusedByKind();
+  l.bad_frames = view.Extra("labels_bad_frames");
+  l.connection_errors = view.Extra("labels_connection_errors");
+  if (!job.stop_reason.empty()) l.error = job.stop_reason.sentence;
+  return l;
+}
 
 }  // namespace
 
@@ -213,6 +242,7 @@ Result<uint64_t> RunAdmin::ClearAllDetails() { return details_.ClearAll(); }
 
 Result<admin::LiveStatus> RunAdmin::Live() {
   admin::LiveStatus s;
+  ATFILL_ASSIGN_OR_RETURN(s.labels, ReadLabels(config_, EnvOf(config_, st_)));
   if (config_.sources().live.hosts.empty()) return s;
   s.configured = true;
   s.host = config_.sources().live.hosts.front();

@@ -146,10 +146,11 @@ int StopLabels(sources::LabelThread& labels) {
   for (const auto& [did, s] : outcome->labelers) {
     std::fprintf(stderr,
                  "atfill run: labels from %s: %" PRIu64 " frames, %" PRIu64 " labels (%" PRIu64
-                 " stored, %" PRIu64 " removed by negations), %" PRIu64 " refused, %" PRIu64
-                 " bad frames, cursor %" PRIu64 "\n",
-                 did.c_str(), s.frames, s.labels, s.stored, s.negated, s.refused, s.bad_frames,
-                 s.applied_seq);
+                 " stored, %" PRIu64 " negations stored, %" PRIu64
+                 " older than the stored one), %" PRIu64 " refused, %" PRIu64
+                 " bad frames, %" PRIu64 " connection errors, cursor %" PRIu64 "\n",
+                 did.c_str(), s.frames, s.labels, s.stored, s.negated, s.stale, s.refused,
+                 s.bad_frames, s.connection_errors, s.applied_seq);
   }
   return kExitStopped;
 }

@@ -7,6 +7,7 @@
 
 #include "pipeline/job.hpp"
 #include "sources/jetstream.hpp"
+#include "sources/labeler.hpp"
 #include "tools/atfill/app_config.hpp"
 #include "tools/atfill/args.hpp"
 #include "tools/atfill/cli.hpp"
@@ -20,6 +21,59 @@ namespace {
 int Fail(const char* verb, const std::string& msg, int code) {
   std::fprintf(stderr, "atfill %s: %s\n", verb, msg.c_str());
   return code;
+}
+
+// The label subscriptions' job ([labels] labelers): its counters by outcome, each labeler's
+// saved cursor, its refusals and connection errors from the job's error log.
+int PrintLabels(const AppConfig& config, OpenedState& st) {
+  auto view = sources::ReadLabelsView(EnvOf(config, st));
+  if (!view.ok()) return Fail("status", view.status().message(), kExitIo);
+  if (!view->job) {
+    if (!config.sources().labels.labelers.empty()) {
+      std::printf("labels: no labels job has run yet\n");
+    }
+    return kExitOk;
+  }
+  const state::JobRecord* job = &*view->job;
+  const auto p = pipeline::DeriveProgress(*job, pipeline::NowMicros());
+  std::printf("labels job %" PRIu64 ": %s\n", job->id,
+              std::string(state::JobStatusName(job->status)).c_str());
+  for (const auto& [did, seq] : view->cursors) {
+    std::printf("  labeler     %s, cursor seq %" PRIu64 "\n", did.c_str(), seq);
+  }
+  std::printf("  rate        %.0f labels/s (over the job's running time)\n", p.records_per_s);
+  std::printf(
+      "  applied     %s frames, %s labels: %s stored, %s negations stored, %s older than the "
+      "stored one\n",
+      FormatCount(job->counters.events_read).c_str(),
+      FormatCount(job->counters.total_records).c_str(),
+      FormatCount(view->Extra("labels_stored")).c_str(),
+      FormatCount(view->Extra("labels_negated")).c_str(),
+      FormatCount(view->Extra("labels_stale")).c_str());
+  std::string by_kind;
+  for (const auto& [kind, n] : view->RefusedByKind()) {
+    by_kind += (by_kind.empty() ? "" : ", ") + FormatCount(n) + " " + kind;
+  }
+  std::printf("  refused     %s%s%s (atfill job CONFIG %" PRIu64 " --errors), %s bad frames\n",
+              FormatCount(job->counters.failed_records).c_str(), by_kind.empty() ? "" : ": ",
+              by_kind.c_str(), job->id, FormatCount(view->Extra("labels_bad_frames")).c_str());
+  std::printf("  connection  %s failed or dropped attempt(s)\n",
+              FormatCount(view->Extra("labels_connection_errors")).c_str());
+  auto logged = st.errors->List(job->id, 0, st.errors->options().max_entries_per_job);
+  if (!logged.ok()) return Fail("status", logged.status().message(), kExitIo);
+  const state::ErrorEntry* last_error = nullptr;
+  for (const state::ErrorEntry& e : *logged) {
+    if (last_error == nullptr || e.last_us > last_error->last_us) last_error = &e;
+  }
+  if (last_error != nullptr) {
+    std::printf("  last error  %s %s (%s): %s\n", FormatTime(last_error->last_us).c_str(),
+                last_error->kind.c_str(), last_error->key.c_str(), last_error->message.c_str());
+  }
+  if (!job->stop_reason.empty()) {
+    std::printf("  stopped     %s: %s\n", job->stop_reason.code.c_str(),
+                job->stop_reason.sentence.c_str());
+  }
+  return kExitOk;
 }
 
 }  // namespace
@@ -88,7 +142,7 @@ int RunStatus(std::span<char* const> args) {
   if (config->sources().live.hosts.empty()) std::printf("live: not configured ([live] hosts)\n");
   if (!view->job) {
     std::printf("live: no live job has run yet\n");
-    return kExitOk;
+    return PrintLabels(*config, *st);
   }
   const state::JobRecord* live = &*view->job;
   const uint64_t seq = view->seq;
@@ -169,6 +223,7 @@ int RunStatus(std::span<char* const> args) {
     std::printf("  stopped     %s: %s\n", live->stop_reason.code.c_str(),
                 live->stop_reason.sentence.c_str());
   }
+  if (const int rc = PrintLabels(*config, *st); rc != kExitOk) return rc;
   if (st->read_only) std::printf("(read-only view: another atfill process holds the state)\n");
   return kExitOk;
 }

@@ -73,6 +73,31 @@ struct CollectionsAnswer {
   std::vector<std::pair<std::string, uint64_t>> purged;  // POST with purge: rows deleted
 };
 
+// One labeler of the label subscriptions: its saved cursor.
+struct LabelerCursor {
+  std::string did;
+  uint64_t cursor = 0;  // the seq of its last label written
+};
+
+// The label subscriptions ([labels] labelers), the "labels" job, in LiveStatus::labels.
+struct LabelsStatus {
+  bool configured = false;  // false: no job and no [labels] labelers; the rest is unset
+  uint64_t job_id = 0;      // 0 = no run yet
+  std::string status;       // the job's status ("running", "paused"...), or "not started"
+  std::vector<LabelerCursor> labelers;
+  double labels_per_s = 0;  // labels accepted per second over the job's running time
+  uint64_t frames = 0;      // #labels frames received
+  uint64_t labels = 0;      // labels accepted
+  uint64_t stored = 0;      // labels stored
+  uint64_t negated = 0;     // negations stored
+  uint64_t stale = 0;       // labels and negations older than the stored one
+  uint64_t refused = 0;     // labels refused, all kinds
+  std::map<std::string, uint64_t> refused_by;  // the same by kind (bad_signature...)
+  uint64_t bad_frames = 0;                     // messages that were not frames
+  uint64_t connection_errors = 0;              // connections failed, refused or dropped
+  std::string error;  // why the job stopped, for people; empty = it did not
+};
+
 // The live (Jetstream) consumer, GET /admin/jetstream/status.
 struct LiveStatus {
   bool configured = false;   // false: this process runs no live consumer; the rest is unset
@@ -86,6 +111,8 @@ struct LiveStatus {
   double records_per_s = 0;  // records written per second, recently
   uint64_t job_id = 0;       // the live job's id; 0 = none
   std::string error;         // the last error, for people; empty = none
+  LabelsStatus labels;       // set whether or not the live consumer is configured; the answer
+                             // holds "labels" only when labels.configured
 };
 
 // One sample of the live consumer's lag, GET /admin/jetstream/history.

@@ -281,6 +281,37 @@ std::string ErrorJson(std::string_view message) {
   return w.Take();
 }
 
+void WriteLabels(JsonWriter& w, const LabelsStatus& l) {
+  w.BeginObject().Key("configured").Bool(l.configured);
+  {
+    w.Key("status").String(l.status).Key("job_id");
+    if (l.job_id != 0) {
+      w.Uint(l.job_id);
+    } else {
+      w.Null();
+    }
+    w.Key("labelers").BeginArray();
+    for (const LabelerCursor& c : l.labelers) {
+      w.BeginObject().Key("did").String(c.did).Key("cursor").Uint(c.cursor).EndObject();
+    }
+    w.EndArray();
+    w.Key("labels_per_s").Double(l.labels_per_s);
+    w.Key("frames").Uint(l.frames).Key("labels").Uint(l.labels);
+    w.Key("stored").Uint(l.stored).Key("negated").Uint(l.negated).Key("stale").Uint(l.stale);
+    w.Key("refused").Uint(l.refused).Key("refused_by").BeginObject();
+    for (const auto& [kind, n] : l.refused_by) w.Key(kind).Uint(n);
+    w.EndObject();
+    w.Key("bad_frames").Uint(l.bad_frames).Key("connection_errors").Uint(l.connection_errors);
+    w.Key("error");
+    if (!l.error.empty()) {
+      w.String(l.error);
+    } else {
+      w.Null();
+    }
+  }
+  w.EndObject();
+}
+
 std::string LiveJson(const LiveStatus& live) {
   JsonWriter w;
   w.BeginObject().Key("configured").Bool(live.configured);
@@ -309,6 +340,10 @@ std::string LiveJson(const LiveStatus& live) {
     } else {
       w.Null();
     }
+  }
+  if (live.labels.configured) {
+    w.Key("labels");
+    WriteLabels(w, live.labels);
   }
   w.EndObject();
   return w.Take();

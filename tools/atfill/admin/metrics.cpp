@@ -77,6 +77,27 @@ struct Metrics::Impl {
   prometheus::Family<prometheus::Gauge>& jobs =
       prometheus::BuildGauge().Name("atfill_jobs").Help("Jobs by status").Register(registry);
 
+  prometheus::Family<prometheus::Counter>& labels =
+      prometheus::BuildCounter()
+          .Name("atfill_labels_total")
+          .Help("Labels from labelers by outcome (stored, negated, stale, refused, bad_frame)")
+          .Register(registry);
+  prometheus::Family<prometheus::Counter>& labels_refused =
+      prometheus::BuildCounter()
+          .Name("atfill_labels_refused_total")
+          .Help("Labels refused, by the reason's kind")
+          .Register(registry);
+  prometheus::Family<prometheus::Counter>& label_connection_errors =
+      prometheus::BuildCounter()
+          .Name("atfill_label_connection_errors_total")
+          .Help("Connections to labelers that failed, were refused or were dropped")
+          .Register(registry);
+  prometheus::Family<prometheus::Gauge>& labeler_cursor =
+      prometheus::BuildGauge()
+          .Name("atfill_labeler_cursor")
+          .Help("The seq of the last label written from a labeler")
+          .Register(registry);
+
   // Series looked up once; prometheus-cpp's Family::Add returns the same series for the same
   // labels, and the references stay valid until removed.
   prometheus::Counter* http_class[6] = {};  // 1xx..5xx, error
@@ -88,6 +109,16 @@ struct Metrics::Impl {
   std::map<uint64_t, prometheus::Gauge*> queue_series;
   std::map<uint64_t, prometheus::Gauge*> waiting_series;
   prometheus::Gauge* lag = nullptr;
+  // The label job's counters as last seen, by series: a counter grows by what they grew.
+  std::map<prometheus::Counter*, uint64_t> label_seen;
+
+  // Brings `series` up to `value` (a job counter that only grows; a smaller value, as after the
+  // job was replaced, adds nothing and becomes the new base).
+  void CountUpTo(prometheus::Counter& series, uint64_t value) {
+    auto it = label_seen.emplace(&series, 0).first;
+    if (value > it->second) series.Increment(static_cast<double>(value - it->second));
+    it->second = value;
+  }
 };
 
 namespace {
@@ -188,6 +219,24 @@ void Metrics::Refresh(const std::vector<JobSummary>& jobs, const LiveStatus& liv
   }
   SetJobSeries(impl_->queue_depth, impl_->queue_series, depths, 1);
   SetJobSeries(impl_->sink_waiting, impl_->waiting_series, waits, 1e-6);
+  const LabelsStatus& l = live.labels;
+  if (l.configured) {
+    const std::pair<const char*, uint64_t> outcomes[] = {{"stored", l.stored},
+                                                         {"negated", l.negated},
+                                                         {"stale", l.stale},
+                                                         {"refused", l.refused},
+                                                         {"bad_frame", l.bad_frames}};
+    for (const auto& [outcome, n] : outcomes) {
+      impl_->CountUpTo(impl_->labels.Add({{"outcome", outcome}}), n);
+    }
+    for (const auto& [kind, n] : l.refused_by) {
+      impl_->CountUpTo(impl_->labels_refused.Add({{"kind", kind}}), n);
+    }
+    impl_->CountUpTo(impl_->label_connection_errors.Add({}), l.connection_errors);
+    for (const LabelerCursor& c : l.labelers) {
+      impl_->labeler_cursor.Add({{"labeler", c.did}}).Set(static_cast<double>(c.cursor));
+    }
+  }
   const bool has_lag = live.configured && live.lag_s >= 0;
   if (has_lag) {
     if (impl_->lag == nullptr) impl_->lag = &impl_->live_lag.Add({});

@@ -13,6 +13,11 @@
 //   atfill_sink_waiting_seconds{job}    gauge      how long a job has waited for a sink that
 //                                                  refuses writes (present only while it waits)
 //   atfill_jobs{status}                 gauge      jobs by status (every status, 0 included)
+//   atfill_labels_total{outcome}        counter    labels from labelers: stored, negated, stale,
+//                                                  refused, bad_frame
+//   atfill_labels_refused_total{kind}   counter    refused labels by reason (bad_signature...)
+//   atfill_label_connection_errors_total counter   labeler connections failed or dropped
+//   atfill_labeler_cursor{labeler}      gauge      the seq of a labeler's last label written
 //
 // Thread-safe: every method may be called from any thread at once.
 #pragma once
@@ -84,7 +89,8 @@ class Metrics {
   // atfill_queue_depth for each job that is not terminal (the series of jobs that ended or
   // disappeared are removed); atfill_sink_waiting_seconds for each job waiting for its sink;
   // atfill_live_lag_seconds from `live` when it is configured and knows its lag (else the series is
-  // absent).
+  // absent); the label series from `live.labels` when it is configured (its counters are the
+  // labels job's, which survive restarts).
   void Refresh(const std::vector<JobSummary>& jobs, const LiveStatus& live);
 
   // The Prometheus text exposition format (version 0.0.4) of every family.

@@ -424,6 +424,7 @@
       }
       renderJobs();
       renderLive(live);
+      renderLabels(live && live.labels);
       if (state.detail) {
         renderDetail();
         loadBatches(state.detail.id);
@@ -489,6 +490,29 @@
     $('live-rates').textContent =
         fmtRate(live.events_per_s) + ' events, ' + fmtRate(live.records_per_s) + ' records';
     $('live-error').textContent = live.error || '-';
+  }
+
+  // The label subscriptions, from the same answer as the live consumer (live.labels).
+  function renderLabels(l) {
+    const configured = l && l.configured;
+    $('labels-not-configured').hidden = !!configured;
+    $('labels-fields').hidden = !configured;
+    if (!configured) return;
+    $('labels-status').textContent =
+        l.status + (l.job_id == null ? '' : ' (job ' + l.job_id + ')');
+    $('labels-cursors').textContent =
+        l.labelers.map((c) => c.did + ' at seq ' + c.cursor).join(', ') || '-';
+    $('labels-rate').textContent = fmtRate(l.labels_per_s) + ' labels';
+    $('labels-applied').textContent = fmtCount(l.frames) + ' frames, ' + fmtCount(l.labels) +
+        ' labels: ' + fmtCount(l.stored) + ' stored, ' + fmtCount(l.negated) +
+        ' negations, ' + fmtCount(l.stale) + ' older than the stored one';
+    const kinds = Object.entries(l.refused_by || {})
+      .map(([kind, n]) => fmtCount(n) + ' ' + kind).join(', ');
+    $('labels-refused').textContent = fmtCount(l.refused) + (kinds ? ': ' + kinds : '') +
+        '; ' + fmtCount(l.bad_frames) + ' bad frames';
+    $('labels-connection').textContent =
+        fmtCount(l.connection_errors) + ' failed or dropped attempt(s)';
+    $('labels-error').textContent = l.error || '-';
   }
 
   function renderCollections(c) {
