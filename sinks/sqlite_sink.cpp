@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
+#include <cstdlib>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -177,6 +178,10 @@ class SqliteSink final : public pipeline::Sink {
         collections_{nullptr, nullptr, InternCache(options_.intern_cache_entries)} {}
 
   Status Prepare();
+  // Fills the intern caches from the tables, newest ids first, up to their size. Without it a new
+  // process looks up every account of its first batches in the DID index: on a stream that is one
+  // random index seek per event until the cache has met each account once.
+  Status WarmInternCaches();
   Status WriteOnce(std::span<const Event> batch, int64_t now, WriteStats* stats);
   Status ApplyWrite(const RecordEvent& e, int64_t now, WriteStats* stats);
   // A create/update whose INSERT conflicted: the rev guard against the stored row. `cid` is the
@@ -320,6 +325,7 @@ Result<std::unique_ptr<pipeline::Sink>> SqliteSink::Open(const SqliteSinkOptions
   sink->checkpointer_ = std::move(checkpointer);
   sink->bulk_owner_ = std::move(owner);
   ATFILL_RETURN_IF_ERROR(sink->Prepare());
+  ATFILL_RETURN_IF_ERROR(sink->WarmInternCaches());
   if (options.compress) {
     sqlite::CompressorOptions compressor;
     compressor.train_samples = options.dictionary_samples;
@@ -364,6 +370,25 @@ Status SqliteSink::Prepare() {
   ATFILL_RETURN_IF_ERROR(
       prep(&collections_.insert, "INSERT INTO atfill_collections(nsid) VALUES (?1)"));
   return Status::OK();
+}
+
+Status SqliteSink::WarmInternCaches() {
+  auto warm = [this](InternTable& table, const char* sql) -> Status {
+    ATFILL_ASSIGN_OR_RETURN(Stmt s, sqlite::Prepare(db_.get(), sql, false));
+    sqlite3_bind_int64(s.get(), 1, static_cast<int64_t>(options_.intern_cache_entries));
+    int rc;
+    while ((rc = sqlite3_step(s.get())) == SQLITE_ROW) {
+      const auto* text = reinterpret_cast<const char*>(sqlite3_column_text(s.get(), 1));
+      const std::string_view key(text == nullptr ? "" : text,
+                                 static_cast<size_t>(sqlite3_column_bytes(s.get(), 1)));
+      if (!table.cache.Find(key)) table.cache.Add(key, sqlite3_column_int64(s.get(), 0));
+    }
+    if (rc != SQLITE_DONE) return Failed(rc, "reading interned ids");
+    return Status::OK();
+  };
+  ATFILL_RETURN_IF_ERROR(
+      warm(collections_, "SELECT id, nsid FROM atfill_collections ORDER BY id DESC LIMIT ?1"));
+  return warm(dids_, "SELECT id, did FROM atfill_dids ORDER BY id DESC LIMIT ?1");
 }
 
 Result<WriteStats> SqliteSink::Write(std::span<const Event> batch) {

@@ -247,6 +247,9 @@ Status ReadSourceConfig(ConfigFile& file, pipeline::Settings& settings) {
   ATFILL_RETURN_IF_ERROR(
       file.ReadUint("files.max_line_bytes", &c.files.max_line_bytes, 64, 1 << 30));
   ATFILL_RETURN_IF_ERROR(pipeline::ReadBatchOptions(file, "files", &c.files_batch));
+  int64_t files_wal_mb = c.files_sqlite_wal_bytes >> 20;
+  ATFILL_RETURN_IF_ERROR(file.ReadInt("files.sqlite_wal_mb", &files_wal_mb, 1, 65536));
+  c.files_sqlite_wal_bytes = files_wal_mb << 20;
   ATFILL_RETURN_IF_ERROR(ReadCrawl(file, c));
   ATFILL_RETURN_IF_ERROR(ReadArchive(file, settings.Get<pipeline::CoreSettings>(), c));
   ATFILL_RETURN_IF_ERROR(ReadLive(file, c));
@@ -374,6 +377,7 @@ Status PlanFiles(const pipeline::Environment& env, pipeline::PlanDraft& draft) {
   draft.plan->source = draft.Keep(std::move(*source));
   draft.plan->cursor_name = "job/" + std::to_string(job.id) + "/file";
   draft.plan->batch = Of(env).files_batch;
+  draft.sink_hints.wal_autocheckpoint_bytes = Of(env).files_sqlite_wal_bytes;
   return Status::OK();
 }
 

@@ -69,6 +69,10 @@ struct SourceSettings {
   // backlog"). At most batch_chunks chunks of [files] chunk_lines are in a batch.
   pipeline::BatcherOptions files_batch{
       .max_events = 50'000, .max_delay_ms = 1000, .max_chunks = 64};
+  // [files] sqlite_wal_mb: the SQLite sink's wal_autocheckpoint during an ingest, as a replay's:
+  // a batch of interleaved accounts writes about as much WAL as the default cap, so at that cap the
+  // writer would wait for a checkpoint after nearly every batch (docs/performance.md).
+  int64_t files_sqlite_wal_bytes = kReplaySqliteWalBytes;
   // [crawl] source: where a backfill of collections reads from: "crawl" (every PDS), "replay"
   // (the Jetstream archive; never falls back) or "auto" (replay when an archive is configured and
   // answers, else crawl). Account backfills (given DIDs) always crawl.

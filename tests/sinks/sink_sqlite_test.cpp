@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -254,6 +255,57 @@ TEST_F(SqliteSinkTest, HoldsRecordsLooksUpAnAccountsCollection) {
   auto after = holds(kAlice, kPost);
   ASSERT_TRUE(after.ok());
   EXPECT_FALSE(*after);
+}
+
+// A sink opened on a table that already holds accounts starts with their interned ids in memory
+// (up to its cache's size, the newest first): each row keeps its own account and collection,
+// for accounts the cache was warmed with, for those it had no room for, and for new ones.
+TEST_F(SqliteSinkTest, AReopenedSinkFilesEveryRowUnderItsOwnAccount) {
+  const std::vector<std::string> dids = {"did:plc:aaaaaaaaaaaaaaaaaaaaaaaa",
+                                         "did:plc:bbbbbbbbbbbbbbbbbbbbbbbb",
+                                         "did:plc:cccccccccccccccccccccccc"};
+  const std::vector<std::string> nsids = {kPost, "app.bsky.feed.like", "app.bsky.graph.follow"};
+  {
+    auto sink = MustOpen();
+    ASSERT_NE(sink, nullptr);
+    std::vector<Event> batch;
+    for (size_t i = 0; i < dids.size(); ++i) {
+      batch.push_back(MakeCreate(dids[i], nsids[i], "first", kBody, kRev1));
+    }
+    ASSERT_TRUE(sink->Write(batch).ok());
+  }
+  for (size_t entries : {size_t{1} << 20, size_t{2}}) {
+    options_.intern_cache_entries = entries;
+    auto sink = MustOpen();
+    ASSERT_NE(sink, nullptr);
+    std::vector<Event> batch;
+    // Every account with every collection, in the order opposite to their ids, and a new one.
+    for (size_t i = dids.size(); i-- > 0;) {
+      for (const std::string& nsid : nsids) {
+        batch.push_back(MakeCreate(dids[i], nsid, "n" + std::to_string(entries), kBody, kRev2));
+      }
+    }
+    batch.push_back(MakeCreate(
+        entries == 2 ? "did:plc:dddddddddddddddddddddddd" : "did:plc:eeeeeeeeeeeeeeeeeeeeeeee",
+        kPost, "n", kBody, kRev2));
+    ASSERT_TRUE(sink->Write(batch).ok());
+  }
+  std::set<std::string> uris;
+  for (const RecordRow& row : MustReadAll()) {
+    EXPECT_EQ(row.uri, "at://" + row.did + "/" + row.collection + "/" + row.rkey);
+    uris.insert(row.uri);
+  }
+  std::set<std::string> want;
+  for (size_t i = 0; i < dids.size(); ++i) {
+    want.insert("at://" + dids[i] + "/" + nsids[i] + "/first");
+    for (const std::string& nsid : nsids) {
+      for (const char* rkey : {"n1048576", "n2"})
+        want.insert("at://" + dids[i] + "/" + nsid + "/" + rkey);
+    }
+  }
+  want.insert("at://did:plc:dddddddddddddddddddddddd/app.bsky.feed.post/n");
+  want.insert("at://did:plc:eeeeeeeeeeeeeeeeeeeeeeee/app.bsky.feed.post/n");
+  EXPECT_EQ(uris, want);
 }
 
 // A database written by atfill at schema version 1 opens, migrates to the current version and

@@ -8,6 +8,7 @@
 
 #include <fstream>
 
+#include "atproto/json.hpp"
 #include "tests/common/process.hpp"
 #include "tests/common/test_util.hpp"
 
@@ -59,6 +60,38 @@ TEST(CliTest, CidPrintsOneLinePerInputLineAndFlagsBadOnes) {
   auto missing = Atfill(dir, {"cid", (dir / "nope.jsonl").string()});
   EXPECT_EQ(missing.exit_code, 3);
   EXPECT_THAT(missing.err, HasSubstr("cannot open"));
+}
+
+// Blocks of lines are hashed on every core; what comes out is what one core would print: a line
+// per input line in input order, across files, and each error with its own line number.
+TEST(CliTest, CidOfManyLinesKeepsTheirOrderAndLineNumbers) {
+  TempDir dir;
+  std::string first;
+  std::string second;
+  std::vector<std::string> want;
+  std::vector<size_t> bad;
+  for (size_t i = 1; i <= 9000; ++i) {
+    std::string line =
+        "{\"$type\":\"app.bsky.feed.post\",\"text\":\"post " + std::to_string(i) + "\"}";
+    // Bad lines on both sides of block boundaries and in both files.
+    if (i == 1 || i == 2048 || i == 2049 || i == 5000 || i == 9000) {
+      line = "{\"text\":\"no type " + std::to_string(i) + "\"}";
+      bad.push_back(i);
+      want.push_back("");
+    } else {
+      want.push_back(atproto::CidOfRecord(line)->ToString());
+    }
+    (i <= 4500 ? first : second) += line + "\n";
+  }
+  WriteFile(dir / "a.jsonl", first);
+  WriteFile(dir / "b.jsonl", second);
+  auto r = Atfill(dir, {"cid", (dir / "a.jsonl").string(), (dir / "b.jsonl").string()});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(Lines(r.out), want);
+  std::vector<std::string> want_errors;
+  for (size_t n : bad)
+    want_errors.push_back("error: line " + std::to_string(n) + ": a record must have a $type");
+  EXPECT_EQ(Lines(r.err), want_errors);
 }
 
 TEST(CliTest, CarVerifiesAndPrintsRecordsAndTheSignature) {

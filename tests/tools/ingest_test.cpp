@@ -280,6 +280,11 @@ TEST(IngestTest, ConfigErrorsNameTheKeyAndLine) {
   r = range.Atfill({"ingest", range.config, (ws.dir / "e.jsonl").string()});
   EXPECT_EQ(r.exit_code, 2) << Describe(r);
   EXPECT_THAT(r.err, HasSubstr("atfill.toml:6: engine.batch_records = 0 is out of range"));
+
+  Workspace wal("[files]\nsqlite_wal_mb = 0\n");
+  r = wal.Atfill({"ingest", wal.config, (ws.dir / "e.jsonl").string()});
+  EXPECT_EQ(r.exit_code, 2) << Describe(r);
+  EXPECT_THAT(r.err, HasSubstr("atfill.toml:6: files.sqlite_wal_mb = 0 is out of range"));
 }
 
 TEST(IngestTest, BatchAuditTrailListsEveryBatch) {

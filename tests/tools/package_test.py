@@ -150,7 +150,15 @@ def main():
         env = dict(os.environ, ATFILL_ADMIN_TOKEN="package-test-token")
         jobs = run([atfill, "jobs", config], env=env, what="atfill jobs on the packaged config")
         check("(no jobs yet)" in jobs, f"atfill jobs said {jobs!r}")
-        check(os.path.isdir(os.path.join(var, "state")), "the state folder is not where configured")
+        # A reading verb writes nothing; a job writes its state and its table where configured.
+        check(not os.path.exists(os.path.join(var, "state")), "atfill jobs made a state folder")
+        events = os.path.join(work, "events.jsonl")
+        open(events, "w").close()
+        ingest = run([atfill, "ingest", config, events], env=env, what="atfill ingest on the packaged config")
+        check(os.path.isdir(os.path.join(var, "state")),
+              f"the state folder is not where configured; atfill ingest said {ingest!r}")
+        check(os.path.isfile(os.path.join(var, "atfill.db")),
+              f"the database is not where configured; atfill ingest said {ingest!r}")
         print("package_test: the extracted atfill runs the demo and reads the packaged config",
               flush=True)
 

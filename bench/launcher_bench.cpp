@@ -1,0 +1,327 @@
+// The whole process a user runs: `atfill ingest` with the default config, started as its own
+// process, on Jetstream events from 1,000,000 accounts drawn at random (a stream's order), one
+// process per window of events into one table that grows window by window. Per window: events/s,
+// the process's user and system CPU, its peak RSS, and the bytes it made the disk read and write
+// per event (wait4's rusage). In the same run, on the same events, the SQLite sink alone
+// (SqliteSink::Write in 50,000-event batches, as scale_bench writes) into a table of its own that
+// grows in step, so what the process adds shows as a ratio (vs_sink); and first, 1,000,000 events
+// in repo order (10,000 accounts in runs of 100) through the launcher into an empty table, the
+// easy order the interleaved windows are held against (vs_repo).
+//
+// The events are gen-events' (3% updates, 1% deletes, ~400 B bodies), one generator for the
+// whole run, so later windows update and delete records earlier windows created.
+//
+//   ATFILL_LAUNCHER_ROWS     events in all (default 10,000,000)
+//   ATFILL_LAUNCHER_WINDOW   events per process (default 1,000,000)
+//   ATFILL_LAUNCHER_ACCOUNTS accounts of the interleaved events (default 1,000,000)
+//   ATFILL_LAUNCHER_SINK=0   skips the sink-alone runs
+//   ATFILL_LAUNCHER_BIN      the launcher (default: the one this build made)
+//
+//   build/bench/launcher_bench                                     (Release build)
+//   ATFILL_LAUNCHER_ROWS=1000000 build/bench/launcher_bench        (what the test suite runs)
+#include <benchmark/benchmark.h>
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bench/bench_util.hpp"
+#include "pipeline/event.hpp"
+#include "sinks/sqlite_sink.hpp"
+#include "sources/event_file.hpp"
+#include "tools/gen/event_gen.hpp"
+
+extern char** environ;
+
+namespace atfill {
+namespace {
+
+namespace fs = std::filesystem;
+
+uint64_t EnvUint(const char* name, uint64_t otherwise) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return otherwise;
+  return std::strtoull(v, nullptr, 10);
+}
+
+struct Config {
+  uint64_t rows = EnvUint("ATFILL_LAUNCHER_ROWS", 10'000'000);
+  uint64_t window = EnvUint("ATFILL_LAUNCHER_WINDOW", 1'000'000);
+  uint32_t accounts = static_cast<uint32_t>(EnvUint("ATFILL_LAUNCHER_ACCOUNTS", 1'000'000));
+  bool sink = EnvUint("ATFILL_LAUNCHER_SINK", 1) != 0;
+  std::string bin = std::getenv("ATFILL_LAUNCHER_BIN") != nullptr
+                        ? std::getenv("ATFILL_LAUNCHER_BIN")
+                        : ATFILL_LAUNCHER_DEFAULT_BIN;
+};
+
+const Config& Cfg() {
+  static const Config c;
+  return c;
+}
+
+fs::path Dir() { return bench::WorkDir("launcher-bench"); }
+
+gen::EventGenOptions Events(uint32_t dids, uint32_t run_length, uint64_t seed) {
+  gen::EventGenOptions o;
+  o.seed = seed;
+  o.dids = dids;
+  o.update_ratio = 0.03;
+  o.delete_ratio = 0.01;
+  o.body_bytes = 400;
+  o.run_length = run_length;
+  return o;
+}
+
+// The next `count` lines of `g` into `path`.
+bool WriteWindow(gen::EventGenerator* g, uint64_t count, const fs::path& path) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  std::string buf;
+  for (uint64_t i = 0; i < count; ++i) {
+    buf += g->Next();
+    buf += '\n';
+    if (buf.size() >= (1 << 20)) {
+      out.write(buf.data(), static_cast<std::streamsize>(buf.size()));
+      buf.clear();
+    }
+  }
+  out.write(buf.data(), static_cast<std::streamsize>(buf.size()));
+  return out.good();
+}
+
+// A launcher config as the README's minimal one, in `dir`.
+fs::path WriteConfig(const fs::path& dir) {
+  fs::create_directories(dir);
+  const fs::path path = dir / "atfill.toml";
+  std::ofstream(path) << "[state]\ndir = \"atfill-state\"\n[sink.sqlite]\npath = \"atfill.db\"\n";
+  return path;
+}
+
+struct ProcessRun {
+  bool ok = false;
+  std::string error;
+  double wall_s = 0;
+  double user_s = 0;
+  double sys_s = 0;
+  double peak_rss_mb = 0;
+  double read_bytes = 0;
+  double written_bytes = 0;
+};
+
+double Seconds(const timeval& t) {
+  return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) / 1e6;
+}
+
+// `atfill ingest CONFIG FILE` as a child process, its output to `log`.
+ProcessRun RunIngest(const fs::path& config, const fs::path& file, const fs::path& log) {
+  ProcessRun run;
+  std::vector<std::string> args = {Cfg().bin, "ingest", config.string(), file.string()};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+  posix_spawn_file_actions_adddup2(&actions, 1, 2);
+  const auto start = std::chrono::steady_clock::now();
+  pid_t pid = 0;
+  const int rc = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (rc != 0) {
+    run.error = "cannot start " + Cfg().bin + ": " + std::strerror(rc);
+    return run;
+  }
+  int status = 0;
+  rusage usage{};
+  if (::wait4(pid, &status, 0, &usage) != pid) {
+    run.error = std::string("wait4: ") + std::strerror(errno);
+    return run;
+  }
+  run.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    run.error = "atfill ingest " + file.string() + " ended with status " + std::to_string(status) +
+                " (its output: " + log.string() + ")";
+    return run;
+  }
+  run.ok = true;
+  run.user_s = Seconds(usage.ru_utime);
+  run.sys_s = Seconds(usage.ru_stime);
+  run.peak_rss_mb = static_cast<double>(usage.ru_maxrss) / 1024.0;
+  // Blocks of 512 bytes the storage layer read and wrote for it (/proc/<pid>/io's read_bytes and
+  // write_bytes): reads the page cache served are not counted.
+  run.read_bytes = static_cast<double>(usage.ru_inblock) * 512;
+  run.written_bytes = static_cast<double>(usage.ru_oublock) * 512;
+  return run;
+}
+
+void ReportProcess(benchmark::State& state, const ProcessRun& run, uint64_t events) {
+  const double n = static_cast<double>(events);
+  state.counters["events_per_s"] = n / run.wall_s;
+  state.counters["user_s"] = run.user_s;
+  state.counters["sys_s"] = run.sys_s;
+  state.counters["cpu_us_per_event"] = (run.user_s + run.sys_s) * 1e6 / n;
+  state.counters["peak_rss_mb"] = run.peak_rss_mb;
+  state.counters["read_B_per_event"] = run.read_bytes / n;
+  state.counters["written_B_per_event"] = run.written_bytes / n;
+}
+
+double& RepoRate() {
+  static double rate = 0;
+  return rate;
+}
+
+void BM_LauncherRepoOrder(benchmark::State& state) {
+  const uint64_t events = std::min<uint64_t>(1'000'000, Cfg().rows);
+  const fs::path dir = Dir() / "repo";
+  const fs::path file = Dir() / "repo.jsonl";
+  gen::EventGenerator g(Events(10'000, 100, 7));
+  if (!WriteWindow(&g, events, file)) return state.SkipWithError("cannot write the events");
+  const fs::path config = WriteConfig(dir);
+  for (auto _ : state) {
+    const ProcessRun run = RunIngest(config, file, dir / "ingest.log");
+    if (!run.ok) return state.SkipWithError(run.error.c_str());
+    state.SetIterationTime(run.wall_s);
+    ReportProcess(state, run, events);
+    RepoRate() = static_cast<double>(events) / run.wall_s;
+  }
+  fs::remove(file);
+  fs::remove_all(dir);
+  state.SetItemsProcessed(static_cast<int64_t>(events * state.iterations()));
+}
+
+// The table both the launcher and the sink alone grow, window by window.
+struct Growing {
+  std::unique_ptr<gen::EventGenerator> events;
+  fs::path config;
+  std::unique_ptr<pipeline::Sink> sink;
+  uint64_t rows = 0;
+  bool stopped = false;
+};
+
+Growing& Table() {
+  static Growing g;
+  return g;
+}
+
+// The SQLite sink alone on the events of `file`, in 50,000-event batches; the seconds and CPU of
+// its Write calls only (parsing the lines is not counted).
+struct SinkSpan {
+  double seconds = 0;
+  double cpu = 0;
+};
+Status WriteAlone(pipeline::Sink* sink, const fs::path& file, SinkSpan* span) {
+  std::ifstream in(file, std::ios::binary);
+  std::string line;
+  std::vector<pipeline::Event> batch;
+  uint64_t line_no = 0;
+  auto flush = [&]() -> Status {
+    const double cpu0 = bench::ProcessCpuSeconds();
+    const auto t0 = std::chrono::steady_clock::now();
+    auto written = sink->Write(batch);
+    span->seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    span->cpu += bench::ProcessCpuSeconds() - cpu0;
+    batch.clear();
+    return written.status();
+  };
+  while (std::getline(in, line)) {
+    pipeline::Event event;
+    std::string kind;
+    auto parsed =
+        sources::ParseJetstreamLine(line, pipeline::Origin::kReplay, ++line_no, &event, &kind);
+    if (!parsed.ok()) return parsed.status();
+    if (*parsed) batch.push_back(std::move(event));
+    if (batch.size() == 50'000) ATFILL_RETURN_IF_ERROR(flush());
+  }
+  if (!batch.empty()) ATFILL_RETURN_IF_ERROR(flush());
+  return Status::OK();
+}
+
+void BM_LauncherInterleaved(benchmark::State& state) {
+  Growing& g = Table();
+  if (g.stopped) return state.SkipWithError("stopped after an earlier window's error");
+  if (g.events == nullptr) {
+    g.events = std::make_unique<gen::EventGenerator>(Events(Cfg().accounts, 1, 11));
+    g.config = WriteConfig(Dir() / "interleaved");
+    if (Cfg().sink) {
+      sinks::SqliteSinkOptions o;
+      o.path = (Dir() / "sink-alone.db").string();
+      auto sink = sinks::OpenSqliteSink(o);
+      if (!sink.ok()) {
+        g.stopped = true;
+        return state.SkipWithError(sink.status().ToString().c_str());
+      }
+      g.sink = std::move(*sink);
+    }
+  }
+  const uint64_t events = std::min(Cfg().window, Cfg().rows - g.rows);
+  const fs::path file = Dir() / "window.jsonl";
+  if (!WriteWindow(g.events.get(), events, file)) {
+    g.stopped = true;
+    return state.SkipWithError("cannot write the events");
+  }
+  for (auto _ : state) {
+    const ProcessRun run = RunIngest(g.config, file, g.config.parent_path() / "ingest.log");
+    if (!run.ok) {
+      g.stopped = true;
+      return state.SkipWithError(run.error.c_str());
+    }
+    state.SetIterationTime(run.wall_s);
+    ReportProcess(state, run, events);
+    const double rate = static_cast<double>(events) / run.wall_s;
+    g.rows += events;
+    state.counters["rows_total"] = static_cast<double>(g.rows);
+    if (RepoRate() > 0) state.counters["vs_repo"] = rate / RepoRate();
+    if (g.sink != nullptr) {
+      SinkSpan span;
+      if (Status s = WriteAlone(g.sink.get(), file, &span); !s.ok()) {
+        g.stopped = true;
+        return state.SkipWithError(s.ToString().c_str());
+      }
+      const double sink_rate = static_cast<double>(events) / span.seconds;
+      state.counters["sink_events_per_s"] = sink_rate;
+      state.counters["sink_cpu_us_per_event"] = span.cpu * 1e6 / static_cast<double>(events);
+      state.counters["vs_sink"] = rate / sink_rate;
+    }
+  }
+  fs::remove(file);
+  state.SetItemsProcessed(static_cast<int64_t>(events * state.iterations()));
+}
+
+void Register() {
+  benchmark::RegisterBenchmark("BM_LauncherRepoOrder", BM_LauncherRepoOrder)
+      ->Iterations(1)
+      ->UseManualTime()
+      ->Unit(benchmark::kSecond);
+  const uint64_t windows = (Cfg().rows + Cfg().window - 1) / std::max<uint64_t>(1, Cfg().window);
+  for (uint64_t w = 1; w <= windows; ++w) {
+    const uint64_t upto = std::min(Cfg().rows, w * Cfg().window);
+    benchmark::RegisterBenchmark(("BM_LauncherInterleaved/rows:" + std::to_string(upto)).c_str(),
+                                 BM_LauncherInterleaved)
+        ->Iterations(1)
+        ->UseManualTime()
+        ->Unit(benchmark::kSecond);
+  }
+}
+
+}  // namespace
+}  // namespace atfill
+
+int main(int argc, char** argv) {
+  atfill::Register();
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
