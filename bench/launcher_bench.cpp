@@ -33,6 +33,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <vector>
@@ -72,6 +73,13 @@ const Config& Cfg() {
 }
 
 fs::path Dir() { return bench::WorkDir("launcher-bench"); }
+
+// Set when a run failed: the program then exits 1, so the test suite's run of it fails.
+bool failed = false;
+void Fail(benchmark::State& state, const std::string& why) {
+  failed = true;
+  state.SkipWithError(why.c_str());
+}
 
 gen::EventGenOptions Events(uint32_t dids, uint32_t run_length, uint64_t seed) {
   gen::EventGenOptions o;
@@ -150,8 +158,14 @@ ProcessRun RunIngest(const fs::path& config, const fs::path& file, const fs::pat
   }
   run.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    run.error = "atfill ingest " + file.string() + " ended with status " + std::to_string(status) +
-                " (its output: " + log.string() + ")";
+    // The log goes with the scratch folder at exit: its end is kept in the error.
+    std::ifstream in(log, std::ios::binary);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (text.size() > 600) text = "..." + text.substr(text.size() - 600);
+    run.error = "atfill ingest " + file.string() + " " +
+                (WIFEXITED(status) ? "exited with " + std::to_string(WEXITSTATUS(status))
+                                   : "was killed by signal " + std::to_string(WTERMSIG(status))) +
+                "; it said: " + text;
     return run;
   }
   run.ok = true;
@@ -186,11 +200,11 @@ void BM_LauncherRepoOrder(benchmark::State& state) {
   const fs::path dir = Dir() / "repo";
   const fs::path file = Dir() / "repo.jsonl";
   gen::EventGenerator g(Events(10'000, 100, 7));
-  if (!WriteWindow(&g, events, file)) return state.SkipWithError("cannot write the events");
+  if (!WriteWindow(&g, events, file)) return Fail(state, "cannot write the events");
   const fs::path config = WriteConfig(dir);
   for (auto _ : state) {
     const ProcessRun run = RunIngest(config, file, dir / "ingest.log");
-    if (!run.ok) return state.SkipWithError(run.error.c_str());
+    if (!run.ok) return Fail(state, run.error);
     state.SetIterationTime(run.wall_s);
     ReportProcess(state, run, events);
     RepoRate() = static_cast<double>(events) / run.wall_s;
@@ -249,17 +263,19 @@ Status WriteAlone(pipeline::Sink* sink, const fs::path& file, SinkSpan* span) {
 
 void BM_LauncherInterleaved(benchmark::State& state) {
   Growing& g = Table();
-  if (g.stopped) return state.SkipWithError("stopped after an earlier window's error");
+  if (g.stopped) return Fail(state, "stopped after an earlier window's error");
   if (g.events == nullptr) {
     g.events = std::make_unique<gen::EventGenerator>(Events(Cfg().accounts, 1, 11));
     g.config = WriteConfig(Dir() / "interleaved");
     if (Cfg().sink) {
       sinks::SqliteSinkOptions o;
       o.path = (Dir() / "sink-alone.db").string();
+      // As an ingest's sink: [files] sqlite_wal_mb.
+      o.wal_autocheckpoint_bytes = int64_t{512} << 20;
       auto sink = sinks::OpenSqliteSink(o);
       if (!sink.ok()) {
         g.stopped = true;
-        return state.SkipWithError(sink.status().ToString().c_str());
+        return Fail(state, sink.status().ToString());
       }
       g.sink = std::move(*sink);
     }
@@ -268,13 +284,13 @@ void BM_LauncherInterleaved(benchmark::State& state) {
   const fs::path file = Dir() / "window.jsonl";
   if (!WriteWindow(g.events.get(), events, file)) {
     g.stopped = true;
-    return state.SkipWithError("cannot write the events");
+    return Fail(state, "cannot write the events");
   }
   for (auto _ : state) {
     const ProcessRun run = RunIngest(g.config, file, g.config.parent_path() / "ingest.log");
     if (!run.ok) {
       g.stopped = true;
-      return state.SkipWithError(run.error.c_str());
+      return Fail(state, run.error);
     }
     state.SetIterationTime(run.wall_s);
     ReportProcess(state, run, events);
@@ -286,7 +302,7 @@ void BM_LauncherInterleaved(benchmark::State& state) {
       SinkSpan span;
       if (Status s = WriteAlone(g.sink.get(), file, &span); !s.ok()) {
         g.stopped = true;
-        return state.SkipWithError(s.ToString().c_str());
+        return Fail(state, s.ToString());
       }
       const double sink_rate = static_cast<double>(events) / span.seconds;
       state.counters["sink_events_per_s"] = sink_rate;
@@ -323,5 +339,5 @@ int main(int argc, char** argv) {
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
-  return 0;
+  return atfill::failed ? 1 : 0;
 }
