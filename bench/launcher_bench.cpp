@@ -11,10 +11,14 @@
 // The events are gen-events' (3% updates, 1% deletes, ~400 B bodies), one generator for the
 // whole run, so later windows update and delete records earlier windows created.
 //
+// Before them, `atfill run` with [live] following a simnet Jetstream (in this process) from the
+// first of the events it published before the launcher started (BM_LauncherRunCatchUp).
+//
 //   ATFILL_LAUNCHER_ROWS     events in all (default 10,000,000)
 //   ATFILL_LAUNCHER_WINDOW   events per process (default 1,000,000)
 //   ATFILL_LAUNCHER_ACCOUNTS accounts of the interleaved events (default 1,000,000)
 //   ATFILL_LAUNCHER_SINK=0   skips the sink-alone runs
+//   ATFILL_LAUNCHER_LIVE_EVENTS  events of the Jetstream backlog (default 300,000)
 //   ATFILL_LAUNCHER_BIN      the launcher (default: the one this build made)
 //
 //   build/bench/launcher_bench                                     (Release build)
@@ -43,6 +47,7 @@
 #include "sinks/sqlite_sink.hpp"
 #include "sources/event_file.hpp"
 #include "tools/gen/event_gen.hpp"
+#include "tools/simnet/simnet.hpp"
 
 extern char** environ;
 
@@ -131,13 +136,18 @@ double Seconds(const timeval& t) {
   return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) / 1e6;
 }
 
-// `atfill ingest CONFIG FILE` as a child process, its output to `log`.
-ProcessRun RunIngest(const fs::path& config, const fs::path& file, const fs::path& log) {
+// `atfill ARGS...` as a child process, its output to `log`; `ok_exit` is the exit code of a run
+// that did what was asked.
+ProcessRun RunLauncher(const std::vector<std::string>& launcher_args, const fs::path& log,
+                       int ok_exit = 0) {
   ProcessRun run;
   // What earlier steps wrote (the events, the other table) is on the disk before the clock starts,
   // so the kernel's writeback of it does not compete with this run for the disk.
   ::sync();
-  std::vector<std::string> args = {Cfg().bin, "ingest", config.string(), file.string()};
+  std::vector<std::string> args = {Cfg().bin};
+  args.insert(args.end(), launcher_args.begin(), launcher_args.end());
+  std::string what = "atfill";
+  for (const std::string& a : launcher_args) what += " " + a;
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -160,12 +170,12 @@ ProcessRun RunIngest(const fs::path& config, const fs::path& file, const fs::pat
     return run;
   }
   run.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != ok_exit) {
     // The log goes with the scratch folder at exit: its end is kept in the error.
     std::ifstream in(log, std::ios::binary);
     std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     if (text.size() > 600) text = "..." + text.substr(text.size() - 600);
-    run.error = "atfill ingest " + file.string() + " " +
+    run.error = what + " " +
                 (WIFEXITED(status) ? "exited with " + std::to_string(WEXITSTATUS(status))
                                    : "was killed by signal " + std::to_string(WTERMSIG(status))) +
                 "; it said: " + text;
@@ -180,6 +190,10 @@ ProcessRun RunIngest(const fs::path& config, const fs::path& file, const fs::pat
   run.read_bytes = static_cast<double>(usage.ru_inblock) * 512;
   run.written_bytes = static_cast<double>(usage.ru_oublock) * 512;
   return run;
+}
+
+ProcessRun RunIngest(const fs::path& config, const fs::path& file, const fs::path& log) {
+  return RunLauncher({"ingest", config.string(), file.string()}, log);
 }
 
 void ReportProcess(benchmark::State& state, const ProcessRun& run, uint64_t events) {
@@ -318,7 +332,51 @@ void BM_LauncherInterleaved(benchmark::State& state) {
   state.SetItemsProcessed(static_cast<int64_t>(events * state.iterations()));
 }
 
+// `atfill run` catching up a Jetstream backlog: simnet (in this process, as live_bench runs it)
+// publishes ATFILL_LAUNCHER_LIVE_EVENTS events (default 300,000) of 2,000 accounts before the
+// launcher starts; `atfill run` with [live] following it from seq 1, the default protocol (v2,
+// zstd) and account checks, ends once the stream has been quiet for idle_exit_ms, which the
+// figures leave out.
+constexpr int64_t kLiveIdleMs = 1000;
+
+void BM_LauncherRunCatchUp(benchmark::State& state) {
+  const uint64_t events = EnvUint("ATFILL_LAUNCHER_LIVE_EVENTS", 300'000);
+  simnet::SimnetOptions o;
+  o.seed = 5;
+  o.accounts = 2'000;
+  o.pds_hosts = 4;
+  o.max_records = 1;
+  o.threads = 1;
+  o.jetstream.events = events;
+  o.jetstream.prerender = true;  // simnet only sends: the CPU left is the launcher's
+  auto net = simnet::Simnet::Start(o);
+  if (!net.ok()) return Fail(state, net.status().ToString());
+  const fs::path dir = Dir() / "run";
+  fs::create_directories(dir);
+  const fs::path config = dir / "atfill.toml";
+  std::ofstream(config) << "[state]\ndir = \"atfill-state\"\n[sink.sqlite]\npath = \"atfill.db\"\n"
+                        << "[resolver]\nplc = \"" << (*net)->plc_url() << "\"\n"
+                        << "[live]\nhosts = [\"" << (*net)->jetstream_url() << "\"]\n"
+                        << "allow_private_endpoints = true\nstart_seq = 1\n"
+                        << "idle_exit_ms = " << kLiveIdleMs << "\n";
+  for (auto _ : state) {
+    // Exit 4: the job paused when the stream went quiet.
+    ProcessRun run = RunLauncher({"run", config.string()}, dir / "run.log", 4);
+    if (!run.ok) return Fail(state, run.error);
+    run.wall_s -= static_cast<double>(kLiveIdleMs) / 1000.0;
+    state.SetIterationTime(run.wall_s);
+    ReportProcess(state, run, events);
+  }
+  net->reset();
+  fs::remove_all(dir);
+  state.SetItemsProcessed(static_cast<int64_t>(events * state.iterations()));
+}
+
 void Register() {
+  benchmark::RegisterBenchmark("BM_LauncherRunCatchUp", BM_LauncherRunCatchUp)
+      ->Iterations(1)
+      ->UseManualTime()
+      ->Unit(benchmark::kSecond);
   benchmark::RegisterBenchmark("BM_LauncherRepoOrder", BM_LauncherRepoOrder)
       ->Iterations(1)
       ->UseManualTime()
