@@ -40,6 +40,12 @@ int64_t StatusKb(std::string_view field) {
   return -1;
 }
 
+uint64_t EnvUint(const char* name, uint64_t otherwise) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return otherwise;
+  return std::strtoull(v, nullptr, 10);
+}
+
 bool ResetPeakRss() {
   std::ofstream out("/proc/self/clear_refs");
   out << "5";

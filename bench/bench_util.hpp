@@ -18,6 +18,9 @@ std::filesystem::path WorkDir(std::string_view name);
 // A "Vm..." field of /proc/self/status ("VmRSS", "VmHWM") in KiB, or -1 when absent.
 int64_t StatusKb(std::string_view field);
 
+// The environment variable `name` as an unsigned number, or `otherwise` when it is unset or empty.
+uint64_t EnvUint(const char* name, uint64_t otherwise);
+
 // Resets VmHWM to the current RSS (Linux >= 4.0); false when not permitted.
 bool ResetPeakRss();
 

@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "bench/bench_util.hpp"
+#include "bench/jetstream_backlog.hpp"
 #include "pipeline/event.hpp"
 #include "sinks/sqlite_sink.hpp"
 #include "sources/event_file.hpp"
@@ -56,11 +57,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-uint64_t EnvUint(const char* name, uint64_t otherwise) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return otherwise;
-  return std::strtoull(v, nullptr, 10);
-}
+using bench::EnvUint;
 
 struct Config {
   uint64_t rows = EnvUint("ATFILL_LAUNCHER_ROWS", 10'000'000);
@@ -341,15 +338,7 @@ constexpr int64_t kLiveIdleMs = 1000;
 
 void BM_LauncherRunCatchUp(benchmark::State& state) {
   const uint64_t events = EnvUint("ATFILL_LAUNCHER_LIVE_EVENTS", 300'000);
-  simnet::SimnetOptions o;
-  o.seed = 5;
-  o.accounts = 2'000;
-  o.pds_hosts = 4;
-  o.max_records = 1;
-  o.threads = 1;
-  o.jetstream.events = events;
-  o.jetstream.prerender = true;  // simnet only sends: the CPU left is the launcher's
-  auto net = simnet::Simnet::Start(o);
+  auto net = simnet::Simnet::Start(bench::JetstreamBacklog(events, 0));
   if (!net.ok()) return Fail(state, net.status().ToString());
   const fs::path dir = Dir() / "run";
   fs::create_directories(dir);

@@ -54,6 +54,7 @@
 #include <thread>
 
 #include "bench/bench_util.hpp"
+#include "bench/jetstream_backlog.hpp"
 #include "pipeline/engine.hpp"
 #include "pipeline/job.hpp"
 #include "pipeline/plan.hpp"
@@ -95,18 +96,7 @@ fs::path WorkDir() { return bench::WorkDir("live-bench"); }
 using bench::ProcessCpuSeconds;
 using bench::StatusKb;
 
-simnet::SimnetOptions Network(double rate) {
-  simnet::SimnetOptions o;
-  o.seed = 5;
-  o.accounts = 2'000;
-  o.pds_hosts = 4;
-  o.max_records = 1;
-  o.threads = 1;
-  o.jetstream.events = kEvents;
-  o.jetstream.events_per_second = rate;
-  o.jetstream.prerender = true;  // simnet only sends: the CPU left is the consumer's
-  return o;
-}
+simnet::SimnetOptions Network(double rate) { return bench::JetstreamBacklog(kEvents, rate); }
 
 // CPU clock ticks used so far by simnet's io threads (which live as long as simnet).
 long SimnetTicks() {

@@ -123,28 +123,22 @@ uint32_t RepoAccounts();
 constexpr int64_t kStreamStartUs = 1'780'000'000'000'000;
 constexpr int64_t kStreamStepUs = 500;
 
-uint64_t EnvU64(const char* name, uint64_t fallback) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return fallback;
-  return std::strtoull(v, nullptr, 10);
-}
-
 struct Config {
-  uint64_t rows = EnvU64("ATFILL_SCALE_ROWS", 1'000'000);
-  uint64_t window = std::max<uint64_t>(1, EnvU64("ATFILL_SCALE_WINDOW", 1'000'000));
-  uint32_t accounts = static_cast<uint32_t>(EnvU64("ATFILL_SCALE_ACCOUNTS", 1'000'000));
-  uint64_t repo_rows = EnvU64("ATFILL_SCALE_REPO_ROWS", std::min(rows, window));
-  double max_seconds = static_cast<double>(EnvU64("ATFILL_SCALE_MAX_SECONDS", 0));
-  uint64_t cache_mb = EnvU64("ATFILL_SCALE_CACHE_MB", 0);
-  uint64_t wal_mb = EnvU64("ATFILL_SCALE_WAL_MB", 0);
-  int64_t page_size = static_cast<int64_t>(EnvU64(
+  uint64_t rows = bench::EnvUint("ATFILL_SCALE_ROWS", 1'000'000);
+  uint64_t window = std::max<uint64_t>(1, bench::EnvUint("ATFILL_SCALE_WINDOW", 1'000'000));
+  uint32_t accounts = static_cast<uint32_t>(bench::EnvUint("ATFILL_SCALE_ACCOUNTS", 1'000'000));
+  uint64_t repo_rows = bench::EnvUint("ATFILL_SCALE_REPO_ROWS", std::min(rows, window));
+  double max_seconds = static_cast<double>(bench::EnvUint("ATFILL_SCALE_MAX_SECONDS", 0));
+  uint64_t cache_mb = bench::EnvUint("ATFILL_SCALE_CACHE_MB", 0);
+  uint64_t wal_mb = bench::EnvUint("ATFILL_SCALE_WAL_MB", 0);
+  int64_t page_size = static_cast<int64_t>(bench::EnvUint(
       "ATFILL_SCALE_PAGE_SIZE", static_cast<uint64_t>(sinks::SqliteSinkOptions{}.page_size_bytes)));
-  bool bulk = EnvU64("ATFILL_SCALE_BULK", 0) != 0;
+  bool bulk = bench::EnvUint("ATFILL_SCALE_BULK", 0) != 0;
   // Events per sink batch: a backlog's (an ingest's, [files] batch_records; the live consumer's
   // is the same), and the repo-order runs' (the same unless set).
   uint64_t batch = std::max<uint64_t>(
-      1, EnvU64("ATFILL_SCALE_BATCH", sources::SourceSettings{}.files_batch.max_events));
-  uint64_t repo_batch = std::max<uint64_t>(1, EnvU64("ATFILL_SCALE_REPO_BATCH", batch));
+      1, bench::EnvUint("ATFILL_SCALE_BATCH", sources::SourceSettings{}.files_batch.max_events));
+  uint64_t repo_batch = std::max<uint64_t>(1, bench::EnvUint("ATFILL_SCALE_REPO_BATCH", batch));
 };
 
 const Config& Cfg() {
@@ -153,8 +147,8 @@ const Config& Cfg() {
 }
 
 uint32_t RepoAccounts() {
-  static const auto accounts =
-      static_cast<uint32_t>(std::max<uint64_t>(1, EnvU64("ATFILL_SCALE_REPO_ACCOUNTS", 10'000)));
+  static const auto accounts = static_cast<uint32_t>(
+      std::max<uint64_t>(1, bench::EnvUint("ATFILL_SCALE_REPO_ACCOUNTS", 10'000)));
   return accounts;
 }
 
@@ -451,7 +445,8 @@ void BM_RepoRaw(benchmark::State& state) {
         bench::RecordInsertSql(1) + " ON CONFLICT (collection_id, rkey, did_id) DO NOTHING";
     sqlite3_prepare_v2(db, insert.c_str(), -1, &s, nullptr);
     // ATFILL_SCALE_RAW_PER_INSERT rows per INSERT (default 1): the sink inserts 32.
-    const size_t per_insert = std::max<uint64_t>(1, EnvU64("ATFILL_SCALE_RAW_PER_INSERT", 1));
+    const size_t per_insert =
+        std::max<uint64_t>(1, bench::EnvUint("ATFILL_SCALE_RAW_PER_INSERT", 1));
     sqlite3_stmt* multi = nullptr;
     const std::string multi_sql = bench::RecordInsertSql(per_insert) +
                                   " ON CONFLICT (collection_id, rkey, did_id) DO NOTHING";
@@ -822,7 +817,7 @@ Status PgStart(PgGrowing* g) {
   if (g->admin == nullptr) return Status::Unavailable("cannot connect to ATFILL_SCALE_PG");
   const std::string schema = "\"" + PgSchema() + "\"";
   uint64_t first = 0;
-  const bool keep = EnvU64("ATFILL_SCALE_PG_KEEP", 0) != 0;
+  const bool keep = bench::EnvUint("ATFILL_SCALE_PG_KEEP", 0) != 0;
   if (keep) {
     const std::string held =
         PgValue(g->admin.get(), "SELECT count(*) FROM " + schema + ".atfill_record_rows");
