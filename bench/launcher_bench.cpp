@@ -232,7 +232,7 @@ void BM_LauncherRepoOrder(benchmark::State& state) {
 struct Growing {
   std::unique_ptr<gen::EventGenerator> events;
   fs::path config;
-  std::unique_ptr<pipeline::Sink> sink;
+  fs::path sink_path;  // the sink-alone table; empty with ATFILL_LAUNCHER_SINK=0
   uint64_t rows = 0;
   bool stopped = false;
 };
@@ -242,26 +242,40 @@ Growing& Table() {
   return g;
 }
 
-// The SQLite sink alone on the events of `file`, in 50,000-event batches; the seconds and CPU of
-// its Write calls only (parsing the lines is not counted).
+// The SQLite sink alone on the events of `file`, in 50,000-event batches, opened and closed as a
+// launcher run opens and closes it (the close waits for the last checkpoint, which would otherwise
+// go on beside the next launcher run): the seconds and CPU of the open, the Write calls and the
+// close; parsing the lines is not counted.
 struct SinkSpan {
   double seconds = 0;
   double cpu = 0;
 };
-Status WriteAlone(pipeline::Sink* sink, const fs::path& file, SinkSpan* span) {
+Status WriteAlone(const fs::path& path, const fs::path& file, SinkSpan* span) {
   ::sync();  // as before a launcher run
+  std::unique_ptr<pipeline::Sink> sink;
+  auto timed = [&](auto&& fn) -> Status {
+    const double cpu0 = bench::ProcessCpuSeconds();
+    const auto t0 = std::chrono::steady_clock::now();
+    Status st = fn();
+    span->seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    span->cpu += bench::ProcessCpuSeconds() - cpu0;
+    return st;
+  };
+  ATFILL_RETURN_IF_ERROR(timed([&]() -> Status {
+    sinks::SqliteSinkOptions o;
+    o.path = path.string();
+    o.wal_autocheckpoint_bytes = int64_t{512} << 20;  // as an ingest's: [files] sqlite_wal_mb
+    ATFILL_ASSIGN_OR_RETURN(sink, sinks::OpenSqliteSink(o));
+    return Status::OK();
+  }));
   std::ifstream in(file, std::ios::binary);
   std::string line;
   std::vector<pipeline::Event> batch;
   uint64_t line_no = 0;
   auto flush = [&]() -> Status {
-    const double cpu0 = bench::ProcessCpuSeconds();
-    const auto t0 = std::chrono::steady_clock::now();
-    auto written = sink->Write(batch);
-    span->seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    span->cpu += bench::ProcessCpuSeconds() - cpu0;
+    Status st = timed([&] { return sink->Write(batch).status(); });
     batch.clear();
-    return written.status();
+    return st;
   };
   while (std::getline(in, line)) {
     pipeline::Event event;
@@ -273,7 +287,10 @@ Status WriteAlone(pipeline::Sink* sink, const fs::path& file, SinkSpan* span) {
     if (batch.size() == 50'000) ATFILL_RETURN_IF_ERROR(flush());
   }
   if (!batch.empty()) ATFILL_RETURN_IF_ERROR(flush());
-  return Status::OK();
+  return timed([&] {
+    sink.reset();
+    return Status::OK();
+  });
 }
 
 void BM_LauncherInterleaved(benchmark::State& state) {
@@ -282,18 +299,7 @@ void BM_LauncherInterleaved(benchmark::State& state) {
   if (g.events == nullptr) {
     g.events = std::make_unique<gen::EventGenerator>(Events(Cfg().accounts, 1, 11));
     g.config = WriteConfig(Dir() / "interleaved");
-    if (Cfg().sink) {
-      sinks::SqliteSinkOptions o;
-      o.path = (Dir() / "sink-alone.db").string();
-      // As an ingest's sink: [files] sqlite_wal_mb.
-      o.wal_autocheckpoint_bytes = int64_t{512} << 20;
-      auto sink = sinks::OpenSqliteSink(o);
-      if (!sink.ok()) {
-        g.stopped = true;
-        return Fail(state, sink.status().ToString());
-      }
-      g.sink = std::move(*sink);
-    }
+    if (Cfg().sink) g.sink_path = Dir() / "sink-alone.db";
   }
   const uint64_t events = std::min(Cfg().window, Cfg().rows - g.rows);
   const fs::path file = Dir() / "window.jsonl";
@@ -313,9 +319,9 @@ void BM_LauncherInterleaved(benchmark::State& state) {
     g.rows += events;
     state.counters["rows_total"] = static_cast<double>(g.rows);
     if (RepoRate() > 0) state.counters["vs_repo"] = rate / RepoRate();
-    if (g.sink != nullptr) {
+    if (!g.sink_path.empty()) {
       SinkSpan span;
-      if (Status s = WriteAlone(g.sink.get(), file, &span); !s.ok()) {
+      if (Status s = WriteAlone(g.sink_path, file, &span); !s.ok()) {
         g.stopped = true;
         return Fail(state, s.ToString());
       }

@@ -2,6 +2,7 @@
 
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -61,6 +62,13 @@ void InternCache::Clear() {
   slots_.assign(kInitialSlots, Slot{});
   arena_.clear();
   size_ = 0;
+}
+
+void InternCache::Reserve(size_t entries) {
+  entries = std::min(entries, max_entries_);
+  size_t slots = slots_.size();
+  while (slots < entries * 2) slots *= 2;
+  while (slots_.size() < slots) Grow();
 }
 
 void InternCache::Grow() {

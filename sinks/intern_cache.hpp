@@ -21,6 +21,9 @@ class InternCache {
   // Adds `key`, which must not be present.
   void Add(std::string_view key, int64_t id);
   void Clear();
+  // Sizes the table for `entries` keys (at most the cache's bound) at once, instead of doubling
+  // it as they are added.
+  void Reserve(size_t entries);
   size_t size() const { return size_; }
 
  private:

@@ -5,9 +5,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <climits>
 #include <cstdlib>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -162,6 +164,7 @@ class SqliteSink final : public pipeline::Sink {
   // Builds the indexes of a bulk load this sink owns. A failure leaves the load layout, which
   // the next open finishes (or continues, with bulk_load).
   ~SqliteSink() override {
+    StopWarm();
     if (bulk_owner_.held() && sqlite::FinishBulkLoad(db_.get(), options_.path, options_.log).ok()) {
       bulk_owner_.Remove();
     }
@@ -178,10 +181,15 @@ class SqliteSink final : public pipeline::Sink {
         collections_{nullptr, nullptr, InternCache(options_.intern_cache_entries)} {}
 
   Status Prepare();
-  // Fills the intern caches from the tables, newest ids first, up to their size. Without it a new
-  // process looks up every account of its first batches in the DID index: on a stream that is one
-  // random index seek per event until the cache has met each account once.
-  Status WarmInternCaches();
+  // Fills copies of the intern caches from the tables (newest ids first, up to their size) on a
+  // thread and a read connection of its own, and the next Write after it finished takes them in.
+  // Without it a new process looks up every account of its first batches in the DID index: on a
+  // stream that is one random index seek per event until the cache has met each account once.
+  // Write never waits for it (a short job ends before it is done), and an id never leaves the
+  // tables, so the copies are right whenever they are taken; what they lack is looked up.
+  void StartWarm();
+  void AdoptWarm();
+  void StopWarm();
   Status WriteOnce(std::span<const Event> batch, int64_t now, WriteStats* stats);
   Status ApplyWrite(const RecordEvent& e, int64_t now, WriteStats* stats);
   // A create/update whose INSERT conflicted: the rev guard against the stored row. `cid` is the
@@ -219,6 +227,12 @@ class SqliteSink final : public pipeline::Sink {
       purge_did_before_;
   InternTable dids_;
   InternTable collections_;
+  // StartWarm's thread and what it hands over (under warm_mu_).
+  std::thread warm_;
+  std::atomic<bool> warm_stop_{false};
+  std::atomic<bool> warm_done_{false};
+  std::mutex warm_mu_;
+  std::optional<InternCache> warm_dids_, warm_collections_;
   // Null when bodies are stored as text (compress off).
   std::unique_ptr<sqlite::Compressor> compressor_;
   int last_failure_rc_ = SQLITE_OK;
@@ -325,12 +339,12 @@ Result<std::unique_ptr<pipeline::Sink>> SqliteSink::Open(const SqliteSinkOptions
   sink->checkpointer_ = std::move(checkpointer);
   sink->bulk_owner_ = std::move(owner);
   ATFILL_RETURN_IF_ERROR(sink->Prepare());
-  ATFILL_RETURN_IF_ERROR(sink->WarmInternCaches());
   if (options.compress) {
     sqlite::CompressorOptions compressor;
     compressor.train_samples = options.dictionary_samples;
     ATFILL_ASSIGN_OR_RETURN(sink->compressor_, sqlite::Compressor::Open(raw, compressor));
   }
+  sink->StartWarm();
   return std::unique_ptr<pipeline::Sink>(std::move(sink));
 }
 
@@ -372,26 +386,68 @@ Status SqliteSink::Prepare() {
   return Status::OK();
 }
 
-Status SqliteSink::WarmInternCaches() {
-  auto warm = [this](InternTable& table, const char* sql) -> Status {
-    ATFILL_ASSIGN_OR_RETURN(Stmt s, sqlite::Prepare(db_.get(), sql, false));
-    sqlite3_bind_int64(s.get(), 1, static_cast<int64_t>(options_.intern_cache_entries));
-    int rc;
-    while ((rc = sqlite3_step(s.get())) == SQLITE_ROW) {
-      const auto* text = reinterpret_cast<const char*>(sqlite3_column_text(s.get(), 1));
-      const std::string_view key(text == nullptr ? "" : text,
-                                 static_cast<size_t>(sqlite3_column_bytes(s.get(), 1)));
-      if (!table.cache.Find(key)) table.cache.Add(key, sqlite3_column_int64(s.get(), 0));
+void SqliteSink::StartWarm() {
+  warm_ = std::thread([this] {
+    auto db = sqlite::Open(options_.path, SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX);
+    if (!db.ok()) {  // the lookups do it all
+      if (options_.on_warmed) options_.on_warmed();
+      return;
     }
-    if (rc != SQLITE_DONE) return Failed(rc, "reading interned ids");
-    return Status::OK();
-  };
-  ATFILL_RETURN_IF_ERROR(
-      warm(collections_, "SELECT id, nsid FROM atfill_collections ORDER BY id DESC LIMIT ?1"));
-  return warm(dids_, "SELECT id, did FROM atfill_dids ORDER BY id DESC LIMIT ?1");
+    sqlite3_busy_timeout(db->get(), static_cast<int>(options_.busy_timeout_ms));
+    // Ids are given in order, so the first row's (the largest) is about how many rows there are.
+    auto fill = [&](const char* sql) -> std::optional<InternCache> {
+      InternCache cache(options_.intern_cache_entries);
+      auto prepared = sqlite::Prepare(db->get(), sql, false);
+      if (!prepared.ok()) return std::nullopt;
+      sqlite3_stmt* s = prepared->get();
+      sqlite3_bind_int64(s, 1, static_cast<int64_t>(options_.intern_cache_entries));
+      bool first = true;
+      int rc;
+      while (!warm_stop_.load(std::memory_order_relaxed) && (rc = sqlite3_step(s)) == SQLITE_ROW) {
+        const int64_t id = sqlite3_column_int64(s, 0);
+        if (first) cache.Reserve(static_cast<size_t>(std::max<int64_t>(0, id)));
+        first = false;
+        const auto* text = reinterpret_cast<const char*>(sqlite3_column_text(s, 1));
+        // The keys are unique: each is added without a lookup.
+        cache.Add(std::string_view(text == nullptr ? "" : text,
+                                   static_cast<size_t>(sqlite3_column_bytes(s, 1))),
+                  id);
+      }
+      if (warm_stop_.load(std::memory_order_relaxed) || rc != SQLITE_DONE) return std::nullopt;
+      return cache;
+    };
+    std::optional<InternCache> collections =
+        fill("SELECT id, nsid FROM atfill_collections ORDER BY id DESC LIMIT ?1");
+    std::optional<InternCache> dids =
+        fill("SELECT id, did FROM atfill_dids ORDER BY id DESC LIMIT ?1");
+    {
+      std::lock_guard<std::mutex> lock(warm_mu_);
+      warm_collections_ = std::move(collections);
+      warm_dids_ = std::move(dids);
+    }
+    warm_done_.store(true, std::memory_order_release);
+    if (options_.on_warmed) options_.on_warmed();
+  });
+}
+
+void SqliteSink::AdoptWarm() {
+  if (!warm_.joinable() || !warm_done_.load(std::memory_order_acquire)) return;
+  warm_.join();
+  std::lock_guard<std::mutex> lock(warm_mu_);
+  // Replaces what the lookups learned meanwhile; what the copies lack is looked up again.
+  if (warm_collections_) collections_.cache = std::move(*warm_collections_);
+  if (warm_dids_) dids_.cache = std::move(*warm_dids_);
+  warm_collections_.reset();
+  warm_dids_.reset();
+}
+
+void SqliteSink::StopWarm() {
+  warm_stop_.store(true, std::memory_order_relaxed);
+  if (warm_.joinable()) warm_.join();
 }
 
 Result<WriteStats> SqliteSink::Write(std::span<const Event> batch) {
+  AdoptWarm();
   WriteStats stats;
   if (batch.empty()) return stats;
   const int64_t now = options_.now_us ? options_.now_us() : SystemNowUs();

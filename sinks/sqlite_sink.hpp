@@ -96,6 +96,9 @@ struct SqliteSinkOptions {
   size_t dictionary_samples = 1000;
   // The clock for indexed_at, unix microseconds. Empty: the system clock. Tests pass a fake.
   std::function<int64_t()> now_us;
+  // Called on its own thread once the intern caches' warm-up from the tables is ready to be taken
+  // in by the next Write (or has given up); for tests that wait for it.
+  std::function<void()> on_warmed;
   // Where the sink says, one line at a time, what keeps a job waiting before its first batch or
   // after its last: an upgrade of the tables written by an older atfill (a large table's takes
   // minutes), and the index builds ending a bulk load. Empty: nothing is said.

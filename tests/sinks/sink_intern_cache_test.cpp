@@ -25,6 +25,22 @@ TEST(InternCacheTest, FindsWhatWasAddedAndNothingElse) {
   EXPECT_FALSE(cache.Find("").has_value());
 }
 
+// Reserved room (as a warm-up from the table sizes it) changes nothing of what is found, keeps what
+// was there, and never lifts the bound: at the bound the cache still starts again.
+TEST(InternCacheTest, ReservedRoomKeepsEntriesAndTheBound) {
+  InternCache cache(100);
+  cache.Add("kept", 1);
+  cache.Reserve(1'000'000);
+  EXPECT_EQ(cache.Find("kept"), 1);
+  for (int i = 0; i < 99; ++i) cache.Add("k" + std::to_string(i), i + 2);
+  EXPECT_EQ(cache.size(), 100u);
+  for (int i = 0; i < 99; ++i) EXPECT_EQ(cache.Find("k" + std::to_string(i)), i + 2);
+  cache.Add("one more", 500);
+  EXPECT_EQ(cache.size(), 1u);
+  EXPECT_EQ(cache.Find("one more"), 500);
+  EXPECT_FALSE(cache.Find("kept").has_value());
+}
+
 TEST(InternCacheTest, EmptyAndBinaryKeys) {
   InternCache cache(16);
   cache.Add("", 5);

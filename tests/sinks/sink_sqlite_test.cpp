@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <set>
 #include <string>
 #include <thread>
@@ -276,8 +277,12 @@ TEST_F(SqliteSinkTest, AReopenedSinkFilesEveryRowUnderItsOwnAccount) {
   }
   for (size_t entries : {size_t{1} << 20, size_t{2}}) {
     options_.intern_cache_entries = entries;
+    // The warm-up is ready before the batch, so the batch runs on the warmed caches.
+    std::promise<void> warmed;
+    options_.on_warmed = [&warmed] { warmed.set_value(); };
     auto sink = MustOpen();
     ASSERT_NE(sink, nullptr);
+    warmed.get_future().wait();
     std::vector<Event> batch;
     // Every account with every collection, in the order opposite to their ids, and a new one.
     for (size_t i = dids.size(); i-- > 0;) {
