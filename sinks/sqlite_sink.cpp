@@ -8,7 +8,6 @@
 #include <atomic>
 #include <chrono>
 #include <climits>
-#include <cstdlib>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -402,7 +401,7 @@ void SqliteSink::StartWarm() {
       sqlite3_stmt* s = prepared->get();
       sqlite3_bind_int64(s, 1, static_cast<int64_t>(options_.intern_cache_entries));
       bool first = true;
-      int rc;
+      int rc = SQLITE_OK;
       while (!warm_stop_.load(std::memory_order_relaxed) && (rc = sqlite3_step(s)) == SQLITE_ROW) {
         const int64_t id = sqlite3_column_int64(s, 0);
         if (first) cache.Reserve(static_cast<size_t>(std::max<int64_t>(0, id)));
