@@ -121,8 +121,7 @@ fs::path WriteConfig(const fs::path& dir) {
 }
 
 struct ProcessRun {
-  bool ok = false;
-  std::string error;
+  std::string error;  // empty when the run did what was asked
   double wall_s = 0;
   double user_s = 0;
   double sys_s = 0;
@@ -195,7 +194,6 @@ ProcessRun RunLauncher(const std::vector<std::string>& launcher_args, const fs::
                 "; it said: " + text;
     return run;
   }
-  run.ok = true;
   run.user_s = Seconds(usage.ru_utime);
   run.sys_s = Seconds(usage.ru_stime);
   run.peak_rss_mb = static_cast<double>(hwm_kb) / 1024.0;
@@ -235,7 +233,7 @@ void BM_LauncherRepoOrder(benchmark::State& state) {
   const fs::path config = WriteConfig(dir);
   for (auto _ : state) {
     const ProcessRun run = RunIngest(config, file, dir / "ingest.log");
-    if (!run.ok) return Fail(state, run.error);
+    if (!run.error.empty()) return Fail(state, run.error);
     state.SetIterationTime(run.wall_s);
     ReportProcess(state, run, events);
     RepoRate() = static_cast<double>(events) / run.wall_s;
@@ -326,7 +324,7 @@ void BM_LauncherInterleaved(benchmark::State& state) {
   }
   for (auto _ : state) {
     const ProcessRun run = RunIngest(g.config, file, g.config.parent_path() / "ingest.log");
-    if (!run.ok) {
+    if (!run.error.empty()) {
       g.stopped = true;
       return Fail(state, run.error);
     }
@@ -374,7 +372,7 @@ void BM_LauncherRunCatchUp(benchmark::State& state) {
   for (auto _ : state) {
     // Exit 4: the job paused when the stream went quiet.
     ProcessRun run = RunLauncher({"run", config.string()}, dir / "run.log", 4);
-    if (!run.ok) return Fail(state, run.error);
+    if (!run.error.empty()) return Fail(state, run.error);
     run.wall_s -= static_cast<double>(kLiveIdleMs) / 1000.0;
     state.SetIterationTime(run.wall_s);
     ReportProcess(state, run, events);

@@ -8,7 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <climits>
-#include <mutex>
+#include <future>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -226,12 +226,13 @@ class SqliteSink final : public pipeline::Sink {
       purge_did_before_;
   InternTable dids_;
   InternTable collections_;
-  // StartWarm's thread and what it hands over (under warm_mu_).
-  std::thread warm_;
+  // StartWarm's copies (nullopt where it gave up); warm_done_ is set once they are ready.
+  struct WarmCaches {
+    std::optional<InternCache> dids, collections;
+  };
+  std::future<WarmCaches> warm_;
   std::atomic<bool> warm_stop_{false};
   std::atomic<bool> warm_done_{false};
-  std::mutex warm_mu_;
-  std::optional<InternCache> warm_dids_, warm_collections_;
   // Null when bodies are stored as text (compress off).
   std::unique_ptr<sqlite::Compressor> compressor_;
   int last_failure_rc_ = SQLITE_OK;
@@ -386,63 +387,52 @@ Status SqliteSink::Prepare() {
 }
 
 void SqliteSink::StartWarm() {
-  warm_ = std::thread([this] {
+  warm_ = std::async(std::launch::async, [this] {
+    WarmCaches out;
     auto db = sqlite::Open(options_.path, SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX);
-    if (!db.ok()) {  // the lookups do it all
-      if (options_.on_warmed) options_.on_warmed();
-      return;
-    }
-    sqlite3_busy_timeout(db->get(), static_cast<int>(options_.busy_timeout_ms));
-    // Ids are given in order, so the first row's (the largest) is about how many rows there are.
-    auto fill = [&](const char* sql) -> std::optional<InternCache> {
-      InternCache cache(options_.intern_cache_entries);
-      auto prepared = sqlite::Prepare(db->get(), sql, false);
-      if (!prepared.ok()) return std::nullopt;
-      sqlite3_stmt* s = prepared->get();
-      sqlite3_bind_int64(s, 1, static_cast<int64_t>(options_.intern_cache_entries));
-      bool first = true;
-      int rc = SQLITE_OK;
-      while (!warm_stop_.load(std::memory_order_relaxed) && (rc = sqlite3_step(s)) == SQLITE_ROW) {
-        const int64_t id = sqlite3_column_int64(s, 0);
-        if (first) cache.Reserve(static_cast<size_t>(std::max<int64_t>(0, id)));
-        first = false;
-        const auto* text = reinterpret_cast<const char*>(sqlite3_column_text(s, 1));
-        // The keys are unique: each is added without a lookup.
-        cache.Add(std::string_view(text == nullptr ? "" : text,
-                                   static_cast<size_t>(sqlite3_column_bytes(s, 1))),
-                  id);
-      }
-      if (warm_stop_.load(std::memory_order_relaxed) || rc != SQLITE_DONE) return std::nullopt;
-      return cache;
-    };
-    std::optional<InternCache> collections =
-        fill("SELECT id, nsid FROM atfill_collections ORDER BY id DESC LIMIT ?1");
-    std::optional<InternCache> dids =
-        fill("SELECT id, did FROM atfill_dids ORDER BY id DESC LIMIT ?1");
-    {
-      std::lock_guard<std::mutex> lock(warm_mu_);
-      warm_collections_ = std::move(collections);
-      warm_dids_ = std::move(dids);
+    if (db.ok()) {  // else the lookups do it all
+      sqlite3_busy_timeout(db->get(), static_cast<int>(options_.busy_timeout_ms));
+      // Ids are given in order, so the first row's (the largest) is about how many rows there are.
+      auto fill = [&](const char* sql) -> std::optional<InternCache> {
+        InternCache cache(options_.intern_cache_entries);
+        auto prepared = sqlite::Prepare(db->get(), sql, false);
+        if (!prepared.ok()) return std::nullopt;
+        sqlite3_stmt* s = prepared->get();
+        sqlite3_bind_int64(s, 1, static_cast<int64_t>(options_.intern_cache_entries));
+        int rc = SQLITE_OK;
+        while (!warm_stop_.load(std::memory_order_relaxed) &&
+               (rc = sqlite3_step(s)) == SQLITE_ROW) {
+          const int64_t id = sqlite3_column_int64(s, 0);
+          if (cache.size() == 0) cache.Reserve(static_cast<size_t>(std::max<int64_t>(0, id)));
+          const auto* text = reinterpret_cast<const char*>(sqlite3_column_text(s, 1));
+          // The keys are unique: each is added without a lookup.
+          cache.Add(std::string_view(text == nullptr ? "" : text,
+                                     static_cast<size_t>(sqlite3_column_bytes(s, 1))),
+                    id);
+        }
+        if (warm_stop_.load(std::memory_order_relaxed) || rc != SQLITE_DONE) return std::nullopt;
+        return cache;
+      };
+      out.collections = fill("SELECT id, nsid FROM atfill_collections ORDER BY id DESC LIMIT ?1");
+      out.dids = fill("SELECT id, did FROM atfill_dids ORDER BY id DESC LIMIT ?1");
     }
     warm_done_.store(true, std::memory_order_release);
     if (options_.on_warmed) options_.on_warmed();
+    return out;
   });
 }
 
 void SqliteSink::AdoptWarm() {
-  if (!warm_.joinable() || !warm_done_.load(std::memory_order_acquire)) return;
-  warm_.join();
-  std::lock_guard<std::mutex> lock(warm_mu_);
+  if (!warm_.valid() || !warm_done_.load(std::memory_order_acquire)) return;
+  WarmCaches warmed = warm_.get();
   // Replaces what the lookups learned meanwhile; what the copies lack is looked up again.
-  if (warm_collections_) collections_.cache = std::move(*warm_collections_);
-  if (warm_dids_) dids_.cache = std::move(*warm_dids_);
-  warm_collections_.reset();
-  warm_dids_.reset();
+  if (warmed.collections) collections_.cache = std::move(*warmed.collections);
+  if (warmed.dids) dids_.cache = std::move(*warmed.dids);
 }
 
 void SqliteSink::StopWarm() {
   warm_stop_.store(true, std::memory_order_relaxed);
-  if (warm_.joinable()) warm_.join();
+  if (warm_.valid()) warm_.wait();
 }
 
 Result<WriteStats> SqliteSink::Write(std::span<const Event> batch) {

@@ -26,8 +26,7 @@ struct Block {
   size_t first_line = 0;  // the line number of lines[0]
   std::vector<std::string> lines;
   std::string out;     // one CID (or an empty line) per input line
-  std::string errors;  // "error: line N: ..." lines
-  bool ok = true;
+  std::string errors;  // "error: line N: ..." lines; empty when every line had a CID
 };
 
 void Compute(Block* b) {
@@ -38,7 +37,6 @@ void Compute(Block* b) {
     if (cid.ok()) {
       b->out += cid->ToString();
     } else {
-      b->ok = false;
       b->errors +=
           "error: line " + std::to_string(b->first_line + i) + ": " + cid.status().message() + "\n";
     }
@@ -83,7 +81,7 @@ bool CidLines(std::istream& in, size_t* line_no) {
               std::fwrite(b->errors.data(), 1, b->errors.size(), stderr);
             }
             std::fwrite(b->out.data(), 1, b->out.size(), stdout);
-            all_ok = all_ok && b->ok;
+            all_ok = all_ok && b->errors.empty();
           }));
   return all_ok;
 }
