@@ -164,7 +164,7 @@ Status MigrateTo4(PGconn* conn, const std::string& schema) {
 // Version 5: the record table's indexes take a stream's new rows near their right edge, as
 // SQLite's version 2 does, so the cost of a write stops growing with the table once it outgrows
 // the memory (with the account first in the key, every row of a stream that interleaves millions
-// of accounts lands on a leaf of its own: docs/performance.md, "Past the page cache (PostgreSQL)"):
+// of accounts lands on a leaf of its own: docs/performance.md, "PostgreSQL layouts"):
 //  * the primary key leads with the collection and the record key (record keys are mostly TIDs,
 //    ordered in time); the sink's ON CONFLICT names the same columns, in any order;
 //  * by account, (did_epoch, did_id, collection_id), where did_epoch is the row's block of 2^20

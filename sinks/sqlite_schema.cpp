@@ -184,9 +184,9 @@ Result<bool> ViewCalls(sqlite3* db, const char* function) {
 }
 
 // Version 4: a compressed row's CID may be stored binary, 36 bytes instead of its 59 characters
-// (the record table's largest column after the body; docs/performance.md, "Where a record's bytes
-// go"). Only a database whose view already decodes (it holds a compressed row, so it already needs
-// atfill's functions) gets the new view; the sink writes binary CIDs only beside compressed
+// (the record table's largest column after the body; docs/performance.md, "The settings that
+// matter"). Only a database whose view already decodes (it holds a compressed row, so it already
+// needs atfill's functions) gets the new view; the sink writes binary CIDs only beside compressed
 // bodies, so a database without any keeps the view that the sqlite3 shell reads as it is.
 Status MigrateTo4(sqlite3* db) {
   ATFILL_ASSIGN_OR_RETURN(bool decoding, ViewCalls(db, "atfill_json"));

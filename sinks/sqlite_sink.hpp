@@ -53,7 +53,7 @@ struct SqliteSinkOptions {
   SqliteSynchronous synchronous = SqliteSynchronous::kNormal;
   // Page size of a database this sink creates, in bytes: a power of two in [512, 65536]. An
   // existing database keeps the page size it was created with. With records of a few hundred
-  // bytes, 16 KiB pages cost less CPU per record than SQLite's default 4 KiB (docs/performance.md).
+  // bytes, 16 KiB pages measured no worse than SQLite's default 4 KiB (docs/performance.md).
   int64_t page_size_bytes = 16384;
   // Page cache of the sink's connection, in bytes.
   int64_t cache_bytes = 64 << 20;

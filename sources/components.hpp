@@ -65,8 +65,8 @@ struct SourceSettings {
       .max_events = 50'000, .max_delay_ms = 1000, .max_chunks = 128};
   // [files] batch_records, batch_ms, batch_chunks: an ingest's batches, larger than [engine]'s:
   // an event file is a backlog whose accounts interleave, and fewer, larger commits write the
-  // by-account index's newest block once for more events (docs/performance.md, "Batches in a
-  // backlog"). At most batch_chunks chunks of [files] chunk_lines are in a batch.
+  // by-account index's newest block once for more events (docs/performance.md, "The settings that
+  // matter"). At most batch_chunks chunks of [files] chunk_lines are in a batch.
   pipeline::BatcherOptions files_batch{
       .max_events = 50'000, .max_delay_ms = 1000, .max_chunks = 64};
   // [files] sqlite_wal_mb: the SQLite sink's wal_autocheckpoint during an ingest, as a replay's:
