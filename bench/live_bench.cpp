@@ -112,7 +112,7 @@ long SimnetTicks() {
 struct FirehoseFeed {
   const simnet::FirehoseRelay* relay = nullptr;
   uint64_t events = 0;
-  uint32_t verify_threads = 2;  // FirehoseOptions::verify_threads
+  uint32_t workers = 2;  // the engine's workers, which decode and verify the commits
 };
 
 struct LiveRun {
@@ -187,7 +187,6 @@ LiveRun RunLive(const simnet::Simnet& net, bool compress,
     fo.resolver.plc_url = net.plc_url();
     fo.resolver.allow_loopback_endpoints = true;
     fo.http.allow_private_addresses = true;
-    fo.verify_threads = firehose->verify_threads;
     auto made = sources::FirehoseSource::Create(std::move(fo), kv->get());
     if (made.ok()) {
       stats = [s = made->get()] {
@@ -237,7 +236,7 @@ LiveRun RunLive(const simnet::Simnet& net, bool compress,
   job_options.record_batches = true;  // to count the batches
   pipeline::JobRunner runner(kv->get(), &jobs, &errors, *job, "live", job_options);
   pipeline::EngineOptions engine_options;
-  engine_options.workers = 4;
+  engine_options.workers = firehose != nullptr ? firehose->workers : 4;
   // `atfill run`'s [live] batch defaults (sources::SourceSettings::live_batch).
   // ATFILL_LIVE_BENCH_BATCH = "events,chunks,ms" tries others.
   engine_options.batch = {.max_events = 50'000, .max_delay_ms = 1000, .max_chunks = 128};
@@ -566,11 +565,11 @@ void BM_FirehoseCatchUp(benchmark::State& state) {
                               ? run.job.counters.extra.at("firehose_verified")
                               : 0);
   state.SetLabel("relay firehose, verified on " + std::to_string(state.range(0)) +
-                 " thread(s), sqlite");
+                 " engine worker(s), sqlite");
 }
 
 BENCHMARK(BM_FirehoseVerify)->Unit(benchmark::kMillisecond);
-// Argument: FirehoseOptions::verify_threads.
+// Argument: the engine's workers.
 BENCHMARK(BM_FirehoseCatchUp)
     ->Arg(1)
     ->Arg(2)

@@ -182,6 +182,11 @@ class EngineRun : public internal::GraphBodies {
         committer_(committer),
         now_us_(now_us),
         batcher_(options.batch) {
+    // The source's own ordered stage comes first among the ordered ones (pipeline/source.hpp).
+    if (const Transform* own = source->OrderedStage()) {
+      ordered_.push_back(own);
+      ordered_states_.push_back(own->NewState());
+    }
     for (const Transform* t : transforms) {
       if (t->ordered()) {
         ordered_.push_back(t);
@@ -223,6 +228,7 @@ class EngineRun : public internal::GraphBodies {
         return;
       }
       EventChunk* chunk = pool_.Acquire();
+      chunk->seq = next_seq_;  // the source may read it; the number is taken when Read fills it
       auto more = source_->Read(chunk);
       if (!more.ok() || !*more) {
         if (!more.ok()) latch_.Fail(more.status().WithContext("reading " + source_->Describe()));

@@ -5,6 +5,7 @@
 
 #include "base/status.hpp"
 #include "pipeline/chunk.hpp"
+#include "pipeline/transform.hpp"
 #include "state/job_store.hpp"
 
 namespace atfill::pipeline {
@@ -13,7 +14,9 @@ class Source {
  public:
   virtual ~Source() = default;
 
-  // Fills `chunk` (seq is set by the engine) with the next run of input. Returns false at the end
+  // Fills `chunk` with the next run of input. chunk->seq is the engine's number for it (0, 1,
+  // 2... in Read order), set before the call: a source that keeps per-chunk state uses it rather
+  // than counting its own Reads. Returns false at the end
   // of input. Called from one thread at a time, in order; may block only in sources whose input
   // is local (files); network sources hand I/O to net/ and return tick chunks while waiting.
   virtual Result<bool> Read(EventChunk* chunk) = 0;
@@ -22,6 +25,12 @@ class Source {
   // runs it on several chunks at once. The default does nothing (sources that produce events
   // directly).
   virtual void Decode(EventChunk* /*chunk*/) const {}
+
+  // A stage of the source's own that keeps its state in step with the stream (the firehose's repo
+  // chains), or nullptr. The engine runs it first in its ordered node: after Decode and the
+  // unordered stages, before the standard ordered stages (live hold, ingest guard), so what it
+  // passes on is what they see. The source owns it.
+  virtual const Transform* OrderedStage() const { return nullptr; }
 
   // Where reading starts: the resume_cursor of the last applied chunk, or empty for the start.
   // Called once, before the first Read.

@@ -169,13 +169,17 @@ Status ReadLive(ConfigFile& file, SourceSettings& c) {
       file.ReadEnum("live.protocol", &protocol, {"auto", "v2", "v1", "firehose"}));
   c.live_firehose = protocol == "firehose";
   l.protocol = c.live_firehose ? JetstreamProtocol::kAuto : *ParseJetstreamProtocol(protocol);
+  FirehoseOptions& f = c.firehose;
   ATFILL_RETURN_IF_ERROR(
-      file.ReadUint("live.max_resyncs_in_flight", &c.firehose_max_resyncs, 1, 10'000));
-  ATFILL_RETURN_IF_ERROR(
-      file.ReadInt("live.resync_retry_ms", &c.firehose_resync_retry_ms, 1, 86'400'000));
-  ATFILL_RETURN_IF_ERROR(file.ReadUint("live.verify_threads", &c.firehose_verify_threads, 1, 64));
-  ATFILL_RETURN_IF_ERROR(
-      file.ReadUint("live.max_waiting_mb", &c.firehose_max_waiting_mb, 1, 1'000'000));
+      file.ReadUint("live.max_resyncs_in_flight", &f.max_resyncs_in_flight, 1, 10'000));
+  ATFILL_RETURN_IF_ERROR(file.ReadInt("live.resync_retry_ms", &f.resync_retry_ms, 1, 86'400'000));
+  // Verification runs on the engine's workers ([engine] workers); the key of configs written for
+  // the firehose's own verify threads is still taken.
+  uint32_t verify_threads = 0;
+  ATFILL_RETURN_IF_ERROR(file.ReadUint("live.verify_threads", &verify_threads, 1, 64));
+  uint64_t waiting_mb = f.max_waiting_bytes >> 20;
+  ATFILL_RETURN_IF_ERROR(file.ReadUint("live.max_waiting_mb", &waiting_mb, 1, 1'000'000));
+  f.max_waiting_bytes = waiting_mb << 20;
   ATFILL_RETURN_IF_ERROR(file.ReadStringList("live.collections", &l.collections));
   ATFILL_RETURN_IF_ERROR(file.ReadStringList("live.dids", &l.dids));
   ATFILL_RETURN_IF_ERROR(file.ReadUint("live.start_seq", &l.start_seq, 0, INT64_MAX));
@@ -466,7 +470,7 @@ Status AddAccountStatus(const pipeline::Environment& env, pipeline::PlanDraft& d
 Status PlanFirehose(const pipeline::Environment& env, pipeline::PlanDraft& draft) {
   const SourceSettings& settings = Of(env);
   const JetstreamOptions& live = settings.live;
-  FirehoseOptions o;
+  FirehoseOptions o = settings.firehose;
   o.hosts = live.hosts;
   ATFILL_ASSIGN_OR_RETURN(LiveCollections * collections, LiveCollectionsOf(env));
   o.collections = collections->Current();
@@ -478,10 +482,6 @@ Status PlanFirehose(const pipeline::Environment& env, pipeline::PlanDraft& draft
   o.tick_ms = live.tick_ms;
   o.idle_exit_ms = live.idle_exit_ms;
   o.websocket = live.websocket;
-  o.max_resyncs_in_flight = settings.firehose_max_resyncs;
-  o.resync_retry_ms = settings.firehose_resync_retry_ms;
-  o.verify_threads = settings.firehose_verify_threads;
-  o.max_waiting_bytes = settings.firehose_max_waiting_mb << 20;
   o.limits = settings.crawl.limits;
   // Keys and PDSs come from DID documents, so their endpoints are checked as the crawl's are.
   o.http = settings.crawl.resolver_http;
@@ -497,6 +497,13 @@ Status PlanFirehose(const pipeline::Environment& env, pipeline::PlanDraft& draft
   if (!source.ok()) return Status::Invalid(source.status().message());
   FirehoseSource* stream = draft.Keep(std::move(*source));
   draft.plan->source = stream;
+  // Changes made while it runs reach it, as they reach a Jetstream; released before the source.
+  const uint64_t token = collections->Listen(
+      [stream](const std::vector<std::string>& now) { return stream->SetCollections(now); },
+      [stream](std::chrono::milliseconds timeout) { return stream->WaitFilterApplied(timeout); });
+  draft.consumes = [stream](std::string_view c) { return stream->Consumes(c); };
+  draft.plan->keep.push_back(std::shared_ptr<void>(
+      nullptr, [collections, token](void*) { collections->Unlisten(token); }));
   if (settings.check_deleted_accounts) ATFILL_RETURN_IF_ERROR(AddAccountStatus(env, draft));
   draft.plan->cursor_name = kFirehoseCursor;
   draft.plan->batch = settings.live_batch;
@@ -506,9 +513,10 @@ Status PlanFirehose(const pipeline::Environment& env, pipeline::PlanDraft& draft
     std::snprintf(line, sizeof(line),
                   "atfill run: live: firehose %s, %" PRIu64 " connection(s), %" PRIu64
                   " failed, last seq %" PRIu64 ", %" PRIu64 " commit(s) verified, %" PRIu64
-                  " refused, %" PRIu64 " resync(s) started, %" PRIu64 " repo(s) desynchronized",
+                  " refused, %" PRIu64 " resync(s) started, %" PRIu64
+                  " repo(s) desynchronized, %" PRIu64 " account(s) inactive",
                   s.host.c_str(), s.connections, s.connection_failures, s.last_seq, s.verified,
-                  s.refused, s.resyncs_started, s.desynchronized);
+                  s.refused, s.resyncs_started, s.desynchronized, s.inactive);
     env.Log(line);
     if (!s.last_error.empty()) env.Log("atfill run: live: last connection error: " + s.last_error);
   };

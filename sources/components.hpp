@@ -43,13 +43,9 @@ struct SourceSettings {
   // com.atproto.sync.subscribeRepos the live consumer reads, verifying every commit
   // (sources/firehose.hpp), instead of Jetstreams. live.protocol is then left at auto.
   bool live_firehose = false;
-  // [live] max_resyncs_in_flight, resync_retry_ms: the firehose's resyncs (FirehoseOptions).
-  uint32_t firehose_max_resyncs = 8;
-  int64_t firehose_resync_retry_ms = 30'000;
-  // [live] max_waiting_mb: frames waiting for their key (FirehoseOptions::max_waiting_bytes).
-  uint64_t firehose_max_waiting_mb = 64;
-  // [live] verify_threads: threads verifying a chunk's commits at once (FirehoseOptions).
-  uint32_t firehose_verify_threads = 2;
+  // [live] max_resyncs_in_flight, resync_retry_ms, max_waiting_mb: the firehose's own options
+  // (with protocol = "firehose"); the rest of it is made from `live` and `crawl` when planned.
+  FirehoseOptions firehose;
   LabelerOptions labels;  // [labels] (no labelers: no label subscription)
   // [live] allow_private_endpoints: the account check may reach PDSs that DID documents place on
   // loopback or private addresses (as [crawl] allow_private_endpoints). The hosts themselves

@@ -7,7 +7,6 @@
 #include <mutex>
 #include <optional>
 #include <set>
-#include <thread>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
@@ -43,6 +42,51 @@ std::string FrameKey(int64_t seq, std::string_view did) {
   return "seq " + std::to_string(seq) + " " + std::string(did);
 }
 
+// The account state a getRepo error names: the repo cannot be fetched until the account is
+// active again (an #account or #identity frame says so). Empty for any other error.
+std::string InactiveStatus(std::string_view xrpc_error) {
+  if (xrpc_error == "RepoDeactivated") return "deactivated";
+  if (xrpc_error == "RepoTakendown") return "takendown";
+  if (xrpc_error == "RepoSuspended") return "suspended";
+  if (xrpc_error == "RepoNotFound") return "not found";
+  return {};
+}
+
+// What Read knows of an account: its key and its PDS. Shared with the chunks whose frames it
+// verifies, so an #identity that replaces it does not pull it from under a running Decode.
+struct Known {
+  atproto::PublicKey key;
+  std::string signing_key;  // as the DID document states it
+  std::string pds;
+};
+
+// One input of a chunk, in the order Read took them: a frame to decode and verify, or a resync's
+// getRepo answer to read.
+struct Item {
+  FirehoseHead head;                 // a getRepo answer: did only
+  bool repo = false;                 // a getRepo answer (bytes: its body)
+  std::string bytes;                 // the message, or the answer's body
+  std::shared_ptr<const Known> key;  // #commit, #sync and answers: the account's key as of it
+  std::optional<pipeline::AccountEvent> account;  // #account: decoded by Read (it tracks them)
+};
+
+// What Decode made of an item, for the chain stage: each unit's events are the run of the chunk's
+// events with its DID and position (a commit's and an #account's: its seq; a resync's: 0), which
+// the unordered stages between (CID verify, script, account check) may thin but not reorder.
+struct Unit {
+  enum class Kind : uint8_t { kCommit, kUnappliable, kSync, kResync, kPass };
+  Kind kind = Kind::kPass;
+  ChainCommit commit;  // kCommit: the link it makes; else repo, seq (and kSync, kResync: rev;
+                       // kResync: data)
+};
+
+struct Payload : pipeline::ChunkPayload {
+  std::vector<Item> items;  // Read -> Decode
+  // The collections as Read took the chunk (SetCollections replaces the source's).
+  std::shared_ptr<const std::vector<std::string>> collections;
+  std::vector<Unit> units;  // Decode -> the chain stage
+};
+
 }  // namespace
 
 Status FirehoseOptions::Validate() const {
@@ -52,16 +96,13 @@ Status FirehoseOptions::Validate() const {
   }
   if (resync_retry_ms < 1) return Status::Invalid("live: resync_retry_ms must be at least 1");
   if (max_waiting_bytes == 0) return Status::Invalid("live: max_waiting_bytes must be at least 1");
-  if (verify_threads < 1 || verify_threads > 64) {
-    return Status::Invalid("live: verify_threads must be 1..64");
-  }
   ATFILL_RETURN_IF_ERROR(resolver.Validate());
   return websocket.Validate();
 }
 
 struct FirehoseSource::Impl {
-  // What the WebSocket handlers and the HTTP callbacks hand to Read; shared with them, as they
-  // may outlive a source being destroyed.
+  // What the WebSocket handlers, the HTTP callbacks and the chain stage hand to Read; shared with
+  // the first two, as they may outlive a source being destroyed.
   struct Shared {
     std::mutex mu;
     std::condition_variable cv;
@@ -75,17 +116,28 @@ struct FirehoseSource::Impl {
     std::deque<std::pair<std::string, ResolveOutcome>> resolved;
     std::deque<std::pair<std::string, Result<net::HttpResponse>>> repos;
     std::deque<std::string> retries;
+    // From the chain stage, in its order: a repo desynchronized (true) or resynced (false).
+    std::deque<std::pair<std::string, bool>> chain_news;
     // The newest seq read: the cursor of a reconnection.
     std::atomic<uint64_t> last_seq{0};
-    std::atomic<int64_t> last_message_ms{0};
+    // The last message received, and the last answer that moved the job on (a key resolved, a
+    // resync fetched): a quiet run ends idle_exit_ms after the later of them.
+    std::atomic<int64_t> last_message_ms{0}, last_progress_ms{0};
     std::atomic<uint64_t> messages{0}, bytes{0}, connections{0}, connection_failures{0};
   };
 
-  // What Read knows of an account: its key and its PDS.
-  struct Known {
-    atproto::PublicKey key;
-    std::string signing_key;  // as the DID document states it
-    std::string pds;
+  // The source's ordered stage: each repo's chain, judged in stream order (FirehoseChain).
+  class ChainStage : public pipeline::Transform {
+   public:
+    explicit ChainStage(Impl* impl) : impl_(impl) {}
+    std::string_view name() const override { return "firehose chain"; }
+    bool ordered() const override { return true; }
+    Status Process(pipeline::TransformState*, pipeline::EventChunk* chunk) const override {
+      return impl_->Judge(chunk);
+    }
+
+   private:
+    Impl* impl_;
   };
 
   FirehoseOptions options;
@@ -97,29 +149,28 @@ struct FirehoseSource::Impl {
   std::unique_ptr<net::HttpClient> http;
   std::unique_ptr<DidResolver> resolver;
   std::unique_ptr<state::RepoChains> chains;
+  ChainStage stage{this};
 
-  // The chain is read by Read and released by Committed (the sink thread).
+  // The chain is judged by the stage (the ordered node) and released by Committed (the sink
+  // thread).
   mutable std::mutex chain_mu;
   std::unique_ptr<FirehoseChain> chain;
 
-  // A commit's verification, done ahead of its turn (Preverify).
-  struct Verification {
-    Status status;
-    std::string kind;
-    VerifiedCommit commit;  // views into the frame's blocks (a moved frame keeps its buffer)
-  };
+  // The collections filter now; `fence`: the first chunk read with it; `committed`: one past the
+  // newest durable chunk (WaitFilterApplied).
+  mutable std::mutex filter_mu;
+  mutable std::condition_variable filter_cv;
+  std::shared_ptr<const std::vector<std::string>> collections;
+  uint64_t next_chunk = 0, fence = 0, committed = 0;
 
   // Read's own state (one thread).
-  // This chunk's commits verified ahead, by seq.
-  std::unordered_map<int64_t, Verification> preverified;
-  uint64_t reads = 0;       // chunks returned (the engine numbers them the same way)
-  int64_t read_seq = 0;     // the newest seq decoded
+  int64_t read_seq = 0;     // the newest seq read
   int64_t cursor_seq = -1;  // the newest resume cursor written
   // The relay's time of the newest frame read (as sent) and of the cursor's frame, unix µs.
   std::string read_time;
   int64_t cursor_time_us = 0;
-  std::unordered_map<std::string, Known> known;
-  std::unordered_map<std::string, std::deque<FirehoseFrame>> waiting;  // for their key, in order
+  std::unordered_map<std::string, std::shared_ptr<const Known>> known;
+  std::unordered_map<std::string, std::deque<Item>> waiting;  // for their key, in order
   std::multiset<int64_t> waiting_seqs;
   // What the waiting frames hold (HeldBytes), and the most they held at once.
   uint64_t waiting_bytes = 0;
@@ -129,10 +180,14 @@ struct FirehoseSource::Impl {
   std::unordered_set<std::string> desynced;  // awaiting a resync (queued, in flight or retrying)
   std::unordered_set<std::string> resync_queued, resync_inflight;
   std::deque<std::string> resync_queue;
+  // Accounts not active (an #account frame or getRepo said so), with their status: a
+  // desynchronized one is resynced when it is active again, not before.
+  std::unordered_map<std::string, std::string> inactive;
   bool idle_exit = false;
 
-  std::atomic<uint64_t> verified{0}, refused{0}, resyncs_started{0};
-
+  mutable std::atomic<uint64_t> verified{0}, refused{0};
+  std::atomic<uint64_t> resyncs_started{0};
+  std::atomic<uint64_t> desynchronized_now{0}, inactive_now{0};
   std::string UrlFor(const std::string& host) const {
     std::string base = host;
     while (!base.empty() && base.back() == '/') base.pop_back();
@@ -214,7 +269,12 @@ struct FirehoseSource::Impl {
         std::move(handlers));
   }
 
-  // --- keys -------------------------------------------------------------------------------
+  std::shared_ptr<const std::vector<std::string>> Collections() const {
+    std::lock_guard<std::mutex> lock(filter_mu);
+    return collections;
+  }
+
+  // --- Read: keys and routing ---------------------------------------------------------------
 
   void Resolve(const std::string& did) {
     if (!resolving.insert(did).second) return;
@@ -228,138 +288,65 @@ struct FirehoseSource::Impl {
     });
   }
 
-  static bool NeedsKey(const FirehoseFrame& f) {
-    return f.kind() == FirehoseKind::kCommit || f.kind() == FirehoseKind::kSync;
+  static bool NeedsKey(const FirehoseHead& h) {
+    return h.kind == FirehoseKind::kCommit || h.kind == FirehoseKind::kSync;
   }
 
-  void Refuse(const FirehoseFrame& f, const std::string& kind, const std::string& message,
-              pipeline::EventChunk* chunk) {
+  void Refuse(const FirehoseHead& h, const std::string& kind, const std::string& message,
+              pipeline::EventChunk* chunk) const {
     refused.fetch_add(1);
     chunk->counters.emplace_back("firehose_refused", 1);
     chunk->counters.emplace_back("firehose_refused_" + kind, 1);
-    chunk->errors.push_back({kind, FrameKey(f.seq(), f.did()),
-                             std::string(FirehoseKindName(f.kind())) + " refused: " + message});
+    chunk->errors.push_back({kind, FrameKey(h.seq, h.did),
+                             std::string(FirehoseKindName(h.kind)) + " refused: " + message});
   }
 
-  // A frame whose account's earlier frames are all judged. False when it needs a key not known
-  // (the caller keeps it waiting and asks for the key).
-  Result<bool> Handle(FirehoseFrame& f, pipeline::EventChunk* chunk) {
-    const std::string did(f.did());
-    const Known* k = nullptr;
-    if (NeedsKey(f)) {
-      auto it = known.find(did);
-      if (it == known.end()) return false;
-      k = &it->second;
-    }
-    bool resync = false;
-    switch (f.kind()) {
-      case FirehoseKind::kCommit: {
-        auto& c = std::get<FirehoseCommit>(f.payload);
-        if (c.too_big) {
-          // Its blocks are incomplete by design: the repo is fetched whole instead.
-          FirehoseSync s;
-          s.seq = c.seq;
-          s.did = c.repo;
-          s.rev = c.rev;
-          ATFILL_RETURN_IF_ERROR(chain->Sync(s, chunk, &resync));
-          break;
-        }
-        Verification local;
-        Verification* v = nullptr;
-        if (auto pre = preverified.find(c.seq); pre != preverified.end()) {
-          v = &pre->second;
-        } else {
-          local.status = VerifyFirehoseCommit(c, k->key, &local.commit, &local.kind);
-          v = &local;
-        }
-        if (!v->status.ok()) {
-          Refuse(f, v->kind.empty() ? "bad_commit" : v->kind, v->status.message(), chunk);
-          return true;
-        }
-        verified.fetch_add(1);
-        chunk->counters.emplace_back("firehose_verified", 1);
-        ATFILL_RETURN_IF_ERROR(chain->Commit(c, v->commit, chunk, &resync));
-        break;
-      }
+  void SetInactive(const std::string& did, std::string status) {
+    inactive.insert_or_assign(did, std::move(status));
+    inactive_now = inactive.size();
+  }
+
+  // The account is active again (or moved): a resync put off for it starts.
+  void SetActive(const std::string& did) {
+    if (inactive.erase(did) == 0) return;
+    inactive_now = inactive.size();
+    if (desynced.contains(did)) WantResync(did);
+  }
+
+  // A frame whose account's earlier frames are all taken: into the chunk, or false when it needs
+  // a key not known (the caller keeps it waiting and asks for the key).
+  bool Handle(Item& item, Payload* payload, pipeline::EventChunk* chunk) {
+    const std::string& did = item.head.did;
+    switch (item.head.kind) {
+      case FirehoseKind::kCommit:
       case FirehoseKind::kSync: {
-        auto& s = std::get<FirehoseSync>(f.payload);
-        atproto::Commit commit;
-        std::string kind;
-        if (Status st = VerifyFirehoseSync(s, k->key, &commit, &kind); !st.ok()) {
-          Refuse(f, kind.empty() ? "bad_commit" : kind, st.message(), chunk);
-          return true;
-        }
-        ATFILL_RETURN_IF_ERROR(chain->Sync(s, chunk, &resync));
-        break;
+        auto it = known.find(did);
+        if (it == known.end()) return false;
+        item.key = it->second;
+        payload->items.push_back(std::move(item));
+        return true;
       }
-      case FirehoseKind::kIdentity: {
+      case FirehoseKind::kIdentity:
         // The key or the PDS may have changed: resolve the account again when next needed.
         known.erase(did);
         state::ResolverCache(*kv).Remove(&chunk->state_writes, did);
-        break;
-      }
+        SetActive(did);
+        return true;
       case FirehoseKind::kAccount: {
-        const auto& a = std::get<FirehoseAccount>(f.payload);
-        pipeline::AccountEvent e;
-        e.did = a.did;
-        e.active = a.active;
-        e.status = a.status.empty() ? (a.active ? pipeline::AccountStatus::kActive
-                                                : pipeline::AccountStatus::kOther)
-                                    : pipeline::ParseAccountStatus(a.status);
-        e.seq = a.seq;
-        e.time_us = TimeUs(a.time);
-        e.position = static_cast<uint64_t>(a.seq);
-        chunk->events.push_back(std::move(e));
-        break;
+        const pipeline::AccountEvent& a = *item.account;
+        if (a.active) {
+          SetActive(did);
+        } else {
+          SetInactive(did, std::string(pipeline::AccountStatusName(a.status)));
+        }
+        payload->items.push_back(std::move(item));
+        return true;
       }
       case FirehoseKind::kInfo:
       case FirehoseKind::kError:
         break;
     }
-    if (resync) WantResync(did);
     return true;
-  }
-
-  // Verifies the commits of `frames` whose turn will find their account's key as it is now (known,
-  // nothing of the account waiting, no #identity of it earlier in the batch) on
-  // options.verify_threads threads at once: the expensive part of a commit (signature, hashes,
-  // MST inversion) depends on nothing but the frame and the key, so only the chain's judgement
-  // stays serial.
-  void Preverify(std::vector<FirehoseFrame>& frames) {
-    preverified.clear();
-    if (options.verify_threads <= 1) return;
-    struct Job {
-      const FirehoseCommit* commit;
-      const atproto::PublicKey* key;
-      Verification* out;
-    };
-    std::vector<Job> jobs;
-    std::unordered_set<std::string_view> changed;
-    for (FirehoseFrame& f : frames) {
-      if (f.kind() == FirehoseKind::kIdentity) changed.insert(f.did());
-      if (f.kind() != FirehoseKind::kCommit || f.seq() <= read_seq || !Wanted(f.did())) continue;
-      const auto& c = std::get<FirehoseCommit>(f.payload);
-      if (c.too_big || changed.contains(c.repo) || waiting.contains(c.repo)) continue;
-      auto k = known.find(c.repo);
-      if (k == known.end()) continue;
-      jobs.push_back({&c, &k->second.key, &preverified[c.seq]});
-    }
-    if (jobs.size() < 2) {
-      preverified.clear();
-      return;
-    }
-    std::atomic<size_t> next{0};
-    auto work = [&] {
-      for (size_t i = next.fetch_add(1); i < jobs.size(); i = next.fetch_add(1)) {
-        Job& j = jobs[i];
-        j.out->status = VerifyFirehoseCommit(*j.commit, *j.key, &j.out->commit, &j.out->kind);
-      }
-    };
-    std::vector<std::thread> helpers;
-    const size_t n = std::min<size_t>(options.verify_threads, jobs.size()) - 1;
-    for (size_t i = 0; i < n; ++i) helpers.emplace_back(work);
-    work();
-    for (auto& t : helpers) t.join();
   }
 
   bool Wanted(std::string_view did) const {
@@ -370,65 +357,54 @@ struct FirehoseSource::Impl {
     return false;
   }
 
-  // The memory a waiting frame holds, roughly: its blocks and strings.
-  static uint64_t HeldBytes(const FirehoseFrame& f) {
-    constexpr uint64_t kFixed = 256;
-    if (const auto* c = std::get_if<FirehoseCommit>(&f.payload)) {
-      uint64_t n = kFixed + c->blocks.size() + c->repo.size() + c->rev.size() + c->time.size();
-      for (const FirehoseOp& op : c->ops) n += sizeof(FirehoseOp) + op.path.size();
-      return n;
-    }
-    if (const auto* y = std::get_if<FirehoseSync>(&f.payload)) {
-      return kFixed + y->blocks.size() + y->did.size();
-    }
-    return kFixed;
+  // The memory a waiting frame holds, roughly.
+  static uint64_t HeldBytes(const Item& item) {
+    return 256 + item.bytes.size() + item.head.did.size();
   }
 
-  void Hold(const std::string& did, FirehoseFrame f) {
-    waiting_seqs.insert(f.seq());
-    waiting_bytes += HeldBytes(f);
+  void Hold(const std::string& did, Item item) {
+    waiting_seqs.insert(item.head.seq);
+    waiting_bytes += HeldBytes(item);
     if (waiting_bytes > peak_waiting_bytes.load()) peak_waiting_bytes = waiting_bytes;
-    waiting[did].push_back(std::move(f));
+    waiting[did].push_back(std::move(item));
   }
 
-  void Unhold(const FirehoseFrame& f) {
-    waiting_seqs.erase(waiting_seqs.find(f.seq()));
-    waiting_bytes -= HeldBytes(f);
+  void Unhold(const Item& item) {
+    waiting_seqs.erase(waiting_seqs.find(item.head.seq));
+    waiting_bytes -= HeldBytes(item);
   }
 
-  Status Dispatch(FirehoseFrame f, pipeline::EventChunk* chunk) {
-    const std::string did(f.did());
+  void Dispatch(Item item, Payload* payload, pipeline::EventChunk* chunk) {
+    const std::string did = item.head.did;
     if (waiting.contains(did)) {
-      Hold(did, std::move(f));
-      return Status::OK();
+      Hold(did, std::move(item));
+      return;
     }
-    ATFILL_ASSIGN_OR_RETURN(bool done, Handle(f, chunk));
-    if (!done) {
-      Hold(did, std::move(f));
+    if (!Handle(item, payload, chunk)) {
+      Hold(did, std::move(item));
       Resolve(did);
     }
-    return Status::OK();
   }
 
   // The account's waiting frames, in order, as far as its key allows.
-  Status Drain(const std::string& did, pipeline::EventChunk* chunk) {
+  void Drain(const std::string& did, Payload* payload, pipeline::EventChunk* chunk) {
     auto it = waiting.find(did);
-    if (it == waiting.end()) return Status::OK();
-    std::deque<FirehoseFrame>& q = it->second;
+    if (it == waiting.end()) return;
+    std::deque<Item>& q = it->second;
     while (!q.empty()) {
-      ATFILL_ASSIGN_OR_RETURN(bool done, Handle(q.front(), chunk));
-      if (!done) {
+      if (NeedsKey(q.front().head) && !known.contains(did)) {
         Resolve(did);
-        return Status::OK();
+        return;
       }
       Unhold(q.front());
+      Handle(q.front(), payload, chunk);
       q.pop_front();
     }
     waiting.erase(it);
-    return Status::OK();
   }
 
-  Status Resolved(const std::string& did, ResolveOutcome outcome, pipeline::EventChunk* chunk) {
+  void Resolved(const std::string& did, ResolveOutcome outcome, Payload* payload,
+                pipeline::EventChunk* chunk) {
     resolving.erase(did);
     std::string why;
     if (outcome.ok()) {
@@ -439,7 +415,9 @@ struct FirehoseSource::Impl {
       } else if (!key.ok()) {
         why = "the signing key of " + did + " does not parse: " + key.status().message();
       } else {
-        known.insert_or_assign(did, Known{*key, doc.signing_key, doc.pds_endpoint});
+        known.insert_or_assign(
+            did, std::make_shared<const Known>(Known{*key, doc.signing_key, doc.pds_endpoint}));
+        shared->last_progress_ms = SteadyMs();
       }
     } else {
       why = outcome.message;
@@ -448,24 +426,24 @@ struct FirehoseSource::Impl {
       // Nothing of the account can be verified: its frames that need the key are refused, the
       // rest still apply. The next frame of the account asks again.
       if (auto it = waiting.find(did); it != waiting.end()) {
-        for (FirehoseFrame& f : it->second) {
-          Unhold(f);
-          if (NeedsKey(f)) {
-            Refuse(f, "key_unresolved", why, chunk);
+        std::deque<Item> q = std::move(it->second);
+        waiting.erase(it);
+        for (Item& item : q) {
+          Unhold(item);
+          if (NeedsKey(item.head)) {
+            Refuse(item.head, "key_unresolved", why, chunk);
           } else {
-            ATFILL_RETURN_IF_ERROR(Handle(f, chunk).status());
+            Handle(item, payload, chunk);
           }
         }
-        waiting.erase(it);
       }
       if (resync_queued.erase(did) > 0) ResyncFailed(did, why, chunk);
-      return Status::OK();
+      return;
     }
-    ATFILL_RETURN_IF_ERROR(Drain(did, chunk));
-    return Status::OK();
+    Drain(did, payload, chunk);
   }
 
-  // --- resyncs ----------------------------------------------------------------------------
+  // --- Read: resyncs ------------------------------------------------------------------------
 
   void WantResync(const std::string& did) {
     desynced.insert(did);
@@ -474,8 +452,8 @@ struct FirehoseSource::Impl {
     resync_queue.push_back(did);
   }
 
-  void ResyncFailed(const std::string& did, const std::string& why, pipeline::EventChunk* chunk) {
-    chain->ResyncFailed(did, why, chunk);
+  // Thread-safe (Read, and Decode on a worker).
+  void RetryLater(const std::string& did) const {
     std::shared_ptr<Shared> sh = shared;
     http->After(options.resync_retry_ms, [sh, did] {
       {
@@ -486,12 +464,28 @@ struct FirehoseSource::Impl {
     });
   }
 
-  void StartResyncs(pipeline::EventChunk* chunk) {
+  static void CountResyncFailed(const std::string& did, const std::string& why,
+                                pipeline::EventChunk* chunk) {
+    chunk->counters.emplace_back("firehose_failed", 1);
+    chunk->errors.push_back({"resync_failed", did, why + "; the repo stays desynchronized"});
+  }
+
+  void ResyncFailed(const std::string& did, const std::string& why, pipeline::EventChunk* chunk) {
+    CountResyncFailed(did, why, chunk);
+    RetryLater(did);
+  }
+
+  void StartResyncs() {
     size_t n = resync_queue.size();
     while (n-- > 0 && resync_inflight.size() < options.max_resyncs_in_flight) {
       std::string did = std::move(resync_queue.front());
       resync_queue.pop_front();
       if (!resync_queued.contains(did)) continue;  // given up meanwhile
+      if (inactive.contains(did)) {
+        // Put off until the account is active again (SetActive queues it then).
+        resync_queued.erase(did);
+        continue;
+      }
       auto k = known.find(did);
       if (k == known.end()) {
         // Its PDS is not known yet: resolve first, then come back.
@@ -503,7 +497,7 @@ struct FirehoseSource::Impl {
       resync_inflight.insert(did);
       resyncs_started.fetch_add(1);
       net::HttpRequest req;
-      req.url = GetRepoUrl(k->second.pds, did);
+      req.url = GetRepoUrl(k->second->pds, did);
       req.max_response_bytes = options.max_repo_bytes;
       std::shared_ptr<Shared> sh = shared;
       http->Submit(std::move(req), [sh, did](Result<net::HttpResponse> r) {
@@ -514,11 +508,12 @@ struct FirehoseSource::Impl {
         sh->cv.notify_one();
       });
     }
-    (void)chunk;
   }
 
-  Status RepoAnswered(const std::string& did, Result<net::HttpResponse> r,
-                      pipeline::EventChunk* chunk) {
+  // A getRepo answer: its body goes to Decode (read and verified on a worker); a failure is
+  // retried later, an inactive account waits until it is active.
+  void RepoAnswered(const std::string& did, Result<net::HttpResponse> r, Payload* payload,
+                    pipeline::EventChunk* chunk) {
     resync_inflight.erase(did);
     std::string why;
     if (!r.ok()) {
@@ -527,26 +522,197 @@ struct FirehoseSource::Impl {
       const net::XrpcError x = net::ParseXrpcError(r->body);
       why = "getRepo of " + did + " answered HTTP " + std::to_string(r->status) + " " + x.error +
             (x.message.empty() ? "" : ": " + x.message);
+      if (std::string status = InactiveStatus(x.error); !status.empty()) {
+        SetInactive(did, std::move(status));
+        resync_queued.erase(did);
+        chunk->counters.emplace_back("firehose_resync_deferred", 1);
+        chunk->errors.push_back(
+            {"resync_deferred", did, why + "; resynced when the account is active again"});
+        return;
+      }
     }
     auto k = known.find(did);
     if (why.empty() && k == known.end()) why = "the signing key of " + did + " is not known";
     if (!why.empty()) {
       ResyncFailed(did, why, chunk);
-      return Status::OK();
+      return;
     }
+    shared->last_progress_ms = SteadyMs();
+    Item item;
+    item.head.did = did;
+    item.repo = true;
+    item.bytes = std::move(r->body);
+    item.key = k->second;
+    payload->items.push_back(std::move(item));
+  }
+
+  // --- Decode (workers) ---------------------------------------------------------------------
+
+  void DecodeRepo(Item& item, const std::vector<std::string>& wanted, Payload* payload,
+                  pipeline::EventChunk* chunk) const {
+    const std::string& did = item.head.did;
     RepoFailure failure = RepoFailure::kNone;
-    auto repo = ReadRepoRecords(did, k->second.signing_key, r->body, options.collections,
-                                options.limits, &failure);
+    auto repo =
+        ReadRepoRecords(did, item.key->signing_key, item.bytes, wanted, options.limits, &failure);
     if (!repo.ok()) {
-      ResyncFailed(did, repo.status().message(), chunk);
-      return Status::OK();
+      CountResyncFailed(did, repo.status().message(), chunk);
+      RetryLater(did);
+      return;
     }
     for (auto& e : repo->errors) chunk->errors.push_back(std::move(e));
-    desynced.erase(did);
-    FetchedRepo fetched{std::move(repo->rev), std::move(repo->data_cid), std::move(repo->records)};
-    bool again = false;
-    ATFILL_RETURN_IF_ERROR(chain->Resynced(did, std::move(fetched), chunk, &again));
-    if (again) WantResync(did);
+    chunk->events.push_back(pipeline::ResyncMarker(did, wanted, repo->rev));
+    for (pipeline::RecordEvent& r : repo->records) {
+      r.origin = pipeline::Origin::kLive;
+      r.position = 0;
+      chunk->events.push_back(std::move(r));
+    }
+    Unit u;
+    u.kind = Unit::Kind::kResync;
+    u.commit.repo = did;
+    u.commit.rev = std::move(repo->rev);
+    u.commit.data = std::move(repo->data_cid);
+    payload->units.push_back(std::move(u));
+  }
+
+  void DecodeFrame(Item& item, const std::vector<std::string>& wanted, Payload* payload,
+                   pipeline::EventChunk* chunk) const {
+    const FirehoseHead& h = item.head;
+    Unit u;
+    u.commit.repo = h.did;
+    u.commit.seq = h.seq;
+    if (item.account) {
+      chunk->events.push_back(std::move(*item.account));
+      payload->units.push_back(std::move(u));  // kPass
+      return;
+    }
+    FirehoseFrame frame;
+    std::string kind;
+    if (Status st = DecodeFirehoseFrame(AsBytes(item.bytes), &frame, &kind); !st.ok()) {
+      chunk->counters.emplace_back("firehose_bad_frames", 1);
+      chunk->errors.push_back(
+          {kind.empty() ? "bad_frame" : kind, FrameKey(h.seq, h.did), st.message()});
+      ++chunk->dropped;
+      return;
+    }
+    if (auto* s = std::get_if<FirehoseSync>(&frame.payload)) {
+      atproto::Commit commit;
+      if (Status st = VerifyFirehoseSync(*s, item.key->key, &commit, &kind); !st.ok()) {
+        Refuse(h, kind.empty() ? "bad_commit" : kind, st.message(), chunk);
+        return;
+      }
+      u.kind = Unit::Kind::kSync;
+      u.commit.rev = s->rev;
+      payload->units.push_back(std::move(u));
+      return;
+    }
+    auto* c = std::get_if<FirehoseCommit>(&frame.payload);
+    if (c == nullptr) return;  // Read routes only commits, syncs and accounts here
+    u.commit.rev = c->rev;
+    if (c->too_big) {
+      // Its blocks are incomplete by design: the repo is fetched whole instead.
+      u.kind = Unit::Kind::kSync;
+      payload->units.push_back(std::move(u));
+      return;
+    }
+    VerifiedCommit v;
+    if (Status st = VerifyFirehoseCommit(*c, item.key->key, &v, &kind); !st.ok()) {
+      Refuse(h, kind.empty() ? "bad_commit" : kind, st.message(), chunk);
+      return;
+    }
+    verified.fetch_add(1);
+    chunk->counters.emplace_back("firehose_verified", 1);
+    const size_t first = chunk->events.size();
+    if (Status st = FirehoseCommitEvents(*c, v, pipeline::Origin::kLive, &chunk->events, &kind);
+        !st.ok()) {
+      chunk->events.resize(first);
+      chunk->errors.push_back({kind, c->repo, st.message()});
+      u.kind = Unit::Kind::kUnappliable;
+      payload->units.push_back(std::move(u));
+      return;
+    }
+    // The firehose carries every collection: the others are dropped here.
+    auto kept = chunk->events.begin() + static_cast<std::ptrdiff_t>(first);
+    for (auto e = kept; e != chunk->events.end(); ++e) {
+      if (pipeline::CollectionMatches(std::get<pipeline::RecordEvent>(*e).collection, wanted)) {
+        if (e != kept) *kept = std::move(*e);
+        ++kept;
+      }
+    }
+    chunk->events.erase(kept, chunk->events.end());
+    u.kind = Unit::Kind::kCommit;
+    u.commit.prev_data = c->prev_data ? c->prev_data->ToString() : "";
+    u.commit.data = v.commit.data.ToString();
+    payload->units.push_back(std::move(u));
+  }
+
+  // --- the chain stage (the ordered node) ----------------------------------------------------
+
+  Status Judge(pipeline::EventChunk* chunk) {
+    auto* payload = dynamic_cast<Payload*>(chunk->payload.get());
+    if (payload == nullptr || payload->units.empty()) return Status::OK();
+    std::vector<pipeline::Event> in = std::move(chunk->events);
+    chunk->events.clear();
+    chunk->events.reserve(in.size());
+    size_t next = 0;
+    auto take = [&](const std::string& did, uint64_t position) {
+      std::vector<pipeline::Event> out;
+      while (next < in.size() && pipeline::PositionOf(in[next]) == position &&
+             pipeline::DidOf(in[next]) == did) {
+        out.push_back(std::move(in[next++]));
+      }
+      return out;
+    };
+    std::deque<std::pair<std::string, bool>> news;
+    {
+      std::lock_guard<std::mutex> lock(chain_mu);
+      for (Unit& u : payload->units) {
+        const std::string did = u.commit.repo;
+        const auto seq = static_cast<uint64_t>(u.commit.seq);
+        bool resync = false;
+        switch (u.kind) {
+          case Unit::Kind::kCommit: {
+            std::vector<pipeline::Event> events = take(did, seq);
+            ATFILL_RETURN_IF_ERROR(
+                chain->Commit(std::move(u.commit), std::move(events), chunk, &resync));
+            break;
+          }
+          case Unit::Kind::kUnappliable:
+            chain->Unappliable(did, u.commit.seq, chunk, &resync);
+            break;
+          case Unit::Kind::kSync: {
+            FirehoseSync s;
+            s.seq = u.commit.seq;
+            s.did = did;
+            s.rev = u.commit.rev;
+            ATFILL_RETURN_IF_ERROR(chain->Sync(s, chunk, &resync));
+            break;
+          }
+          case Unit::Kind::kResync: {
+            std::vector<pipeline::Event> events = take(did, 0);
+            ATFILL_RETURN_IF_ERROR(chain->Resynced(did, std::move(u.commit.rev),
+                                                   std::move(u.commit.data), std::move(events),
+                                                   chunk, &resync));
+            news.emplace_back(did, false);
+            break;
+          }
+          case Unit::Kind::kPass:
+            for (pipeline::Event& e : take(did, seq)) chunk->events.push_back(std::move(e));
+            break;
+        }
+        if (resync) news.emplace_back(did, true);
+      }
+      desynchronized_now = chain->desynchronized();
+    }
+    // Nothing else is expected; whatever it is, it is not lost.
+    for (; next < in.size(); ++next) chunk->events.push_back(std::move(in[next]));
+    payload->units.clear();
+    if (!news.empty()) {
+      {
+        std::lock_guard<std::mutex> lock(shared->mu);
+        for (auto& n : news) shared->chain_news.push_back(std::move(n));
+      }
+      shared->cv.notify_one();
+    }
     return Status::OK();
   }
 };
@@ -567,6 +733,7 @@ Result<std::unique_ptr<FirehoseSource>> FirehoseSource::Create(FirehoseOptions o
   auto impl = std::make_unique<Impl>();
   impl->options = std::move(options);
   impl->kv = kv;
+  impl->collections = std::make_shared<const std::vector<std::string>>(impl->options.collections);
   impl->cache = std::make_unique<state::ResolverCache>(*kv);
   ATFILL_ASSIGN_OR_RETURN(impl->http, net::HttpClient::Start(impl->options.http));
   impl->resolver =
@@ -619,6 +786,7 @@ Result<bool> FirehoseSource::Read(pipeline::EventChunk* chunk) {
   std::deque<std::pair<std::string, ResolveOutcome>> resolved;
   std::deque<std::pair<std::string, Result<net::HttpResponse>>> repos;
   std::deque<std::string> retries;
+  std::deque<std::pair<std::string, bool>> news;
   bool reconnect = false;
   // Frames waiting for keys hold max_waiting_bytes or more: no new message is taken until keys
   // arrive (or their resolution fails). The messages wait in the connection's buffer, whose own
@@ -630,7 +798,7 @@ Result<bool> FirehoseSource::Read(pipeline::EventChunk* chunk) {
     std::unique_lock<std::mutex> lock(sh.mu);
     auto ready = [&] {
       return (!paused && !sh.queue.empty()) || !sh.resolved.empty() || !sh.repos.empty() ||
-             !sh.retries.empty();
+             !sh.retries.empty() || !sh.chain_news.empty();
     };
     if (!ready()) sh.cv.wait_for(lock, std::chrono::milliseconds(s.options.tick_ms), ready);
     while (!paused && !sh.queue.empty() && messages.size() < s.options.chunk_messages) {
@@ -641,6 +809,7 @@ Result<bool> FirehoseSource::Read(pipeline::EventChunk* chunk) {
     resolved.swap(sh.resolved);
     repos.swap(sh.repos);
     retries.swap(sh.retries);
+    news.swap(sh.chain_news);
     for (auto& e : sh.errors) {
       chunk->counters.emplace_back("live_connection_failures", 1);
       chunk->errors.push_back(std::move(e));
@@ -648,39 +817,46 @@ Result<bool> FirehoseSource::Read(pipeline::EventChunk* chunk) {
     sh.errors.clear();
     reconnect = sh.reopen && sh.stopped && sh.queue.empty();
   }
-  chunk->seq = s.reads;  // the engine numbers the chunks the same way; the chain needs it now
-  const size_t n = messages.size();
   {
-    std::lock_guard<std::mutex> lock(s.chain_mu);
-    for (auto& [did, outcome] : resolved) {
-      ATFILL_RETURN_IF_ERROR(s.Resolved(did, std::move(outcome), chunk));
+    // Chunks from this one on take the filter as it is now (WaitFilterApplied).
+    std::lock_guard<std::mutex> lock(s.filter_mu);
+    s.next_chunk = chunk->seq + 1;
+  }
+  auto payload = std::make_shared<Payload>();
+  payload->collections = s.Collections();
+  // What the chain stage said, in its order.
+  for (auto& [did, desync] : news) {
+    if (desync) {
+      s.WantResync(did);
+    } else {
+      s.desynced.erase(did);
     }
-    for (auto& [did, r] : repos) ATFILL_RETURN_IF_ERROR(s.RepoAnswered(did, std::move(r), chunk));
-    for (auto& did : retries) {
-      if (s.desynced.contains(did)) s.WantResync(did);
-    }
-    std::vector<FirehoseFrame> frames;
-    frames.reserve(messages.size());
-    for (std::string& m : messages) {
-      chunk->bytes_read += m.size();
+  }
+  for (auto& [did, outcome] : resolved) s.Resolved(did, std::move(outcome), payload.get(), chunk);
+  for (auto& [did, r] : repos) s.RepoAnswered(did, std::move(r), payload.get(), chunk);
+  for (auto& did : retries) {
+    if (s.desynced.contains(did)) s.WantResync(did);
+  }
+  const size_t n = messages.size();
+  for (std::string& m : messages) {
+    chunk->bytes_read += m.size();
+    Item item;
+    if (!PeekFirehoseFrame(AsBytes(m), &item.head)) {
+      // Not a frame to route: an info or error frame, a type this consumer does not know, or
+      // bad input, which the full decode names.
       FirehoseFrame frame;
       std::string kind;
       if (Status st = DecodeFirehoseFrame(AsBytes(m), &frame, &kind); !st.ok()) {
-        if (kind == "unknown_type") continue;  // a type this consumer does not know: skipped
+        if (kind == "unknown_type") continue;  // skipped
         chunk->counters.emplace_back("firehose_bad_frames", 1);
         chunk->errors.push_back({kind.empty() ? "bad_frame" : kind,
                                  "message after seq " + std::to_string(s.read_seq), st.message()});
         ++chunk->dropped;
         continue;
       }
-      frames.push_back(std::move(frame));
-    }
-    messages.clear();
-    s.Preverify(frames);
-    for (FirehoseFrame& frame : frames) {
       chunk->counters.emplace_back("firehose_frames", 1);
-      if (frame.kind() == FirehoseKind::kInfo || frame.kind() == FirehoseKind::kError) {
-        const bool info = frame.kind() == FirehoseKind::kInfo;
+      const bool info = frame.kind() == FirehoseKind::kInfo;
+      if (info || frame.kind() == FirehoseKind::kError) {
         const auto& name = info ? std::get<FirehoseInfo>(frame.payload).name
                                 : std::get<FirehoseError>(frame.payload).name;
         const auto& message = info ? std::get<FirehoseInfo>(frame.payload).message
@@ -690,27 +866,50 @@ Result<bool> FirehoseSource::Read(pipeline::EventChunk* chunk) {
                                  name + (message.empty() ? "" : ": " + message)});
         continue;
       }
-      const int64_t seq = frame.seq();
-      // A reconnection resumes from the newest seq read, so what was queued twice comes again.
-      if (seq <= s.read_seq) continue;
-      s.read_seq = seq;
-      sh.last_seq = static_cast<uint64_t>(seq);
-      s.read_time = std::visit(
-          [](const auto& p) -> std::string {
-            if constexpr (requires { p.time; }) {
-              return p.time;
-            } else {
-              return {};
-            }
-          },
-          frame.payload);
-      if (!s.Wanted(frame.did())) continue;
-      ATFILL_RETURN_IF_ERROR(s.Dispatch(std::move(frame), chunk));
+      // A frame the head reader could not read but the decoder could: routed the same way.
+      item.head.kind = frame.kind();
+      item.head.seq = frame.seq();
+      item.head.did = std::string(frame.did());
+    } else {
+      chunk->counters.emplace_back("firehose_frames", 1);
     }
-    s.preverified.clear();
-    s.StartResyncs(chunk);
+    const int64_t seq = item.head.seq;
+    // A reconnection resumes from the newest seq read, so what was queued twice comes again.
+    if (seq <= s.read_seq) continue;
+    s.read_seq = seq;
+    sh.last_seq = static_cast<uint64_t>(seq);
+    s.read_time = item.head.time;
+    if (!s.Wanted(item.head.did)) continue;
+    if (item.head.kind == FirehoseKind::kAccount) {
+      // Read tracks accounts (a resync waits for an inactive one), so it decodes them itself.
+      FirehoseFrame frame;
+      std::string kind;
+      if (Status st = DecodeFirehoseFrame(AsBytes(m), &frame, &kind); !st.ok()) {
+        chunk->counters.emplace_back("firehose_bad_frames", 1);
+        chunk->errors.push_back(
+            {kind.empty() ? "bad_frame" : kind, FrameKey(seq, item.head.did), st.message()});
+        ++chunk->dropped;
+        continue;
+      }
+      const auto& a = std::get<FirehoseAccount>(frame.payload);
+      pipeline::AccountEvent e;
+      e.did = a.did;
+      e.active = a.active;
+      e.status = a.status.empty() ? (a.active ? pipeline::AccountStatus::kActive
+                                              : pipeline::AccountStatus::kOther)
+                                  : pipeline::ParseAccountStatus(a.status);
+      e.seq = a.seq;
+      e.time_us = TimeUs(a.time);
+      e.position = static_cast<uint64_t>(a.seq);
+      item.account = std::move(e);
+    } else if (item.head.kind != FirehoseKind::kIdentity) {
+      item.bytes = std::move(m);
+    }
+    s.Dispatch(std::move(item), payload.get(), chunk);
   }
-  ++s.reads;
+  s.StartResyncs();
+  const bool carries = !payload->items.empty();
+  if (carries) chunk->payload = std::move(payload);
   chunk->units_read = n;
   // The applied watermark: frames still waiting for their key hold it back.
   const int64_t watermark = s.waiting_seqs.empty() ? s.read_seq : *s.waiting_seqs.begin() - 1;
@@ -722,11 +921,13 @@ Result<bool> FirehoseSource::Read(pipeline::EventChunk* chunk) {
     chunk->resume_cursor = std::to_string(watermark) + ":" + std::to_string(s.cursor_time_us);
   }
   if (reconnect) ATFILL_RETURN_IF_ERROR(s.StartSession());
-  if (n == 0 && chunk->events.empty() && chunk->errors.empty() && chunk->counters.empty() &&
-      chunk->state_writes.empty()) {
-    const bool busy = !s.waiting.empty() || !s.resolving.empty() || !s.desynced.empty();
-    if (s.options.idle_exit_ms > 0 && !busy &&
-        SteadyMs() - sh.last_message_ms.load() >= s.options.idle_exit_ms) {
+  if (n == 0 && !carries && chunk->events.empty() && chunk->errors.empty() &&
+      chunk->counters.empty() && chunk->state_writes.empty()) {
+    // A quiet run ends idle_exit_ms after the last message or answer, whatever still waits: a
+    // resync not done stays marked in state and runs at the next start, and frames waiting for a
+    // key hold the cursor back, so they come again.
+    const int64_t last = std::max(sh.last_message_ms.load(), sh.last_progress_ms.load());
+    if (s.options.idle_exit_ms > 0 && SteadyMs() - last >= s.options.idle_exit_ms) {
       s.idle_exit = true;
       return false;
     }
@@ -734,6 +935,23 @@ Result<bool> FirehoseSource::Read(pipeline::EventChunk* chunk) {
   }
   return true;
 }
+
+void FirehoseSource::Decode(pipeline::EventChunk* chunk) const {
+  auto* payload = dynamic_cast<Payload*>(chunk->payload.get());
+  if (payload == nullptr) return;
+  const std::vector<std::string>& wanted = *payload->collections;
+  for (Item& item : payload->items) {
+    if (item.repo) {
+      impl_->DecodeRepo(item, wanted, payload, chunk);
+    } else {
+      impl_->DecodeFrame(item, wanted, payload, chunk);
+    }
+    item.bytes = std::string();  // released as soon as it is read
+  }
+  payload->items.clear();
+}
+
+const pipeline::Transform* FirehoseSource::OrderedStage() const { return &impl_->stage; }
 
 std::string FirehoseSource::Describe() const {
   std::string d = "firehose";
@@ -748,8 +966,41 @@ state::StopReason FirehoseSource::Unfinished() const {
 }
 
 void FirehoseSource::Committed(uint64_t through_seq) {
-  std::lock_guard<std::mutex> lock(impl_->chain_mu);
-  impl_->chain->Committed(through_seq);
+  {
+    std::lock_guard<std::mutex> lock(impl_->chain_mu);
+    impl_->chain->Committed(through_seq);
+  }
+  {
+    std::lock_guard<std::mutex> lock(impl_->filter_mu);
+    impl_->committed = std::max(impl_->committed, through_seq + 1);
+  }
+  impl_->filter_cv.notify_all();
+}
+
+Status FirehoseSource::SetCollections(std::vector<std::string> collections) {
+  if (collections.empty()) {
+    return Status::Invalid("the firehose's collections cannot change to every collection");
+  }
+  auto now = std::make_shared<const std::vector<std::string>>(std::move(collections));
+  std::lock_guard<std::mutex> lock(impl_->filter_mu);
+  impl_->collections = std::move(now);
+  impl_->fence = impl_->next_chunk;
+  return Status::OK();
+}
+
+std::vector<std::string> FirehoseSource::collections() const { return *impl_->Collections(); }
+
+bool FirehoseSource::Consumes(std::string_view collection) const {
+  return pipeline::CollectionMatches(collection, *impl_->Collections());
+}
+
+Status FirehoseSource::WaitFilterApplied(std::chrono::milliseconds timeout) const {
+  std::unique_lock<std::mutex> lock(impl_->filter_mu);
+  if (impl_->filter_cv.wait_for(lock, timeout, [&] { return impl_->committed >= impl_->fence; })) {
+    return Status::OK();
+  }
+  return Status::Unavailable(
+      "the chunks read before the collections changed are not committed yet");
 }
 
 FirehoseStats FirehoseSource::stats() const {
@@ -764,10 +1015,8 @@ FirehoseStats FirehoseSource::stats() const {
   st.refused = s.refused.load();
   st.resyncs_started = s.resyncs_started.load();
   st.peak_waiting_bytes = s.peak_waiting_bytes.load();
-  {
-    std::lock_guard<std::mutex> lock(s.chain_mu);
-    st.desynchronized = s.chain->desynchronized();
-  }
+  st.desynchronized = s.desynchronized_now.load();
+  st.inactive = s.inactive_now.load();
   std::lock_guard<std::mutex> lock(s.shared->mu);
   st.host = s.shared->host;
   st.last_error = s.shared->last_error;

@@ -30,39 +30,37 @@ void FirehoseChain::Desync(std::string_view did, std::string why, pipeline::Even
   chunk->errors.push_back({"repo_desync", std::string(did), std::move(why) + "; resyncing it"});
 }
 
-Status FirehoseChain::Judge(const FirehoseCommit& frame, std::string data,
-                            std::vector<pipeline::Event> events, pipeline::EventChunk* chunk,
-                            bool* resync) {
+Status FirehoseChain::Judge(ChainCommit commit, std::vector<pipeline::Event> events,
+                            pipeline::EventChunk* chunk, bool* resync) {
   auto hold = [&](std::deque<Held>& held) {
-    held.push_back({frame, std::move(data), std::move(events)});
-    // The frame's blocks are not needed again: the events hold what the commit wrote.
-    held.back().frame.blocks.clear();
+    held.push_back({std::move(commit), std::move(events)});
     if (held.size() > options_.max_held_per_repo) held.pop_front();
   };
-  if (auto it = held_.find(frame.repo); it != held_.end()) {
+  if (auto it = held_.find(commit.repo); it != held_.end()) {
     hold(it->second);
     return Status::OK();
   }
-  ATFILL_ASSIGN_OR_RETURN(std::optional<state::RepoChain> link, Link(frame.repo));
+  ATFILL_ASSIGN_OR_RETURN(std::optional<state::RepoChain> link, Link(commit.repo));
   std::string why;
-  const std::string prev_data = frame.prev_data ? frame.prev_data->ToString() : "";
-  switch (state::JudgeCommit(link, frame.rev, prev_data, &why)) {
+  switch (state::JudgeCommit(link, commit.rev, commit.prev_data, &why)) {
     case state::ChainVerdict::kApply:
       for (pipeline::Event& e : events) chunk->events.push_back(std::move(e));
-      SetLink(frame.repo, {frame.rev, std::move(data), false}, chunk);
+      SetLink(commit.repo, {commit.rev, std::move(commit.data), false}, chunk);
       chunk->counters.emplace_back("firehose_applied", 1);
       break;
     case state::ChainVerdict::kStale:
       chunk->counters.emplace_back("firehose_stale", 1);
       break;
-    case state::ChainVerdict::kDesync:
+    case state::ChainVerdict::kDesync: {
       // A repo a previous run left desynchronized is resynced without a second report.
       if (!link || !link->desynchronized) {
-        Desync(frame.repo, "commit seq " + std::to_string(frame.seq) + ": " + why, chunk);
+        Desync(commit.repo, "commit seq " + std::to_string(commit.seq) + ": " + why, chunk);
       }
-      hold(held_[frame.repo]);
+      const std::string repo = commit.repo;
+      hold(held_[repo]);
       *resync = true;
       break;
+    }
   }
   return Status::OK();
 }
@@ -74,20 +72,33 @@ Status FirehoseChain::Commit(const FirehoseCommit& frame, const VerifiedCommit& 
   std::string kind;
   if (Status s = FirehoseCommitEvents(frame, verified, pipeline::Origin::kLive, &events, &kind);
       !s.ok()) {
-    // A record that cannot be indexed leaves the repo behind its chain: the resync brings it.
     chunk->errors.push_back({kind, frame.repo, s.message()});
-    if (!held_.contains(frame.repo)) {
-      Desync(frame.repo, "commit seq " + std::to_string(frame.seq) + " could not be applied",
-             chunk);
-      *resync = true;
-    }
+    Unappliable(frame.repo, frame.seq, chunk, resync);
     return Status::OK();
   }
   std::erase_if(events, [&](const pipeline::Event& e) {
     return !pipeline::CollectionMatches(std::get<pipeline::RecordEvent>(e).collection,
                                         options_.collections);
   });
-  return Judge(frame, verified.commit.data.ToString(), std::move(events), chunk, resync);
+  ChainCommit c{frame.seq, frame.repo, frame.rev,
+                frame.prev_data ? frame.prev_data->ToString() : "",
+                verified.commit.data.ToString()};
+  return Commit(std::move(c), std::move(events), chunk, resync);
+}
+
+Status FirehoseChain::Commit(ChainCommit commit, std::vector<pipeline::Event> events,
+                             pipeline::EventChunk* chunk, bool* resync) {
+  *resync = false;
+  return Judge(std::move(commit), std::move(events), chunk, resync);
+}
+
+void FirehoseChain::Unappliable(std::string_view did, int64_t seq, pipeline::EventChunk* chunk,
+                                bool* resync) {
+  *resync = false;
+  // A record that cannot be indexed leaves the repo behind its chain: the resync brings it.
+  if (held_.contains(did)) return;
+  Desync(did, "commit seq " + std::to_string(seq) + " could not be applied", chunk);
+  *resync = true;
 }
 
 Status FirehoseChain::Sync(const FirehoseSync& frame, pipeline::EventChunk* chunk, bool* resync) {
@@ -100,13 +111,22 @@ Status FirehoseChain::Sync(const FirehoseSync& frame, pipeline::EventChunk* chun
 
 Status FirehoseChain::Resynced(std::string_view did, FetchedRepo repo, pipeline::EventChunk* chunk,
                                bool* resync) {
-  *resync = false;
-  chunk->events.push_back(pipeline::ResyncMarker(did, options_.collections, repo.rev));
+  std::vector<pipeline::Event> events;
+  events.reserve(repo.records.size() + 1);
+  events.push_back(pipeline::ResyncMarker(did, options_.collections, repo.rev));
   for (pipeline::RecordEvent& r : repo.records) {
     r.origin = pipeline::Origin::kLive;
-    chunk->events.push_back(std::move(r));
+    events.push_back(std::move(r));
   }
-  SetLink(did, {repo.rev, std::move(repo.data), false}, chunk);
+  return Resynced(did, std::move(repo.rev), std::move(repo.data), std::move(events), chunk, resync);
+}
+
+Status FirehoseChain::Resynced(std::string_view did, std::string rev, std::string data,
+                               std::vector<pipeline::Event> events, pipeline::EventChunk* chunk,
+                               bool* resync) {
+  *resync = false;
+  for (pipeline::Event& e : events) chunk->events.push_back(std::move(e));
+  SetLink(did, {std::move(rev), std::move(data), false}, chunk);
   chunk->counters.emplace_back("firehose_resynced", 1);
   std::deque<Held> held;
   if (auto it = held_.find(did); it != held_.end()) {
@@ -115,7 +135,7 @@ Status FirehoseChain::Resynced(std::string_view did, FetchedRepo repo, pipeline:
   }
   for (Held& h : held) {
     bool again = false;
-    ATFILL_RETURN_IF_ERROR(Judge(h.frame, std::move(h.data), std::move(h.events), chunk, &again));
+    ATFILL_RETURN_IF_ERROR(Judge(std::move(h.commit), std::move(h.events), chunk, &again));
     *resync = *resync || again;
   }
   return Status::OK();

@@ -40,6 +40,16 @@ struct FirehoseChainOptions {
   size_t max_held_per_repo = 1000;
 };
 
+// What a verified #commit says of its repo's chain: nothing else of the frame is needed to judge
+// it.
+struct ChainCommit {
+  int64_t seq = 0;
+  std::string repo;
+  std::string rev;
+  std::string prev_data;  // the MST root before it, as text; empty when the frame has none
+  std::string data;       // the MST root after it (the signed commit's data)
+};
+
 // A resync's fetched repo: the signed commit's rev and MST root, and its records (creates):
 // sources/crawl/fetcher.hpp's ReadRepoRecords gives them as rev, data_cid and records.
 struct FetchedRepo {
@@ -58,6 +68,13 @@ class FirehoseChain {
   // and calls Resynced or ResyncFailed. Errors are state read failures only.
   Status Commit(const FirehoseCommit& frame, const VerifiedCommit& verified,
                 pipeline::EventChunk* chunk, bool* resync);
+  // The same for a commit whose events were made (FirehoseCommitEvents) and filtered by
+  // collection already: they are appended, held or dropped whole.
+  Status Commit(ChainCommit commit, std::vector<pipeline::Event> events,
+                pipeline::EventChunk* chunk, bool* resync);
+  // A verified commit whose records could not be made into events (a record block that is not
+  // valid atproto data): the repo is behind its chain and is resynced.
+  void Unappliable(std::string_view did, int64_t seq, pipeline::EventChunk* chunk, bool* resync);
   // A verified #sync: the repo is desynchronized (its chain restarts from a fetched repo).
   Status Sync(const FirehoseSync& frame, pipeline::EventChunk* chunk, bool* resync);
   // The fetched repo of a desynchronized DID: the sink resync event and its records, the new link,
@@ -65,6 +82,10 @@ class FirehoseChain {
   // *resync).
   Status Resynced(std::string_view did, FetchedRepo repo, pipeline::EventChunk* chunk,
                   bool* resync);
+  // The same for a fetched repo already made into its events: the resync marker and the records
+  // (as they came through the stages before this one).
+  Status Resynced(std::string_view did, std::string rev, std::string data,
+                  std::vector<pipeline::Event> events, pipeline::EventChunk* chunk, bool* resync);
   void ResyncFailed(std::string_view did, std::string_view why, pipeline::EventChunk* chunk);
 
   // Chunks through `through_seq` are durable: the links they wrote are now in state.
@@ -75,8 +96,7 @@ class FirehoseChain {
 
  private:
   struct Held {
-    FirehoseCommit frame;
-    std::string data;  // the commit's MST root
+    ChainCommit commit;
     std::vector<pipeline::Event> events;
   };
   struct Pending {
@@ -86,8 +106,8 @@ class FirehoseChain {
   Result<std::optional<state::RepoChain>> Link(std::string_view did) const;
   void SetLink(std::string_view did, state::RepoChain link, pipeline::EventChunk* chunk);
   void Desync(std::string_view did, std::string why, pipeline::EventChunk* chunk);
-  Status Judge(const FirehoseCommit& frame, std::string data, std::vector<pipeline::Event> events,
-               pipeline::EventChunk* chunk, bool* resync);
+  Status Judge(ChainCommit commit, std::vector<pipeline::Event> events, pipeline::EventChunk* chunk,
+               bool* resync);
 
   const state::RepoChains* chains_;
   FirehoseChainOptions options_;

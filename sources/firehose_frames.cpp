@@ -1,5 +1,6 @@
 #include "sources/firehose_frames.hpp"
 
+#include <cstdint>
 #include <set>
 #include <type_traits>
 #include <utility>
@@ -334,6 +335,134 @@ Status DecodeFirehoseFrame(ByteView bytes, FirehoseFrame* frame, std::string* er
   }
   Body fields(*body, type, error_kind, &*body);
   return DecodeBody(&fields, type, frame);
+}
+
+namespace {
+
+// A forward-only reader of DAG-CBOR items: lengths are definite, so an item is skipped by its
+// head alone (or by walking its children, for arrays, maps and tags).
+class CborCursor {
+ public:
+  explicit CborCursor(ByteView bytes) : bytes_(bytes) {}
+
+  size_t pos() const { return pos_; }
+  bool Head(uint8_t* major, uint64_t* arg) {
+    if (pos_ >= bytes_.size()) return false;
+    const uint8_t b = bytes_[pos_++];
+    *major = b >> 5;
+    const uint8_t info = b & 0x1f;
+    if (info < 24) {
+      *arg = info;
+      return true;
+    }
+    if (info > 27) return false;  // indefinite lengths and reserved values: not DAG-CBOR
+    const size_t n = size_t{1} << (info - 24);
+    if (bytes_.size() - pos_ < n) return false;
+    uint64_t v = 0;
+    for (size_t i = 0; i < n; ++i) v = (v << 8) | bytes_[pos_++];
+    *arg = v;
+    return true;
+  }
+  bool Text(std::string_view* out) {
+    uint8_t major = 0;
+    uint64_t n = 0;
+    if (!Head(&major, &n) || major != 3 || bytes_.size() - pos_ < n) return false;
+    *out = std::string_view(reinterpret_cast<const char*>(bytes_.data() + pos_), n);
+    pos_ += n;
+    return true;
+  }
+  bool Skip(int depth = 0) {
+    uint8_t major = 0;
+    uint64_t n = 0;
+    if (depth > 64 || !Head(&major, &n)) return false;
+    switch (major) {
+      case 0:
+      case 1:
+      case 7:  // integers, simple values and floats: the head is the item
+        return true;
+      case 2:
+      case 3:
+        if (bytes_.size() - pos_ < n) return false;
+        pos_ += n;
+        return true;
+      case 4:
+      case 5: {
+        const uint64_t items = major == 5 ? n * 2 : n;
+        if (items > bytes_.size() - pos_) return false;  // each item takes a byte at least
+        for (uint64_t i = 0; i < items; ++i) {
+          if (!Skip(depth + 1)) return false;
+        }
+        return true;
+      }
+      default:  // a tag (42: a CID) and its item
+        return Skip(depth + 1);
+    }
+  }
+
+ private:
+  ByteView bytes_;
+  size_t pos_ = 0;
+};
+
+}  // namespace
+
+bool PeekFirehoseFrame(ByteView bytes, FirehoseHead* head) {
+  if (bytes.size() > kMaxFirehoseFrameBytes) return false;
+  CborCursor c(bytes);
+  uint8_t major = 0;
+  uint64_t n = 0;
+  if (!c.Head(&major, &n) || major != 5) return false;
+  bool op_one = false;
+  std::string_view type;
+  for (uint64_t i = 0; i < n; ++i) {
+    std::string_view key;
+    if (!c.Text(&key)) return false;
+    if (key == "op") {
+      uint64_t v = 0;
+      if (!c.Head(&major, &v)) return false;
+      op_one = major == 0 && v == 1;
+    } else if (key == "t") {
+      if (!c.Text(&type)) return false;
+    } else if (!c.Skip()) {
+      return false;
+    }
+  }
+  if (!op_one) return false;
+  if (type == "#commit") {
+    head->kind = FirehoseKind::kCommit;
+  } else if (type == "#sync") {
+    head->kind = FirehoseKind::kSync;
+  } else if (type == "#identity") {
+    head->kind = FirehoseKind::kIdentity;
+  } else if (type == "#account") {
+    head->kind = FirehoseKind::kAccount;
+  } else {
+    return false;
+  }
+  const std::string_view did_key = head->kind == FirehoseKind::kCommit ? "repo" : "did";
+  if (!c.Head(&major, &n) || major != 5) return false;
+  bool seq = false, did = false;
+  head->time.clear();
+  for (uint64_t i = 0; i < n; ++i) {
+    std::string_view key, text;
+    if (!c.Text(&key)) return false;
+    if (key == "seq") {
+      uint64_t v = 0;
+      if (!c.Head(&major, &v) || major != 0 || v == 0 || v > INT64_MAX) return false;
+      head->seq = static_cast<int64_t>(v);
+      seq = true;
+    } else if (key == did_key) {
+      if (!c.Text(&text)) return false;
+      head->did.assign(text);
+      did = true;
+    } else if (key == "time") {
+      if (!c.Text(&text)) return false;
+      head->time.assign(text);
+    } else if (!c.Skip()) {
+      return false;
+    }
+  }
+  return seq && did && c.pos() == bytes.size();
 }
 
 Status VerifyFirehoseCommit(const FirehoseCommit& frame, const atproto::PublicKey& key,

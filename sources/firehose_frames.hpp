@@ -138,6 +138,22 @@ struct FirehoseFrame {
 // after an error. Thread-safe.
 Status DecodeFirehoseFrame(ByteView bytes, FirehoseFrame* frame, std::string* error_kind);
 
+// What a reader needs of a message to route it, read without decoding its blocks or ops: its
+// kind and, for #commit, #sync, #identity and #account, seq, DID and time.
+struct FirehoseHead {
+  FirehoseKind kind = FirehoseKind::kInfo;
+  int64_t seq = 0;
+  std::string did;
+  std::string time;
+};
+
+// Reads the head of one binary message: the header, then only the body's top-level seq, repo
+// (#commit) or did, and time, skipping every other field by its length. False for anything it
+// cannot read so (info and error frames, unknown types, malformed input): the caller decodes such
+// a message with DecodeFirehoseFrame, which says what is wrong. A message it reads may still fail
+// DecodeFirehoseFrame (a field of the wrong shape further in). Thread-safe.
+bool PeekFirehoseFrame(ByteView bytes, FirehoseHead* head);
+
 // One record an op wrote, as the verified frame holds it.
 struct VerifiedOp {
   FirehoseAction action = FirehoseAction::kCreate;

@@ -202,7 +202,6 @@ struct JetstreamSource::Impl {
     // Under mu. read_through: one past the newest chunk Read filled with messages. fence: its
     // value at the last filter change; every chunk filled later is decoded with the new filter.
     // committed: chunks with seq < committed are durable.
-    uint64_t reads = 0;
     uint64_t read_through = 0;
     uint64_t fence = 0;
     uint64_t committed = 0;
@@ -695,8 +694,7 @@ Result<bool> JetstreamSource::Read(pipeline::EventChunk* chunk) {
   const bool drained = sh.queue.empty();
   const bool reconnect =
       sh.reopen && sh.stopped && sh.queued_bytes < s.options.max_buffered_bytes / 2;
-  // The engine numbers the chunks Read returns from 0 (it sets chunk->seq after Read).
-  const uint64_t seq = sh.reads++;
+  const uint64_t seq = chunk->seq;  // the engine's number for this chunk
   if (n > 0) sh.read_through = seq + 1;
   // A changed filter reconnects at once; what the old connection still sends meanwhile is kept.
   const bool refilter = sh.filter_reopen;

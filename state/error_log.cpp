@@ -172,7 +172,10 @@ std::string Truncate(std::string_view s, size_t max) {
 
 }  // namespace
 
-bool IsOutcomeKind(std::string_view kind) { return kind == "repo_unavailable"; }
+bool IsOutcomeKind(std::string_view kind) {
+  return kind == "repo_unavailable" || kind == "repo_desync" || kind == "resync_failed" ||
+         kind == "resync_deferred";
+}
 
 Status ErrorLogOptions::Validate() const {
   if (max_entries_per_job == 0) return Status::Invalid("error log: max_entries_per_job is 0");

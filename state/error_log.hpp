@@ -35,7 +35,9 @@ struct NewError {
 };
 
 // Whether entries of `kind` record an outcome the network reported rather than a failure:
-// "repo_unavailable", an account its PDS reports deactivated, taken down, suspended or gone. The
+// "repo_unavailable", an account its PDS reports deactivated, taken down, suspended or gone; a
+// firehose repo whose chain broke ("repo_desync") and its resync's failure or deferral for an
+// inactive account ("resync_failed", "resync_deferred"), which concern a repo, not a record. The
 // log keeps and lists them like the errors (atfill job --errors); the engine does not count them
 // among a job's errors (JobCounters::failed_records), and they do not make a completed job one
 // that completed with errors.

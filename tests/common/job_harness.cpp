@@ -65,6 +65,7 @@ class BorrowedSource : public pipeline::Source {
   explicit BorrowedSource(pipeline::Source* s) : s_(s) {}
   Result<bool> Read(pipeline::EventChunk* chunk) override { return s_->Read(chunk); }
   void Decode(pipeline::EventChunk* chunk) const override { s_->Decode(chunk); }
+  const pipeline::Transform* OrderedStage() const override { return s_->OrderedStage(); }
   Status Seek(const std::string& cursor) override { return s_->Seek(cursor); }
   std::string Describe() const override { return s_->Describe(); }
   state::StopReason Unfinished() const override { return s_->Unfinished(); }
