@@ -1,27 +1,13 @@
 #include "sources/firehose.hpp"
 
-#include <atomic>
 #include <chrono>
-#include <condition_variable>
-#include <deque>
-#include <mutex>
-#include <optional>
-#include <set>
-#include <unordered_map>
-#include <unordered_set>
-#include <utility>
 
-#include "atproto/crypto.hpp"
 #include "atproto/syntax.hpp"
-#include "base/patterns.hpp"
 #include "base/strings.hpp"
 #include "net/xrpc_error.hpp"
 #include "pipeline/event.hpp"
-#include "sources/firehose_chain.hpp"
-#include "sources/firehose_frames.hpp"
+#include "sources/firehose_impl.hpp"
 #include "sources/live_stream.hpp"
-#include "state/repo_chains.hpp"
-#include "state/resolver_cache.hpp"
 
 namespace atfill::sources {
 
@@ -38,10 +24,6 @@ int64_t TimeUs(std::string_view rfc3339) {
   return t.ok() ? t->unix_micros() : 0;
 }
 
-std::string FrameKey(int64_t seq, std::string_view did) {
-  return "seq " + std::to_string(seq) + " " + std::string(did);
-}
-
 // The account state a getRepo error names: the repo cannot be fetched until the account is
 // active again (an #account or #identity frame says so). Empty for any other error.
 std::string InactiveStatus(std::string_view xrpc_error) {
@@ -51,41 +33,6 @@ std::string InactiveStatus(std::string_view xrpc_error) {
   if (xrpc_error == "RepoNotFound") return "not found";
   return {};
 }
-
-// What Read knows of an account: its key and its PDS. Shared with the chunks whose frames it
-// verifies, so an #identity that replaces it does not pull it from under a running Decode.
-struct Known {
-  atproto::PublicKey key;
-  std::string signing_key;  // as the DID document states it
-  std::string pds;
-};
-
-// One input of a chunk, in the order Read took them: a frame to decode and verify, or a resync's
-// getRepo answer to read.
-struct Item {
-  FirehoseHead head;                 // a getRepo answer: did only
-  bool repo = false;                 // a getRepo answer (bytes: its body)
-  std::string bytes;                 // the message, or the answer's body
-  std::shared_ptr<const Known> key;  // #commit, #sync and answers: the account's key as of it
-  std::optional<pipeline::AccountEvent> account;  // #account: decoded by Read (it tracks them)
-};
-
-// What Decode made of an item, for the chain stage: each unit's events are the run of the chunk's
-// events with its DID and position (a commit's and an #account's: its seq; a resync's: 0), which
-// the unordered stages between (CID verify, script, account check) may thin but not reorder.
-struct Unit {
-  enum class Kind : uint8_t { kCommit, kUnappliable, kSync, kResync, kPass };
-  Kind kind = Kind::kPass;
-  ChainCommit commit;  // kCommit: the link it makes; else repo, seq (and kSync, kResync: rev;
-                       // kResync: data)
-};
-
-struct Payload : pipeline::ChunkPayload {
-  std::vector<Item> items;  // Read -> Decode
-  // The collections as Read took the chunk (SetCollections replaces the source's).
-  std::shared_ptr<const std::vector<std::string>> collections;
-  std::vector<Unit> units;  // Decode -> the chain stage
-};
 
 }  // namespace
 
@@ -100,622 +47,327 @@ Status FirehoseOptions::Validate() const {
   return websocket.Validate();
 }
 
-struct FirehoseSource::Impl {
-  // What the WebSocket handlers, the HTTP callbacks and the chain stage hand to Read; shared with
-  // the first two, as they may outlive a source being destroyed.
-  struct Shared {
-    std::mutex mu;
-    std::condition_variable cv;
-    std::deque<std::string> queue;
-    uint64_t queued_bytes = 0;
-    bool stopped = true;
-    bool reopen = false;  // the buffer overflowed: reconnect once drained
-    std::vector<pipeline::EventError> errors;
-    std::string host, last_error;
-    // Completed resolutions and getRepo answers, and resyncs whose retry is due.
-    std::deque<std::pair<std::string, ResolveOutcome>> resolved;
-    std::deque<std::pair<std::string, Result<net::HttpResponse>>> repos;
-    std::deque<std::string> retries;
-    // From the chain stage, in its order: a repo desynchronized (true) or resynced (false).
-    std::deque<std::pair<std::string, bool>> chain_news;
-    // The newest seq read: the cursor of a reconnection.
-    std::atomic<uint64_t> last_seq{0};
-    // The last message received, and the last answer that moved the job on (a key resolved, a
-    // resync fetched): a quiet run ends idle_exit_ms after the later of them.
-    std::atomic<int64_t> last_message_ms{0}, last_progress_ms{0};
-    std::atomic<uint64_t> messages{0}, bytes{0}, connections{0}, connection_failures{0};
-  };
+std::string FirehoseSource::Impl::UrlFor(const std::string& host) const {
+  std::string base = host;
+  while (!base.empty() && base.back() == '/') base.pop_back();
+  std::string url = base + "/xrpc/com.atproto.sync.subscribeRepos";
+  const uint64_t seq = shared->last_seq.load();
+  // Unset (0 with no start): the live tip.
+  if (seq > 0 || options.start_seq > 0) url += "?cursor=" + std::to_string(seq);
+  return url;
+}
 
-  // The source's ordered stage: each repo's chain, judged in stream order (FirehoseChain).
-  class ChainStage : public pipeline::Transform {
-   public:
-    explicit ChainStage(Impl* impl) : impl_(impl) {}
-    std::string_view name() const override { return "firehose chain"; }
-    bool ordered() const override { return true; }
-    Status Process(pipeline::TransformState*, pipeline::EventChunk* chunk) const override {
-      return impl_->Judge(chunk);
-    }
-
-   private:
-    Impl* impl_;
-  };
-
-  FirehoseOptions options;
-  state::KvStore* kv = nullptr;
-  std::unique_ptr<net::WebSocketClient> ws;
-  std::shared_ptr<Shared> shared = std::make_shared<Shared>();
-  // Released in the reverse order: the resolver's callbacks need the cache and the client.
-  std::unique_ptr<state::ResolverCache> cache;
-  std::unique_ptr<net::HttpClient> http;
-  std::unique_ptr<DidResolver> resolver;
-  std::unique_ptr<state::RepoChains> chains;
-  ChainStage stage{this};
-
-  // The chain is judged by the stage (the ordered node) and released by Committed (the sink
-  // thread).
-  mutable std::mutex chain_mu;
-  std::unique_ptr<FirehoseChain> chain;
-
-  // The collections filter now; `fence`: the first chunk read with it; `committed`: one past the
-  // newest durable chunk (WaitFilterApplied).
-  mutable std::mutex filter_mu;
-  mutable std::condition_variable filter_cv;
-  std::shared_ptr<const std::vector<std::string>> collections;
-  uint64_t next_chunk = 0, fence = 0, committed = 0;
-
-  // Read's own state (one thread).
-  int64_t read_seq = 0;     // the newest seq read
-  int64_t cursor_seq = -1;  // the newest resume cursor written
-  // The relay's time of the newest frame read (as sent) and of the cursor's frame, unix µs.
-  std::string read_time;
-  int64_t cursor_time_us = 0;
-  std::unordered_map<std::string, std::shared_ptr<const Known>> known;
-  std::unordered_map<std::string, std::deque<Item>> waiting;  // for their key, in order
-  std::multiset<int64_t> waiting_seqs;
-  // What the waiting frames hold (HeldBytes), and the most they held at once.
-  uint64_t waiting_bytes = 0;
-  std::atomic<uint64_t> peak_waiting_bytes{0};
-  bool paused_for_keys = false;
-  std::unordered_set<std::string> resolving;
-  std::unordered_set<std::string> desynced;  // awaiting a resync (queued, in flight or retrying)
-  std::unordered_set<std::string> resync_queued, resync_inflight;
-  std::deque<std::string> resync_queue;
-  // Accounts not active (an #account frame or getRepo said so), with their status: a
-  // desynchronized one is resynced when it is active again, not before.
-  std::unordered_map<std::string, std::string> inactive;
-  bool idle_exit = false;
-
-  mutable std::atomic<uint64_t> verified{0}, refused{0};
-  std::atomic<uint64_t> resyncs_started{0};
-  std::atomic<uint64_t> desynchronized_now{0}, inactive_now{0};
-  std::string UrlFor(const std::string& host) const {
-    std::string base = host;
-    while (!base.empty() && base.back() == '/') base.pop_back();
-    std::string url = base + "/xrpc/com.atproto.sync.subscribeRepos";
-    const uint64_t seq = shared->last_seq.load();
-    // Unset (0 with no start): the live tip.
-    if (seq > 0 || options.start_seq > 0) url += "?cursor=" + std::to_string(seq);
-    return url;
-  }
-
-  Status StartSession() {
-    net::WebSocketHandlers handlers;
-    std::shared_ptr<Shared> sh = shared;
-    const uint64_t cap = options.max_buffered_bytes;
-    net::WebSocketClient* client = ws.get();
-    handlers.on_message = [sh, cap, client](std::string_view data, bool binary) {
-      sh->messages.fetch_add(1);
-      sh->bytes.fetch_add(data.size());
-      sh->last_message_ms.store(SteadyMs());
-      bool close = false;
-      {
-        std::lock_guard<std::mutex> lock(sh->mu);
-        if (!binary) {
-          sh->errors.push_back({"bad_frame", "message after seq " + std::to_string(sh->last_seq),
-                                "a text message on a firehose (frames are binary DAG-CBOR)"});
-          return;
-        }
-        sh->queued_bytes += data.size();
-        sh->queue.emplace_back(data);
-        close = sh->queued_bytes > cap && !sh->reopen;
-        if (close) sh->reopen = true;
-      }
-      sh->cv.notify_one();
-      if (close) client->Close();
-    };
-    handlers.on_event = [sh](const net::ConnectionEvent& e) {
-      std::optional<pipeline::EventError> bad;
-      switch (e.kind) {
-        case net::ConnectionEventKind::kConnected:
-          sh->connections.fetch_add(1);
-          break;
-        case net::ConnectionEventKind::kRefused: {
-          const net::XrpcError x = net::ParseXrpcError(e.body);
-          bad = pipeline::EventError{"connection_refused", e.host,
-                                     "attempt " + std::to_string(e.attempt) + " to " + e.url +
-                                         ": HTTP " + std::to_string(e.http_status) + " " + x.error +
-                                         (x.message.empty() ? "" : ": " + x.message)};
-          break;
-        }
-        case net::ConnectionEventKind::kFailed:
-          bad = pipeline::EventError{
-              e.connected_ms >= 0 ? "connection_lost" : "connection_failed", e.host,
-              "attempt " + std::to_string(e.attempt) + " to " + e.url + ": " + e.error.message()};
-          break;
-        case net::ConnectionEventKind::kClosed:
-          if (!e.closed_by_client && e.close_code != 1000) {
-            bad = pipeline::EventError{"connection_closed", e.host,
-                                       "the host closed the connection with code " +
-                                           std::to_string(e.close_code) + " " + e.close_reason};
-          }
-          break;
-        case net::ConnectionEventKind::kStopped:
-          MarkSessionStopped(*sh);
-          break;
-      }
+Status FirehoseSource::Impl::StartSession() {
+  net::WebSocketHandlers handlers;
+  std::shared_ptr<Shared> sh = shared;
+  const uint64_t cap = options.max_buffered_bytes;
+  net::WebSocketClient* client = ws.get();
+  handlers.on_message = [sh, cap, client](std::string_view data, bool binary) {
+    sh->messages.fetch_add(1);
+    sh->bytes.fetch_add(data.size());
+    sh->last_message_ms.store(SteadyMs());
+    bool close = false;
+    {
       std::lock_guard<std::mutex> lock(sh->mu);
-      sh->host = e.host;
-      if (bad) {
-        if (e.retry_in_ms >= 0)
-          bad->message += "; trying again in " + std::to_string(e.retry_in_ms) + " ms";
-        sh->connection_failures.fetch_add(1);
-        sh->last_error = bad->kind + ": " + bad->message;
-        sh->errors.push_back(std::move(*bad));
+      if (!binary) {
+        sh->errors.push_back({"bad_frame", "message after seq " + std::to_string(sh->last_seq),
+                              "a text message on a firehose (frames are binary DAG-CBOR)"});
+        return;
       }
-      return net::SessionAction::kContinue;
-    };
-    return StartLiveSession(
-        *ws, *shared, options.hosts, [this](const std::string& host) { return UrlFor(host); },
-        std::move(handlers));
-  }
-
-  std::shared_ptr<const std::vector<std::string>> Collections() const {
-    std::lock_guard<std::mutex> lock(filter_mu);
-    return collections;
-  }
-
-  // --- Read: keys and routing ---------------------------------------------------------------
-
-  void Resolve(const std::string& did) {
-    if (!resolving.insert(did).second) return;
-    std::shared_ptr<Shared> sh = shared;
-    resolver->Resolve(did, [sh, did](ResolveOutcome outcome) {
-      {
-        std::lock_guard<std::mutex> lock(sh->mu);
-        sh->resolved.emplace_back(did, std::move(outcome));
+      sh->queued_bytes += data.size();
+      sh->queue.emplace_back(data);
+      close = sh->queued_bytes > cap && !sh->reopen;
+      if (close) sh->reopen = true;
+    }
+    sh->cv.notify_one();
+    if (close) client->Close();
+  };
+  handlers.on_event = [sh](const net::ConnectionEvent& e) {
+    std::optional<pipeline::EventError> bad;
+    switch (e.kind) {
+      case net::ConnectionEventKind::kConnected:
+        sh->connections.fetch_add(1);
+        break;
+      case net::ConnectionEventKind::kRefused: {
+        const net::XrpcError x = net::ParseXrpcError(e.body);
+        bad = pipeline::EventError{"connection_refused", e.host,
+                                   "attempt " + std::to_string(e.attempt) + " to " + e.url +
+                                       ": HTTP " + std::to_string(e.http_status) + " " + x.error +
+                                       (x.message.empty() ? "" : ": " + x.message)};
+        break;
       }
-      sh->cv.notify_one();
-    });
-  }
-
-  static bool NeedsKey(const FirehoseHead& h) {
-    return h.kind == FirehoseKind::kCommit || h.kind == FirehoseKind::kSync;
-  }
-
-  void Refuse(const FirehoseHead& h, const std::string& kind, const std::string& message,
-              pipeline::EventChunk* chunk) const {
-    refused.fetch_add(1);
-    chunk->counters.emplace_back("firehose_refused", 1);
-    chunk->counters.emplace_back("firehose_refused_" + kind, 1);
-    chunk->errors.push_back({kind, FrameKey(h.seq, h.did),
-                             std::string(FirehoseKindName(h.kind)) + " refused: " + message});
-  }
-
-  void SetInactive(const std::string& did, std::string status) {
-    inactive.insert_or_assign(did, std::move(status));
-    inactive_now = inactive.size();
-  }
-
-  // The account is active again (or moved): a resync put off for it starts.
-  void SetActive(const std::string& did) {
-    if (inactive.erase(did) == 0) return;
-    inactive_now = inactive.size();
-    if (desynced.contains(did)) WantResync(did);
-  }
-
-  // A frame whose account's earlier frames are all taken: into the chunk, or false when it needs
-  // a key not known (the caller keeps it waiting and asks for the key).
-  bool Handle(Item& item, Payload* payload, pipeline::EventChunk* chunk) {
-    const std::string& did = item.head.did;
-    switch (item.head.kind) {
-      case FirehoseKind::kCommit:
-      case FirehoseKind::kSync: {
-        auto it = known.find(did);
-        if (it == known.end()) return false;
-        item.key = it->second;
-        payload->items.push_back(std::move(item));
-        return true;
-      }
-      case FirehoseKind::kIdentity:
-        // The key or the PDS may have changed: resolve the account again when next needed.
-        known.erase(did);
-        state::ResolverCache(*kv).Remove(&chunk->state_writes, did);
-        SetActive(did);
-        return true;
-      case FirehoseKind::kAccount: {
-        const pipeline::AccountEvent& a = *item.account;
-        if (a.active) {
-          SetActive(did);
-        } else {
-          SetInactive(did, std::string(pipeline::AccountStatusName(a.status)));
+      case net::ConnectionEventKind::kFailed:
+        bad = pipeline::EventError{
+            e.connected_ms >= 0 ? "connection_lost" : "connection_failed", e.host,
+            "attempt " + std::to_string(e.attempt) + " to " + e.url + ": " + e.error.message()};
+        break;
+      case net::ConnectionEventKind::kClosed:
+        if (!e.closed_by_client && e.close_code != 1000) {
+          bad = pipeline::EventError{"connection_closed", e.host,
+                                     "the host closed the connection with code " +
+                                         std::to_string(e.close_code) + " " + e.close_reason};
         }
-        payload->items.push_back(std::move(item));
-        return true;
-      }
-      case FirehoseKind::kInfo:
-      case FirehoseKind::kError:
+        break;
+      case net::ConnectionEventKind::kStopped:
+        MarkSessionStopped(*sh);
         break;
     }
-    return true;
-  }
-
-  bool Wanted(std::string_view did) const {
-    if (options.dids.empty()) return true;
-    for (const auto& d : options.dids) {
-      if (d == did) return true;
+    std::lock_guard<std::mutex> lock(sh->mu);
+    sh->host = e.host;
+    if (bad) {
+      if (e.retry_in_ms >= 0)
+        bad->message += "; trying again in " + std::to_string(e.retry_in_ms) + " ms";
+      sh->connection_failures.fetch_add(1);
+      sh->last_error = bad->kind + ": " + bad->message;
+      sh->errors.push_back(std::move(*bad));
     }
-    return false;
-  }
+    return net::SessionAction::kContinue;
+  };
+  return StartLiveSession(
+      *ws, *shared, options.hosts, [this](const std::string& host) { return UrlFor(host); },
+      std::move(handlers));
+}
 
-  // The memory a waiting frame holds, roughly.
-  static uint64_t HeldBytes(const Item& item) {
-    return 256 + item.bytes.size() + item.head.did.size();
-  }
+std::shared_ptr<const std::vector<std::string>> FirehoseSource::Impl::Collections() const {
+  std::lock_guard<std::mutex> lock(filter_mu);
+  return collections;
+}
 
-  void Hold(const std::string& did, Item item) {
-    waiting_seqs.insert(item.head.seq);
-    waiting_bytes += HeldBytes(item);
-    if (waiting_bytes > peak_waiting_bytes.load()) peak_waiting_bytes = waiting_bytes;
-    waiting[did].push_back(std::move(item));
-  }
+void FirehoseSource::Impl::Resolve(const std::string& did) {
+  if (!resolving.insert(did).second) return;
+  std::shared_ptr<Shared> sh = shared;
+  resolver->Resolve(did, [sh, did](ResolveOutcome outcome) {
+    {
+      std::lock_guard<std::mutex> lock(sh->mu);
+      sh->resolved.emplace_back(did, std::move(outcome));
+    }
+    sh->cv.notify_one();
+  });
+}
 
-  void Unhold(const Item& item) {
-    waiting_seqs.erase(waiting_seqs.find(item.head.seq));
-    waiting_bytes -= HeldBytes(item);
-  }
+bool FirehoseSource::Impl::NeedsKey(const FirehoseHead& h) {
+  return h.kind == FirehoseKind::kCommit || h.kind == FirehoseKind::kSync;
+}
 
-  void Dispatch(Item item, Payload* payload, pipeline::EventChunk* chunk) {
-    const std::string did = item.head.did;
-    if (waiting.contains(did)) {
-      Hold(did, std::move(item));
+void FirehoseSource::Impl::SetInactive(const std::string& did, std::string status) {
+  inactive.insert_or_assign(did, std::move(status));
+  inactive_now = inactive.size();
+}
+
+void FirehoseSource::Impl::SetActive(const std::string& did) {
+  if (inactive.erase(did) == 0) return;
+  inactive_now = inactive.size();
+  if (desynced.contains(did)) WantResync(did);
+}
+
+bool FirehoseSource::Impl::Handle(Item& item, Payload* payload, pipeline::EventChunk* chunk) {
+  const std::string& did = item.head.did;
+  switch (item.head.kind) {
+    case FirehoseKind::kCommit:
+    case FirehoseKind::kSync: {
+      auto it = known.find(did);
+      if (it == known.end()) return false;
+      item.key = it->second;
+      payload->items.push_back(std::move(item));
+      return true;
+    }
+    case FirehoseKind::kIdentity:
+      // The key or the PDS may have changed: resolve the account again when next needed.
+      known.erase(did);
+      state::ResolverCache(*kv).Remove(&chunk->state_writes, did);
+      SetActive(did);
+      return true;
+    case FirehoseKind::kAccount: {
+      const pipeline::AccountEvent& a = *item.account;
+      if (a.active) {
+        SetActive(did);
+      } else {
+        SetInactive(did, std::string(pipeline::AccountStatusName(a.status)));
+      }
+      payload->items.push_back(std::move(item));
+      return true;
+    }
+    case FirehoseKind::kInfo:
+    case FirehoseKind::kError:
+      break;
+  }
+  return true;
+}
+
+bool FirehoseSource::Impl::Wanted(std::string_view did) const {
+  if (options.dids.empty()) return true;
+  for (const auto& d : options.dids) {
+    if (d == did) return true;
+  }
+  return false;
+}
+
+uint64_t FirehoseSource::Impl::HeldBytes(const Item& item) {
+  return 256 + item.bytes.size() + item.head.did.size();
+}
+
+void FirehoseSource::Impl::Hold(const std::string& did, Item item) {
+  waiting_seqs.insert(item.head.seq);
+  waiting_bytes += HeldBytes(item);
+  if (waiting_bytes > peak_waiting_bytes.load()) peak_waiting_bytes = waiting_bytes;
+  waiting[did].push_back(std::move(item));
+}
+
+void FirehoseSource::Impl::Unhold(const Item& item) {
+  waiting_seqs.erase(waiting_seqs.find(item.head.seq));
+  waiting_bytes -= HeldBytes(item);
+}
+
+void FirehoseSource::Impl::Dispatch(Item item, Payload* payload, pipeline::EventChunk* chunk) {
+  const std::string did = item.head.did;
+  if (waiting.contains(did)) {
+    Hold(did, std::move(item));
+    return;
+  }
+  if (!Handle(item, payload, chunk)) {
+    Hold(did, std::move(item));
+    Resolve(did);
+  }
+}
+
+void FirehoseSource::Impl::Drain(const std::string& did, Payload* payload,
+                                 pipeline::EventChunk* chunk) {
+  auto it = waiting.find(did);
+  if (it == waiting.end()) return;
+  std::deque<Item>& q = it->second;
+  while (!q.empty()) {
+    if (NeedsKey(q.front().head) && !known.contains(did)) {
+      Resolve(did);
       return;
     }
-    if (!Handle(item, payload, chunk)) {
-      Hold(did, std::move(item));
-      Resolve(did);
-    }
+    Unhold(q.front());
+    Handle(q.front(), payload, chunk);
+    q.pop_front();
   }
+  waiting.erase(it);
+}
 
-  // The account's waiting frames, in order, as far as its key allows.
-  void Drain(const std::string& did, Payload* payload, pipeline::EventChunk* chunk) {
-    auto it = waiting.find(did);
-    if (it == waiting.end()) return;
-    std::deque<Item>& q = it->second;
-    while (!q.empty()) {
-      if (NeedsKey(q.front().head) && !known.contains(did)) {
-        Resolve(did);
-        return;
-      }
-      Unhold(q.front());
-      Handle(q.front(), payload, chunk);
-      q.pop_front();
-    }
-    waiting.erase(it);
-  }
-
-  void Resolved(const std::string& did, ResolveOutcome outcome, Payload* payload,
-                pipeline::EventChunk* chunk) {
-    resolving.erase(did);
-    std::string why;
-    if (outcome.ok()) {
-      const state::ResolvedDid& doc = *outcome.doc;
-      auto key = atproto::PublicKey::FromMultibase(doc.signing_key);
-      if (doc.signing_key.empty()) {
-        why = "the DID document of " + did + " has no #atproto signing key";
-      } else if (!key.ok()) {
-        why = "the signing key of " + did + " does not parse: " + key.status().message();
-      } else {
-        known.insert_or_assign(
-            did, std::make_shared<const Known>(Known{*key, doc.signing_key, doc.pds_endpoint}));
-        shared->last_progress_ms = SteadyMs();
-      }
+void FirehoseSource::Impl::Resolved(const std::string& did, ResolveOutcome outcome,
+                                    Payload* payload, pipeline::EventChunk* chunk) {
+  resolving.erase(did);
+  std::string why;
+  if (outcome.ok()) {
+    const state::ResolvedDid& doc = *outcome.doc;
+    auto key = atproto::PublicKey::FromMultibase(doc.signing_key);
+    if (doc.signing_key.empty()) {
+      why = "the DID document of " + did + " has no #atproto signing key";
+    } else if (!key.ok()) {
+      why = "the signing key of " + did + " does not parse: " + key.status().message();
     } else {
-      why = outcome.message;
+      known.insert_or_assign(
+          did, std::make_shared<const Known>(Known{*key, doc.signing_key, doc.pds_endpoint}));
+      shared->last_progress_ms = SteadyMs();
     }
-    if (!why.empty()) {
-      // Nothing of the account can be verified: its frames that need the key are refused, the
-      // rest still apply. The next frame of the account asks again.
-      if (auto it = waiting.find(did); it != waiting.end()) {
-        std::deque<Item> q = std::move(it->second);
-        waiting.erase(it);
-        for (Item& item : q) {
-          Unhold(item);
-          if (NeedsKey(item.head)) {
-            Refuse(item.head, "key_unresolved", why, chunk);
-          } else {
-            Handle(item, payload, chunk);
-          }
+  } else {
+    why = outcome.message;
+  }
+  if (!why.empty()) {
+    // Nothing of the account can be verified: its frames that need the key are refused, the
+    // rest still apply. The next frame of the account asks again.
+    if (auto it = waiting.find(did); it != waiting.end()) {
+      std::deque<Item> q = std::move(it->second);
+      waiting.erase(it);
+      for (Item& item : q) {
+        Unhold(item);
+        if (NeedsKey(item.head)) {
+          Refuse(item.head, "key_unresolved", why, chunk);
+        } else {
+          Handle(item, payload, chunk);
         }
       }
-      if (resync_queued.erase(did) > 0) ResyncFailed(did, why, chunk);
-      return;
     }
-    Drain(did, payload, chunk);
+    if (resync_queued.erase(did) > 0) ResyncFailed(did, why, chunk);
+    return;
   }
+  Drain(did, payload, chunk);
+}
 
-  // --- Read: resyncs ------------------------------------------------------------------------
+void FirehoseSource::Impl::WantResync(const std::string& did) {
+  desynced.insert(did);
+  if (resync_inflight.contains(did) || resync_queued.contains(did)) return;
+  resync_queued.insert(did);
+  resync_queue.push_back(did);
+}
 
-  void WantResync(const std::string& did) {
-    desynced.insert(did);
-    if (resync_inflight.contains(did) || resync_queued.contains(did)) return;
-    resync_queued.insert(did);
-    resync_queue.push_back(did);
-  }
+void FirehoseSource::Impl::ResyncFailed(const std::string& did, const std::string& why,
+                                        pipeline::EventChunk* chunk) {
+  CountResyncFailed(did, why, chunk);
+  RetryLater(did);
+}
 
-  // Thread-safe (Read, and Decode on a worker).
-  void RetryLater(const std::string& did) const {
+void FirehoseSource::Impl::StartResyncs() {
+  size_t n = resync_queue.size();
+  while (n-- > 0 && resync_inflight.size() < options.max_resyncs_in_flight) {
+    std::string did = std::move(resync_queue.front());
+    resync_queue.pop_front();
+    if (!resync_queued.contains(did)) continue;  // given up meanwhile
+    if (inactive.contains(did)) {
+      // Put off until the account is active again (SetActive queues it then).
+      resync_queued.erase(did);
+      continue;
+    }
+    auto k = known.find(did);
+    if (k == known.end()) {
+      // Its PDS is not known yet: resolve first, then come back.
+      resync_queue.push_back(did);
+      Resolve(did);
+      continue;
+    }
+    resync_queued.erase(did);
+    resync_inflight.insert(did);
+    resyncs_started.fetch_add(1);
+    net::HttpRequest req;
+    req.url = GetRepoUrl(k->second->pds, did);
+    req.max_response_bytes = options.max_repo_bytes;
     std::shared_ptr<Shared> sh = shared;
-    http->After(options.resync_retry_ms, [sh, did] {
+    http->Submit(std::move(req), [sh, did](Result<net::HttpResponse> r) {
       {
         std::lock_guard<std::mutex> lock(sh->mu);
-        sh->retries.push_back(did);
+        sh->repos.emplace_back(did, std::move(r));
       }
       sh->cv.notify_one();
     });
   }
+}
 
-  static void CountResyncFailed(const std::string& did, const std::string& why,
-                                pipeline::EventChunk* chunk) {
-    chunk->counters.emplace_back("firehose_failed", 1);
-    chunk->errors.push_back({"resync_failed", did, why + "; the repo stays desynchronized"});
-  }
-
-  void ResyncFailed(const std::string& did, const std::string& why, pipeline::EventChunk* chunk) {
-    CountResyncFailed(did, why, chunk);
-    RetryLater(did);
-  }
-
-  void StartResyncs() {
-    size_t n = resync_queue.size();
-    while (n-- > 0 && resync_inflight.size() < options.max_resyncs_in_flight) {
-      std::string did = std::move(resync_queue.front());
-      resync_queue.pop_front();
-      if (!resync_queued.contains(did)) continue;  // given up meanwhile
-      if (inactive.contains(did)) {
-        // Put off until the account is active again (SetActive queues it then).
-        resync_queued.erase(did);
-        continue;
-      }
-      auto k = known.find(did);
-      if (k == known.end()) {
-        // Its PDS is not known yet: resolve first, then come back.
-        resync_queue.push_back(did);
-        Resolve(did);
-        continue;
-      }
+void FirehoseSource::Impl::RepoAnswered(const std::string& did, Result<net::HttpResponse> r,
+                                        Payload* payload, pipeline::EventChunk* chunk) {
+  resync_inflight.erase(did);
+  std::string why;
+  if (!r.ok()) {
+    why = "getRepo of " + did + " failed: " + r.status().message();
+  } else if (r->status != 200) {
+    const net::XrpcError x = net::ParseXrpcError(r->body);
+    why = "getRepo of " + did + " answered HTTP " + std::to_string(r->status) + " " + x.error +
+          (x.message.empty() ? "" : ": " + x.message);
+    if (std::string status = InactiveStatus(x.error); !status.empty()) {
+      SetInactive(did, std::move(status));
       resync_queued.erase(did);
-      resync_inflight.insert(did);
-      resyncs_started.fetch_add(1);
-      net::HttpRequest req;
-      req.url = GetRepoUrl(k->second->pds, did);
-      req.max_response_bytes = options.max_repo_bytes;
-      std::shared_ptr<Shared> sh = shared;
-      http->Submit(std::move(req), [sh, did](Result<net::HttpResponse> r) {
-        {
-          std::lock_guard<std::mutex> lock(sh->mu);
-          sh->repos.emplace_back(did, std::move(r));
-        }
-        sh->cv.notify_one();
-      });
-    }
-  }
-
-  // A getRepo answer: its body goes to Decode (read and verified on a worker); a failure is
-  // retried later, an inactive account waits until it is active.
-  void RepoAnswered(const std::string& did, Result<net::HttpResponse> r, Payload* payload,
-                    pipeline::EventChunk* chunk) {
-    resync_inflight.erase(did);
-    std::string why;
-    if (!r.ok()) {
-      why = "getRepo of " + did + " failed: " + r.status().message();
-    } else if (r->status != 200) {
-      const net::XrpcError x = net::ParseXrpcError(r->body);
-      why = "getRepo of " + did + " answered HTTP " + std::to_string(r->status) + " " + x.error +
-            (x.message.empty() ? "" : ": " + x.message);
-      if (std::string status = InactiveStatus(x.error); !status.empty()) {
-        SetInactive(did, std::move(status));
-        resync_queued.erase(did);
-        chunk->counters.emplace_back("firehose_resync_deferred", 1);
-        chunk->errors.push_back(
-            {"resync_deferred", did, why + "; resynced when the account is active again"});
-        return;
-      }
-    }
-    auto k = known.find(did);
-    if (why.empty() && k == known.end()) why = "the signing key of " + did + " is not known";
-    if (!why.empty()) {
-      ResyncFailed(did, why, chunk);
-      return;
-    }
-    shared->last_progress_ms = SteadyMs();
-    Item item;
-    item.head.did = did;
-    item.repo = true;
-    item.bytes = std::move(r->body);
-    item.key = k->second;
-    payload->items.push_back(std::move(item));
-  }
-
-  // --- Decode (workers) ---------------------------------------------------------------------
-
-  void DecodeRepo(Item& item, const std::vector<std::string>& wanted, Payload* payload,
-                  pipeline::EventChunk* chunk) const {
-    const std::string& did = item.head.did;
-    RepoFailure failure = RepoFailure::kNone;
-    auto repo =
-        ReadRepoRecords(did, item.key->signing_key, item.bytes, wanted, options.limits, &failure);
-    if (!repo.ok()) {
-      CountResyncFailed(did, repo.status().message(), chunk);
-      RetryLater(did);
-      return;
-    }
-    for (auto& e : repo->errors) chunk->errors.push_back(std::move(e));
-    chunk->events.push_back(pipeline::ResyncMarker(did, wanted, repo->rev));
-    for (pipeline::RecordEvent& r : repo->records) {
-      r.origin = pipeline::Origin::kLive;
-      r.position = 0;
-      chunk->events.push_back(std::move(r));
-    }
-    Unit u;
-    u.kind = Unit::Kind::kResync;
-    u.commit.repo = did;
-    u.commit.rev = std::move(repo->rev);
-    u.commit.data = std::move(repo->data_cid);
-    payload->units.push_back(std::move(u));
-  }
-
-  void DecodeFrame(Item& item, const std::vector<std::string>& wanted, Payload* payload,
-                   pipeline::EventChunk* chunk) const {
-    const FirehoseHead& h = item.head;
-    Unit u;
-    u.commit.repo = h.did;
-    u.commit.seq = h.seq;
-    if (item.account) {
-      chunk->events.push_back(std::move(*item.account));
-      payload->units.push_back(std::move(u));  // kPass
-      return;
-    }
-    FirehoseFrame frame;
-    std::string kind;
-    if (Status st = DecodeFirehoseFrame(AsBytes(item.bytes), &frame, &kind); !st.ok()) {
-      chunk->counters.emplace_back("firehose_bad_frames", 1);
+      chunk->counters.emplace_back("firehose_resync_deferred", 1);
       chunk->errors.push_back(
-          {kind.empty() ? "bad_frame" : kind, FrameKey(h.seq, h.did), st.message()});
-      ++chunk->dropped;
+          {"resync_deferred", did, why + "; resynced when the account is active again"});
       return;
     }
-    if (auto* s = std::get_if<FirehoseSync>(&frame.payload)) {
-      atproto::Commit commit;
-      if (Status st = VerifyFirehoseSync(*s, item.key->key, &commit, &kind); !st.ok()) {
-        Refuse(h, kind.empty() ? "bad_commit" : kind, st.message(), chunk);
-        return;
-      }
-      u.kind = Unit::Kind::kSync;
-      u.commit.rev = s->rev;
-      payload->units.push_back(std::move(u));
-      return;
-    }
-    auto* c = std::get_if<FirehoseCommit>(&frame.payload);
-    if (c == nullptr) return;  // Read routes only commits, syncs and accounts here
-    u.commit.rev = c->rev;
-    if (c->too_big) {
-      // Its blocks are incomplete by design: the repo is fetched whole instead.
-      u.kind = Unit::Kind::kSync;
-      payload->units.push_back(std::move(u));
-      return;
-    }
-    VerifiedCommit v;
-    if (Status st = VerifyFirehoseCommit(*c, item.key->key, &v, &kind); !st.ok()) {
-      Refuse(h, kind.empty() ? "bad_commit" : kind, st.message(), chunk);
-      return;
-    }
-    verified.fetch_add(1);
-    chunk->counters.emplace_back("firehose_verified", 1);
-    const size_t first = chunk->events.size();
-    if (Status st = FirehoseCommitEvents(*c, v, pipeline::Origin::kLive, &chunk->events, &kind);
-        !st.ok()) {
-      chunk->events.resize(first);
-      chunk->errors.push_back({kind, c->repo, st.message()});
-      u.kind = Unit::Kind::kUnappliable;
-      payload->units.push_back(std::move(u));
-      return;
-    }
-    // The firehose carries every collection: the others are dropped here.
-    auto kept = chunk->events.begin() + static_cast<std::ptrdiff_t>(first);
-    for (auto e = kept; e != chunk->events.end(); ++e) {
-      if (pipeline::CollectionMatches(std::get<pipeline::RecordEvent>(*e).collection, wanted)) {
-        if (e != kept) *kept = std::move(*e);
-        ++kept;
-      }
-    }
-    chunk->events.erase(kept, chunk->events.end());
-    u.kind = Unit::Kind::kCommit;
-    u.commit.prev_data = c->prev_data ? c->prev_data->ToString() : "";
-    u.commit.data = v.commit.data.ToString();
-    payload->units.push_back(std::move(u));
   }
-
-  // --- the chain stage (the ordered node) ----------------------------------------------------
-
-  Status Judge(pipeline::EventChunk* chunk) {
-    auto* payload = dynamic_cast<Payload*>(chunk->payload.get());
-    if (payload == nullptr || payload->units.empty()) return Status::OK();
-    std::vector<pipeline::Event> in = std::move(chunk->events);
-    chunk->events.clear();
-    chunk->events.reserve(in.size());
-    size_t next = 0;
-    auto take = [&](const std::string& did, uint64_t position) {
-      std::vector<pipeline::Event> out;
-      while (next < in.size() && pipeline::PositionOf(in[next]) == position &&
-             pipeline::DidOf(in[next]) == did) {
-        out.push_back(std::move(in[next++]));
-      }
-      return out;
-    };
-    std::deque<std::pair<std::string, bool>> news;
-    {
-      std::lock_guard<std::mutex> lock(chain_mu);
-      for (Unit& u : payload->units) {
-        const std::string did = u.commit.repo;
-        const auto seq = static_cast<uint64_t>(u.commit.seq);
-        bool resync = false;
-        switch (u.kind) {
-          case Unit::Kind::kCommit: {
-            std::vector<pipeline::Event> events = take(did, seq);
-            ATFILL_RETURN_IF_ERROR(
-                chain->Commit(std::move(u.commit), std::move(events), chunk, &resync));
-            break;
-          }
-          case Unit::Kind::kUnappliable:
-            chain->Unappliable(did, u.commit.seq, chunk, &resync);
-            break;
-          case Unit::Kind::kSync: {
-            FirehoseSync s;
-            s.seq = u.commit.seq;
-            s.did = did;
-            s.rev = u.commit.rev;
-            ATFILL_RETURN_IF_ERROR(chain->Sync(s, chunk, &resync));
-            break;
-          }
-          case Unit::Kind::kResync: {
-            std::vector<pipeline::Event> events = take(did, 0);
-            ATFILL_RETURN_IF_ERROR(chain->Resynced(did, std::move(u.commit.rev),
-                                                   std::move(u.commit.data), std::move(events),
-                                                   chunk, &resync));
-            news.emplace_back(did, false);
-            break;
-          }
-          case Unit::Kind::kPass:
-            for (pipeline::Event& e : take(did, seq)) chunk->events.push_back(std::move(e));
-            break;
-        }
-        if (resync) news.emplace_back(did, true);
-      }
-      desynchronized_now = chain->desynchronized();
-    }
-    // Nothing else is expected; whatever it is, it is not lost.
-    for (; next < in.size(); ++next) chunk->events.push_back(std::move(in[next]));
-    payload->units.clear();
-    if (!news.empty()) {
-      {
-        std::lock_guard<std::mutex> lock(shared->mu);
-        for (auto& n : news) shared->chain_news.push_back(std::move(n));
-      }
-      shared->cv.notify_one();
-    }
-    return Status::OK();
+  auto k = known.find(did);
+  if (why.empty() && k == known.end()) why = "the signing key of " + did + " is not known";
+  if (!why.empty()) {
+    ResyncFailed(did, why, chunk);
+    return;
   }
-};
+  shared->last_progress_ms = SteadyMs();
+  Item item;
+  item.head.did = did;
+  item.repo = true;
+  item.bytes = std::move(r->body);
+  item.key = k->second;
+  payload->items.push_back(std::move(item));
+}
 
 FirehoseSource::FirehoseSource(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
@@ -822,7 +474,7 @@ Result<bool> FirehoseSource::Read(pipeline::EventChunk* chunk) {
     std::lock_guard<std::mutex> lock(s.filter_mu);
     s.next_chunk = chunk->seq + 1;
   }
-  auto payload = std::make_shared<Payload>();
+  auto payload = std::make_shared<Impl::Payload>();
   payload->collections = s.Collections();
   // What the chain stage said, in its order.
   for (auto& [did, desync] : news) {
@@ -840,7 +492,7 @@ Result<bool> FirehoseSource::Read(pipeline::EventChunk* chunk) {
   const size_t n = messages.size();
   for (std::string& m : messages) {
     chunk->bytes_read += m.size();
-    Item item;
+    Impl::Item item;
     if (!PeekFirehoseFrame(AsBytes(m), &item.head)) {
       // Not a frame to route: an info or error frame, a type this consumer does not know, or
       // bad input, which the full decode names.
@@ -887,7 +539,7 @@ Result<bool> FirehoseSource::Read(pipeline::EventChunk* chunk) {
       if (Status st = DecodeFirehoseFrame(AsBytes(m), &frame, &kind); !st.ok()) {
         chunk->counters.emplace_back("firehose_bad_frames", 1);
         chunk->errors.push_back(
-            {kind.empty() ? "bad_frame" : kind, FrameKey(seq, item.head.did), st.message()});
+            {kind.empty() ? "bad_frame" : kind, Impl::FrameKey(seq, item.head.did), st.message()});
         ++chunk->dropped;
         continue;
       }
@@ -934,21 +586,6 @@ Result<bool> FirehoseSource::Read(pipeline::EventChunk* chunk) {
     chunk->tick = true;
   }
   return true;
-}
-
-void FirehoseSource::Decode(pipeline::EventChunk* chunk) const {
-  auto* payload = dynamic_cast<Payload*>(chunk->payload.get());
-  if (payload == nullptr) return;
-  const std::vector<std::string>& wanted = *payload->collections;
-  for (Item& item : payload->items) {
-    if (item.repo) {
-      impl_->DecodeRepo(item, wanted, payload, chunk);
-    } else {
-      impl_->DecodeFrame(item, wanted, payload, chunk);
-    }
-    item.bytes = std::string();  // released as soon as it is read
-  }
-  payload->items.clear();
 }
 
 const pipeline::Transform* FirehoseSource::OrderedStage() const { return &impl_->stage; }

@@ -170,6 +170,69 @@ TEST(EngineTest, DeliversEverythingInOrderInBoundedBatches) {
   EXPECT_EQ(stored->value_or(""), "50");
 }
 
+// A source that skips a Read now and then (returns false only at the end) and records the number
+// the engine gave each chunk while Read filled it; its own ordered stage tags every chunk before
+// the caller's ordered stages see it.
+class NumberedSource : public Source {
+ public:
+  class Tag : public Transform {
+   public:
+    std::string_view name() const override { return "source's own"; }
+    bool ordered() const override { return true; }
+    Status Process(TransformState*, EventChunk* chunk) const override {
+      for (Event& e : chunk->events) std::get<RecordEvent>(e).rkey += "-tagged";
+      return Status::OK();
+    }
+  };
+  Status Seek(const std::string&) override { return Status::OK(); }
+  Result<bool> Read(EventChunk* chunk) override {
+    if (reads_ == 20) return false;
+    seen.push_back(chunk->seq);
+    chunk->events.push_back(MakeRecord(++reads_));
+    chunk->units_read = 1;
+    chunk->resume_cursor = std::to_string(reads_);
+    return true;
+  }
+  const Transform* OrderedStage() const override { return &tag_; }
+  std::string Describe() const override { return "numbered source"; }
+
+  std::vector<uint64_t> seen;
+
+ private:
+  Tag tag_;
+  uint64_t reads_ = 0;
+};
+
+// Sees every event tagged by the source's stage (it runs after it).
+class TagCheck : public Transform {
+ public:
+  std::string_view name() const override { return "tag_check"; }
+  bool ordered() const override { return true; }
+  Status Process(TransformState*, EventChunk* chunk) const override {
+    for (const Event& e : chunk->events) {
+      if (!std::get<RecordEvent>(e).rkey.ends_with("-tagged")) {
+        return Status::Internal("an event reached the caller's stage before the source's");
+      }
+    }
+    return Status::OK();
+  }
+};
+
+TEST(EngineTest, ASourceReadsItsChunksNumberAndItsOwnStageRunsFirstInOrder) {
+  NumberedSource source;
+  OrderCheck order;
+  TagCheck check;
+  RecordingSink sink;
+  RecordingCommitter committer;
+  auto kv = state::NewMemoryKvStore();
+  Engine engine(SmallBatches(), &source, {&check, &order}, &sink, kv.get(), &committer);
+  auto summary = engine.Run("");
+  ASSERT_TRUE(summary.ok()) << summary.status().ToString();
+  ASSERT_EQ(source.seen.size(), 20u);
+  for (uint64_t i = 0; i < source.seen.size(); ++i) EXPECT_EQ(source.seen[i], i);
+  EXPECT_EQ(sink.positions.size(), 20u);
+}
+
 TEST(EngineTest, ResumesFromCursor) {
   CountingSource source(10, 5);
   RecordingSink sink;

@@ -8,8 +8,11 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <map>
 #include <string>
+#include <thread>
 
 #include "state/repo_chains.hpp"
 #include "tests/common/job_harness.hpp"
@@ -249,6 +252,128 @@ TEST(FirehoseSource, FramesWaitingForKeysStayBoundedAndAllLand) {
             unbounded.consumed.stats.peak_waiting_bytes)
       << "bounded " << bounded.consumed.stats.peak_waiting_bytes << " unbounded "
       << unbounded.consumed.stats.peak_waiting_bytes;
+}
+
+// The collections change while the consumer runs (what POST /admin/collections and SIGHUP do
+// through LiveCollections): from the next chunk read on, the removed collections stop landing,
+// the kept one goes on whole.
+TEST(FirehoseSource, ACollectionRemovedWhileItRunsStopsLandingAndTheOthersGoOn) {
+  auto net = simnet::Simnet::Start(Network());
+  ASSERT_TRUE(net.ok()) << net.status().ToString();
+  auto log = simnet::BuildFirehoseLog((*net)->network(), simnet::FirehoseLogOptions{});
+  ASSERT_TRUE(log.ok()) << log.status().ToString();
+  const size_t frames = log->frames.size();
+  const int64_t third_seq = log->frames[frames / 3].seq;
+  // The collection with the most records is kept; the others are removed.
+  const auto truth = Truth(**net);
+  std::map<std::string, size_t> per_collection;
+  auto collection_of = [](const std::string& uri) {
+    const size_t a = uri.find('/', 5);
+    return uri.substr(a + 1, uri.find('/', a + 1) - a - 1);
+  };
+  for (const auto& [uri, cid] : truth) ++per_collection[collection_of(uri)];
+  ASSERT_GE(per_collection.size(), 2u);
+  std::string kept;
+  for (const auto& [c, n] : per_collection) {
+    if (kept.empty() || n > per_collection[kept]) kept = c;
+  }
+  // Slow enough that two thirds of the stream come after the change.
+  simnet::FirehoseRelayOptions ro;
+  ro.frames_per_second = static_cast<double>(frames) / 3.0;
+  auto relay = simnet::FirehoseRelay::Start(std::move(log->frames), ro);
+  ASSERT_TRUE(relay.ok()) << relay.status().ToString();
+
+  TempDir dir;
+  std::atomic<FirehoseSource*> running{nullptr};
+  std::unique_ptr<FirehoseSource> made;
+  testing::SourceJobRun run;
+  std::thread consumer([&] {
+    run = testing::RunSourceJob(
+        dir.path() / "state", (dir.path() / "db.sqlite").string(), "live", "live",
+        [&](state::KvStore& kv,
+            const state::JobRecord&) -> Result<std::unique_ptr<pipeline::Source>> {
+          ATFILL_ASSIGN_OR_RETURN(made, FirehoseSource::Create(Options(**net, **relay), &kv));
+          running = made.get();
+          return testing::Borrow(made.get());
+        },
+        nullptr,
+        [&](state::KvStore&, const state::JobRecord&) {
+          running = nullptr;
+          made.reset();
+        });
+  });
+  // Gate: the consumer has read a third of the stream (bounded: 30 s).
+  bool changed = false;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!changed && std::chrono::steady_clock::now() < deadline) {
+    FirehoseSource* s = running.load();
+    if (s != nullptr && s->stats().last_seq >= static_cast<uint64_t>(third_seq)) {
+      EXPECT_TRUE(s->SetCollections({kept}).ok());
+      EXPECT_TRUE(s->WaitFilterApplied(std::chrono::seconds(10)).ok());
+      EXPECT_TRUE(s->Consumes(kept));
+      EXPECT_FALSE(s->Consumes("app.example.removed"));
+      changed = true;
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
+  consumer.join();
+  ASSERT_TRUE(changed) << "the consumer never read a third of the stream";
+  EXPECT_EQ(run.job.stop_reason.code, "stream_idle") << run.job.stop_reason.sentence;
+
+  std::map<std::string, std::string> kept_truth, kept_table;
+  size_t removed_truth = 0, removed_table = 0;
+  for (const auto& [uri, cid] : truth) {
+    if (collection_of(uri) == kept) {
+      kept_truth[uri] = cid;
+    } else {
+      ++removed_truth;
+    }
+  }
+  for (const auto& [uri, cid] : testing::TableCids((dir.path() / "db.sqlite").string())) {
+    if (collection_of(uri) == kept) {
+      kept_table[uri] = cid;
+    } else {
+      ++removed_table;
+    }
+  }
+  EXPECT_TRUE(kept_table == kept_truth) << testing::DiffCids(kept_truth, kept_table);
+  // What the first third wrote of the removed collections landed; what came later did not.
+  EXPECT_GT(removed_table, 0u);
+  EXPECT_LT(removed_table, removed_truth);
+}
+
+// A repo whose PDS never answers getRepo stays desynchronized, its resync tried again and again:
+// a quiet run still ends after idle_exit_ms (the mark stays in state for the next run), and
+// neither the desyncs nor the failed resyncs count as failed records.
+TEST(FirehoseSource, AQuietRunEndsWhileResyncsStillFailAndDesyncsAreNotFailedRecords) {
+  simnet::SimnetOptions no = Network();
+  auto down = simnet::ParseFaultSpec("pds:error=always");
+  ASSERT_TRUE(down.ok()) << down.status().ToString();
+  no.faults = *down;
+  auto net = simnet::Simnet::Start(no);
+  ASSERT_TRUE(net.ok()) << net.status().ToString();
+  simnet::FirehoseLogOptions lo;
+  lo.seed = 7;
+  lo.sync_share = 0.3;
+  auto log = simnet::BuildFirehoseLog((*net)->network(), lo);
+  ASSERT_TRUE(log.ok()) << log.status().ToString();
+  ASSERT_GT(log->syncs, 0u);
+  auto relay = simnet::FirehoseRelay::Start(std::move(log->frames));
+  ASSERT_TRUE(relay.ok()) << relay.status().ToString();
+
+  TempDir dir;
+  FirehoseOptions o = Options(**net, **relay);
+  o.http.retry.max_attempts = 1;
+  Consumed run = Consume(dir.path(), o);
+  const state::JobRecord& job = run.job.job;
+  EXPECT_EQ(job.stop_reason.code, "stream_idle") << job.stop_reason.sentence;
+  EXPECT_EQ(Counter(job, "firehose_desync"), log->syncs);
+  EXPECT_GT(Counter(job, "firehose_failed"), 0u);
+  EXPECT_EQ(Counter(job, "firehose_resynced"), 0u);
+  EXPECT_EQ(run.desynchronized_left, log->syncs);
+  EXPECT_EQ(Counter(job, "firehose_refused"), 0u);
+  EXPECT_EQ(job.counters.failed_records, 0u);
 }
 
 }  // namespace

@@ -1,7 +1,9 @@
 // The relay firehose consumer (sources/firehose.hpp) against the reference PDS's own
 // com.atproto.sync.subscribeRepos (../shared/peers), consumed while the seed script writes: every
 // commit the PDS sent is verified (the counter equals the commits an independent reader counts),
-// none is refused, and the table ends equal to the manifests of both seedings.
+// none is refused, and the table ends equal to the manifests of both seedings. And with accounts
+// deactivated and taken down: their resyncs wait for them instead of being retried for ever, and
+// the quiet run ends by itself.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -145,6 +147,78 @@ TEST(PeersFirehoseTest, ThePdsFirehoseConsumedWhileTheSeedWritesEqualsTheManifes
   for (const auto& [k, n] : run.error_kinds) kinds += k + "=" + std::to_string(n) + " ";
   EXPECT_EQ(run.error_kinds.count("bad_signature") + run.error_kinds.count("bad_car"), 0u) << kinds;
   EXPECT_EQ(stats.refused, 0u);
+  EXPECT_TRUE(peers.Down().ok());
+}
+
+// The PDS answers getRepo of a deactivated or taken-down account with RepoDeactivated or
+// RepoTakendown. Their repos are not resynced until their accounts are active again: the resync is
+// put off (counted, shown), never counted as failed nor retried, and idle_exit_ms ends the run.
+// Desyncs are not failed records.
+TEST(PeersFirehoseTest, InactiveAccountsAreNotResyncedUntilActiveAndTheQuietRunEnds) {
+  ATFILL_SHARED_PATH(harness, "peers/network.sh");
+  auto up = PeerNetwork::Up(SharedDir().string(), ATFILL_PEERS_HOME,
+                            {"--accounts", "3", "--records", "5", "--prefix", "inact",
+                             "--deactivate", "1", "--takedown", "1"});
+  ASSERT_TRUE(up.ok()) << up.status().ToString();
+  PeerNetwork& peers = **up;
+  size_t inactive = 0;
+  std::map<std::string, std::string> active_records;
+  for (const PeerAccount& a : peers.manifest().accounts) {
+    if (!a.active) {
+      ++inactive;
+      continue;
+    }
+    for (const PeerRecord& r : a.records) active_records[r.uri] = r.cid;
+  }
+  ASSERT_EQ(inactive, 2u);
+  ASSERT_FALSE(active_records.empty());
+  TempDir dir;
+  sources::FirehoseOptions o;
+  o.hosts = {WsOf(peers.pds_url_ip())};
+  o.start_seq = 1;
+  o.idle_exit_ms = 3000;
+  o.tick_ms = 20;
+  o.resolver.plc_url = peers.plc_url();
+  o.resolver.allow_loopback_endpoints = true;
+  o.http.allow_private_addresses = true;
+  o.resync_retry_ms = 100;
+  std::unique_ptr<sources::FirehoseSource> made;
+  sources::FirehoseStats stats;
+  const auto started = std::chrono::steady_clock::now();
+  SourceJobRun run = RunSourceJob(
+      dir.path() / "state", (dir.path() / "db.sqlite").string(), "live", "live",
+      [&](state::KvStore& kv,
+          const state::JobRecord&) -> Result<std::unique_ptr<pipeline::Source>> {
+        ATFILL_ASSIGN_OR_RETURN(made, sources::FirehoseSource::Create(o, &kv));
+        return Borrow(made.get());
+      },
+      nullptr,
+      [&](state::KvStore&, const state::JobRecord&) {
+        if (made != nullptr) stats = made->stats();
+        made.reset();
+      });
+  const state::JobRecord& job = run.job;
+  EXPECT_EQ(job.stop_reason.code, "stream_idle") << job.stop_reason.sentence;
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(60));
+  std::string kinds;
+  for (const auto& [k, n] : run.error_kinds) kinds += k + "=" + std::to_string(n) + " ";
+  // Both inactive accounts are known as such, their resyncs waiting; none failed or was retried.
+  EXPECT_EQ(stats.inactive, 2u) << kinds;
+  EXPECT_EQ(Counter(job, "firehose_failed"), 0u) << kinds;
+  EXPECT_LE(Counter(job, "firehose_resync_deferred"), 2u) << kinds;
+  EXPECT_LE(stats.resyncs_started, Counter(job, "firehose_desync")) << kinds;
+  EXPECT_EQ(Counter(job, "firehose_refused"), 0u) << kinds;
+  // A desync is a repo's state, not a record that failed.
+  EXPECT_GT(Counter(job, "firehose_desync"), 0u) << kinds;
+  EXPECT_EQ(job.counters.failed_records, 0u) << kinds;
+  // The active account's records all landed.
+  std::map<std::string, std::string> table;
+  auto rows = sinks::ReadAllRecords((dir.path() / "db.sqlite").string());
+  ASSERT_TRUE(rows.ok()) << rows.status().ToString();
+  for (const auto& r : *rows) {
+    if (active_records.contains(r.uri)) table[r.uri] = r.cid;
+  }
+  EXPECT_EQ(table, active_records);
   EXPECT_TRUE(peers.Down().ok());
 }
 
