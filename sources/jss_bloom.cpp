@@ -10,6 +10,8 @@
 #include <cstring>
 #include <limits>
 
+#include "sources/jss_internal.hpp"
+
 namespace atfill::jss {
 namespace {
 
@@ -68,20 +70,6 @@ uint32_t Crc(const uint8_t* data, size_t size) {
   Crc32c crc;
   crc.process_bytes(data, size);
   return crc.checksum();
-}
-
-template <typename T>
-T Load(const uint8_t* p) {
-  T v;
-  std::memcpy(&v, p, sizeof(T));
-  return v;
-}
-
-template <typename T>
-void Append(std::string* out, T v) {
-  char buf[sizeof(T)];
-  std::memcpy(buf, &v, sizeof(T));
-  out->append(buf, sizeof(T));
 }
 
 uint32_t Intra(const DidHash& h) {
@@ -208,12 +196,12 @@ void Bloom::AppendTo(std::string* out) const {
   const size_t start = out->size();
   out->reserve(start + serialized_size());
   out->push_back(static_cast<char>(kVersion));
-  Append<uint32_t>(out, k_);
-  Append<uint64_t>(out, num_blocks());
-  Append<uint64_t>(out, count_);
+  Put<uint32_t>(out, k_);
+  Put<uint64_t>(out, num_blocks());
+  Put<uint64_t>(out, count_);
   out->append(reinterpret_cast<const char*>(words_.data()), words_.size() * 8);
-  Append<uint32_t>(out,
-                   Crc(reinterpret_cast<const uint8_t*>(out->data()) + start, out->size() - start));
+  Put<uint32_t>(out,
+                Crc(reinterpret_cast<const uint8_t*>(out->data()) + start, out->size() - start));
 }
 
 std::string Bloom::Serialize() const {

@@ -1,4 +1,5 @@
-// Relay firehose frames (sources::DecodeFirehoseFrame) and the sync 1.1 commit verifier
+// Relay firehose frames (sources::DecodeFirehoseFrame, and PeekFirehoseFrame, whose head must be
+// the decoded frame's when both read it) and the sync 1.1 commit verifier
 // (VerifyFirehoseCommit, VerifyFirehoseSync): on any bytes, an error with a kind and a sentence,
 // never a crash. A decoded commit is verified with its repo's key when the shared capture has the
 // DID's document (so mutations of real frames reach the signature and the MST inversion), and its
@@ -105,7 +106,13 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   sources::FirehoseFrame frame;
   std::string kind;
+  sources::FirehoseHead head;
+  const bool peeked = sources::PeekFirehoseFrame({data, size}, &head);
   const atfill::Status decoded = sources::DecodeFirehoseFrame({data, size}, &frame, &kind);
+  if (peeked && decoded.ok()) {
+    Check(head.kind == frame.kind() && head.seq == frame.seq() && head.did == frame.did(),
+          "the head read is the decoded frame's");
+  }
   if (!decoded.ok()) {
     Check(!kind.empty() && !decoded.message().empty(), "a refused frame has a kind and a reason");
     return 0;

@@ -394,6 +394,62 @@ TEST(FirehoseFramesTest, OtherFramesAndMalformedOnes) {
   EXPECT_EQ(DecodeKind(trailing), "bad_cbor");
 }
 
+// The head a reader routes by (PeekFirehoseFrame) is the decoded frame's, for every frame of the
+// relay capture (real production bytes) and every kind; frames it does not route (info, error,
+// unknown types) and malformed ones give no head, and no cut or flipped frame crashes it.
+TEST(FirehoseFramesTest, TheHeadReadWithoutDecodingIsTheDecodedFramesHead) {
+  ATFILL_SHARED_PATH(dir, kCorpusDir);
+  Corpus corpus;
+  LoadCorpus(dir, &corpus);
+  ASSERT_FALSE(HasFatalFailure());
+  size_t commits = 0;
+  for (const Bytes& bytes : corpus.frames) {
+    FirehoseFrame frame = Decode(bytes);
+    FirehoseHead head;
+    const bool routed = frame.kind() < FirehoseKind::kInfo;
+    ASSERT_EQ(PeekFirehoseFrame(bytes, &head), routed);
+    if (!routed) continue;
+    EXPECT_EQ(head.kind, frame.kind());
+    EXPECT_EQ(head.seq, frame.seq());
+    EXPECT_EQ(head.did, frame.did());
+    if (frame.kind() == FirehoseKind::kCommit) {
+      EXPECT_EQ(head.time, std::get<FirehoseCommit>(frame.payload).time);
+      ++commits;
+    }
+  }
+  EXPECT_GT(commits, 0u);
+
+  Value account = Value::MakeMap({{"seq", Value::Int(5)},
+                                  {"did", Value::String("did:plc:abcdefghijklmnopqrstuvwx")},
+                                  {"time", Value::String("2024-01-01T00:00:00Z")},
+                                  {"active", Value::Bool(false)}});
+  account.Canonicalize();
+  FirehoseHead head;
+  ASSERT_TRUE(PeekFirehoseFrame(Frame(Header(1, "#account"), account), &head));
+  EXPECT_EQ(head.kind, FirehoseKind::kAccount);
+  EXPECT_EQ(head.seq, 5);
+  EXPECT_EQ(head.did, "did:plc:abcdefghijklmnopqrstuvwx");
+  EXPECT_EQ(head.time, "2024-01-01T00:00:00Z");
+  Value info = Value::MakeMap({{"name", Value::String("OutdatedCursor")}});
+  EXPECT_FALSE(PeekFirehoseFrame(Frame(Header(1, "#info"), info), &head));
+  EXPECT_FALSE(PeekFirehoseFrame(Frame(Header(-1), info), &head));
+  EXPECT_FALSE(PeekFirehoseFrame(Frame(Header(1, "#labels"), account), &head));
+  EXPECT_FALSE(PeekFirehoseFrame(Frame(Header(1, "#account"), info), &head));  // no seq, no did
+  const Bytes good = Frame(Header(1, "#account"), account);
+  for (size_t n = 0; n < good.size(); ++n) {
+    EXPECT_FALSE(PeekFirehoseFrame(ByteView(good).first(n), &head)) << n;
+  }
+  Bytes trailing = good;
+  trailing.push_back(0);
+  EXPECT_FALSE(PeekFirehoseFrame(trailing, &head));
+  const Bytes& frame = corpus.frames.front();
+  for (size_t i = 0; i < frame.size(); i += 3) {
+    Bytes copy = frame;
+    copy[i] ^= 0x20;
+    (void)PeekFirehoseFrame(copy, &head);
+  }
+}
+
 TEST(FirehoseFramesTest, CorpusFramesCutOrFlippedAreErrorsNeverCrashes) {
   ATFILL_SHARED_PATH(dir, kCorpusDir);
   Corpus corpus;
