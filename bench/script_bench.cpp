@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "atproto/json.hpp"
-#include "stages/script.hpp"
+#include "stages/script/script.hpp"
 
 namespace atfill::stages {
 namespace {

@@ -45,7 +45,7 @@ set(ATFILL_PUBLIC_HEADERS
   pipeline/job_controller.hpp pipeline/config.hpp pipeline/shard.hpp
   sources/components.hpp sources/event_file.hpp sources/jetstream.hpp sources/replay.hpp
   sources/crawl/crawl_source.hpp
-  stages/components.hpp stages/cid_verify.hpp stages/ingest_guard.hpp stages/script.hpp
+  stages/components.hpp stages/cid_verify.hpp stages/ingest_guard.hpp stages/script/script.hpp
   stages/account_check.hpp
   sinks/components.hpp sinks/sqlite_sink.hpp sinks/sqlite_reader.hpp sinks/postgres_sink.hpp
   sinks/postgres_reader.hpp sinks/dry_run_sink.hpp

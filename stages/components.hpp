@@ -6,7 +6,7 @@
 
 #include "pipeline/components.hpp"
 #include "stages/account_check.hpp"
-#include "stages/script.hpp"
+#include "stages/script/script.hpp"
 
 namespace atfill::stages {
 

@@ -1,6 +1,6 @@
 // The Lua record-script stage on its own: rewrites, drops, errors and retries, the sandbox, the
 // get_record helper and per-worker states.
-#include "stages/script.hpp"
+#include "stages/script/script.hpp"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -106,7 +106,7 @@ class ScriptStage : public pipeline::AsyncTransform {
 
   std::string_view name() const override { return "script"; }
   // A fresh Lua state with every script loaded. Thread-safe (each call builds its own state).
-  // When the state cannot be built, the returned state holds the error and Process returns it.
+  // When the state cannot be built, the returned state holds the error and Start reports it.
   std::unique_ptr<pipeline::TransformState> NewState() const override;
   // `state` must come from this stage's NewState and be used by one thread at a time. Returns
   // false when the chunk is done; true when a retry's backoff is due: the chunk waits on the
