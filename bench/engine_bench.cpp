@@ -33,7 +33,7 @@
 #include "pipeline/plan.hpp"
 #include "pipeline/run.hpp"
 #include "sinks/sqlite_sink.hpp"
-#include "sources/event_file.hpp"
+#include "sources/files/event_file.hpp"
 #include "stages/cid_verify.hpp"
 #include "stages/ingest_guard.hpp"
 #include "state/kv_store.hpp"

@@ -48,7 +48,7 @@
 #include "bench/jetstream_backlog.hpp"
 #include "pipeline/event.hpp"
 #include "sinks/sqlite_sink.hpp"
-#include "sources/event_file.hpp"
+#include "sources/files/event_file.hpp"
 #include "tools/gen/event_gen.hpp"
 #include "tools/simnet/simnet.hpp"
 

@@ -1,4 +1,4 @@
-// Replay of a local Jetstream v2 archive (sources/replay.hpp) end to end: 5,000,000 generated
+// Replay of a local Jetstream v2 archive (sources/archive/replay.hpp) end to end: 5,000,000 generated
 // create events (~400 B records, 10,000 accounts, interleaved as an archive is) written once as
 // .jss segments (4,096 rows a block, 256 MiB segments) by ArchiveWriter, then replayed through CID
 // verification and the ingest guard into SQLite, the job's state in RocksDB. records/s and the
@@ -49,10 +49,10 @@
 #include "sinks/dry_run_sink.hpp"
 #include "sinks/postgres_sink.hpp"
 #include "sinks/sqlite_sink.hpp"
-#include "sources/archive.hpp"
-#include "sources/archive_writer.hpp"
-#include "sources/jetstream_frames.hpp"
-#include "sources/replay.hpp"
+#include "sources/archive/archive.hpp"
+#include "sources/archive/archive_writer.hpp"
+#include "sources/jetstream/jetstream_frames.hpp"
+#include "sources/archive/replay.hpp"
 #include "stages/cid_verify.hpp"
 #include "stages/ingest_guard.hpp"
 #include "state/kv_store.hpp"

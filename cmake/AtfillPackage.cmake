@@ -43,7 +43,7 @@ set(ATFILL_PUBLIC_HEADERS
   pipeline/event.hpp pipeline/source.hpp pipeline/transform.hpp pipeline/sink.hpp
   pipeline/plan.hpp pipeline/run.hpp pipeline/components.hpp pipeline/process_state.hpp
   pipeline/job_controller.hpp pipeline/config.hpp pipeline/shard.hpp
-  sources/components.hpp sources/event_file.hpp sources/jetstream.hpp sources/replay.hpp
+  sources/components.hpp sources/files/event_file.hpp sources/jetstream/jetstream.hpp sources/archive/replay.hpp
   sources/crawl/crawl_source.hpp
   stages/components.hpp stages/cid_verify.hpp stages/ingest_guard.hpp stages/script/script.hpp
   stages/account_check.hpp

@@ -1,6 +1,6 @@
 // Labels (com.atproto.label.defs#label) as a labeler's subscribeLabels stream delivers them, and
 // the interface of the sinks that store them. Labels do not flow through the record graph: they
-// have no repo, rev or tombstone, so the label subscription (sources/labeler.hpp) batches them
+// have no repo, rev or tombstone, so the label subscription (sources/labels/labeler.hpp) batches them
 // into a LabelSink of their own and commits its cursor after each batch.
 #pragma once
 

@@ -7,9 +7,9 @@
 
 #include "net/http_client.hpp"
 #include "pipeline/run.hpp"
-#include "sources/archive_http.hpp"
+#include "sources/archive/archive_http.hpp"
 #include "sources/crawl/resolver.hpp"
-#include "sources/pds_account_status.hpp"
+#include "sources/crawl/pds_account_status.hpp"
 #include "state/resolver_cache.hpp"
 
 namespace atfill::sources {
@@ -208,7 +208,7 @@ Status ReadLive(ConfigFile& file, SourceSettings& c) {
   return pipeline::ReadBatchOptions(file, "live", &c.live_batch);
 }
 
-// [labels]: the labelers followed beside the live consumer (sources/labeler.hpp). Their DID
+// [labels]: the labelers followed beside the live consumer (sources/labels/labeler.hpp). Their DID
 // documents come from [resolver]'s PLC directory, over [net]'s HTTP settings.
 Status ReadLabels(ConfigFile& file, SourceSettings& c) {
   LabelerOptions& l = c.labels;
@@ -285,7 +285,7 @@ Status Unrunnable(const state::JobRecord& job, const Status& s) {
   return Status::Invalid("job " + std::to_string(job.id) + ": " + s.message());
 }
 
-// A replay job: the job's collections read from its archive (sources/replay.hpp).
+// A replay job: the job's collections read from its archive (sources/archive/replay.hpp).
 Status PlanReplay(const pipeline::Environment& env, pipeline::PlanDraft& draft) {
   const SourceSettings& settings = Of(env);
   state::JobRecord& job = *draft.job;
@@ -352,7 +352,7 @@ Status PlanCrawl(const pipeline::Environment& env, pipeline::PlanDraft& draft) {
 }
 
 // A verify job: the repos it names (or every stored one) compared with their PDSs, and repaired
-// when asked (sources/verify_source.hpp), over the [crawl] network options.
+// when asked (sources/verify/verify_source.hpp), over the [crawl] network options.
 Status PlanVerify(const pipeline::Environment& env, pipeline::PlanDraft& draft) {
   const SourceSettings& settings = Of(env);
   state::JobRecord& job = *draft.job;

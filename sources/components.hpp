@@ -16,16 +16,16 @@
 
 #include "base/status.hpp"
 #include "pipeline/components.hpp"
-#include "sources/archive.hpp"
+#include "sources/archive/archive.hpp"
 #include "sources/crawl/crawl_source.hpp"
-#include "sources/event_file.hpp"
-#include "sources/firehose.hpp"
-#include "sources/jetstream.hpp"
-#include "sources/labeler.hpp"
+#include "sources/files/event_file.hpp"
+#include "sources/firehose/firehose.hpp"
+#include "sources/jetstream/jetstream.hpp"
+#include "sources/labels/labeler.hpp"
 #include "sources/live_collections.hpp"
-#include "sources/replay.hpp"
+#include "sources/archive/replay.hpp"
 #include "sources/verify_schedule.hpp"
-#include "sources/verify_source.hpp"
+#include "sources/verify/verify_source.hpp"
 
 namespace atfill::sources {
 
@@ -41,7 +41,7 @@ struct SourceSettings {
   JetstreamOptions live;   // [live] (no hosts: no live consumer)
   // [live] protocol = "firehose": the hosts are relays (or PDSs) whose
   // com.atproto.sync.subscribeRepos the live consumer reads, verifying every commit
-  // (sources/firehose.hpp), instead of Jetstreams. live.protocol is then left at auto.
+  // (sources/firehose/firehose.hpp), instead of Jetstreams. live.protocol is then left at auto.
   bool live_firehose = false;
   // [live] max_resyncs_in_flight, resync_retry_ms, max_waiting_mb: the firehose's own options
   // (with protocol = "firehose"); the rest of it is made from `live` and `crawl` when planned.

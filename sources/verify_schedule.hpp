@@ -13,7 +13,7 @@
 #include "base/status.hpp"
 #include "pipeline/components.hpp"
 #include "pipeline/job_controller.hpp"
-#include "sources/verify_source.hpp"
+#include "sources/verify/verify_source.hpp"
 
 namespace atfill::sources {
 

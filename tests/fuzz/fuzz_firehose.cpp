@@ -16,8 +16,8 @@
 
 #include "atproto/mst_edit.hpp"
 #include "sources/crawl/resolver.hpp"
-#include "sources/firehose_frames.hpp"
-#include "sources/jetstream_frames.hpp"
+#include "sources/firehose/firehose_frames.hpp"
+#include "sources/jetstream/jetstream_frames.hpp"
 #include "tests/fuzz/fuzz_util.hpp"
 
 namespace {

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <string>
 
-#include "sources/jss.hpp"
+#include "sources/archive/jss.hpp"
 #include "tests/fuzz/jss_checks.hpp"
 
 namespace {

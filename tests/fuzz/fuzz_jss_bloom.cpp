@@ -7,7 +7,7 @@
 #include <cstring>
 #include <string>
 
-#include "sources/jss_bloom.hpp"
+#include "sources/archive/jss_bloom.hpp"
 #include "tests/fuzz/fuzz_util.hpp"
 
 namespace {

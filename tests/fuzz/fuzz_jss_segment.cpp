@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "sources/jss.hpp"
+#include "sources/archive/jss.hpp"
 #include "tests/fuzz/fuzz_util.hpp"
 #include "tests/fuzz/jss_checks.hpp"
 

@@ -1,4 +1,4 @@
-// subscribeLabels frames (sources/label_frames.hpp): any bytes decode to a frame or an error,
+// subscribeLabels frames (sources/labels/label_frames.hpp): any bytes decode to a frame or an error,
 // never a crash; every label decoded is checked against a key (which refuses it or not, never
 // crashes), and the bytes its signature covers are one DAG-CBOR map without `sig`.
 #include <cstddef>
@@ -7,7 +7,7 @@
 
 #include "atproto/cbor.hpp"
 #include "atproto/crypto.hpp"
-#include "sources/label_frames.hpp"
+#include "sources/labels/label_frames.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace atfill;

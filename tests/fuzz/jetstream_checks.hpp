@@ -10,7 +10,7 @@
 
 #include "atproto/syntax.hpp"
 #include "atproto/tid.hpp"
-#include "sources/jetstream_frames.hpp"
+#include "sources/jetstream/jetstream_frames.hpp"
 #include "tests/fuzz/fuzz_util.hpp"
 
 namespace atfill::fuzz {

@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "sources/jss.hpp"
+#include "sources/archive/jss.hpp"
 #include "tests/fuzz/fuzz_util.hpp"
 
 namespace atfill::fuzz {

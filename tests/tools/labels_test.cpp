@@ -20,7 +20,7 @@
 #include "atproto/crypto.hpp"
 #include "atproto/syntax.hpp"
 #include "sinks/label_sinks.hpp"
-#include "sources/label_frames.hpp"
+#include "sources/labels/label_frames.hpp"
 #include "tests/common/job_harness.hpp"
 #include "tests/common/pg_server.hpp"
 #include "tests/common/process.hpp"

@@ -17,8 +17,8 @@
 #include "atproto/tid.hpp"
 #include "pipeline/event.hpp"
 #include "sinks/sqlite_reader.hpp"
-#include "sources/archive_writer.hpp"
-#include "sources/jss.hpp"
+#include "sources/archive/archive_writer.hpp"
+#include "sources/archive/jss.hpp"
 #include "tests/common/process.hpp"
 #include "tools/simnet/simnet.hpp"
 

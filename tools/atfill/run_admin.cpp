@@ -10,7 +10,7 @@
 
 #include "net/http_client.hpp"
 #include "pipeline/job.hpp"
-#include "sources/labeler.hpp"
+#include "sources/labels/labeler.hpp"
 #include "tools/atfill/admin/admin_server.hpp"
 #include "tools/atfill/admin/metrics.hpp"
 #include "tools/atfill/cli.hpp"

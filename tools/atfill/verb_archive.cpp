@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "sources/archive_fill.hpp"
+#include "sources/archive/archive_fill.hpp"
 #include "tools/atfill/app_config.hpp"
 #include "tools/atfill/args.hpp"
 #include "tools/atfill/cli.hpp"

@@ -196,7 +196,7 @@ int RunRun(std::span<char* const> args) {
   // (its destructor stops them, writing what they hold first).
   std::unique_ptr<sources::LabelThread> labels;
   if (!config->sources().labels.labelers.empty()) {
-    auto started = sources::LabelThread::Start(EnvOf(*config, *st));
+    auto started = sources::LabelThread::Start(EnvOf(*config, *st), config->sources().labels);
     if (!started.ok()) return Fail("run", started.status().message(), kExitIo);
     labels = std::move(*started);
   }

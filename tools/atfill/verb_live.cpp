@@ -6,8 +6,8 @@
 #include <cstdio>
 
 #include "pipeline/job.hpp"
-#include "sources/jetstream.hpp"
-#include "sources/labeler.hpp"
+#include "sources/jetstream/jetstream.hpp"
+#include "sources/labels/labeler.hpp"
 #include "tools/atfill/app_config.hpp"
 #include "tools/atfill/args.hpp"
 #include "tools/atfill/cli.hpp"

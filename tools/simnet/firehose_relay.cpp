@@ -20,7 +20,7 @@
 #include "atproto/repo.hpp"
 #include "atproto/tid.hpp"
 #include "base/low_port.hpp"
-#include "sources/firehose_frames.hpp"
+#include "sources/firehose/firehose_frames.hpp"
 
 namespace atfill::simnet {
 

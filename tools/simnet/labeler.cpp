@@ -12,7 +12,7 @@
 #include "atproto/syntax.hpp"
 #include "base/json_writer.hpp"
 #include "base/sha256.hpp"
-#include "sources/label_frames.hpp"
+#include "sources/labels/label_frames.hpp"
 #include "tools/simnet/http_util.hpp"
 #include "tools/simnet/simnet.hpp"
 
