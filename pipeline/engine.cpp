@@ -1,5 +1,7 @@
 #include "pipeline/engine.hpp"
 
+#include "base/clock.hpp"
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -129,11 +131,7 @@ class ChunkPool {
 
 }  // namespace
 
-int64_t NowMicros() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
+int64_t NowMicros() { return SystemNowUs(); }
 
 Status SinkRetryOptions::Validate() const {
   if (initial_delay_ms <= 0) return Status::Invalid("sink retry initial delay must be positive");

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/clock.hpp"
 #include "sinks/event_checks.hpp"
 #include "sinks/intern_cache.hpp"
 #include "sinks/postgres_schema.hpp"
@@ -29,12 +30,6 @@ using pipeline::Event;
 using pipeline::Operation;
 using pipeline::RecordEvent;
 using pipeline::WriteStats;
-
-int64_t SystemNowUs() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 constexpr uint32_t kNoSlot = UINT32_MAX;
 

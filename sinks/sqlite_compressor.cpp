@@ -6,6 +6,7 @@
 #include <chrono>
 #include <utility>
 
+#include "base/clock.hpp"
 #include "sinks/sqlite_schema.hpp"
 
 namespace atfill::sinks::sqlite {
@@ -19,12 +20,6 @@ constexpr size_t kMaxLoadedDictionaries = 512;
 // Where a zstd dictionary keeps its id (RFC 8878, "Dictionary Format": 4 bytes of magic number,
 // then the id, little-endian). Frames made with the dictionary name that id.
 constexpr size_t kDictionaryIdOffset = 4;
-
-int64_t NowUs() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 }  // namespace
 
@@ -135,7 +130,7 @@ Status Compressor::Train(int64_t collection_id, Collection& c) {
     sqlite3_bind_int64(s, 2, collection_id);
     sqlite3_bind_blob(s, 3, dict.data(), static_cast<int>(dict.size()), SQLITE_STATIC);
     sqlite3_bind_int64(s, 4, static_cast<int64_t>(sizes.size()));
-    sqlite3_bind_int64(s, 5, NowUs());
+    sqlite3_bind_int64(s, 5, SystemNowUs());
     const int rc = sqlite3_step(s);
     if (rc != SQLITE_DONE) return ErrorStatus(db_, rc, "storing a dictionary");
   }

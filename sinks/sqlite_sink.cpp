@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "atproto/cid.hpp"
+#include "base/clock.hpp"
 #include "sinks/event_checks.hpp"
 #include "sinks/intern_cache.hpp"
 #include "sinks/sqlite_checkpointer.hpp"
@@ -36,12 +37,6 @@ using sqlite::BindTextOrNull;
 using sqlite::ColumnText;
 using sqlite::ResetOnExit;
 using sqlite::Stmt;
-
-int64_t SystemNowUs() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 // zstd's trainer needs a few samples to learn from at all; past the maximum, the bodies held for
 // training would cost more memory than a dictionary saves.

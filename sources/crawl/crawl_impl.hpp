@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/clock.hpp"
 #include "net/endpoint.hpp"
 #include "net/xrpc_error.hpp"
 #include "pipeline/engine.hpp"
@@ -35,9 +36,6 @@
 #include "state/work_queue.hpp"
 
 namespace atfill::sources {
-
-// The steady clock in milliseconds: retry delays and the scheduler's time.
-int64_t SteadyMs();
 
 struct CrawlSource::Impl {
   using EventChunk = pipeline::EventChunk;

@@ -2,16 +2,11 @@
 
 #include <chrono>
 
+#include "base/clock.hpp"
 #include "net/endpoint.hpp"
 #include "sources/crawl/crawl_impl.hpp"
 
 namespace atfill::sources {
-
-int64_t SteadyMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 using pipeline::EventChunk;
 

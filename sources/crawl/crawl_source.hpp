@@ -46,7 +46,7 @@
 
 #include "base/status.hpp"
 #include "net/http_client.hpp"
-#include "pipeline/components.hpp"
+#include "pipeline/sink_readers.hpp"
 #include "pipeline/source.hpp"
 #include "sources/crawl/options.hpp"
 #include "state/kv_store.hpp"

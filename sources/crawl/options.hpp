@@ -9,7 +9,6 @@
 
 #include "base/status.hpp"
 #include "net/http_client.hpp"
-#include "pipeline/components.hpp"
 #include "pipeline/shard.hpp"
 #include "sources/crawl/fetcher.hpp"
 #include "sources/crawl/resolver.hpp"

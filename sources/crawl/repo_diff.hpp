@@ -30,8 +30,8 @@
 
 #include "atproto/repo.hpp"
 #include "base/status.hpp"
-#include "pipeline/components.hpp"
 #include "pipeline/event.hpp"
+#include "pipeline/sink_readers.hpp"
 #include "sources/crawl/fetcher.hpp"
 
 namespace atfill::sources {

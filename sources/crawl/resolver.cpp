@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "atproto/syntax.hpp"
+#include "base/clock.hpp"
 #include "net/endpoint.hpp"
 
 namespace atfill::sources {
@@ -26,12 +27,6 @@ constexpr int64_t kMaxTimeoutMs = 600'000;
 constexpr uint64_t kMaxDocumentBytesCap = uint64_t{16} << 20;
 // Input echoed into messages is cut to this many bytes.
 constexpr size_t kMaxShownBytes = 200;
-
-int64_t SystemNowUs() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 // `text` as it may appear in a message: quoted, control and non-ASCII bytes as '?', cut short.
 std::string Shown(std::string_view text) {

@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "atproto/syntax.hpp"
+#include "base/clock.hpp"
 #include "base/strings.hpp"
 #include "net/xrpc_error.hpp"
 #include "pipeline/event.hpp"
@@ -12,12 +13,6 @@
 namespace atfill::sources {
 
 namespace {
-
-int64_t SteadyMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 int64_t TimeUs(std::string_view rfc3339) {
   auto t = atproto::Datetime::Parse(rfc3339);

@@ -14,6 +14,7 @@
 
 #include "atproto/syntax.hpp"
 #include "base/bytes.hpp"
+#include "base/clock.hpp"
 #include "base/json_writer.hpp"
 #include "base/patterns.hpp"
 #include "base/strings.hpp"
@@ -87,12 +88,6 @@ int HostIndexIn(const std::vector<std::string>& hosts, const std::string& host) 
     if (hosts[i] == host) return static_cast<int>(i);
   }
   return -2;
-}
-
-int64_t SteadyMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
 }
 
 }  // namespace

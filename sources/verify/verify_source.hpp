@@ -35,7 +35,7 @@
 #include <vector>
 
 #include "base/status.hpp"
-#include "pipeline/components.hpp"
+#include "pipeline/sink_readers.hpp"
 #include "pipeline/source.hpp"
 #include "sources/crawl/options.hpp"
 #include "state/kv_store.hpp"
