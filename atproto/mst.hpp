@@ -47,6 +47,10 @@ struct MstNode {
 // Decodes a node block and checks its shape (fields, types, prefix lengths, canonical prefix
 // compression, strictly increasing valid keys). Heights are the walker's job.
 Result<MstNode> DecodeMstNode(ByteView block);
+// The same through the general DAG-CBOR decoder (a value tree): what DecodeMstNode falls back to
+// for a block that is not a canonical node, so that its error names the problem; tests check
+// the fast path against it.
+Result<MstNode> DecodeMstNodeValue(ByteView block);
 // Canonical DAG-CBOR of a node (keys prefix-compressed against the previous entry).
 Bytes EncodeMstNode(const MstNode& node);
 

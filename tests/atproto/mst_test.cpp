@@ -362,6 +362,80 @@ TEST(MstNodeCodec, RejectsMalformedNodes) {
   EXPECT_FALSE(DecodeMstNode(Bytes{0xff}).ok());
 }
 
+// The node codec written directly agrees with the general DAG-CBOR codec: the encoding is the one
+// EncodeCbor gives the node's value, and DecodeMstNode's fast path decodes what it accepts to the
+// node DecodeMstNodeValue gives, and leaves the rest to it (same error). Nodes of a large tree,
+// then every truncation and many single-byte changes of some of them.
+TEST(MstNodeCodec, MstNodeDecodersAgree) {
+  auto reference_encoding = [](const MstNode& node) {
+    Value::Array entries;
+    std::string_view prev;
+    for (const MstNode::Entry& entry : node.entries) {
+      const size_t prefix = MstCommonPrefixLength(prev, entry.key);
+      const ByteView suffix = AsBytes(entry.key).subspan(prefix);
+      Value::Map fields;
+      fields.emplace_back("k", Value::BytesValue(Bytes(suffix.begin(), suffix.end())));
+      fields.emplace_back("p", Value::Int(static_cast<int64_t>(prefix)));
+      fields.emplace_back("t", entry.tree ? Value::Link(*entry.tree) : Value::Null());
+      fields.emplace_back("v", Value::Link(entry.value));
+      entries.push_back(Value::MakeMap(std::move(fields)));
+      prev = entry.key;
+    }
+    Value::Map fields;
+    fields.emplace_back("e", Value::MakeArray(std::move(entries)));
+    fields.emplace_back("l", node.left ? Value::Link(*node.left) : Value::Null());
+    return EncodeCbor(Value::MakeMap(std::move(fields)));
+  };
+  auto same = [](const Result<MstNode>& a, const Result<MstNode>& b) {
+    if (a.ok() != b.ok()) return false;
+    if (!a.ok()) return a.status().ToString() == b.status().ToString();
+    if (a->left != b->left || a->entries.size() != b->entries.size()) return false;
+    for (size_t i = 0; i < a->entries.size(); ++i) {
+      const auto& x = a->entries[i];
+      const auto& y = b->entries[i];
+      if (x.key != y.key || x.value != y.value || x.tree != y.tree) return false;
+    }
+    return true;
+  };
+  std::vector<std::string> keys;
+  for (int i = 0; i < 2000; ++i) {
+    keys.push_back((i % 4 == 0 ? "app.bsky.graph.follow/" : "app.bsky.feed.like/") +
+                   std::to_string(3000000 + i * 7919 % 1000000));
+  }
+  std::sort(keys.begin(), keys.end());
+  keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
+  std::vector<std::pair<Cid, Bytes>> nodes;
+  ASSERT_TRUE(BuildMst(Entries(keys), &nodes).ok());
+  ASSERT_GT(nodes.size(), 10u);
+  size_t mutated = 0, refused = 0;
+  for (size_t n = 0; n < nodes.size(); ++n) {
+    const Bytes& bytes = nodes[n].second;
+    auto node = DecodeMstNode(bytes);
+    ASSERT_TRUE(node.ok()) << node.status().ToString();
+    ASSERT_TRUE(same(node, DecodeMstNodeValue(bytes)));
+    EXPECT_EQ(EncodeMstNode(*node), reference_encoding(*node));
+    EXPECT_EQ(EncodeMstNode(*node), bytes);
+    if (n % 5 != 0) continue;
+    for (size_t cut = 0; cut < bytes.size(); ++cut) {
+      const Bytes part(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(cut));
+      ASSERT_TRUE(same(DecodeMstNode(part), DecodeMstNodeValue(part))) << cut;
+    }
+    for (size_t i = 0; i < bytes.size(); ++i) {
+      for (uint8_t flip : {0x01, 0x20, 0x80}) {
+        Bytes copy = bytes;
+        copy[i] ^= flip;
+        const auto fast = DecodeMstNode(copy);
+        ASSERT_TRUE(same(fast, DecodeMstNodeValue(copy))) << "byte " << i << " ^ " << int(flip);
+        ++mutated;
+        if (!fast.ok()) ++refused;
+      }
+    }
+  }
+  EXPECT_GT(mutated, 1000u);
+  EXPECT_GT(refused, 0u);
+  EXPECT_LT(refused, mutated);  // some changes land in a key or a CID's digest and still decode
+}
+
 TEST(MstWalk, MissingNodesAreNamed) {
   BlockStore empty;
   const Cid root = ValueCid(77);
