@@ -1,5 +1,7 @@
 #include "sources/archive/replay.hpp"
 
+#include "sources/archive/replay_impl.hpp"
+
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
@@ -192,8 +194,7 @@ Status ReplayOptions::Validate() const {
   return Status::OK();
 }
 
-ReplaySource::ReplaySource(Archive* archive, ReplayOptions options, uint64_t job,
-                           state::KvStore* kv)
+ReplaySource::Impl::Impl(Archive* archive, ReplayOptions options, uint64_t job, state::KvStore* kv)
     : archive_(archive),
       options_(std::move(options)),
       job_(job),
@@ -202,16 +203,14 @@ ReplaySource::ReplaySource(Archive* archive, ReplayOptions options, uint64_t job
       io_(std::make_shared<Io>()),
       only_blocks_(options_.only_blocks.begin(), options_.only_blocks.end()) {}
 
-ReplaySource::~ReplaySource() = default;
+std::string ReplaySource::Impl::Describe() const { return "replay of " + archive_->Describe(); }
 
-std::string ReplaySource::Describe() const { return "replay of " + archive_->Describe(); }
-
-ReplayStats ReplaySource::stats() const {
+ReplayStats ReplaySource::Impl::stats() const {
   std::lock_guard lock(stats_mu_);
   return stats_;
 }
 
-void ReplaySource::Committed(uint64_t through_seq) {
+void ReplaySource::Impl::Committed(uint64_t through_seq) {
   // Under the lock, so a waiting Read cannot miss the notification between its check and its wait.
   std::lock_guard lock(commit_mu_);
   committed_.store(through_seq, std::memory_order_release);
@@ -219,7 +218,7 @@ void ReplaySource::Committed(uint64_t through_seq) {
   commit_cv_.notify_all();
 }
 
-std::string ReplaySource::CursorText(uint64_t seq) const {
+std::string ReplaySource::Impl::CursorText(uint64_t seq) const {
   if (sweep_ == Sweep::kRecords) {
     return "records " + std::to_string(tip_) + " " + std::to_string(seq);
   }
@@ -227,7 +226,7 @@ std::string ReplaySource::CursorText(uint64_t seq) const {
          std::to_string(seq);
 }
 
-Status ReplaySource::Seek(const std::string& resume_cursor) {
+Status ReplaySource::Impl::Seek(const std::string& resume_cursor) {
   // The blocks this job recorded as failed: one read now leaves the list.
   ATFILL_RETURN_IF_ERROR(failed_.Scan(job_, [this](const state::FailedBlock& b) {
     failed_ids_.insert(b.block_id);
@@ -259,12 +258,12 @@ Status ReplaySource::Seek(const std::string& resume_cursor) {
   return Status::OK();
 }
 
-struct ReplaySource::Io {
+struct ReplaySource::Impl::Io {
   std::mutex mu;
   std::condition_variable cv;
 };
 
-struct ReplaySource::Fetch {
+struct ReplaySource::Impl::Fetch {
   SegmentInfo segment;
   PlannedBlock block;
   std::string id;
@@ -273,7 +272,7 @@ struct ReplaySource::Fetch {
   std::optional<Result<std::string>> frame;  // under Io::mu until it is there
 };
 
-struct ReplaySource::Refold {
+struct ReplaySource::Impl::Refold {
   std::string did;
   uint64_t after_seq = 0;  // the kill's seq
   uint64_t through = 0;    // the pages read so far cover (after_seq, through]
@@ -285,31 +284,32 @@ struct ReplaySource::Refold {
   std::deque<std::shared_ptr<Fetch>> window;
 };
 
-struct ReplaySource::Marking {
+struct ReplaySource::Impl::Marking {
   std::shared_ptr<Fetch> fetch;
   jss::Block block;
   size_t row = 0;  // the next row to apply
   uint64_t frame_bytes = 0;
 };
 
-bool ReplaySource::Tick(EventChunk* chunk) {
+bool ReplaySource::Impl::Tick(EventChunk* chunk) {
   chunk->tick = true;
   return true;
 }
 
-bool ReplaySource::Await(const std::function<bool()>& ready) {
+bool ReplaySource::Impl::Await(const std::function<bool()>& ready) {
   std::unique_lock lock(io_->mu);
   return io_->cv.wait_for(lock, std::chrono::milliseconds(options_.tick_ms), ready);
 }
 
-bool ReplaySource::Arrived(const Fetch& fetch) const {
+bool ReplaySource::Impl::Arrived(const Fetch& fetch) const {
   std::lock_guard lock(io_->mu);
   return fetch.frame.has_value();
 }
 
-std::shared_ptr<ReplaySource::Fetch> ReplaySource::Ask(const SegmentInfo& segment,
-                                                       const PlannedBlock& block, uint64_t after,
-                                                       uint64_t through) {
+std::shared_ptr<ReplaySource::Impl::Fetch> ReplaySource::Impl::Ask(const SegmentInfo& segment,
+                                                                   const PlannedBlock& block,
+                                                                   uint64_t after,
+                                                                   uint64_t through) {
   auto fetch = std::make_shared<Fetch>();
   fetch->segment = segment;
   fetch->block = block;
@@ -327,7 +327,7 @@ std::shared_ptr<ReplaySource::Fetch> ReplaySource::Ask(const SegmentInfo& segmen
   return fetch;
 }
 
-void ReplaySource::StartPlan(Refold* refold) {
+void ReplaySource::Impl::StartPlan(Refold* refold) {
   PlanRequest request;
   auto slot = std::make_shared<std::optional<Result<Plan>>>();
   if (refold != nullptr) {
@@ -355,7 +355,7 @@ void ReplaySource::StartPlan(Refold* refold) {
   });
 }
 
-Status ReplaySource::TakePlan(Plan plan) {
+Status ReplaySource::Impl::TakePlan(Plan plan) {
   if (planned_ && plan.planned_through <= plan_.planned_through && plan.planned_through < tip_) {
     return Status::Unavailable("the archive's plan did not advance past seq " +
                                std::to_string(plan_.planned_through));
@@ -371,14 +371,14 @@ Status ReplaySource::TakePlan(Plan plan) {
   return Status::OK();
 }
 
-Status ReplaySource::Fill() {
+Status ReplaySource::Impl::Fill() {
   if (!fill_error_.ok()) return fill_error_;
   Status st = FillWindow();
   if (!st.ok()) fill_error_ = st;
   return st;
 }
 
-Status ReplaySource::FillWindow() {
+Status ReplaySource::Impl::FillWindow() {
   // While blocks fail in a row, one at a time: a failing archive is not asked for more than the
   // streak that stops the job, and each failure's retries are not multiplied by the window.
   const size_t limit = failed_in_a_row_ > 0 ? 1 : options_.prefetch_blocks;
@@ -430,7 +430,7 @@ Status ReplaySource::FillWindow() {
   return Status::OK();
 }
 
-void ReplaySource::ClearFailure(EventChunk* chunk, const std::string& block_id) const {
+void ReplaySource::Impl::ClearFailure(EventChunk* chunk, const std::string& block_id) const {
   {
     std::lock_guard lock(stats_mu_);
     if (failed_ids_.erase(block_id) == 0) return;
@@ -440,13 +440,13 @@ void ReplaySource::ClearFailure(EventChunk* chunk, const std::string& block_id) 
   chunk->counters.emplace_back("failed_blocks", -1);
 }
 
-bool ReplaySource::KnownFailed(const std::string& block_id) const {
+bool ReplaySource::Impl::KnownFailed(const std::string& block_id) const {
   std::lock_guard lock(stats_mu_);
   return failed_ids_.count(block_id) != 0;
 }
 
-void ReplaySource::RecordFailure(EventChunk* chunk, const std::string& block_id,
-                                 const std::string& kind, const std::string& message) const {
+void ReplaySource::Impl::RecordFailure(EventChunk* chunk, const std::string& block_id,
+                                       const std::string& kind, const std::string& message) const {
   {
     // A block is recorded once (a refold may meet it again).
     std::lock_guard lock(stats_mu_);
@@ -468,7 +468,7 @@ void ReplaySource::RecordFailure(EventChunk* chunk, const std::string& block_id,
   ++stats_.failed_blocks;
 }
 
-Result<bool> ReplaySource::Read(EventChunk* chunk) {
+Result<bool> ReplaySource::Impl::Read(EventChunk* chunk) {
   while (true) {
     switch (sweep_) {
       case Sweep::kRecords: {
@@ -500,8 +500,8 @@ Result<bool> ReplaySource::Read(EventChunk* chunk) {
   }
 }
 
-Result<ReplaySource::Next> ReplaySource::TakeNext(std::shared_ptr<Fetch>* fetch,
-                                                  Result<std::string>* frame) {
+Result<ReplaySource::Impl::Next> ReplaySource::Impl::TakeNext(std::shared_ptr<Fetch>* fetch,
+                                                              Result<std::string>* frame) {
   while (true) {
     ATFILL_RETURN_IF_ERROR(Fill());
     if (window_.empty()) {
@@ -527,7 +527,7 @@ Result<ReplaySource::Next> ReplaySource::TakeNext(std::shared_ptr<Fetch>* fetch,
   }
 }
 
-Result<bool> ReplaySource::ReadRecords(EventChunk* chunk) {
+Result<bool> ReplaySource::Impl::ReadRecords(EventChunk* chunk) {
   std::shared_ptr<Fetch> f;
   Result<std::string> frame = std::string();
   ATFILL_ASSIGN_OR_RETURN(const Next next, TakeNext(&f, &frame));
@@ -567,7 +567,7 @@ Result<bool> ReplaySource::ReadRecords(EventChunk* chunk) {
   return true;
 }
 
-void ReplaySource::Decode(EventChunk* chunk) const {
+void ReplaySource::Impl::Decode(EventChunk* chunk) const {
   if (chunk->raw.empty()) return;
   BlockHeader h;
   if (!DecodeBlockChunk(chunk->raw, &h)) {
@@ -620,7 +620,7 @@ void ReplaySource::Decode(EventChunk* chunk) const {
   stats_.bytes += h.frame.size();
 }
 
-bool ReplaySource::StartAccounts() {
+bool ReplaySource::Impl::StartAccounts() {
   account_start_ = 0;
   if (options_.after_seq > 0) {
     // A window: its markers.
@@ -678,7 +678,7 @@ bool ReplaySource::StartAccounts() {
   return true;
 }
 
-Result<bool> ReplaySource::StepRefold() {
+Result<bool> ReplaySource::Impl::StepRefold() {
   Refold& r = *refold_;
   EventChunk* chunk = &building_;
   while (true) {
@@ -767,7 +767,7 @@ Result<bool> ReplaySource::StepRefold() {
   return true;
 }
 
-Result<bool> ReplaySource::ApplyMarkers() {
+Result<bool> ReplaySource::Impl::ApplyMarkers() {
   Marking& m = *marking_;
   EventChunk* chunk = &building_;
   while (m.row < m.block.size()) {
@@ -819,7 +819,7 @@ Result<bool> ReplaySource::ApplyMarkers() {
   return true;
 }
 
-Result<bool> ReplaySource::ReadAccounts(EventChunk* chunk) {
+Result<bool> ReplaySource::Impl::ReadAccounts(EventChunk* chunk) {
   // The DIDs that hold records are read from state: wait until the records sweep is durable.
   // First a tick that seals the batch holding the sweep's last chunks (no waiting for the batch's
   // delay), then a wait that Committed() ends. The wait is bounded so that the engine, between
@@ -922,5 +922,19 @@ Result<bool> ReplaySource::ReadAccounts(EventChunk* chunk) {
     marking_->frame_bytes = frame->size();
   }
 }
+
+ReplaySource::ReplaySource(Archive* archive, ReplayOptions options, uint64_t job,
+                           state::KvStore* kv)
+    : impl_(std::make_unique<Impl>(archive, std::move(options), job, kv)) {}
+ReplaySource::~ReplaySource() = default;
+
+Status ReplaySource::Seek(const std::string& resume_cursor) { return impl_->Seek(resume_cursor); }
+Result<bool> ReplaySource::Read(EventChunk* chunk) { return impl_->Read(chunk); }
+void ReplaySource::Decode(EventChunk* chunk) const { impl_->Decode(chunk); }
+std::string ReplaySource::Describe() const { return impl_->Describe(); }
+void ReplaySource::Committed(uint64_t through_seq) { impl_->Committed(through_seq); }
+uint64_t ReplaySource::tip() const { return impl_->tip_; }
+ReplayStats ReplaySource::stats() const { return impl_->stats(); }
+uint64_t ReplaySource::account_sweep_start() const { return impl_->account_start_; }
 
 }  // namespace atfill::sources
