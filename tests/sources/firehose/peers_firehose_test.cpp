@@ -69,6 +69,24 @@ Result<uint64_t> CountCommits(const std::string& ws_base) {
   return commits;
 }
 
+// One live job of the firehose consumer into dir/db.sqlite, to its end; *stats: the source's.
+SourceJobRun Consume(const std::filesystem::path& dir, const sources::FirehoseOptions& o,
+                     sources::FirehoseStats* stats) {
+  std::unique_ptr<sources::FirehoseSource> made;
+  return RunSourceJob(
+      dir / "state", (dir / "db.sqlite").string(), "live", "live",
+      [&](state::KvStore& kv,
+          const state::JobRecord&) -> Result<std::unique_ptr<pipeline::Source>> {
+        ATFILL_ASSIGN_OR_RETURN(made, sources::FirehoseSource::Create(o, &kv));
+        return Borrow(made.get());
+      },
+      nullptr,
+      [&](state::KvStore&, const state::JobRecord&) {
+        if (made != nullptr) *stats = made->stats();
+        made.reset();
+      });
+}
+
 TEST(PeersFirehoseTest, ThePdsFirehoseConsumedWhileTheSeedWritesEqualsTheManifests) {
   ATFILL_SHARED_PATH(harness, "peers/network.sh");
   // A first seeding before the consumer starts (replayed from the PDS's first event), then a
@@ -90,21 +108,7 @@ TEST(PeersFirehoseTest, ThePdsFirehoseConsumedWhileTheSeedWritesEqualsTheManifes
   o.resync_retry_ms = 200;
   testing::SourceJobRun run;
   sources::FirehoseStats stats;
-  std::thread consumer([&] {
-    std::unique_ptr<sources::FirehoseSource> made;
-    run = RunSourceJob(
-        dir.path() / "state", (dir.path() / "db.sqlite").string(), "live", "live",
-        [&](state::KvStore& kv,
-            const state::JobRecord&) -> Result<std::unique_ptr<pipeline::Source>> {
-          ATFILL_ASSIGN_OR_RETURN(made, sources::FirehoseSource::Create(o, &kv));
-          return Borrow(made.get());
-        },
-        nullptr,
-        [&](state::KvStore&, const state::JobRecord&) {
-          if (made != nullptr) stats = made->stats();
-          made.reset();
-        });
-  });
+  std::thread consumer([&] { run = Consume(dir.path(), o, &stats); });
   const std::string second = (dir.path() / "manifest2.json").string();
   ProcessResult seeded =
       RunProcess({"/usr/bin/env", "PEERS_HOME=" + peers.peers_home(), peers.node(),
@@ -182,21 +186,9 @@ TEST(PeersFirehoseTest, InactiveAccountsAreNotResyncedUntilActiveAndTheQuietRunE
   o.resolver.allow_loopback_endpoints = true;
   o.http.allow_private_addresses = true;
   o.resync_retry_ms = 100;
-  std::unique_ptr<sources::FirehoseSource> made;
   sources::FirehoseStats stats;
   const auto started = std::chrono::steady_clock::now();
-  SourceJobRun run = RunSourceJob(
-      dir.path() / "state", (dir.path() / "db.sqlite").string(), "live", "live",
-      [&](state::KvStore& kv,
-          const state::JobRecord&) -> Result<std::unique_ptr<pipeline::Source>> {
-        ATFILL_ASSIGN_OR_RETURN(made, sources::FirehoseSource::Create(o, &kv));
-        return Borrow(made.get());
-      },
-      nullptr,
-      [&](state::KvStore&, const state::JobRecord&) {
-        if (made != nullptr) stats = made->stats();
-        made.reset();
-      });
+  SourceJobRun run = Consume(dir.path(), o, &stats);
   const state::JobRecord& job = run.job;
   EXPECT_EQ(job.stop_reason.code, "stream_idle") << job.stop_reason.sentence;
   EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(60));
