@@ -1,9 +1,9 @@
-// Replay of a local Jetstream v2 archive (sources/archive/replay.hpp) end to end: 5,000,000 generated
-// create events (~400 B records, 10,000 accounts, interleaved as an archive is) written once as
-// .jss segments (4,096 rows a block, 256 MiB segments) by ArchiveWriter, then replayed through CID
-// verification and the ingest guard into SQLite, the job's state in RocksDB. records/s and the
-// archive's MB/s (compressed bytes read). In the same run, the same replay into the dry-run sink:
-// the source, decode and verify bound without the database. "CPU" is the whole process's CPU
+// Replay of a local Jetstream v2 archive (sources/archive/replay.hpp) end to end: 5,000,000
+// generated create events (~400 B records, 10,000 accounts, interleaved as an archive is) written
+// once as .jss segments (4,096 rows a block, 256 MiB segments) by ArchiveWriter, then replayed
+// through CID verification and the ingest guard into SQLite, the job's state in RocksDB. records/s
+// and the archive's MB/s (compressed bytes read). In the same run, the same replay into the dry-run
+// sink: the source, decode and verify bound without the database. "CPU" is the whole process's CPU
 // time (every thread), so CPU / Time is the cores a run kept busy.
 //
 //   build/bench/replay_bench                      (Release build)
@@ -51,8 +51,8 @@
 #include "sinks/sqlite_sink.hpp"
 #include "sources/archive/archive.hpp"
 #include "sources/archive/archive_writer.hpp"
-#include "sources/jetstream/jetstream_frames.hpp"
 #include "sources/archive/replay.hpp"
+#include "sources/jetstream/jetstream_frames.hpp"
 #include "stages/cid_verify.hpp"
 #include "stages/ingest_guard.hpp"
 #include "state/kv_store.hpp"

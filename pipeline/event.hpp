@@ -69,8 +69,8 @@ struct AccountEvent {
   bool resync = false;
   std::vector<std::string> resync_collections;
   // When set, a purge or resync removes only rows whose rev is older than this (or that have
-  // none): a gap replay's marker applied as of its time (sources/archive/replay.hpp) leaves the rows the
-  // live stream beside it wrote since. Set by sources only; not kept by EncodeEvent.
+  // none): a gap replay's marker applied as of its time (sources/archive/replay.hpp) leaves the
+  // rows the live stream beside it wrote since. Set by sources only; not kept by EncodeEvent.
   std::string purge_before_rev;
   // Upstream relay sequence number and time (unix microseconds), 0 when unknown.
   int64_t seq = 0;

@@ -1,7 +1,7 @@
 // Labels (com.atproto.label.defs#label) as a labeler's subscribeLabels stream delivers them, and
 // the interface of the sinks that store them. Labels do not flow through the record graph: they
-// have no repo, rev or tombstone, so the label subscription (sources/labels/labeler.hpp) batches them
-// into a LabelSink of their own and commits its cursor after each batch.
+// have no repo, rev or tombstone, so the label subscription (sources/labels/labeler.hpp) batches
+// them into a LabelSink of their own and commits its cursor after each batch.
 #pragma once
 
 #include <cstdint>

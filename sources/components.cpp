@@ -8,8 +8,8 @@
 #include "net/http_client.hpp"
 #include "pipeline/run.hpp"
 #include "sources/archive/archive_http.hpp"
-#include "sources/crawl/resolver.hpp"
 #include "sources/crawl/pds_account_status.hpp"
+#include "sources/crawl/resolver.hpp"
 #include "state/resolver_cache.hpp"
 
 namespace atfill::sources {

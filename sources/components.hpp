@@ -17,15 +17,15 @@
 #include "base/status.hpp"
 #include "pipeline/components.hpp"
 #include "sources/archive/archive.hpp"
+#include "sources/archive/replay.hpp"
 #include "sources/crawl/crawl_source.hpp"
 #include "sources/files/event_file.hpp"
 #include "sources/firehose/firehose.hpp"
 #include "sources/jetstream/jetstream.hpp"
 #include "sources/labels/labeler.hpp"
 #include "sources/live_collections.hpp"
-#include "sources/archive/replay.hpp"
-#include "sources/verify_schedule.hpp"
 #include "sources/verify/verify_source.hpp"
+#include "sources/verify_schedule.hpp"
 
 namespace atfill::sources {
 

@@ -1,7 +1,7 @@
-// What the live stream sources (sources/jetstream/jetstream.hpp, sources/firehose/firehose.hpp) share: the checks of
-// the options fields they have in common, so that both refuse the same values with the same
-// messages, the start of a WebSocket session and its end told to Read, and the query encoding of
-// their URLs.
+// What the live stream sources (sources/jetstream/jetstream.hpp, sources/firehose/firehose.hpp)
+// share: the checks of the options fields they have in common, so that both refuse the same values
+// with the same messages, the start of a WebSocket session and its end told to Read, and the query
+// encoding of their URLs.
 #pragma once
 
 #include <cctype>

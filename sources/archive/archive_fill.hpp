@@ -1,5 +1,5 @@
-// Filling a Jetstream v2 archive (sources/archive/archive_writer.hpp) from event files or from a live
-// stream: what `atfill archive write` does, for any program.
+// Filling a Jetstream v2 archive (sources/archive/archive_writer.hpp) from event files or from a
+// live stream: what `atfill archive write` does, for any program.
 #pragma once
 
 #include <cstdint>

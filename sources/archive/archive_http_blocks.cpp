@@ -1,5 +1,5 @@
-// The archive's blocks (sources/archive/archive_http.hpp): one block fetched by range, or its segment
-// downloaded once into the spool and read from there.
+// The archive's blocks (sources/archive/archive_http.hpp): one block fetched by range, or its
+// segment downloaded once into the spool and read from there.
 #include "sources/archive/archive_http_internal.hpp"
 
 namespace atfill::sources {

@@ -7,8 +7,8 @@
 #include <string>
 
 #include "base/status.hpp"
-#include "sources/jetstream/jetstream_frames.hpp"
 #include "sources/archive/jss.hpp"
+#include "sources/jetstream/jetstream_frames.hpp"
 
 namespace atfill::sources {
 

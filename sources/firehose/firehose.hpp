@@ -13,9 +13,9 @@
 //    prevData), makes the commits' events, and reads and verifies resync answers (getRepo CARs);
 //  * the source's ordered stage (OrderedStage: "firehose chain", first in the engine's ordered
 //    node, after the unordered stages) judges each repo's chain in stream order
-//    (sources/firehose/firehose_chain.hpp): applied, stale (a redelivery), or desynchronized, in which case
-//    the repo is fetched again and its rows replaced (so records that vanished are deleted) while
-//    its commits are held.
+//    (sources/firehose/firehose_chain.hpp): applied, stale (a redelivery), or desynchronized, in
+//    which case the repo is fetched again and its rows replaced (so records that vanished are
+//    deleted) while its commits are held.
 // A commit that fails verification is refused: nothing of it lands, it is counted
 // (firehose_refused and firehose_refused_<kind>) and logged in the job's error log (kind its
 // verification kind, key "seq <seq> <did>"); every valid frame around it still lands.

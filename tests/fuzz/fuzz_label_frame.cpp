@@ -1,6 +1,6 @@
-// subscribeLabels frames (sources/labels/label_frames.hpp): any bytes decode to a frame or an error,
-// never a crash; every label decoded is checked against a key (which refuses it or not, never
-// crashes), and the bytes its signature covers are one DAG-CBOR map without `sig`.
+// subscribeLabels frames (sources/labels/label_frames.hpp): any bytes decode to a frame or an
+// error, never a crash; every label decoded is checked against a key (which refuses it or not,
+// never crashes), and the bytes its signature covers are one DAG-CBOR map without `sig`.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>

@@ -1,6 +1,6 @@
 // atfill verify CONFIG [--did DID]... [--collection NSID]... [--repair] [--json]: compares the
-// stored records of each repo with the signed repo its PDS serves (sources/verify/verify_source.hpp), as
-// a job, and prints what differs.
+// stored records of each repo with the signed repo its PDS serves
+// (sources/verify/verify_source.hpp), as a job, and prints what differs.
 #include <cinttypes>
 #include <cstdio>
 #include <map>

@@ -23,8 +23,8 @@
 #include "sources/archive/archive.hpp"
 #include "sources/archive/archive_http.hpp"
 #include "sources/archive/archive_writer.hpp"
-#include "sources/jetstream/jetstream_frames.hpp"
 #include "sources/archive/jss.hpp"
+#include "sources/jetstream/jetstream_frames.hpp"
 #include "tools/simnet/http_util.hpp"
 #include "tools/simnet/jetstream.hpp"
 

@@ -2,8 +2,8 @@
 // its own 127.0.0.1 port, serving a log of frames built from a simnet network's repos.
 //
 // The log (BuildFirehoseLog) writes each active account's repo, as its PDS serves it with
-// getRepo, in a chain of signed commits (sources/firehose/firehose_frames.hpp BuildFirehoseCommit): the
-// records are created a few per commit, one record is first written with another value and then
+// getRepo, in a chain of signed commits (sources/firehose/firehose_frames.hpp BuildFirehoseCommit):
+// the records are created a few per commit, one record is first written with another value and then
 // updated to its served one, and records that the served repo does not hold are created and then
 // deleted. Every commit's rev is below the served repo's, so a getRepo resync is newer than all of
 // them. The accounts' commits interleave; seqs count from 1.

@@ -1,7 +1,7 @@
-// The relay firehose consumer (sources/firehose/firehose.hpp) against a relay serving simnet's repos as
-// chains of signed commits (tools/simnet/firehose_relay.hpp), over loopback, into SQLite with
-// RocksDB state: commits dropped from the stream, #sync frames, commits signed with another key
-// and commits with a tampered block. The tampered and mis-signed commits are refused and logged
+// The relay firehose consumer (sources/firehose/firehose.hpp) against a relay serving simnet's
+// repos as chains of signed commits (tools/simnet/firehose_relay.hpp), over loopback, into SQLite
+// with RocksDB state: commits dropped from the stream, #sync frames, commits signed with another
+// key and commits with a tampered block. The tampered and mis-signed commits are refused and logged
 // naming their seq and DID, the repos whose chain broke are resynced from their PDS's getRepo,
 // and the table ends equal to the served repos, with no deleted record left behind.
 #include "sources/firehose/firehose.hpp"
