@@ -96,4 +96,23 @@ simdjson::error_code CheckJsonValue(od::value value, size_t depth, size_t max_de
   return simdjson::TAPE_ERROR;
 }
 
+simdjson::error_code CheckRecordObject(od::object record, size_t max_depth,
+                                       std::string_view* created_at, bool* too_deep) {
+  for (auto field : record) {
+    std::string_view key;
+    if (auto e = field.unescaped_key().get(key)) return e;
+    od::value value;
+    if (auto e = field.value().get(value)) return e;
+    od::json_type type;
+    if (auto e = value.type().get(type)) return e;
+    if (key == "createdAt" && type == od::json_type::string) {
+      if (auto e = value.get_string().get(*created_at)) return e;
+      continue;
+    }
+    if (auto e = CheckJsonValue(value, 1, max_depth, too_deep)) return e;
+    if (*too_deep) return simdjson::SUCCESS;
+  }
+  return simdjson::SUCCESS;
+}
+
 }  // namespace atfill::atproto

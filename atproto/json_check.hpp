@@ -21,4 +21,10 @@ bool IsJsonNumber(std::string_view s);
 simdjson::error_code CheckJsonValue(simdjson::ondemand::value value, size_t depth, size_t max_depth,
                                     bool* too_deep);
 
+// The fields of a record object in one pass: every value's syntax checked (CheckJsonValue, the
+// fields at nesting 1) and the top-level createdAt, when it is a string, into *created_at. Nesting
+// at `max_depth` or deeper sets *too_deep and ends the pass without an error, as CheckJsonValue.
+simdjson::error_code CheckRecordObject(simdjson::ondemand::object record, size_t max_depth,
+                                       std::string_view* created_at, bool* too_deep);
+
 }  // namespace atfill::atproto

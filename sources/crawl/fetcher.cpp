@@ -277,19 +277,9 @@ simdjson::error_code ReadRecordEntry(od::object object, RecordEntry* entry) {
       // raw_json only scanned the record: walk it again to check its syntax and find createdAt.
       bool not_empty = false;
       if (auto e = record.reset().get(not_empty)) return e;
-      for (auto rf : record) {
-        std::string_view rkey;
-        if (auto e = rf.unescaped_key().get(rkey)) return e;
-        od::value rv;
-        if (auto e = rf.value().get(rv)) return e;
-        od::json_type rt;
-        if (auto e = rv.type().get(rt)) return e;
-        if (rkey == "createdAt" && rt == od::json_type::string) {
-          if (auto e = rv.get_string().get(entry->created_at)) return e;
-          continue;
-        }
-        if (auto e = CheckJson(rv, 1, &entry->too_deep)) return e;
-        if (entry->too_deep) break;
+      if (auto e = atproto::CheckRecordObject(record, atproto::kJsonMaxDepth, &entry->created_at,
+                                              &entry->too_deep)) {
+        return e;
       }
     } else {
       if (key == "value") {

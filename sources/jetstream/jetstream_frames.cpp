@@ -116,19 +116,12 @@ error_code ReadRecord(od::value value, od::document& doc, std::string_view* raw,
   const std::string_view token = value.raw_json_token();
   od::object obj;
   if (auto e = value.get_object().get(obj)) return e;
-  for (auto field : obj) {
-    std::string_view key;
-    if (auto e = field.unescaped_key().get(key)) return e;
-    od::value v;
-    if (auto e = field.value().get(v)) return e;
-    od::json_type type;
-    if (auto e = v.type().get(type)) return e;
-    if (key == "createdAt" && type == od::json_type::string) {
-      if (auto e = v.get_string().get(*created_at)) return e;
-      continue;
-    }
-    if (auto e = CheckJson(v, 1)) return e;
+  bool too_deep = false;
+  if (auto e =
+          atproto::CheckRecordObject(obj, simdjson::DEFAULT_MAX_DEPTH, created_at, &too_deep)) {
+    return e;
   }
+  if (too_deep) return simdjson::DEPTH_ERROR;
   // The parser now stands on the token after the record's closing brace.
   const char* end = nullptr;
   if (auto e = doc.current_location().get(end)) return e;
@@ -322,6 +315,36 @@ Status FieldError(JsonFrame& json, std::string* kind, std::string_view type_kind
                   simdjson::error_message(err));
 }
 
+// Reads a frame's top-level object field by field: `read(key, value, &failed)` reads one field
+// and returns its error (naming in *failed the inner field it failed on, if not the key itself:
+// `field_kind` then); broken JSON is bad_json, and no bytes may follow the object.
+template <typename ReadField>
+Status ReadTopObject(JsonFrame& json, std::string* error_kind, std::string_view field_kind,
+                     ReadField read) {
+  if (json.start_error()) return JsonError(json, error_kind, json.start_error());
+  od::object top;
+  if (auto e = json.doc().get_object().get(top)) {
+    if (e == simdjson::INCORRECT_TYPE) {
+      return Fail(error_kind, "bad_json", json.Name() + " is not a JSON object");
+    }
+    return JsonError(json, error_kind, e);
+  }
+  for (auto field : top) {
+    std::string_view key;
+    if (auto e = field.unescaped_key().get(key)) return JsonError(json, error_kind, e);
+    od::value value;
+    if (auto e = field.value().get(value)) return JsonError(json, error_kind, e);
+    std::string_view failed;
+    if (error_code e = read(key, value, &failed)) {
+      return FieldError(json, error_kind, field_kind, failed.empty() ? key : failed, e);
+    }
+  }
+  if (json.HasTrailing()) {
+    return Fail(error_kind, "bad_json", json.Name() + ": trailing bytes after the JSON object");
+  }
+  return Status::OK();
+}
+
 // Every field of a v2 payload, whatever its $type (the type is checked after the scan, so key
 // order does not matter).
 struct PayloadFields {
@@ -418,43 +441,32 @@ std::optional<pipeline::Event> JetstreamFrame::TakeEvent() {
 Status DecodeJetstreamV2(std::string_view text, size_t readable, pipeline::Origin origin,
                          JetstreamFrame* frame, std::string* error_kind) {
   JsonFrame json(text, readable);
-  if (json.start_error()) return JsonError(json, error_kind, json.start_error());
-  od::object top;
-  if (auto e = json.doc().get_object().get(top)) {
-    if (e == simdjson::INCORRECT_TYPE) {
-      return Fail(error_kind, "bad_json", json.Name() + " is not a JSON object");
-    }
-    return JsonError(json, error_kind, e);
-  }
   std::string_view envelope_type, error_name, error_message;
   bool has_envelope_type = false, has_payload = false, has_error_name = false;
   PayloadFields p;
-  for (auto field : top) {
-    std::string_view key;
-    if (auto e = field.unescaped_key().get(key)) return JsonError(json, error_kind, e);
-    od::value value;
-    if (auto e = field.value().get(value)) return JsonError(json, error_kind, e);
-    error_code e = simdjson::SUCCESS;
-    std::string_view failed;
-    if (key == "$type") {
-      has_envelope_type = true;
-      e = value.get_string().get(envelope_type);
-    } else if (key == "payload") {
-      has_payload = true;
-      e = ReadPayload(value, json.doc(), &p, &failed);
-    } else if (key == "error") {
-      has_error_name = true;
-      e = value.get_string().get(error_name);
-    } else if (key == "message") {
-      e = value.get_string().get(error_message);
-    } else {
-      e = CheckJson(value, 1);
-    }
-    if (e) return FieldError(json, error_kind, "bad_frame", failed.empty() ? key : failed, e);
-  }
-  if (json.HasTrailing()) {
-    return Fail(error_kind, "bad_json", json.Name() + ": trailing bytes after the JSON object");
-  }
+  const Status top =
+      ReadTopObject(json, error_kind, "bad_frame",
+                    [&](std::string_view key, od::value value, std::string_view* failed_at) {
+                      error_code e = simdjson::SUCCESS;
+                      std::string_view failed;
+                      if (key == "$type") {
+                        has_envelope_type = true;
+                        e = value.get_string().get(envelope_type);
+                      } else if (key == "payload") {
+                        has_payload = true;
+                        e = ReadPayload(value, json.doc(), &p, &failed);
+                      } else if (key == "error") {
+                        has_error_name = true;
+                        e = value.get_string().get(error_name);
+                      } else if (key == "message") {
+                        e = value.get_string().get(error_message);
+                      } else {
+                        e = CheckJson(value, 1);
+                      }
+                      *failed_at = failed;
+                      return e;
+                    });
+  if (!top.ok()) return top;
 
   if (!has_envelope_type) return Fail(error_kind, "bad_frame", json.Name() + " has no $type");
   if (envelope_type == "error") {
@@ -565,64 +577,53 @@ Status DecodeJetstreamV2(std::string_view text, size_t readable, pipeline::Origi
 Status DecodeJetstreamV1(std::string_view text, size_t readable, pipeline::Origin origin,
                          JetstreamFrame* frame, std::string* error_kind) {
   JsonFrame json(text, readable);
-  if (json.start_error()) return JsonError(json, error_kind, json.start_error());
-  od::object top;
-  if (auto e = json.doc().get_object().get(top)) {
-    if (e == simdjson::INCORRECT_TYPE) {
-      return Fail(error_kind, "bad_json", json.Name() + " is not a JSON object");
-    }
-    return JsonError(json, error_kind, e);
-  }
   std::string_view did, kind;
   int64_t time_us = 0;
   uint64_t cursor = 0;
   bool has_commit = false;
   CommitFields commit;
   Upstream account, identity;
-  for (auto field : top) {
-    std::string_view key;
-    if (auto e = field.unescaped_key().get(key)) return JsonError(json, error_kind, e);
-    od::value value;
-    if (auto e = field.value().get(value)) return JsonError(json, error_kind, e);
-    error_code e = simdjson::SUCCESS;
-    std::string_view failed;
-    if (key == "did") {
-      e = value.get_string().get(did);
-    } else if (key == "time_us") {
-      e = value.get_int64().get(time_us);
-    } else if (key == "cursor") {
-      e = value.get_uint64().get(cursor);
-    } else if (key == "kind") {
-      e = value.get_string().get(kind);
-    } else if (key == "commit") {
-      has_commit = true;
-      od::object obj;
-      e = value.get_object().get(obj);
-      if (!e) {
-        for (auto cf : obj) {
-          std::string_view ck;
-          if ((e = cf.unescaped_key().get(ck))) break;
-          od::value cv;
-          if ((e = cf.value().get(cv))) break;
-          bool matched = false;
-          if ((e = ReadCommitField(ck, cv, json.doc(), &commit, &matched))) {
-            failed = ck;
-            break;
-          }
-        }
-      }
-    } else if (key == "account") {
-      e = ReadUpstream(value, &account, &failed);
-    } else if (key == "identity") {
-      e = ReadUpstream(value, &identity, &failed);
-    } else {
-      e = CheckJson(value, 1);
-    }
-    if (e) return FieldError(json, error_kind, "bad_event", failed.empty() ? key : failed, e);
-  }
-  if (json.HasTrailing()) {
-    return Fail(error_kind, "bad_json", json.Name() + ": trailing bytes after the JSON object");
-  }
+  const Status top =
+      ReadTopObject(json, error_kind, "bad_event",
+                    [&](std::string_view key, od::value value, std::string_view* failed_at) {
+                      error_code e = simdjson::SUCCESS;
+                      std::string_view failed;
+                      if (key == "did") {
+                        e = value.get_string().get(did);
+                      } else if (key == "time_us") {
+                        e = value.get_int64().get(time_us);
+                      } else if (key == "cursor") {
+                        e = value.get_uint64().get(cursor);
+                      } else if (key == "kind") {
+                        e = value.get_string().get(kind);
+                      } else if (key == "commit") {
+                        has_commit = true;
+                        od::object obj;
+                        e = value.get_object().get(obj);
+                        if (!e) {
+                          for (auto cf : obj) {
+                            std::string_view ck;
+                            if ((e = cf.unescaped_key().get(ck))) break;
+                            od::value cv;
+                            if ((e = cf.value().get(cv))) break;
+                            bool matched = false;
+                            if ((e = ReadCommitField(ck, cv, json.doc(), &commit, &matched))) {
+                              failed = ck;
+                              break;
+                            }
+                          }
+                        }
+                      } else if (key == "account") {
+                        e = ReadUpstream(value, &account, &failed);
+                      } else if (key == "identity") {
+                        e = ReadUpstream(value, &identity, &failed);
+                      } else {
+                        e = CheckJson(value, 1);
+                      }
+                      *failed_at = failed;
+                      return e;
+                    });
+  if (!top.ok()) return top;
   const Who who = cursor != 0 ? Who{"event cursor", cursor}
                               : Who{"event time_us", static_cast<uint64_t>(time_us), time_us < 0};
   if (did.empty()) return Fail(error_kind, "bad_event", who.Say("event has no did"));
