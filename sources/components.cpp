@@ -514,7 +514,7 @@ Status PlanFirehose(const pipeline::Environment& env, pipeline::PlanDraft& draft
                   "atfill run: live: firehose %s, %" PRIu64 " connection(s), %" PRIu64
                   " failed, last seq %" PRIu64 ", %" PRIu64 " commit(s) verified, %" PRIu64
                   " refused, %" PRIu64 " resync(s) started, %" PRIu64
-                  " repo(s) desynchronized, %" PRIu64 " account(s) inactive",
+                  " repo(s) desynchronized, %" PRIu64 " waiting for their account to be active",
                   s.host.c_str(), s.connections, s.connection_failures, s.last_seq, s.verified,
                   s.refused, s.resyncs_started, s.desynchronized, s.inactive);
     env.Log(line);

@@ -176,7 +176,10 @@ bool FirehoseSource::Impl::Handle(Item& item, Payload* payload, pipeline::EventC
       const pipeline::AccountEvent& a = *item.account;
       if (a.active) {
         SetActive(did);
-      } else {
+      } else if (desynced.contains(did)) {
+        // Only the accounts whose resync waits are remembered, so the set stays as small as the
+        // desynchronized repos however many accounts the network deactivates; another one is
+        // found inactive by its resync's getRepo, if it ever needs one.
         SetInactive(did, std::string(pipeline::AccountStatusName(a.status)));
       }
       payload->items.push_back(std::move(item));

@@ -110,7 +110,7 @@ struct FirehoseStats {
   uint64_t resyncs_started = 0;
   uint64_t peak_waiting_bytes = 0;  // the most the frames waiting for keys held at once
   uint64_t desynchronized = 0;      // repos whose commits are held for their resync now
-  uint64_t inactive = 0;            // accounts not active now (their resyncs wait for them)
+  uint64_t inactive = 0;            // desynchronized repos whose account is not active now
   std::string host;
   std::string last_error;
 };

@@ -146,8 +146,8 @@ struct FirehoseSource::Impl {
   std::unordered_set<std::string> desynced;  // awaiting a resync (queued, in flight or retrying)
   std::unordered_set<std::string> resync_queued, resync_inflight;
   std::deque<std::string> resync_queue;
-  // Accounts not active (an #account frame or getRepo said so), with their status: a
-  // desynchronized one is resynced when it is active again, not before.
+  // Desynchronized repos whose account is not active (an #account frame or getRepo said so), with
+  // its status: resynced when the account is active again, not before.
   std::unordered_map<std::string, std::string> inactive;
   bool idle_exit = false;
 
