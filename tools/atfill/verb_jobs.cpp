@@ -108,103 +108,74 @@ int RunJobs(std::span<char* const> args) {
   return kExitOk;
 }
 
-int RunJob(std::span<char* const> args) {
-  JobArgs a;
-  if (int rc = ParseArgs("job", args, true,
-                         {"--json", "--batches", "--errors", "--hosts", "--recent"}, &a);
-      rc >= 0) {
-    return rc;
-  }
-  auto config = LoadAppConfig(a.config);
-  if (!config.ok()) return Fail("job", config.status().message(), kExitUsage);
-  auto st = OpenStateForRead(*config);
-  if (!st.ok()) return Fail("job", st.status().message(), kExitIo);
-  auto details =
-      pipeline::JobDetailsReader(st->kv.get(), st->jobs.get(), st->errors.get()).Get(a.id);
-  if (!details.ok()) {
-    const bool missing = details.status().code() == StatusCode::kNotFound;
-    return Fail("job", details.status().message(), missing ? kExitUsage : kExitIo);
-  }
-  const state::JobRecord* job = &details->job;
-  const int64_t now = pipeline::NowMicros();
-  // What the network reported of its accounts is listed apart from the errors.
-  std::map<std::string, uint64_t> error_counts, outcome_counts;
-  for (const auto& [k, v] : details->errors_by_kind) {
-    (state::IsOutcomeKind(k) ? outcome_counts : error_counts)[k] = v;
-  }
-  const auto* counts = &error_counts;
-  const std::vector<state::HostSummary>& hosts = details->hosts;
-  const std::vector<state::RecentRepo>& recent = details->recent;
+namespace {
 
-  std::vector<state::BatchAudit> audit;
+// What `atfill job` shows of one job, read once.
+struct JobShown {
+  pipeline::JobDetails details;
+  // What the network reported of its accounts, and of repos whose chain broke, is listed apart
+  // from the errors (state::IsOutcomeKind).
+  std::map<std::string, uint64_t> errors, accounts, resyncs;
+  std::vector<state::BatchAudit> audit;      // with --batches
+  std::vector<state::ErrorEntry> error_log;  // with --errors
+};
+
+void WriteJobJson(const JobArgs& a, const JobShown& s, int64_t now) {
+  const pipeline::JobDetails& d = s.details;
+  JsonWriter w;
+  w.BeginObject().Key("job").Raw(JobJson(d.job, now));
+  w.Key("errors_by_kind").BeginObject();
+  for (const auto& [k, v] : s.errors) w.Key(k).Uint(v);
+  w.EndObject();
+  w.Key("outcomes_by_kind").BeginObject();
+  for (const auto* outcomes : {&s.accounts, &s.resyncs}) {
+    for (const auto& [k, v] : *outcomes) w.Key(k).Uint(v);
+  }
+  w.EndObject();
   if (a.batches) {
-    auto listed = st->jobs->ListBatchAudit(a.id, 0, SIZE_MAX);
-    if (!listed.ok()) return Fail("job", listed.status().message(), kExitIo);
-    audit = std::move(*listed);
+    w.Key("batches").BeginArray();
+    for (const auto& b : s.audit) {
+      w.BeginObject().Key("batch").Uint(b.batch_no).Key("from").String(b.first_position);
+      w.Key("to").String(b.last_position).Key("count").Uint(b.count);
+      w.Key("failures").Uint(b.failures).Key("duration_us").Int(b.duration_us);
+      w.Key("attempts").Uint(b.attempts).Key("committed_at").String(FormatTime(b.committed_at_us));
+      w.EndObject();
+    }
+    w.EndArray();
   }
-  std::vector<state::ErrorEntry> errors;
   if (a.errors) {
-    auto listed = st->errors->List(a.id, 0, UINT64_MAX);
-    if (!listed.ok()) return Fail("job", listed.status().message(), kExitIo);
-    errors = std::move(*listed);
+    w.Key("errors").BeginArray();
+    for (const auto& e : s.error_log) {
+      w.BeginObject().Key("kind").String(e.kind).Key("key").String(e.key);
+      w.Key("message").String(e.message).Key("attempts").Uint(e.attempts);
+      w.Key("resolved").Bool(e.resolved).EndObject();
+    }
+    w.EndArray();
   }
-
-  if (a.json) {
-    JsonWriter w;
-    w.BeginObject().Key("job").Raw(JobJson(*job, now));
-    w.Key("errors_by_kind").BeginObject();
-    for (const auto& [k, v] : *counts) w.Key(k).Uint(v);
-    w.EndObject();
-    w.Key("outcomes_by_kind").BeginObject();
-    for (const auto& [k, v] : outcome_counts) w.Key(k).Uint(v);
-    w.EndObject();
-    if (a.batches) {
-      w.Key("batches").BeginArray();
-      for (const auto& b : audit) {
-        w.BeginObject().Key("batch").Uint(b.batch_no).Key("from").String(b.first_position);
-        w.Key("to").String(b.last_position).Key("count").Uint(b.count);
-        w.Key("failures").Uint(b.failures).Key("duration_us").Int(b.duration_us);
-        w.Key("attempts")
-            .Uint(b.attempts)
-            .Key("committed_at")
-            .String(FormatTime(b.committed_at_us));
-        w.EndObject();
-      }
-      w.EndArray();
+  if (a.hosts) {
+    w.Key("hosts").BeginArray();
+    for (const auto& h : d.hosts) {
+      w.BeginObject().Key("host").String(h.host).Key("units").Uint(h.units);
+      w.Key("done").Uint(h.done).Key("errors").Uint(h.errors).Key("records").Uint(h.records);
+      w.EndObject();
     }
-    if (a.errors) {
-      w.Key("errors").BeginArray();
-      for (const auto& e : errors) {
-        w.BeginObject().Key("kind").String(e.kind).Key("key").String(e.key);
-        w.Key("message").String(e.message).Key("attempts").Uint(e.attempts);
-        w.Key("resolved").Bool(e.resolved).EndObject();
-      }
-      w.EndArray();
-    }
-    if (a.hosts) {
-      w.Key("hosts").BeginArray();
-      for (const auto& h : hosts) {
-        w.BeginObject().Key("host").String(h.host).Key("units").Uint(h.units);
-        w.Key("done").Uint(h.done).Key("errors").Uint(h.errors).Key("records").Uint(h.records);
-        w.EndObject();
-      }
-      w.EndArray();
-    }
-    if (a.recent) {
-      w.Key("recent").BeginArray();
-      for (const auto& r : recent) {
-        w.BeginObject().Key("did").String(r.did).Key("host").String(r.host);
-        w.Key("rev").String(r.rev).Key("records").Uint(r.records).Key("outcome").String(r.outcome);
-        w.Key("fetched_at").String(FormatTime(r.fetched_at_us)).EndObject();
-      }
-      w.EndArray();
-    }
-    w.EndObject();
-    std::printf("%s\n", w.str().c_str());
-    return kExitOk;
+    w.EndArray();
   }
+  if (a.recent) {
+    w.Key("recent").BeginArray();
+    for (const auto& r : d.recent) {
+      w.BeginObject().Key("did").String(r.did).Key("host").String(r.host);
+      w.Key("rev").String(r.rev).Key("records").Uint(r.records).Key("outcome").String(r.outcome);
+      w.Key("fetched_at").String(FormatTime(r.fetched_at_us)).EndObject();
+    }
+    w.EndArray();
+  }
+  w.EndObject();
+  std::printf("%s\n", w.str().c_str());
+}
 
-  const auto& j = *job;
+// Status, progress, times, counters and parameters.
+void PrintJobHead(const state::JobRecord& j, int64_t now) {
   const auto p = pipeline::DeriveProgress(j, now);
   std::printf("job %" PRIu64 " (%s), started by %s\n", j.id, j.kind.c_str(), j.started_by.c_str());
   std::printf("  status      %s / %s\n", std::string(state::JobStatusName(j.status)).c_str(),
@@ -241,70 +212,137 @@ int RunJob(std::span<char* const> args) {
     for (auto& ch : shown) ch = ch == '\n' ? ' ' : ch;
     std::printf("  param       %s = %s\n", k.c_str(), shown.c_str());
   }
-  std::printf("  errors      %s\n", counts->empty() ? "none" : "");
-  for (const auto& [k, v] : *counts)
-    std::printf("    %-22s %s\n", k.c_str(), FormatCount(v).c_str());
-  if (!outcome_counts.empty()) {
+}
+
+// The errors by kind, then the outcomes the network reported, each group under its heading.
+void PrintErrorCounts(const JobArgs& a, const JobShown& s) {
+  auto counts = [](const std::map<std::string, uint64_t>& by_kind) {
+    for (const auto& [k, v] : by_kind)
+      std::printf("    %-22s %s\n", k.c_str(), FormatCount(v).c_str());
+  };
+  std::printf("  errors      %s\n", s.errors.empty() ? "none" : "");
+  counts(s.errors);
+  const char* listed = a.errors ? "" : "; listed by --errors";
+  if (!s.accounts.empty()) {
     std::printf(
         "  unavailable accounts (deactivated, taken down, suspended or gone; not errors%s)\n",
-        a.errors ? "" : "; listed by --errors");
-    for (const auto& [k, v] : outcome_counts)
-      std::printf("    %-22s %s\n", k.c_str(), FormatCount(v).c_str());
+        listed);
+    counts(s.accounts);
   }
-  if (j.params.count("source") && j.params.at("source") == "replay") {
-    // The archive blocks still failed (atfill retry-failed reads them again).
-    state::FailedBlocks failed(*st->kv);
-    size_t shown = 0, total = 0;
-    std::string lines;
-    Status s = failed.Scan(j.id, [&](const state::FailedBlock& b) {
-      ++total;
-      if (shown < 20) {
-        ++shown;
-        lines += "    " + b.block_id + "  " + b.reason + "\n";
-      }
-      return true;
-    });
-    if (!s.ok()) {
-      std::printf("  failed blocks: cannot be read: %s\n", s.message().c_str());
-    } else {
-      std::printf("  failed blocks %s%s\n%s", total == 0 ? "none" : FormatCount(total).c_str(),
-                  total > shown ? (" (first " + std::to_string(shown) + " shown)").c_str() : "",
-                  lines.c_str());
+  if (!s.resyncs.empty()) {
+    std::printf("  repo resyncs (chains that broke, and their resyncs; not errors%s)\n", listed);
+    counts(s.resyncs);
+  }
+}
+
+// A replay's archive blocks still failed (atfill retry-failed reads them again).
+void PrintFailedBlocks(state::KvStore& kv, uint64_t job) {
+  state::FailedBlocks failed(kv);
+  size_t shown = 0, total = 0;
+  std::string lines;
+  Status s = failed.Scan(job, [&](const state::FailedBlock& b) {
+    ++total;
+    if (shown < 20) {
+      ++shown;
+      lines += "    " + b.block_id + "  " + b.reason + "\n";
     }
+    return true;
+  });
+  if (!s.ok()) {
+    std::printf("  failed blocks: cannot be read: %s\n", s.message().c_str());
+    return;
   }
+  std::printf("  failed blocks %s%s\n%s", total == 0 ? "none" : FormatCount(total).c_str(),
+              total > shown ? (" (first " + std::to_string(shown) + " shown)").c_str() : "",
+              lines.c_str());
+}
+
+// The tables the flags ask for: batches, the error log, hosts, recent repos.
+void PrintJobTables(const JobArgs& a, const JobShown& s) {
   if (a.batches) {
     std::printf("\n  %-8s %-28s %-28s %8s %8s %10s %8s\n", "BATCH", "FROM", "TO", "COUNT", "FAILED",
                 "MS", "ATTEMPTS");
-    for (const auto& b : audit) {
+    for (const auto& b : s.audit) {
       std::printf("  %-8" PRIu64 " %-28s %-28s %8" PRIu64 " %8" PRIu64 " %10.1f %8u\n", b.batch_no,
                   b.first_position.c_str(), b.last_position.c_str(), b.count, b.failures,
                   static_cast<double>(b.duration_us) / 1000.0, b.attempts);
     }
-    if (audit.empty()) {
+    if (s.audit.empty()) {
       std::printf("  (no batch audit: set [jobs] record_batches = true in the config)\n");
     }
   }
   if (a.errors) {
     std::printf("\n");
-    for (const auto& e : errors) {
+    for (const auto& e : s.error_log) {
       std::printf("  %-18s %-40s %s%s\n", e.kind.c_str(), e.key.c_str(), e.message.c_str(),
                   e.attempts > 1 ? (" (x" + std::to_string(e.attempts) + ")").c_str() : "");
     }
   }
   if (a.hosts) {
     std::printf("\n  %-44s %8s %8s %8s %10s\n", "PDS", "UNITS", "DONE", "ERRORS", "RECORDS");
-    for (const auto& h : hosts) {
+    for (const auto& h : s.details.hosts) {
       std::printf("  %-44s %8" PRIu64 " %8" PRIu64 " %8" PRIu64 " %10" PRIu64 "\n", h.host.c_str(),
                   h.units, h.done, h.errors, h.records);
     }
   }
   if (a.recent) {
     std::printf("\n  %-20s %-34s %-34s %8s %s\n", "FETCHED", "DID", "PDS", "RECORDS", "OUTCOME");
-    for (const auto& r : recent) {
+    for (const auto& r : s.details.recent) {
       std::printf("  %-20s %-34s %-34s %8" PRIu64 " %s\n", FormatTime(r.fetched_at_us).c_str(),
                   r.did.c_str(), r.host.c_str(), r.records, r.outcome.c_str());
     }
   }
+}
+
+}  // namespace
+
+int RunJob(std::span<char* const> args) {
+  JobArgs a;
+  if (int rc = ParseArgs("job", args, true,
+                         {"--json", "--batches", "--errors", "--hosts", "--recent"}, &a);
+      rc >= 0) {
+    return rc;
+  }
+  auto config = LoadAppConfig(a.config);
+  if (!config.ok()) return Fail("job", config.status().message(), kExitUsage);
+  auto st = OpenStateForRead(*config);
+  if (!st.ok()) return Fail("job", st.status().message(), kExitIo);
+  auto details =
+      pipeline::JobDetailsReader(st->kv.get(), st->jobs.get(), st->errors.get()).Get(a.id);
+  if (!details.ok()) {
+    const bool missing = details.status().code() == StatusCode::kNotFound;
+    return Fail("job", details.status().message(), missing ? kExitUsage : kExitIo);
+  }
+  JobShown shown;
+  shown.details = std::move(*details);
+  for (const auto& [k, v] : shown.details.errors_by_kind) {
+    auto& group = !state::IsOutcomeKind(k)  ? shown.errors
+                  : k == "repo_unavailable" ? shown.accounts
+                                            : shown.resyncs;
+    group[k] = v;
+  }
+  if (a.batches) {
+    auto listed = st->jobs->ListBatchAudit(a.id, 0, SIZE_MAX);
+    if (!listed.ok()) return Fail("job", listed.status().message(), kExitIo);
+    shown.audit = std::move(*listed);
+  }
+  if (a.errors) {
+    auto listed = st->errors->List(a.id, 0, UINT64_MAX);
+    if (!listed.ok()) return Fail("job", listed.status().message(), kExitIo);
+    shown.error_log = std::move(*listed);
+  }
+  const int64_t now = pipeline::NowMicros();
+  if (a.json) {
+    WriteJobJson(a, shown, now);
+    return kExitOk;
+  }
+  const state::JobRecord& j = shown.details.job;
+  PrintJobHead(j, now);
+  PrintErrorCounts(a, shown);
+  if (j.params.count("source") && j.params.at("source") == "replay") {
+    PrintFailedBlocks(*st->kv, j.id);
+  }
+  PrintJobTables(a, shown);
   if (st->read_only) std::printf("(read-only view: another atfill process holds the state)\n");
   return kExitOk;
 }
