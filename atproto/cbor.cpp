@@ -483,7 +483,9 @@ class JsonTranscoder : public Reader {
   CborTopField* field_;
 };
 
-void AppendHead(uint8_t major, uint64_t v, Bytes* out) {
+}  // namespace
+
+void AppendCborHead(uint8_t major, uint64_t v, Bytes* out) {
   const uint8_t m = static_cast<uint8_t>(major << 5);
   if (v < 24) {
     out->push_back(m | static_cast<uint8_t>(v));
@@ -510,8 +512,10 @@ void AppendHead(uint8_t major, uint64_t v, Bytes* out) {
   out->insert(out->end(), buf, buf + 1 + width);
 }
 
+namespace {
+
 void AppendText(std::string_view s, Bytes* out) {
-  AppendHead(kTextString, s.size(), out);
+  AppendCborHead(kTextString, s.size(), out);
   out->insert(out->end(), s.begin(), s.end());
 }
 
@@ -526,9 +530,9 @@ void Encode(const Value& value, Bytes* out) {
     case Value::Kind::kInt: {
       const int64_t i = value.as_int();
       if (i >= 0) {
-        AppendHead(kUnsigned, static_cast<uint64_t>(i), out);
+        AppendCborHead(kUnsigned, static_cast<uint64_t>(i), out);
       } else {
-        AppendHead(kNegative, static_cast<uint64_t>(-1 - i), out);
+        AppendCborHead(kNegative, static_cast<uint64_t>(-1 - i), out);
       }
       break;
     }
@@ -537,27 +541,27 @@ void Encode(const Value& value, Bytes* out) {
       break;
     case Value::Kind::kBytes: {
       const Bytes& b = value.as_bytes();
-      AppendHead(kByteString, b.size(), out);
+      AppendCborHead(kByteString, b.size(), out);
       out->insert(out->end(), b.begin(), b.end());
       break;
     }
     case Value::Kind::kLink: {
       const ByteView cid = value.as_link().binary();
-      AppendHead(kTag, kCidTag, out);
-      AppendHead(kByteString, cid.size() + 1, out);
+      AppendCborHead(kTag, kCidTag, out);
+      AppendCborHead(kByteString, cid.size() + 1, out);
       out->push_back(0x00);
       out->insert(out->end(), cid.begin(), cid.end());
       break;
     }
     case Value::Kind::kArray: {
       const Value::Array& items = value.as_array();
-      AppendHead(kArray, items.size(), out);
+      AppendCborHead(kArray, items.size(), out);
       for (const Value& item : items) Encode(item, out);
       break;
     }
     case Value::Kind::kMap: {
       const Value::Map& map = value.as_map();
-      AppendHead(kMap, map.size(), out);
+      AppendCborHead(kMap, map.size(), out);
       const auto less = [](const auto& a, const auto& b) { return CborKeyLess(a.first, b.first); };
       if (std::is_sorted(map.begin(), map.end(), less)) {
         for (const auto& [k, v] : map) {

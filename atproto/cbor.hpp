@@ -4,6 +4,9 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -58,5 +61,126 @@ Status CborRecordToJson(ByteView block, std::string* json, std::string* created_
 // encoder writes both entries.
 void EncodeCbor(const Value& value, Bytes* out);
 Bytes EncodeCbor(const Value& value);
+
+// Appends the head of major type `major` (0-7) with argument `v`, in its minimal length.
+void AppendCborHead(uint8_t major, uint64_t v, Bytes* out);
+
+// A forward-only reader of DAG-CBOR items for the fast paths that read one known shape without
+// building a Value (an MST node, a firehose frame's head). It answers only true or false and
+// checks only what its caller asks: a caller that gets false decodes the input with DecodeCbor,
+// which says what is wrong. Lengths are definite and heads of major types 0-6 minimal, so an item
+// is skipped by its head alone, or by walking its children for arrays, maps and tags.
+class CborReader {
+ public:
+  explicit CborReader(ByteView bytes) : b_(bytes) {}
+
+  size_t pos() const { return pos_; }
+  bool AtEnd() const { return pos_ == b_.size(); }
+
+  // The next head: false at the end, for an indefinite length or a reserved value, and for a
+  // non-minimal argument.
+  bool Head(uint8_t* major, uint64_t* arg) {
+    if (pos_ >= b_.size()) return false;
+    const uint8_t initial = b_[pos_++];
+    *major = initial >> 5;
+    const uint8_t info = initial & 0x1f;
+    if (info < 24) {
+      *arg = info;
+      return true;
+    }
+    if (info > 27) return false;
+    const size_t n = size_t{1} << (info - 24);
+    if (b_.size() - pos_ < n) return false;
+    uint64_t v = 0;
+    for (size_t i = 0; i < n; ++i) v = (v << 8) | b_[pos_++];
+    static constexpr uint64_t kFloor[] = {24, 0x100, 0x10000, 0x100000000};
+    if (*major != 7 && v < kFloor[info - 24]) return false;
+    *arg = v;
+    return true;
+  }
+  // The next head, which must be of major type `major`.
+  bool HeadOf(uint8_t major, uint64_t* arg) {
+    uint8_t m = 0;
+    return Head(&m, arg) && m == major;
+  }
+  bool Text(std::string_view* out) {
+    uint64_t n = 0;
+    if (!HeadOf(3, &n) || b_.size() - pos_ < n) return false;
+    *out = std::string_view(reinterpret_cast<const char*>(b_.data() + pos_), n);
+    pos_ += n;
+    return true;
+  }
+  // A map key spelled `name` (shorter than 24 bytes).
+  bool Key(std::string_view name) {
+    if (b_.size() - pos_ < 1 + name.size() || b_[pos_] != (0x60 | name.size()) ||
+        std::memcmp(b_.data() + pos_ + 1, name.data(), name.size()) != 0) {
+      return false;
+    }
+    pos_ += 1 + name.size();
+    return true;
+  }
+  bool Bytes(ByteView* out) {
+    uint64_t n = 0;
+    if (!HeadOf(2, &n) || b_.size() - pos_ < n) return false;
+    *out = b_.subspan(pos_, n);
+    pos_ += n;
+    return true;
+  }
+  // A CID link: tag 42, then a byte string of 0x00 and the binary CID.
+  bool Link(Cid* out) {
+    if (b_.size() - pos_ < 2 || b_[pos_] != 0xd8 || b_[pos_ + 1] != 42) return false;
+    pos_ += 2;
+    ByteView bytes;
+    if (!Bytes(&bytes) || bytes.empty() || bytes[0] != 0x00) return false;
+    auto cid = Cid::FromBinary(bytes.subspan(1));
+    if (!cid.ok()) return false;
+    *out = *cid;
+    return true;
+  }
+  bool NullOrLink(std::optional<Cid>* out) {
+    if (pos_ < b_.size() && b_[pos_] == 0xf6) {
+      ++pos_;
+      out->reset();
+      return true;
+    }
+    Cid cid;
+    if (!Link(&cid)) return false;
+    *out = cid;
+    return true;
+  }
+  // Steps over the next item, whatever it is; false when it is cut short or nests deeper than
+  // 64.
+  bool Skip(int depth = 0) {
+    uint8_t major = 0;
+    uint64_t n = 0;
+    if (depth > 64 || !Head(&major, &n)) return false;
+    switch (major) {
+      case 0:
+      case 1:
+      case 7:  // integers, simple values and floats: the head is the item
+        return true;
+      case 2:
+      case 3:
+        if (b_.size() - pos_ < n) return false;
+        pos_ += n;
+        return true;
+      case 4:
+      case 5: {
+        const uint64_t items = major == 5 ? n * 2 : n;
+        if (items > b_.size() - pos_) return false;  // each item takes a byte at least
+        for (uint64_t i = 0; i < items; ++i) {
+          if (!Skip(depth + 1)) return false;
+        }
+        return true;
+      }
+      default:  // a tag (42: a CID) and its item
+        return Skip(depth + 1);
+    }
+  }
+
+ private:
+  ByteView b_;
+  size_t pos_ = 0;
+};
 
 }  // namespace atfill::atproto

@@ -102,85 +102,20 @@ Status DecodeEntry(const Value& value, size_t index, const std::string& prev, Ms
 // link), every head minimal. False for anything else, and for a node the full decoder refuses:
 // the caller then decodes it the general way, which says what is wrong. What it accepts decodes
 // to the same node both ways (MstNodeDecodersAgree in tests/atproto/mst_test.cpp).
-class NodeReader {
- public:
-  explicit NodeReader(ByteView b) : b_(b) {}
-
-  bool Head(uint8_t major, uint64_t* arg) {
-    if (pos_ >= b_.size() || (b_[pos_] >> 5) != major) return false;
-    const uint8_t info = b_[pos_++] & 0x1f;
-    if (info < 24) {
-      *arg = info;
-      return true;
-    }
-    if (info > 27) return false;
-    const size_t n = size_t{1} << (info - 24);
-    if (b_.size() - pos_ < n) return false;
-    uint64_t v = 0;
-    for (size_t i = 0; i < n; ++i) v = (v << 8) | b_[pos_++];
-    // Minimal: a shorter head could not hold it.
-    static constexpr uint64_t kFloor[] = {24, 0x100, 0x10000, 0x100000000};
-    if (v < kFloor[info - 24]) return false;
-    *arg = v;
-    return true;
-  }
-  bool Key(char name) {
-    if (b_.size() - pos_ < 2 || b_[pos_] != 0x61 || b_[pos_ + 1] != static_cast<uint8_t>(name)) {
-      return false;
-    }
-    pos_ += 2;
-    return true;
-  }
-  bool Bytes(ByteView* out) {
-    uint64_t n = 0;
-    if (!Head(2, &n) || n > kMaxItems || b_.size() - pos_ < n) return false;
-    *out = b_.subspan(pos_, n);
-    pos_ += n;
-    return true;
-  }
-  bool Link(Cid* out) {
-    // Tag 42, then a byte string: 0x00 and the binary CID.
-    if (b_.size() - pos_ < 2 || b_[pos_] != 0xd8 || b_[pos_ + 1] != 42) return false;
-    pos_ += 2;
-    ByteView bytes;
-    if (!Bytes(&bytes) || bytes.empty() || bytes[0] != 0x00) return false;
-    auto cid = Cid::FromBinary(bytes.subspan(1));
-    if (!cid.ok()) return false;
-    *out = *cid;
-    return true;
-  }
-  bool NullOrLink(std::optional<Cid>* out) {
-    if (pos_ < b_.size() && b_[pos_] == 0xf6) {
-      ++pos_;
-      out->reset();
-      return true;
-    }
-    Cid cid;
-    if (!Link(&cid)) return false;
-    *out = cid;
-    return true;
-  }
-  bool AtEnd() const { return pos_ == b_.size(); }
-
- private:
-  static constexpr uint64_t kMaxItems = CborLimits{}.max_items;
-  ByteView b_;
-  size_t pos_ = 0;
-};
-
 bool DecodeCanonicalNode(ByteView block, MstNode* node) {
   if (block.size() > CborLimits{}.max_bytes) return false;
-  NodeReader r(block);
+  CborReader r(block);
   uint64_t n = 0;
-  if (!r.Head(5, &n) || n != 2 || !r.Key('e') || !r.Head(4, &n) || n > block.size()) return false;
+  if (!r.HeadOf(5, &n) || n != 2 || !r.Key("e") || !r.HeadOf(4, &n) || n > block.size())
+    return false;
   node->entries.resize(n);
   std::string_view prev;
   for (size_t i = 0; i < node->entries.size(); ++i) {
     MstNode::Entry& e = node->entries[i];
     uint64_t fields = 0, prefix = 0;
     ByteView suffix;
-    if (!r.Head(5, &fields) || fields != 4 || !r.Key('k') || !r.Bytes(&suffix) || !r.Key('p') ||
-        !r.Head(0, &prefix) || !r.Key('t') || !r.NullOrLink(&e.tree) || !r.Key('v') ||
+    if (!r.HeadOf(5, &fields) || fields != 4 || !r.Key("k") || !r.Bytes(&suffix) || !r.Key("p") ||
+        !r.HeadOf(0, &prefix) || !r.Key("t") || !r.NullOrLink(&e.tree) || !r.Key("v") ||
         !r.Link(&e.value)) {
       return false;
     }
@@ -195,21 +130,7 @@ bool DecodeCanonicalNode(ByteView block, MstNode* node) {
     if (!ValidateMstKey(e.key).ok()) return false;
     prev = e.key;
   }
-  return r.Key('l') && r.NullOrLink(&node->left) && r.AtEnd();
-}
-
-void AppendHeadTo(uint8_t major, uint64_t v, Bytes* out) {
-  const uint8_t m = static_cast<uint8_t>(major << 5);
-  if (v < 24) {
-    out->push_back(m | static_cast<uint8_t>(v));
-    return;
-  }
-  const int width = v <= 0xff ? 1 : v <= 0xffff ? 2 : v <= 0xffffffff ? 4 : 8;
-  out->push_back(m | static_cast<uint8_t>(width == 1   ? 24
-                                          : width == 2 ? 25
-                                          : width == 4 ? 26
-                                                       : 27));
-  for (int i = width - 1; i >= 0; --i) out->push_back(static_cast<uint8_t>(v >> (8 * i)));
+  return r.Key("l") && r.NullOrLink(&node->left) && r.AtEnd();
 }
 
 void AppendKey(char name, Bytes* out) {
@@ -221,7 +142,7 @@ void AppendLink(const Cid& cid, Bytes* out) {
   out->push_back(0xd8);
   out->push_back(42);
   const ByteView binary = cid.binary();
-  AppendHeadTo(2, binary.size() + 1, out);
+  AppendCborHead(2, binary.size() + 1, out);
   out->push_back(0x00);
   out->insert(out->end(), binary.begin(), binary.end());
 }
@@ -501,19 +422,19 @@ Bytes EncodeMstNode(const MstNode& node) {
   // < "v"), minimal heads, links as tag 42 over 0x00 and the binary CID.
   Bytes out;
   out.reserve(8 + node.entries.size() * 96);
-  AppendHeadTo(5, 2, &out);
+  AppendCborHead(5, 2, &out);
   AppendKey('e', &out);
-  AppendHeadTo(4, node.entries.size(), &out);
+  AppendCborHead(4, node.entries.size(), &out);
   std::string_view prev;
   for (const MstNode::Entry& entry : node.entries) {
     const size_t prefix = MstCommonPrefixLength(prev, entry.key);
     const ByteView suffix = AsBytes(entry.key).subspan(prefix);
-    AppendHeadTo(5, 4, &out);
+    AppendCborHead(5, 4, &out);
     AppendKey('k', &out);
-    AppendHeadTo(2, suffix.size(), &out);
+    AppendCborHead(2, suffix.size(), &out);
     out.insert(out.end(), suffix.begin(), suffix.end());
     AppendKey('p', &out);
-    AppendHeadTo(0, prefix, &out);
+    AppendCborHead(0, prefix, &out);
     AppendKey('t', &out);
     if (entry.tree) {
       AppendLink(*entry.tree, &out);

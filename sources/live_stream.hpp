@@ -16,6 +16,7 @@
 #include "base/status.hpp"
 #include "base/strings.hpp"
 #include "net/websocket.hpp"
+#include "state/job_store.hpp"
 
 namespace atfill::sources {
 
@@ -84,6 +85,20 @@ void MarkSessionStopped(Shared& shared) {
   std::lock_guard<std::mutex> lock(shared.mu);
   shared.stopped = true;
   shared.cv.notify_one();
+}
+
+// `name` followed by each host, as a stream source's Describe says it ("firehose wss://a wss://b").
+inline std::string DescribeLiveStream(std::string name, const std::vector<std::string>& hosts) {
+  for (const auto& h : hosts) name += " " + h;
+  return name;
+}
+
+// Why a stream source that ended by idle_exit_ms stopped ("stream_idle": the job pauses and the
+// next run continues from the cursor); empty when it did not (`idle_exit` false).
+inline state::StopReason IdleStopReason(bool idle_exit, int64_t idle_exit_ms) {
+  if (!idle_exit) return {};
+  return {"stream_idle", "no message for " + std::to_string(idle_exit_ms) +
+                             " ms (live.idle_exit_ms); run again to continue from the cursor"};
 }
 
 // `v` percent-encoded for a query value, keeping what the stream hosts read as it is: the

@@ -589,15 +589,11 @@ Result<bool> FirehoseSource::Read(pipeline::EventChunk* chunk) {
 const pipeline::Transform* FirehoseSource::OrderedStage() const { return &impl_->stage; }
 
 std::string FirehoseSource::Describe() const {
-  std::string d = "firehose";
-  for (const auto& h : impl_->options.hosts) d += " " + h;
-  return d;
+  return DescribeLiveStream("firehose", impl_->options.hosts);
 }
 
 state::StopReason FirehoseSource::Unfinished() const {
-  if (!impl_->idle_exit) return {};
-  return {"stream_idle", "no message for " + std::to_string(impl_->options.idle_exit_ms) +
-                             " ms (live.idle_exit_ms); run again to continue from the cursor"};
+  return IdleStopReason(impl_->idle_exit, impl_->options.idle_exit_ms);
 }
 
 void FirehoseSource::Committed(uint64_t through_seq) {

@@ -337,78 +337,9 @@ Status DecodeFirehoseFrame(ByteView bytes, FirehoseFrame* frame, std::string* er
   return DecodeBody(&fields, type, frame);
 }
 
-namespace {
-
-// A forward-only reader of DAG-CBOR items: lengths are definite, so an item is skipped by its
-// head alone (or by walking its children, for arrays, maps and tags).
-class CborCursor {
- public:
-  explicit CborCursor(ByteView bytes) : bytes_(bytes) {}
-
-  size_t pos() const { return pos_; }
-  bool Head(uint8_t* major, uint64_t* arg) {
-    if (pos_ >= bytes_.size()) return false;
-    const uint8_t b = bytes_[pos_++];
-    *major = b >> 5;
-    const uint8_t info = b & 0x1f;
-    if (info < 24) {
-      *arg = info;
-      return true;
-    }
-    if (info > 27) return false;  // indefinite lengths and reserved values: not DAG-CBOR
-    const size_t n = size_t{1} << (info - 24);
-    if (bytes_.size() - pos_ < n) return false;
-    uint64_t v = 0;
-    for (size_t i = 0; i < n; ++i) v = (v << 8) | bytes_[pos_++];
-    *arg = v;
-    return true;
-  }
-  bool Text(std::string_view* out) {
-    uint8_t major = 0;
-    uint64_t n = 0;
-    if (!Head(&major, &n) || major != 3 || bytes_.size() - pos_ < n) return false;
-    *out = std::string_view(reinterpret_cast<const char*>(bytes_.data() + pos_), n);
-    pos_ += n;
-    return true;
-  }
-  bool Skip(int depth = 0) {
-    uint8_t major = 0;
-    uint64_t n = 0;
-    if (depth > 64 || !Head(&major, &n)) return false;
-    switch (major) {
-      case 0:
-      case 1:
-      case 7:  // integers, simple values and floats: the head is the item
-        return true;
-      case 2:
-      case 3:
-        if (bytes_.size() - pos_ < n) return false;
-        pos_ += n;
-        return true;
-      case 4:
-      case 5: {
-        const uint64_t items = major == 5 ? n * 2 : n;
-        if (items > bytes_.size() - pos_) return false;  // each item takes a byte at least
-        for (uint64_t i = 0; i < items; ++i) {
-          if (!Skip(depth + 1)) return false;
-        }
-        return true;
-      }
-      default:  // a tag (42: a CID) and its item
-        return Skip(depth + 1);
-    }
-  }
-
- private:
-  ByteView bytes_;
-  size_t pos_ = 0;
-};
-
-}  // namespace
-
 bool PeekFirehoseFrame(ByteView bytes, FirehoseHead* head) {
   if (bytes.size() > kMaxFirehoseFrameBytes) return false;
-  CborCursor c(bytes);
+  atproto::CborReader c(bytes);
   uint8_t major = 0;
   uint64_t n = 0;
   if (!c.Head(&major, &n) || major != 5) return false;

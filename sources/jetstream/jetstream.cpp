@@ -810,15 +810,13 @@ void JetstreamSource::DecodeFrames(
 }
 
 std::string JetstreamSource::Describe() const {
-  std::string d = "jetstream (" + std::string(JetstreamProtocolName(impl_->options.protocol)) + ")";
-  for (const auto& h : impl_->options.hosts) d += " " + h;
-  return d;
+  return DescribeLiveStream(
+      "jetstream (" + std::string(JetstreamProtocolName(impl_->options.protocol)) + ")",
+      impl_->options.hosts);
 }
 
 state::StopReason JetstreamSource::Unfinished() const {
-  if (!impl_->idle_exit) return {};
-  return {"stream_idle", "no message for " + std::to_string(impl_->options.idle_exit_ms) +
-                             " ms (live.idle_exit_ms); run again to continue from the cursor"};
+  return IdleStopReason(impl_->idle_exit, impl_->options.idle_exit_ms);
 }
 
 JetstreamStats JetstreamSource::stats() const {

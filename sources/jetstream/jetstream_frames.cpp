@@ -369,21 +369,21 @@ error_code ReadPayload(od::value value, od::document& doc, PayloadFields* p,
     if (auto e = field.value().get(v)) return e;
     error_code e = simdjson::SUCCESS;
     bool matched = false;
+    auto text = [&v](bool* has, std::string_view* out) {
+      *has = true;
+      return v.get_string().get(*out);
+    };
     if (key == "$type") {
-      p->has_type = true;
-      e = v.get_string().get(p->type);
+      e = text(&p->has_type, &p->type);
     } else if (key == "seq") {
       p->has_seq = true;
       e = v.get_uint64().get(p->seq);
     } else if (key == "did") {
-      p->has_did = true;
-      e = v.get_string().get(p->did);
+      e = text(&p->has_did, &p->did);
     } else if (key == "time") {
-      p->has_time = true;
-      e = v.get_string().get(p->time);
+      e = text(&p->has_time, &p->time);
     } else if (key == "name") {
-      p->has_name = true;
-      e = v.get_string().get(p->name);
+      e = text(&p->has_name, &p->name);
     } else if (key == "message") {
       e = v.get_string().get(p->message);
     } else if (key == "identity") {
