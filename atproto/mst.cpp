@@ -1,6 +1,7 @@
 #include "atproto/mst.hpp"
 
 #include <algorithm>
+#include <array>
 #include <string>
 #include <utility>
 
@@ -15,10 +16,16 @@ namespace {
 constexpr int kMaxHeight = 128;
 constexpr int kMaxDepth = kMaxHeight + 1;
 
-bool IsKeyChar(char c) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
-         c == '-' || c == '_' || c == ':' || c == '~';
-}
+// Every key of every node read is checked, so by table rather than by ranges.
+constexpr std::array<bool, 256> kKeyChars = [] {
+  std::array<bool, 256> t{};
+  for (int c = 0; c < 256; ++c) {
+    t[c] = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+           c == '-' || c == '_' || c == ':' || c == '~';
+  }
+  return t;
+}();
+bool IsKeyChar(char c) { return kKeyChars[static_cast<uint8_t>(c)]; }
 
 std::string Quote(std::string_view key) {
   constexpr size_t kShown = 80;
@@ -417,41 +424,58 @@ Result<MstNode> DecodeMstNodeValue(ByteView block) {
   return node;
 }
 
-Bytes EncodeMstNode(const MstNode& node) {
-  // Canonical DAG-CBOR written directly: map keys in canonical order ("e" < "l"; "k" < "p" < "t"
-  // < "v"), minimal heads, links as tag 42 over 0x00 and the binary CID.
-  Bytes out;
-  out.reserve(8 + node.entries.size() * 96);
-  AppendCborHead(5, 2, &out);
-  AppendKey('e', &out);
-  AppendCborHead(4, node.entries.size(), &out);
+namespace {
+
+// Canonical DAG-CBOR written directly: map keys in canonical order ("e" < "l"; "k" < "p" < "t" <
+// "v"), minimal heads, links as tag 42 over 0x00 and the binary CID. `Entry` has key, value and
+// tree (MstNode::Entry, MstEntryView).
+template <typename Entry>
+void AppendNode(const std::optional<Cid>& left, std::span<const Entry> entries, Bytes* out) {
+  out->reserve(out->size() + 8 + entries.size() * 96);
+  AppendCborHead(5, 2, out);
+  AppendKey('e', out);
+  AppendCborHead(4, entries.size(), out);
   std::string_view prev;
-  for (const MstNode::Entry& entry : node.entries) {
-    const size_t prefix = MstCommonPrefixLength(prev, entry.key);
-    const ByteView suffix = AsBytes(entry.key).subspan(prefix);
-    AppendCborHead(5, 4, &out);
-    AppendKey('k', &out);
-    AppendCborHead(2, suffix.size(), &out);
-    out.insert(out.end(), suffix.begin(), suffix.end());
-    AppendKey('p', &out);
-    AppendCborHead(0, prefix, &out);
-    AppendKey('t', &out);
+  for (const Entry& entry : entries) {
+    const std::string_view key = entry.key;
+    const size_t prefix = MstCommonPrefixLength(prev, key);
+    const ByteView suffix = AsBytes(key).subspan(prefix);
+    AppendCborHead(5, 4, out);
+    AppendKey('k', out);
+    AppendCborHead(2, suffix.size(), out);
+    out->insert(out->end(), suffix.begin(), suffix.end());
+    AppendKey('p', out);
+    AppendCborHead(0, prefix, out);
+    AppendKey('t', out);
     if (entry.tree) {
-      AppendLink(*entry.tree, &out);
+      AppendLink(*entry.tree, out);
     } else {
-      out.push_back(0xf6);
+      out->push_back(0xf6);
     }
-    AppendKey('v', &out);
-    AppendLink(entry.value, &out);
-    prev = entry.key;
+    AppendKey('v', out);
+    AppendLink(entry.value, out);
+    prev = key;
   }
-  AppendKey('l', &out);
-  if (node.left) {
-    AppendLink(*node.left, &out);
+  AppendKey('l', out);
+  if (left) {
+    AppendLink(*left, out);
   } else {
-    out.push_back(0xf6);
+    out->push_back(0xf6);
   }
+}
+
+}  // namespace
+
+Bytes EncodeMstNode(const MstNode& node) {
+  Bytes out;
+  AppendNode(node.left, std::span<const MstNode::Entry>(node.entries), &out);
   return out;
+}
+
+void EncodeMstNodeTo(const std::optional<Cid>& left, std::span<const MstEntryView> entries,
+                     Bytes* out) {
+  out->clear();
+  AppendNode(left, entries, out);
 }
 
 Status WalkMst(const BlockStore& blocks, const Cid& root, const MstVisitor& visit) {

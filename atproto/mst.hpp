@@ -53,6 +53,16 @@ Result<MstNode> DecodeMstNode(ByteView block);
 Result<MstNode> DecodeMstNodeValue(ByteView block);
 // Canonical DAG-CBOR of a node (keys prefix-compressed against the previous entry).
 Bytes EncodeMstNode(const MstNode& node);
+// An entry as EncodeMstNodeTo reads it, its key viewed (an editor's node keeps its own keys).
+struct MstEntryView {
+  std::string_view key;
+  Cid value;
+  std::optional<Cid> tree;
+};
+// The same encoding into `out`, which is cleared first and keeps its capacity: an editor that
+// only hashes its nodes reuses one buffer.
+void EncodeMstNodeTo(const std::optional<Cid>& left, std::span<const MstEntryView> entries,
+                     Bytes* out);
 
 // Called once per key in key order; a non-OK return stops the walk and is returned. `key` is valid
 // only during the call.

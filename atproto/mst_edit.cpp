@@ -1,6 +1,7 @@
 #include "atproto/mst_edit.hpp"
 
 #include <algorithm>
+#include <deque>
 #include <string>
 #include <utility>
 #include <vector>
@@ -10,33 +11,24 @@
 namespace atfill::atproto {
 namespace {
 
-// A subtree: null when empty; a stub (not loaded) until an edit reaches it; then its node.
+// A subtree: null when empty; a stub (not loaded) until an edit reaches it; then its node. Nodes
+// live in their editor's pool (an edit makes a few dozen and the editor lives for one commit), so
+// a subtree is a plain pointer and moving one costs nothing.
 struct Node;
-using NodePtr = std::unique_ptr<Node>;
+using NodePtr = Node*;
 
 struct Node {
   struct Entry {
     std::string key;
     Cid value;
-    NodePtr tree;  // keys after `key`, before the next entry
+    NodePtr tree = nullptr;  // keys after `key`, before the next entry
   };
   // Set while the node is as stored (a stub, or loaded and untouched).
   std::optional<Cid> cid;
   bool loaded = false;
-  NodePtr left;
+  NodePtr left = nullptr;
   std::vector<Entry> entries;
 
-  static NodePtr Stub(const std::optional<Cid>& cid) {
-    if (!cid) return nullptr;
-    auto node = std::make_unique<Node>();
-    node->cid = *cid;
-    return node;
-  }
-  static NodePtr Fresh() {
-    auto node = std::make_unique<Node>();
-    node->loaded = true;
-    return node;
-  }
   bool Empty() const { return entries.empty() && left == nullptr; }
   // The first entry at or after `key`.
   size_t LowerBound(std::string_view key) const {
@@ -58,35 +50,53 @@ std::string Quote(std::string_view key) { return "\"" + std::string(key) + "\"";
 // recurses deeper than 129 calls, whatever the blocks hold.
 struct MstEditor::Impl {
   const BlockStore* blocks;
-  NodePtr root;  // null: the empty tree
+  std::deque<Node> pool;   // every node of this editor; deque: growing it moves none
+  NodePtr root = nullptr;  // null: the empty tree
   int layer = -1;
+  // Encode's buffers: one list of entries per depth (a node's children are encoded while its own
+  // list is being filled) and one block, reused when the blocks are only hashed.
+  std::vector<std::vector<MstEntryView>> views;
+  Bytes block;
+
+  NodePtr Stub(const std::optional<Cid>& cid) {
+    if (!cid) return nullptr;
+    Node& node = pool.emplace_back();
+    node.cid = *cid;
+    return &node;
+  }
+  NodePtr Fresh() {
+    Node& node = pool.emplace_back();
+    node.loaded = true;
+    return &node;
+  }
 
   // Loads a stub in place and checks that its keys sit at `layer`.
-  Status Ensure(Node* node, int layer) const {
+  Status Ensure(Node* node, int layer) {
     if (node->loaded) return Status::OK();
-    const std::string where = "MST node " + node->cid->ToString();
+    // Built only for an error: a CID's text costs more than a small node's decoding.
+    auto where = [node] { return "MST node " + node->cid->ToString(); };
     const std::optional<ByteView> data = blocks->Get(*node->cid);
-    if (!data) return Status::NotFound(where + " is not in the blocks at hand");
+    if (!data) return Status::NotFound(where() + " is not in the blocks at hand");
     auto decoded = DecodeMstNode(*data);
-    if (!decoded.ok()) return decoded.status().WithContext(where);
-    if (layer < 0) return Status::Invalid(where + " sits below layer 0");
+    if (!decoded.ok()) return decoded.status().WithContext(where());
+    if (layer < 0) return Status::Invalid(where() + " sits below layer 0");
     for (const MstNode::Entry& e : decoded->entries) {
       if (MstKeyHeight(e.key) != layer) {
-        return Status::Invalid(where + " at layer " + std::to_string(layer) + " holds key " +
+        return Status::Invalid(where() + " at layer " + std::to_string(layer) + " holds key " +
                                Quote(e.key) + " of another height");
       }
     }
     const bool has_subtree =
         decoded->left || std::any_of(decoded->entries.begin(), decoded->entries.end(),
                                      [](const MstNode::Entry& e) { return e.tree.has_value(); });
-    if (layer == 0 && has_subtree) return Status::Invalid(where + " at layer 0 has a subtree");
+    if (layer == 0 && has_subtree) return Status::Invalid(where() + " at layer 0 has a subtree");
     if (decoded->entries.empty() && !decoded->left) {
-      return Status::Invalid(where + " is an empty subtree node");
+      return Status::Invalid(where() + " is an empty subtree node");
     }
-    node->left = Node::Stub(decoded->left);
+    node->left = Stub(decoded->left);
     node->entries.reserve(decoded->entries.size());
     for (MstNode::Entry& e : decoded->entries) {
-      node->entries.push_back({std::move(e.key), e.value, Node::Stub(e.tree)});
+      node->entries.push_back({std::move(e.key), e.value, Stub(e.tree)});
     }
     node->loaded = true;
     return Status::OK();
@@ -96,33 +106,33 @@ struct MstEditor::Impl {
   // before it and the keys after it, both at `layer`.
   Status Split(NodePtr node, int layer, std::string_view key, NodePtr* before, NodePtr* after) {
     if (!node) {
-      before->reset();
-      after->reset();
+      *before = nullptr;
+      *after = nullptr;
       return Status::OK();
     }
-    ATFILL_RETURN_IF_ERROR(Ensure(node.get(), layer));
+    ATFILL_RETURN_IF_ERROR(Ensure(node, layer));
     const size_t i = node->LowerBound(key);
     if (i < node->entries.size() && node->entries[i].key == key) {
       return Status::Invalid("MST key " + Quote(key) + " found below its own layer");
     }
-    NodePtr child_before, child_after;
+    NodePtr child_before = nullptr, child_after = nullptr;
     ATFILL_RETURN_IF_ERROR(
-        Split(std::move(node->ChildBefore(i)), layer - 1, key, &child_before, &child_after));
-    NodePtr right = Node::Fresh();
+        Split(node->ChildBefore(i), layer - 1, key, &child_before, &child_after));
+    NodePtr right = Fresh();
     right->left = std::move(child_after);
     right->entries.assign(std::make_move_iterator(node->entries.begin() + i),
                           std::make_move_iterator(node->entries.end()));
     node->entries.resize(i);
     node->ChildBefore(i) = std::move(child_before);
     node->cid.reset();
-    *before = node->Empty() ? nullptr : std::move(node);
-    *after = right->Empty() ? nullptr : std::move(right);
+    *before = node->Empty() ? nullptr : node;
+    *after = right->Empty() ? nullptr : right;
     return Status::OK();
   }
 
   Status Insert(NodePtr* slot, int layer, std::string_view key, int height, const Cid& value) {
-    if (!*slot) *slot = Node::Fresh();
-    Node* node = slot->get();
+    if (!*slot) *slot = Fresh();
+    Node* node = *slot;
     ATFILL_RETURN_IF_ERROR(Ensure(node, layer));
     node->cid.reset();
     const size_t i = node->LowerBound(key);
@@ -135,11 +145,11 @@ struct MstEditor::Impl {
       node->entries[i].value = value;
       return Status::OK();
     }
-    NodePtr before, after;
-    ATFILL_RETURN_IF_ERROR(Split(std::move(node->ChildBefore(i)), layer - 1, key, &before, &after));
-    node->ChildBefore(i) = std::move(before);
+    NodePtr before = nullptr, after = nullptr;
+    ATFILL_RETURN_IF_ERROR(Split(node->ChildBefore(i), layer - 1, key, &before, &after));
+    node->ChildBefore(i) = before;
     node->entries.insert(node->entries.begin() + static_cast<std::ptrdiff_t>(i),
-                         Node::Entry{std::string(key), value, std::move(after)});
+                         Node::Entry{std::string(key), value, after});
     return Status::OK();
   }
 
@@ -147,10 +157,10 @@ struct MstEditor::Impl {
   Result<NodePtr> Merge(NodePtr a, NodePtr b, int layer) {
     if (!a) return b;
     if (!b) return a;
-    ATFILL_RETURN_IF_ERROR(Ensure(a.get(), layer));
-    ATFILL_RETURN_IF_ERROR(Ensure(b.get(), layer));
+    ATFILL_RETURN_IF_ERROR(Ensure(a, layer));
+    ATFILL_RETURN_IF_ERROR(Ensure(b, layer));
     NodePtr& last = a->ChildBefore(a->entries.size());
-    ATFILL_ASSIGN_OR_RETURN(last, Merge(std::move(last), std::move(b->left), layer - 1));
+    ATFILL_ASSIGN_OR_RETURN(last, Merge(last, b->left, layer - 1));
     for (Node::Entry& e : b->entries) a->entries.push_back(std::move(e));
     a->cid.reset();
     return a;
@@ -158,39 +168,41 @@ struct MstEditor::Impl {
 
   Status Remove(NodePtr* slot, int layer, std::string_view key) {
     if (!*slot || layer < 0) return Status::NotFound("MST key " + Quote(key) + " is absent");
-    Node* node = slot->get();
+    Node* node = *slot;
     ATFILL_RETURN_IF_ERROR(Ensure(node, layer));
     const size_t i = node->LowerBound(key);
     if (i < node->entries.size() && node->entries[i].key == key) {
-      ATFILL_ASSIGN_OR_RETURN(NodePtr merged, Merge(std::move(node->ChildBefore(i)),
-                                                    std::move(node->entries[i].tree), layer - 1));
+      ATFILL_ASSIGN_OR_RETURN(NodePtr merged,
+                              Merge(node->ChildBefore(i), node->entries[i].tree, layer - 1));
       node->entries.erase(node->entries.begin() + static_cast<std::ptrdiff_t>(i));
-      node->ChildBefore(i) = std::move(merged);
+      node->ChildBefore(i) = merged;
     } else {
       ATFILL_RETURN_IF_ERROR(Remove(&node->ChildBefore(i), layer - 1, key));
     }
     node->cid.reset();
-    if (node->Empty()) slot->reset();
+    if (node->Empty()) *slot = nullptr;
     return Status::OK();
   }
 
-  Result<Cid> Encode(Node* node, BlockStore* out) {
+  Result<Cid> Encode(Node* node, BlockStore* out, size_t depth = 0) {
     if (node->cid) return *node->cid;
-    MstNode encoded;
+    std::optional<Cid> left;
     if (node->left) {
-      ATFILL_ASSIGN_OR_RETURN(encoded.left, Encode(node->left.get(), out));
+      ATFILL_ASSIGN_OR_RETURN(left, Encode(node->left, out, depth + 1));
     }
-    encoded.entries.reserve(node->entries.size());
+    if (views.size() <= depth) views.resize(depth + 1);
+    views[depth].clear();
     for (Node::Entry& e : node->entries) {
       std::optional<Cid> tree;
       if (e.tree) {
-        ATFILL_ASSIGN_OR_RETURN(tree, Encode(e.tree.get(), out));
+        ATFILL_ASSIGN_OR_RETURN(tree, Encode(e.tree, out, depth + 1));
       }
-      encoded.entries.push_back({e.key, e.value, tree});
+      // Indexed anew after each child: encoding one may have grown `views`.
+      views[depth].push_back({e.key, e.value, tree});
     }
-    Bytes block = EncodeMstNode(encoded);
+    EncodeMstNodeTo(left, views[depth], &block);
     const Cid cid = Cid::Compute(Cid::Codec::kDagCbor, block);
-    if (out != nullptr) out->Put(cid, std::move(block));
+    if (out != nullptr) out->Put(cid, block);
     node->cid = cid;
     return cid;
   }
@@ -216,20 +228,20 @@ Result<MstEditor> MstEditor::Open(const BlockStore* blocks, const Cid& root) {
   }
   Impl& impl = *editor.impl_;
   impl.layer = MstKeyHeight(node->entries.front().key);
-  impl.root = Node::Stub(root);
-  ATFILL_RETURN_IF_ERROR(impl.Ensure(impl.root.get(), impl.layer));
+  impl.root = impl.Stub(root);
+  ATFILL_RETURN_IF_ERROR(impl.Ensure(impl.root, impl.layer));
   return editor;
 }
 
 Result<std::optional<Cid>> MstEditor::Get(std::string_view key) {
-  Node* node = impl_->root.get();
+  Node* node = impl_->root;
   for (int layer = impl_->layer; node != nullptr && layer >= 0; --layer) {
     ATFILL_RETURN_IF_ERROR(impl_->Ensure(node, layer));
     const size_t i = node->LowerBound(key);
     if (i < node->entries.size() && node->entries[i].key == key) {
       return std::optional<Cid>(node->entries[i].value);
     }
-    node = node->ChildBefore(i).get();
+    node = node->ChildBefore(i);
   }
   return std::optional<Cid>();
 }
@@ -241,19 +253,19 @@ Status MstEditor::Put(std::string_view key, const Cid& value) {
   if (height > impl.layer) {
     // The key goes above the current root: the tree splits around it and each half is lifted to
     // the layer just below it through nodes holding only a left subtree.
-    NodePtr before, after;
-    ATFILL_RETURN_IF_ERROR(impl.Split(std::move(impl.root), impl.layer, key, &before, &after));
+    NodePtr before = nullptr, after = nullptr;
+    ATFILL_RETURN_IF_ERROR(impl.Split(impl.root, impl.layer, key, &before, &after));
     for (int layer = std::max(impl.layer, 0); layer < height - 1 && impl.layer >= 0; ++layer) {
       for (NodePtr* half : {&before, &after}) {
         if (!*half) continue;
-        NodePtr lifted = Node::Fresh();
-        lifted->left = std::move(*half);
-        *half = std::move(lifted);
+        NodePtr lifted = impl.Fresh();
+        lifted->left = *half;
+        *half = lifted;
       }
     }
-    impl.root = Node::Fresh();
-    impl.root->left = std::move(before);
-    impl.root->entries.push_back({std::string(key), value, std::move(after)});
+    impl.root = impl.Fresh();
+    impl.root->left = before;
+    impl.root->entries.push_back({std::string(key), value, after});
     impl.layer = height;
     return Status::OK();
   }
@@ -265,10 +277,9 @@ Status MstEditor::Delete(std::string_view key) {
   ATFILL_RETURN_IF_ERROR(impl.Remove(&impl.root, impl.layer, key));
   // A root left without entries gives way to its only subtree, down to a root that has keys.
   while (impl.root) {
-    ATFILL_RETURN_IF_ERROR(impl.Ensure(impl.root.get(), impl.layer));
+    ATFILL_RETURN_IF_ERROR(impl.Ensure(impl.root, impl.layer));
     if (!impl.root->entries.empty()) break;
-    NodePtr next = std::move(impl.root->left);
-    impl.root = std::move(next);
+    impl.root = impl.root->left;
     --impl.layer;
   }
   if (!impl.root) impl.layer = -1;
@@ -282,7 +293,7 @@ Result<Cid> MstEditor::Root(BlockStore* out) {
     if (out != nullptr) out->Put(cid, block);
     return cid;
   }
-  return impl_->Encode(impl_->root.get(), out);
+  return impl_->Encode(impl_->root, out);
 }
 
 }  // namespace atfill::atproto
