@@ -66,6 +66,7 @@
 #include <thread>
 
 #include "bench/bench_util.hpp"
+#include "bench/planned_stages.hpp"
 #include "pipeline/engine.hpp"
 #include "pipeline/job.hpp"
 #include "pipeline/plan.hpp"
@@ -73,8 +74,6 @@
 #include "sinks/sqlite_sink.hpp"
 #include "sources/crawl/crawl_source.hpp"
 #include "sources/crawl/resolver.hpp"
-#include "stages/cid_verify.hpp"
-#include "stages/ingest_guard.hpp"
 #include "state/error_log.hpp"
 #include "state/job_store.hpp"
 #include "state/kv_store.hpp"
@@ -170,14 +169,17 @@ CrawlRun RunCrawl(const fs::path& dir, const CrawlOptions& options, bool dry_run
     return out;
   }
   state::Tombstones tombstones(**kv);
-  stages::CidVerify verify;
-  stages::IngestGuard guard(&tombstones);
+  // `atfill backfill`'s stages, made by its own factories.
+  auto planned =
+      bench::PlannedStages::Make({.kind = "backfill", .kv = kv->get(), .tombstones = &tombstones});
+  if (!planned.ok()) {
+    out.error = planned.status().ToString();
+    return out;
+  }
   pipeline::JobRunner runner(kv->get(), &jobs, &errors, *job,
                              "job/" + std::to_string(job->id) + "/crawl", job_options);
-  pipeline::Engine engine(
-      pipeline::EngineOptions{}, source->get(),
-      pipeline::StandardStages{.cid_verify = &verify, .ingest_guard = &guard}.InOrder(),
-      sink->get(), kv->get(), &runner);
+  pipeline::Engine engine(pipeline::EngineOptions{}, source->get(), (*planned)->InOrder(),
+                          sink->get(), kv->get(), &runner);
 
   std::mutex mu;
   std::condition_variable cv;

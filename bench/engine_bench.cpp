@@ -30,12 +30,11 @@
 #include <unordered_map>
 
 #include "bench/bench_util.hpp"
+#include "bench/planned_stages.hpp"
 #include "pipeline/plan.hpp"
 #include "pipeline/run.hpp"
 #include "sinks/sqlite_sink.hpp"
 #include "sources/files/event_file.hpp"
-#include "stages/cid_verify.hpp"
-#include "stages/ingest_guard.hpp"
 #include "state/kv_store.hpp"
 #include "state/tombstones.hpp"
 #include "tools/gen/event_gen.hpp"
@@ -105,8 +104,10 @@ void BM_EndToEnd(benchmark::State& state) {
     auto kv = state::OpenRocksDb(st);
     if (!source.ok() || !sink.ok() || !kv.ok()) return state.SkipWithError("open failed");
     state::Tombstones tombstones(**kv);
-    stages::CidVerify verify;
-    stages::IngestGuard guard(&tombstones);
+    // `atfill ingest`'s stages, made by its own factories.
+    auto planned =
+        bench::PlannedStages::Make({.kind = "ingest", .kv = kv->get(), .tombstones = &tombstones});
+    if (!planned.ok()) return state.SkipWithError(planned.status().ToString().c_str());
     pipeline::RunOptions options;
     if (const char* e = std::getenv("ATFILL_ENGINE_BENCH_BATCH")) {
       unsigned long long events = 0, chunks = 0;
@@ -115,10 +116,8 @@ void BM_EndToEnd(benchmark::State& state) {
         options.engine.batch = {.max_events = events, .max_delay_ms = ms, .max_chunks = chunks};
       }
     }
-    auto job = pipeline::RunAsJob(
-        source->get(),
-        pipeline::StandardStages{.cid_verify = &verify, .ingest_guard = &guard}.InOrder(),
-        sink->get(), kv->get(), options);
+    auto job =
+        pipeline::RunAsJob(source->get(), (*planned)->InOrder(), sink->get(), kv->get(), options);
     if (!job.ok() || job->counters.records_written != kEvents) {
       return state.SkipWithError("the run did not write every record");
     }

@@ -55,6 +55,7 @@
 
 #include "bench/bench_util.hpp"
 #include "bench/jetstream_backlog.hpp"
+#include "bench/planned_stages.hpp"
 #include "pipeline/engine.hpp"
 #include "pipeline/job.hpp"
 #include "pipeline/plan.hpp"
@@ -66,14 +67,9 @@
 #include "sources/firehose/firehose.hpp"
 #include "sources/firehose/firehose_frames.hpp"
 #include "sources/jetstream/jetstream.hpp"
-#include "stages/account_check.hpp"
-#include "stages/cid_verify.hpp"
-#include "stages/ingest_guard.hpp"
-#include "stages/live_hold.hpp"
 #include "state/error_log.hpp"
 #include "state/job_store.hpp"
 #include "state/kv_store.hpp"
-#include "state/live_holds.hpp"
 #include "state/resolver_cache.hpp"
 #include "state/tombstones.hpp"
 #include "tools/simnet/firehose_relay.hpp"
@@ -208,15 +204,6 @@ LiveRun RunLive(const simnet::Simnet& net, bool compress,
     return out;
   }
   state::Tombstones tombstones(**kv);
-  stages::CidVerify verify;
-  // The delete-tombstone rule of `atfill run` (a sink lookup per delete the run has not seen a
-  // create for, on the guard's ordered node).
-  stages::DeleteTombstoneRule rule;
-  if (!dry_run) rule.sink_holds = sinks::SqliteHoldsRecords(sink_options.path);
-  stages::IngestGuard guard(&tombstones, nullptr, std::move(rule));
-  // The hold stage of `atfill run` with no backfill beside it (what it costs when idle).
-  state::LiveHolds holds(**kv);
-  stages::LiveHold hold(&holds, {});
   // The account check, as `atfill run` has it by default: each deletion asks simnet's PDS.
   net::HttpClientOptions check_http_options;
   check_http_options.allow_private_addresses = true;
@@ -231,7 +218,21 @@ LiveRun RunLive(const simnet::Simnet& net, bool compress,
   state::ResolverCache resolver_cache(**kv);
   sources::DidResolver resolver(check_http->get(), &resolver_cache, resolver_options);
   sources::PdsAccountStatus lookup(&resolver, check_http->get());
-  stages::AccountCheck check(&lookup);
+  // `atfill run`'s stages, made by its own factories: CID verification, the account check, the
+  // live hold (what it costs with no backfill beside it) and the guard with the live
+  // delete-tombstone rule (a sink lookup per delete the run has not seen a create for).
+  pipeline::SinkReaders readers;
+  if (!dry_run) readers.holds = sinks::SqliteHoldsRecords(sink_options.path);
+  auto planned = bench::PlannedStages::Make({.kind = "live",
+                                             .kv = kv->get(),
+                                             .tombstones = &tombstones,
+                                             .jobs = &jobs,
+                                             .readers = std::move(readers),
+                                             .account_status = &lookup});
+  if (!planned.ok()) {
+    out.error = planned.status().ToString();
+    return out;
+  }
   pipeline::JobOptions job_options;
   job_options.record_batches = true;  // to count the batches
   pipeline::JobRunner runner(kv->get(), &jobs, &errors, *job, "live", job_options);
@@ -247,10 +248,8 @@ LiveRun RunLive(const simnet::Simnet& net, bool compress,
       engine_options.batch = {.max_events = events, .max_delay_ms = ms, .max_chunks = chunks};
     }
   }
-  const pipeline::StandardStages stages{
-      .cid_verify = &verify, .account_check = &check, .live_hold = &hold, .ingest_guard = &guard};
-  pipeline::Engine engine(engine_options, source->get(), stages.InOrder(), sink->get(), kv->get(),
-                          &runner);
+  pipeline::Engine engine(engine_options, source->get(), (*planned)->InOrder(), sink->get(),
+                          kv->get(), &runner);
 
   std::mutex mu;
   std::condition_variable cv;

@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "bench/bench_util.hpp"
+#include "bench/planned_stages.hpp"
 #include "pipeline/plan.hpp"
 #include "pipeline/run.hpp"
 #include "sinks/dry_run_sink.hpp"
@@ -53,8 +54,6 @@
 #include "sources/archive/archive_writer.hpp"
 #include "sources/archive/replay.hpp"
 #include "sources/jetstream/jetstream_frames.hpp"
-#include "stages/cid_verify.hpp"
-#include "stages/ingest_guard.hpp"
 #include "state/kv_store.hpp"
 #include "state/tombstones.hpp"
 #include "tools/gen/event_gen.hpp"
@@ -166,8 +165,10 @@ void BM_Replay(benchmark::State& state) {
     sources::ReplayOptions options;
     sources::ReplaySource source(archive->get(), options, 1, kv->get());
     state::Tombstones tombstones(**kv);
-    stages::CidVerify verify;
-    stages::IngestGuard guard(&tombstones);
+    // The stages of a replay job (an ingest), made by the launcher's own factories.
+    auto planned =
+        bench::PlannedStages::Make({.kind = "ingest", .kv = kv->get(), .tombstones = &tombstones});
+    if (!planned.ok()) return state.SkipWithError(planned.status().ToString().c_str());
     pipeline::RunOptions run;
     run.engine.batch = sources::kReplayBatch;  // as atfill runs a replay
     if (const char* e = std::getenv("ATFILL_REPLAY_BENCH_BATCH")) {
@@ -177,9 +178,7 @@ void BM_Replay(benchmark::State& state) {
         run.engine.batch = {.max_events = events, .max_delay_ms = ms, .max_chunks = chunks};
       }
     }
-    auto job = pipeline::RunAsJob(
-        &source, pipeline::StandardStages{.cid_verify = &verify, .ingest_guard = &guard}.InOrder(),
-        sink.get(), kv->get(), run);
+    auto job = pipeline::RunAsJob(&source, (*planned)->InOrder(), sink.get(), kv->get(), run);
     if (!job.ok() || job->counters.records_written != Events()) {
       return state.SkipWithError("the replay did not write every record");
     }

@@ -1,18 +1,18 @@
 // Embedding atfill in a batch job: Jetstream event lines -> CID verification -> ingest guard ->
 // SQLite, as a resumable job whose state lives in a RocksDB folder. Run it again after a crash and
-// it resumes. The stages take the launcher's order (pipeline/plan.hpp), so the write rules
-// (revs, tombstones, inactive accounts) are the launcher's too.
+// it resumes. The program brings its own source and sink; its stages are made by the launcher's
+// own stage factories (Components::PlanStages) for an ingest job, so the write rules (revs,
+// tombstones, inactive accounts) are the launcher's, whatever changes in them.
 //
 //   embed_batch EVENTS.jsonl OUT.db STATE_DIR
 #include <cinttypes>
 #include <cstdio>
 
-#include "pipeline/plan.hpp"
+#include "pipeline/components.hpp"
 #include "pipeline/run.hpp"
 #include "sinks/sqlite_sink.hpp"
 #include "sources/files/event_file.hpp"
-#include "stages/cid_verify.hpp"
-#include "stages/ingest_guard.hpp"
+#include "stages/components.hpp"
 #include "state/kv_store.hpp"
 #include "state/tombstones.hpp"
 
@@ -34,14 +34,30 @@ int main(int argc, char** argv) {
   for (const Status& s : {source.status(), sink.status(), state.status()}) {
     if (!s.ok()) return std::fprintf(stderr, "embed_batch: %s\n", s.ToString().c_str()), 1;
   }
-  stages::CidVerify verify;
+  pipeline::Components components;
+  stages::Register(components);
+  const pipeline::Settings settings;  // the default config: [stages] verify_cids = true
   state::Tombstones tombstones(**state);
-  stages::IngestGuard guard(&tombstones);
-  const pipeline::StandardStages stages{.cid_verify = &verify, .ingest_guard = &guard};
+  pipeline::Environment env;
+  env.components = &components;
+  env.settings = &settings;
+  env.kv = state->get();
+  env.tombstones = &tombstones;
+  state::JobRecord record;
+  record.kind = "ingest";
+  const pipeline::JobContext ctx;
+  pipeline::JobPlan plan;  // owns the stages
+  pipeline::PlanDraft draft;
+  draft.job = &record;
+  draft.ctx = &ctx;
+  draft.plan = &plan;
+  if (Status s = components.PlanStages(env, draft); !s.ok()) {
+    return std::fprintf(stderr, "embed_batch: %s\n", s.ToString().c_str()), 1;
+  }
   pipeline::RunOptions options;
   options.job_name = "embed-example";
   auto job =
-      pipeline::RunAsJob(source->get(), stages.InOrder(), sink->get(), state->get(), options);
+      pipeline::RunAsJob(source->get(), plan.stages.InOrder(), sink->get(), state->get(), options);
   if (!job.ok())
     return std::fprintf(stderr, "embed_batch: %s\n", job.status().ToString().c_str()), 1;
   std::printf(

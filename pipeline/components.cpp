@@ -204,10 +204,15 @@ Result<JobPlan> Components::Plan(const Environment& env, state::JobRecord& job,
   plan.sink = sink->get();
   plan.keep.insert(plan.keep.begin(), std::shared_ptr<Sink>(std::move(*sink)));
   draft.readers = Readers(*env.settings);
+  ATFILL_RETURN_IF_ERROR(PlanStages(env, draft));
+  return plan;
+}
+
+Status Components::PlanStages(const Environment& env, PlanDraft& draft) const {
   for (const auto& [name, factory] : stages_) {
     ATFILL_RETURN_IF_ERROR(factory(env, draft));
   }
-  return plan;
+  return Status::OK();
 }
 
 void Components::RegisterKinds(JobController& controller, Environment env) const {

@@ -189,6 +189,12 @@ class Components {
 
   // The plan of `job`: its kind's source, the configured sink (or the dry-run sink), the stages.
   Result<JobPlan> Plan(const Environment& env, state::JobRecord& job, const JobContext& ctx) const;
+  // The stages alone, as Plan makes them: every stage factory in registration order, each filling
+  // its slot of draft.plan->stages. For a job whose source and sink the caller brings (the benches,
+  // a program with its own source), so that it still gets the launcher's stages and write rules.
+  // The caller sets draft.job, ctx, plan and readers, and account_status and consumes as its
+  // source would.
+  Status PlanStages(const Environment& env, PlanDraft& draft) const;
   // Registers a planner for every job kind on `controller`; this registry and what `env` points to
   // must outlive it.
   void RegisterKinds(JobController& controller, Environment env) const;

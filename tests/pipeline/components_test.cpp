@@ -203,6 +203,36 @@ TEST_F(ComponentsTest, AStageFactoryMayLeaveItsSlotEmpty) {
   EXPECT_EQ(plan->stages.ingest_guard, nullptr);
 }
 
+// A caller that brings its own source and sink (a bench, an embedding program) gets the stages
+// Plan would make for the job's kind, and no source or sink is made.
+TEST_F(ComponentsTest, PlanStagesMakesTheStagesAlonePerKindAsPlanDoes) {
+  auto settings = Parse("");
+  ASSERT_TRUE(settings.ok());
+  const Environment env = EnvironmentOf(*settings);
+  for (const std::string kind : {"fake", "plain"}) {
+    state::JobRecord job;
+    job.kind = kind;
+    const JobContext ctx;
+    auto planned = components_.Plan(env, job, ctx);
+    ASSERT_TRUE(planned.ok()) << planned.status().message();
+    log_.clear();
+    JobPlan plan;
+    PlanDraft draft;
+    draft.job = &job;
+    draft.ctx = &ctx;
+    draft.plan = &plan;
+    ASSERT_TRUE(components_.PlanStages(env, draft).ok());
+    EXPECT_THAT(log_, ElementsAre("first", "second")) << kind;  // no source, no sink
+    EXPECT_EQ(plan.source, nullptr);
+    EXPECT_EQ(plan.sink, nullptr);
+    std::vector<std::string> names, planned_names;
+    for (const Transform* t : plan.stages.InOrder()) names.emplace_back(t->name());
+    for (const Transform* t : planned->stages.InOrder()) planned_names.emplace_back(t->name());
+    EXPECT_EQ(names, planned_names) << kind;
+    EXPECT_EQ(names.size(), kind == "fake" ? 2u : 1u);
+  }
+}
+
 TEST_F(ComponentsTest, UnknownKindsAndSourcesAndAFailingSourceOpenNoSink) {
   auto settings = Parse("");
   ASSERT_TRUE(settings.ok());
