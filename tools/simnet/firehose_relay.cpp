@@ -2,6 +2,7 @@
 
 #include <pthread.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/beast/core.hpp>
@@ -214,6 +215,10 @@ struct FirehoseRelay::Impl {
   std::thread accept_thread;
   std::mutex mu;
   std::vector<std::shared_ptr<tcp::socket>> sockets;
+  // A duplicate of each session's descriptor, taken before the session starts: shutting it down
+  // wakes the session's blocking read without touching its socket object, which the session's
+  // own thread may be closing (Beast's teardown on a close frame) at the same moment.
+  std::vector<int> wake_fds;
   std::vector<std::thread> sessions;
   std::atomic<bool> stopping{false};
   std::atomic<uint64_t> connections{0}, frames_sent{0};
@@ -289,6 +294,8 @@ Result<std::unique_ptr<FirehoseRelay>> FirehoseRelay::Start(std::vector<Firehose
       if (ec || s->stopping.load()) return;
       std::lock_guard<std::mutex> lock(s->mu);
       s->sockets.push_back(socket);
+      const int wake = ::dup(socket->native_handle());
+      if (wake >= 0) s->wake_fds.push_back(wake);
       s->sessions.emplace_back([s, socket] { s->Serve(socket); });
     }
   });
@@ -306,14 +313,15 @@ FirehoseRelay::~FirehoseRelay() {
   ::shutdown(s.acceptor.native_handle(), SHUT_RDWR);
   if (s.accept_thread.joinable()) s.accept_thread.join();
   std::vector<std::thread> sessions;
+  std::vector<int> wake_fds;
   {
     std::lock_guard<std::mutex> lock(s.mu);
-    for (auto& sock : s.sockets) {
-      ::shutdown(sock->native_handle(), SHUT_RDWR);
-    }
+    for (const int fd : s.wake_fds) ::shutdown(fd, SHUT_RDWR);
     sessions.swap(s.sessions);
+    wake_fds.swap(s.wake_fds);
   }
   for (auto& t : sessions) t.join();
+  for (const int fd : wake_fds) ::close(fd);
   s.acceptor.close(ec);
 }
 
