@@ -5,9 +5,10 @@ namespace {
 
 constexpr Family kFamily = Family::kCursors;
 constexpr std::string_view kPrefix = "rc/";
+constexpr std::string_view kInactivePrefix = "ri/";
 
-std::string Key(std::string_view did) {
-  std::string k(kPrefix);
+std::string Key(std::string_view did, std::string_view prefix = kPrefix) {
+  std::string k(prefix);
   k += did;
   return k;
 }
@@ -97,6 +98,22 @@ Status RepoChains::ScanDesynchronized(
     return !chain->desynchronized || fn(did, *chain);
   }));
   return bad;
+}
+
+void RepoChains::SetInactive(WriteBatch* batch, std::string_view did,
+                             std::string_view status) const {
+  batch->Put(kFamily, Key(did, kInactivePrefix), status);
+}
+
+void RepoChains::ClearInactive(WriteBatch* batch, std::string_view did) const {
+  batch->Delete(kFamily, Key(did, kInactivePrefix));
+}
+
+Status RepoChains::ScanInactive(
+    const std::function<bool(std::string_view, std::string_view)>& fn) const {
+  return kv_.Scan(kFamily, kInactivePrefix, [&](std::string_view key, std::string_view v) {
+    return fn(key.substr(kInactivePrefix.size()), v);
+  });
 }
 
 }  // namespace atfill::state

@@ -4,6 +4,8 @@
 //
 // Layout (cursors family): "rc/" + did -> rev "\0" data CID (text) "\0" flags ("d" when
 // desynchronized). Writes go into a caller's batch, so a link moves with the records it covers.
+// "ri/" + did -> the account status ("deactivated", "takendown"...) of a desynchronized repo
+// whose account is not active: its resync waits until the account is active again, across runs.
 #pragma once
 
 #include <functional>
@@ -51,6 +53,13 @@ class RepoChains {
   // (a restart resumes their resyncs).
   Status ScanDesynchronized(
       const std::function<bool(std::string_view, const RepoChain&)>& fn) const;
+
+  // The account of a desynchronized repo is not active (`status` says how) / is active again.
+  void SetInactive(WriteBatch* batch, std::string_view did, std::string_view status) const;
+  void ClearInactive(WriteBatch* batch, std::string_view did) const;
+  // Calls fn(did, status) for every account SetInactive marked, in DID order, until it returns
+  // false.
+  Status ScanInactive(const std::function<bool(std::string_view, std::string_view)>& fn) const;
 
  private:
   KvStore& kv_;

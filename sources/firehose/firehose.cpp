@@ -144,13 +144,16 @@ bool FirehoseSource::Impl::NeedsKey(const FirehoseHead& h) {
   return h.kind == FirehoseKind::kCommit || h.kind == FirehoseKind::kSync;
 }
 
-void FirehoseSource::Impl::SetInactive(const std::string& did, std::string status) {
+void FirehoseSource::Impl::SetInactive(const std::string& did, std::string status,
+                                       pipeline::EventChunk* chunk) {
+  chains->SetInactive(&chunk->state_writes, did, status);
   inactive.insert_or_assign(did, std::move(status));
   inactive_now = inactive.size();
 }
 
-void FirehoseSource::Impl::SetActive(const std::string& did) {
+void FirehoseSource::Impl::SetActive(const std::string& did, pipeline::EventChunk* chunk) {
   if (inactive.erase(did) == 0) return;
+  chains->ClearInactive(&chunk->state_writes, did);
   inactive_now = inactive.size();
   if (desynced.contains(did)) WantResync(did);
 }
@@ -170,17 +173,17 @@ bool FirehoseSource::Impl::Handle(Item& item, Payload* payload, pipeline::EventC
       // The key or the PDS may have changed: resolve the account again when next needed.
       known.erase(did);
       state::ResolverCache(*kv).Remove(&chunk->state_writes, did);
-      SetActive(did);
+      SetActive(did, chunk);
       return true;
     case FirehoseKind::kAccount: {
       const pipeline::AccountEvent& a = *item.account;
       if (a.active) {
-        SetActive(did);
+        SetActive(did, chunk);
       } else if (desynced.contains(did)) {
         // Only the accounts whose resync waits are remembered, so the set stays as small as the
         // desynchronized repos however many accounts the network deactivates; another one is
         // found inactive by its resync's getRepo, if it ever needs one.
-        SetInactive(did, std::string(pipeline::AccountStatusName(a.status)));
+        SetInactive(did, std::string(pipeline::AccountStatusName(a.status)), chunk);
       }
       payload->items.push_back(std::move(item));
       return true;
@@ -344,7 +347,7 @@ void FirehoseSource::Impl::RepoAnswered(const std::string& did, Result<net::Http
     why = "getRepo of " + did + " answered HTTP " + std::to_string(r->status) + " " + x.error +
           (x.message.empty() ? "" : ": " + x.message);
     if (std::string status = InactiveStatus(x.error); !status.empty()) {
-      SetInactive(did, std::move(status));
+      SetInactive(did, std::move(status), chunk);
       resync_queued.erase(did);
       chunk->counters.emplace_back("firehose_resync_deferred", 1);
       chunk->errors.push_back(
@@ -425,6 +428,16 @@ Status FirehoseSource::Seek(const std::string& resume_cursor) {
         s.WantResync(std::string(did));
         return true;
       }));
+  // Except those whose account a previous run found inactive: their PDS would answer the same.
+  ATFILL_RETURN_IF_ERROR(s.chains->ScanInactive([&](std::string_view did, std::string_view status) {
+    if (s.desynced.contains(std::string(did))) {
+      s.inactive.insert_or_assign(std::string(did), std::string(status));
+    } else {
+      s.stale_inactive.emplace_back(did);
+    }
+    return true;
+  }));
+  s.inactive_now = s.inactive.size();
   s.shared->last_message_ms = SteadyMs();
   return s.StartSession();
 }
@@ -472,6 +485,9 @@ Result<bool> FirehoseSource::Read(pipeline::EventChunk* chunk) {
     std::lock_guard<std::mutex> lock(s.filter_mu);
     s.next_chunk = chunk->seq + 1;
   }
+  for (const std::string& did : s.stale_inactive)
+    s.chains->ClearInactive(&chunk->state_writes, did);
+  s.stale_inactive.clear();
   auto payload = std::make_shared<Impl::Payload>();
   payload->collections = s.Collections();
   // What the chain stage said, in its order.

@@ -149,6 +149,9 @@ struct FirehoseSource::Impl {
   // Desynchronized repos whose account is not active (an #account frame or getRepo said so), with
   // its status: resynced when the account is active again, not before.
   std::unordered_map<std::string, std::string> inactive;
+  // Marks of inactive accounts a previous run left for repos no longer desynchronized: cleared
+  // with the first chunk.
+  std::vector<std::string> stale_inactive;
   bool idle_exit = false;
 
   mutable std::atomic<uint64_t> verified{0}, refused{0};
@@ -174,10 +177,12 @@ struct FirehoseSource::Impl {
   void Refuse(const FirehoseHead& h, const std::string& kind, const std::string& message,
               pipeline::EventChunk* chunk) const;
 
-  void SetInactive(const std::string& did, std::string status);
+  // The account of a desynchronized repo is not active: its resync waits, in this run and the
+  // next (the mark is written with `chunk`).
+  void SetInactive(const std::string& did, std::string status, pipeline::EventChunk* chunk);
 
   // The account is active again (or moved): a resync put off for it starts.
-  void SetActive(const std::string& did);
+  void SetActive(const std::string& did, pipeline::EventChunk* chunk);
 
   // A frame whose account's earlier frames are all taken: into the chunk, or false when it needs
   // a key not known (the caller keeps it waiting and asks for the key).

@@ -56,6 +56,41 @@ TEST(RepoChainsJudge, ApplyStaleAndDesync) {
   EXPECT_EQ(ChainVerdictName(ChainVerdict::kStale), "stale");
 }
 
+// The inactive marks live beside the links without being read as links.
+TYPED_TEST(StateLayers, RepoChainsKeepInactiveMarksApartFromTheLinks) {
+  RepoChains chains(this->kv());
+  WriteBatch b;
+  chains.Set(&b, "did:plc:a", {"3l2222222222a", "bafy-a", true});
+  chains.SetInactive(&b, "did:plc:a", "deactivated");
+  chains.SetInactive(&b, "did:plc:b", "takendown");
+  this->Commit(b);
+  auto marks = [&] {
+    std::vector<std::string> out;
+    EXPECT_TRUE(chains
+                    .ScanInactive([&](std::string_view did, std::string_view status) {
+                      out.push_back(std::string(did) + "=" + std::string(status));
+                      return true;
+                    })
+                    .ok());
+    return out;
+  };
+  EXPECT_EQ(marks(), (std::vector<std::string>{"did:plc:a=deactivated", "did:plc:b=takendown"}));
+  size_t links = 0;
+  ASSERT_TRUE(chains
+                  .ScanDesynchronized([&](std::string_view, const RepoChain&) {
+                    ++links;
+                    return true;
+                  })
+                  .ok());
+  EXPECT_EQ(links, 1u);
+  EXPECT_FALSE(chains.Get("did:plc:b")->has_value());  // a mark is not a link
+  WriteBatch clear;
+  chains.ClearInactive(&clear, "did:plc:a");
+  this->Commit(clear);
+  EXPECT_EQ(marks(), (std::vector<std::string>{"did:plc:b=takendown"}));
+  EXPECT_EQ(**chains.Get("did:plc:a"), (RepoChain{"3l2222222222a", "bafy-a", true}));
+}
+
 TYPED_TEST(StateLayers, RepoChainsSetGetAndScanDesynchronized) {
   RepoChains chains(this->kv());
   EXPECT_FALSE(chains.Get("did:plc:a")->has_value());

@@ -211,6 +211,16 @@ TEST(PeersFirehoseTest, InactiveAccountsAreNotResyncedUntilActiveAndTheQuietRunE
     if (active_records.contains(r.uri)) table[r.uri] = r.cid;
   }
   EXPECT_EQ(table, active_records);
+  // A restart on the same state: the inactive accounts are remembered, so neither repo is asked
+  // for again (its PDS would answer the same), and the quiet run still ends by itself.
+  sources::FirehoseStats again;
+  SourceJobRun second = Consume(dir.path(), o, &again);
+  EXPECT_EQ(second.job.stop_reason.code, "stream_idle") << second.job.stop_reason.sentence;
+  EXPECT_EQ(again.inactive, 2u);
+  EXPECT_EQ(again.resyncs_started, 0u);
+  EXPECT_EQ(Counter(second.job, "firehose_resync_deferred"),
+            Counter(job, "firehose_resync_deferred"));  // the job's counters add up across runs
+  EXPECT_EQ(Counter(second.job, "firehose_failed"), 0u);
   EXPECT_TRUE(peers.Down().ok());
 }
 
