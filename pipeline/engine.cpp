@@ -32,13 +32,19 @@ namespace {
 class FailureLatch {
  public:
   void Attach(internal::GraphHandle* graph) { graph_ = graph; }
-  void Fail(Status status) {
+  // True when `status` is the run's first failure.
+  bool Fail(Status status) {
+    bool first = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (first_.ok()) first_ = std::move(status);
+      if (first_.ok()) {
+        first_ = std::move(status);
+        first = true;
+      }
     }
     failed_.store(true, std::memory_order_release);
     if (graph_ != nullptr) graph_->Cancel();
+    return first;
   }
   bool failed() const { return failed_.load(std::memory_order_acquire); }
   Status first() const {
@@ -352,6 +358,10 @@ class EngineRun : public internal::GraphBodies {
           ordered_[i]->OnCommitted(ordered_states_[i].get(), false);
         }
       }
+      if (stopped_in_sink_wait_.load()) {
+        summary_.stopped = true;
+        return summary_;
+      }
       return latch_.first();
     }
     summary_.stopped = stopped_.load();
@@ -406,10 +416,19 @@ class EngineRun : public internal::GraphBodies {
       const bool transient = err.code() == StatusCode::kUnavailable;
       const bool out_of_attempts = options_.sink_retry.max_attempts != 0 &&
                                    report.attempts >= options_.sink_retry.max_attempts;
-      if (!transient || out_of_attempts || committer_->StopRequested() || latch_.failed()) {
-        latch_.Fail(err.WithContext("sink " + std::string(sink_->name()) + " failed batch " +
-                                    std::to_string(report.batch_no) + " after " +
-                                    std::to_string(report.attempts) + " attempt(s)"));
+      const Status failed =
+          err.WithContext("sink " + std::string(sink_->name()) + " failed batch " +
+                          std::to_string(report.batch_no) + " after " +
+                          std::to_string(report.attempts) + " attempt(s)");
+      if (!transient || out_of_attempts || latch_.failed()) {
+        latch_.Fail(failed);
+        return false;
+      }
+      if (committer_->StopRequested()) {
+        // A pause or a cancel while the sink refuses a batch (a full disk, a database restart):
+        // the run ends as stopped, not failed. This batch and those after it stay unwritten and
+        // uncommitted, so the job's cursor is before them and a resume reads them again.
+        if (latch_.Fail(failed)) stopped_in_sink_wait_.store(true);
         return false;
       }
       committer_->OnSinkRetry({report.batch_no, report.attempts, err, delay_ms, start});
@@ -489,6 +508,8 @@ class EngineRun : public internal::GraphBodies {
   std::mutex sealed_mu_;
   std::deque<std::unique_ptr<internal::SealedBatch>> sealed_;
   std::atomic<bool> stopped_{false};
+  // Set when a stop request ended the run while the sink refused a batch (WriteSealed).
+  std::atomic<bool> stopped_in_sink_wait_{false};
 };
 
 }  // namespace

@@ -85,6 +85,9 @@ Result<state::JobRecord> JobRunner::Run(Engine* engine) {
   state::JobRecord done = job_;
   const int64_t now = now_us_();
   done.updated_us = done.heartbeat_us = now;
+  // The run is over, and with it any wait for the sink.
+  done.waiting = {};
+  done.waiting_since_us = 0;
   if (!result.ok()) {
     done.status = state::JobStatus::kFailed;
     done.stage = state::JobStage::kFailed;

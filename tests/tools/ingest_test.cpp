@@ -822,6 +822,48 @@ TEST(IngestTest, AFullDiskIsSaidAtOnceWaitedOutAndLosesNothing) {
   EXPECT_EQ(Content((disk / "out.db").string()), expected);
 }
 
+// Ctrl-C while the sink refuses a batch (the disk is full) pauses the job rather than failing
+// it: the refused batch is not committed, and the same command resumes once space is back and
+// ends with the uninterrupted table.
+TEST(IngestTest, CtrlCWhileTheSinkRefusesABatchPausesTheJobAndTheResumeLosesNothing) {
+  gen::EventGenOptions o;
+  o.dids = 2000;
+  TempDir inputs;
+  const std::string events = (inputs / "e.jsonl").string();
+  ASSERT_TRUE(gen::EventGenerator::WriteFile(o, 150'000, events).ok());
+  Workspace reference;
+  auto uninterrupted = reference.Atfill({"ingest", reference.config, events});
+  ASSERT_EQ(uninterrupted.exit_code, 0) << Describe(uninterrupted);
+  const auto expected = Content(reference.db());
+
+  Workspace ws;
+  const std::filesystem::path disk = ws.dir / "disk";
+  SmallFileSystem fs(disk, 24);
+  ASSERT_TRUE(fs.mounted()) << fs.error();
+  WriteFile(ws.config, "[state]\ndir = \"" + (disk / "state").string() +
+                           "\"\n[sink.sqlite]\npath = \"" + (disk / "out.db").string() + "\"\n");
+  Child child({kAtfill, "ingest", ws.config, events}, ws.dir.path());
+  const auto said = [&] {
+    return ReadFileOrDie(child.err_path()).find("the sink refuses batch") != std::string::npos;
+  };
+  ASSERT_TRUE(WaitUntil([&] { return fs.Full() || !child.Running(); }, std::chrono::seconds(120)));
+  ASSERT_TRUE(child.Running()) << "the ingest ended before the disk was full:\n"
+                               << ReadFileOrDie(child.err_path());
+  ASSERT_TRUE(WaitUntil(said, std::chrono::seconds(10))) << ReadFileOrDie(child.err_path());
+  ASSERT_TRUE(child.Kill(SIGINT));
+  auto first = child.Wait();
+  EXPECT_EQ(first.exit_code, 4) << Describe(first);
+  EXPECT_THAT(first.err, HasSubstr("paused"));
+  EXPECT_THAT(first.err, ::testing::Not(HasSubstr("failed batch")));
+  ASSERT_TRUE(fs.Grow(1024));
+  auto shown = ws.Atfill({"job", ws.config, "1", "--json"});
+  EXPECT_THAT(shown.out, HasSubstr("\"status\":\"paused\"")) << Describe(shown);
+  auto again = ws.Atfill({"ingest", ws.config, events});
+  ASSERT_EQ(again.exit_code, 0) << Describe(again);
+  EXPECT_THAT(again.err, HasSubstr("resuming job 1 (paused)"));
+  EXPECT_EQ(Content((disk / "out.db").string()), expected);
+}
+
 TEST(IngestTest, TheLastProgressLineShowsTheFinishedJob) {
   gen::EventGenOptions o;
   o.dids = 50;
