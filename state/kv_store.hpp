@@ -120,8 +120,16 @@ struct RocksDbOptions {
 // directory, written after a successful open and removed when the store is destroyed (in the
 // instant between RocksDB's open and that write, a refused opener may read the previous
 // holder's file).
-// A directory written by a newer schema than this build understands is Unsupported.
+// A directory written by a newer schema than this build understands is Unsupported. On a disk
+// with less than kStateOpenMinFreeBytes free it opens nothing and is Unavailable, saying so:
+// RocksDB writes on open (a log, a manifest, options), and a write that fails there aborts the
+// process rather than failing.
 Result<std::unique_ptr<KvStore>> OpenRocksDb(const RocksDbOptions& options);
+
+inline constexpr uint64_t kStateOpenMinFreeBytes = 1u << 20;
+// The bytes free for this process on the file system of `path` (or of its nearest existing
+// parent); nullopt when that cannot be asked.
+std::optional<uint64_t> StateDirFreeBytes(const std::string& path);
 
 // A read-only view of a state directory, held by another process or by none (a RocksDB secondary
 // instance): reads see what had been written when it opened; Write is Unsupported. It writes

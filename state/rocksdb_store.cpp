@@ -357,9 +357,27 @@ Result<std::vector<rocksdb::ColumnFamilyDescriptor>> Descriptors(const RocksDbOp
 
 }  // namespace
 
+std::optional<uint64_t> StateDirFreeBytes(const std::string& path) {
+  fs::path at = fs::absolute(path);
+  std::error_code ec;
+  while (!fs::exists(at, ec) && at.has_parent_path() && at != at.parent_path()) {
+    at = at.parent_path();
+  }
+  const fs::space_info space = fs::space(at, ec);
+  if (ec) return std::nullopt;
+  return static_cast<uint64_t>(space.available);
+}
+
 Result<std::unique_ptr<KvStore>> OpenRocksDb(const RocksDbOptions& options) {
   ATFILL_RETURN_IF_ERROR(options.Validate());
   const std::string& path = options.path;
+  if (const auto free = StateDirFreeBytes(path); free && *free < kStateOpenMinFreeBytes) {
+    return Status::Unavailable("state: the disk of " + path + " is full (" +
+                               std::to_string(*free >> 10) +
+                               " KiB free): the state cannot be opened for writing until there "
+                               "is at least " +
+                               std::to_string(kStateOpenMinFreeBytes >> 10) + " KiB");
+  }
   std::error_code ec;
   fs::create_directories(path, ec);
   if (ec) return Status::IoError("state: cannot create directory " + path + ": " + ec.message());

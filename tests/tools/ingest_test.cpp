@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <numeric>
 #include <random>
 #include <regex>
@@ -862,6 +863,50 @@ TEST(IngestTest, CtrlCWhileTheSinkRefusesABatchPausesTheJobAndTheResumeLosesNoth
   ASSERT_EQ(again.exit_code, 0) << Describe(again);
   EXPECT_THAT(again.err, HasSubstr("resuming job 1 (paused)"));
   EXPECT_EQ(Content((disk / "out.db").string()), expected);
+}
+
+// A verb that writes the state, started on a full disk, says so and waits for space rather than
+// opening RocksDB there (which aborts the process), then goes on once there is room.
+TEST(IngestTest, AVerbStartedOnAFullDiskSaysSoAndWaitsForSpaceInsteadOfAborting) {
+  gen::EventGenOptions o;
+  o.dids = 100;
+  TempDir inputs;
+  const std::string first = (inputs / "a.jsonl").string();
+  const std::string second = (inputs / "b.jsonl").string();
+  ASSERT_TRUE(gen::EventGenerator::WriteFile(o, 2000, first).ok());
+  o.seed = 99;
+  ASSERT_TRUE(gen::EventGenerator::WriteFile(o, 2000, second).ok());
+  Workspace ws;
+  const std::filesystem::path disk = ws.dir / "disk";
+  SmallFileSystem fs(disk, 24);
+  ASSERT_TRUE(fs.mounted()) << fs.error();
+  WriteFile(ws.config, "[state]\ndir = \"" + (disk / "state").string() +
+                           "\"\n[sink.sqlite]\npath = \"" + (disk / "out.db").string() + "\"\n");
+  auto made = ws.Atfill({"ingest", ws.config, first});
+  ASSERT_EQ(made.exit_code, 0) << Describe(made);
+  {
+    // Whatever room is left, taken.
+    std::ofstream fill(disk / "fill", std::ios::binary);
+    const std::string block(1 << 16, 'x');
+    while (fill.write(block.data(), static_cast<std::streamsize>(block.size())) && !fs.Full()) {
+    }
+  }
+  ASSERT_TRUE(fs.Full());
+  Child child({kAtfill, "ingest", ws.config, second}, ws.dir.path());
+  const auto said = [&] {
+    return std::filesystem::exists(child.err_path()) &&
+           ReadFileOrDie(child.err_path()).find("is full (") != std::string::npos;
+  };
+  ASSERT_TRUE(WaitUntil([&] { return said() || !child.Running(); }, std::chrono::seconds(30)));
+  ASSERT_TRUE(child.Running()) << ReadFileOrDie(child.err_path());
+  EXPECT_THAT(ReadFileOrDie(child.err_path()),
+              HasSubstr("the disk of the state folder " + (disk / "state").string() + " is full"));
+  ASSERT_TRUE(fs.Grow(1024));
+  auto done = child.Wait();
+  EXPECT_EQ(done.signal, 0) << Describe(done);
+  ASSERT_EQ(done.exit_code, 0) << Describe(done);
+  EXPECT_THAT(done.err, HasSubstr("has space again"));
+  EXPECT_THAT(done.err, HasSubstr("2,000 events read"));
 }
 
 TEST(IngestTest, TheLastProgressLineShowsTheFinishedJob) {

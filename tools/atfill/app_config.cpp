@@ -1,10 +1,17 @@
 #include "tools/atfill/app_config.hpp"
 
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
 #include <cstdlib>
 #include <optional>
+#include <thread>
 
+#include "base/clock.hpp"
 #include "sinks/components.hpp"
 #include "stages/components.hpp"
+#include "state/kv_store.hpp"
+#include "tools/atfill/job_run.hpp"
 
 namespace atfill::cli {
 namespace {
@@ -59,6 +66,30 @@ Result<AppConfig> LoadAppConfig(const std::string& path) {
     if (Status s = c.admin.Validate(); !s.ok()) return s.WithContext(path + ": [admin]");
   }
   return c;
+}
+
+Result<OpenedState> OpenStateForWrite(const AppConfig& config) {
+  const std::string& dir = config.settings.Get<pipeline::CoreSettings>().state.path;
+  int64_t said_ms = -1;
+  for (;;) {
+    const std::optional<uint64_t> free = state::StateDirFreeBytes(dir);
+    if (!free || *free >= state::kStateOpenMinFreeBytes) break;
+    const int64_t now = SteadyMs();
+    if (said_ms < 0 || now - said_ms >= 60'000) {
+      std::fprintf(stderr,
+                   "atfill: the disk of the state folder %s is full (%" PRIu64 " KiB free, %" PRIu64
+                   " KiB needed to open it for writing): waiting for space; Ctrl-C stops\n",
+                   dir.c_str(), *free >> 10, state::kStateOpenMinFreeBytes >> 10);
+      said_ms = now;
+    }
+    if (StopSignalled()) {
+      return Status::Unavailable(
+          "stopped while waiting for space on the disk of the state folder " + dir);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  if (said_ms >= 0) std::fprintf(stderr, "atfill: the disk of %s has space again\n", dir.c_str());
+  return pipeline::OpenStateForWrite(config.settings);
 }
 
 }  // namespace atfill::cli

@@ -40,9 +40,10 @@ void SetShardOverride(pipeline::Shard shard);
 Result<AppConfig> LoadAppConfig(const std::string& path);
 
 using OpenedState = pipeline::ProcessState;
-inline Result<OpenedState> OpenStateForWrite(const AppConfig& config) {
-  return pipeline::OpenStateForWrite(config.settings);
-}
+// pipeline::OpenStateForWrite, after waiting out a full disk: with less free than the state
+// needs to be opened for writing (state::kStateOpenMinFreeBytes), it says so at once and every
+// minute, and waits for space until a stop signal (CatchStopSignals) ends the wait.
+Result<OpenedState> OpenStateForWrite(const AppConfig& config);
 inline Result<OpenedState> OpenStateForRead(const AppConfig& config) {
   return pipeline::OpenStateForRead(config.settings);
 }
