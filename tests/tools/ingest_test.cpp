@@ -765,26 +765,43 @@ class SmallFileSystem {
   std::string error_;
 };
 
-TEST(IngestTest, AFullDiskIsSaidAtOnceWaitedOutAndLosesNothing) {
+// 150,000 events of 2,000 accounts interleaved, and the table an uninterrupted ingest makes of
+// them: enough to fill a 24 MiB disk.
+struct DiskFillingInput {
+  TempDir dir;
+  std::string events = (dir / "e.jsonl").string();
+  std::vector<std::string> expected;
+};
+void MakeDiskFillingInput(DiskFillingInput* in) {
   gen::EventGenOptions o;
   o.dids = 2000;
-  TempDir inputs;
-  const std::string events = (inputs / "e.jsonl").string();
-  ASSERT_TRUE(gen::EventGenerator::WriteFile(o, 150'000, events).ok());
-  // What an uninterrupted run makes of the same file.
+  ASSERT_TRUE(gen::EventGenerator::WriteFile(o, 150'000, in->events).ok());
   Workspace reference;
-  auto uninterrupted = reference.Atfill({"ingest", reference.config, events});
+  auto uninterrupted = reference.Atfill({"ingest", reference.config, in->events});
   ASSERT_EQ(uninterrupted.exit_code, 0) << Describe(uninterrupted);
-  const auto expected = Content(reference.db());
-  ASSERT_GT(expected.size(), 100'000u);
+  in->expected = Content(reference.db());
+  ASSERT_GT(in->expected.size(), 100'000u);
+}
+
+// `ws`'s config with the state and the database on `disk` (and `extra` sections).
+void ConfigOnDisk(const Workspace& ws, const std::filesystem::path& disk,
+                  const std::string& extra = "") {
+  WriteFile(ws.config, "[state]\ndir = \"" + (disk / "state").string() +
+                           "\"\n[sink.sqlite]\npath = \"" + (disk / "out.db").string() + "\"\n" +
+                           extra);
+}
+
+TEST(IngestTest, AFullDiskIsSaidAtOnceWaitedOutAndLosesNothing) {
+  DiskFillingInput in;
+  ASSERT_NO_FATAL_FAILURE(MakeDiskFillingInput(&in));
+  const std::string& events = in.events;
+  const auto& expected = in.expected;
 
   Workspace ws;
   const std::filesystem::path disk = ws.dir / "disk";
   SmallFileSystem fs(disk, 24);
   ASSERT_TRUE(fs.mounted()) << fs.error();
-  WriteFile(ws.config, "[state]\ndir = \"" + (disk / "state").string() +
-                           "\"\n[sink.sqlite]\npath = \"" + (disk / "out.db").string() +
-                           "\"\n[progress]\ninterval_s = 0.2\n");
+  ConfigOnDisk(ws, disk, "[progress]\ninterval_s = 0.2\n");
   Child child({kAtfill, "ingest", ws.config, events}, ws.dir.path());
   ASSERT_TRUE(WaitUntil([&] { return fs.Full() || !child.Running(); }, std::chrono::seconds(120)));
   ASSERT_TRUE(child.Running()) << "the ingest ended before the disk was full:\n"
@@ -827,22 +844,15 @@ TEST(IngestTest, AFullDiskIsSaidAtOnceWaitedOutAndLosesNothing) {
 // it: the refused batch is not committed, and the same command resumes once space is back and
 // ends with the uninterrupted table.
 TEST(IngestTest, CtrlCWhileTheSinkRefusesABatchPausesTheJobAndTheResumeLosesNothing) {
-  gen::EventGenOptions o;
-  o.dids = 2000;
-  TempDir inputs;
-  const std::string events = (inputs / "e.jsonl").string();
-  ASSERT_TRUE(gen::EventGenerator::WriteFile(o, 150'000, events).ok());
-  Workspace reference;
-  auto uninterrupted = reference.Atfill({"ingest", reference.config, events});
-  ASSERT_EQ(uninterrupted.exit_code, 0) << Describe(uninterrupted);
-  const auto expected = Content(reference.db());
+  DiskFillingInput in;
+  ASSERT_NO_FATAL_FAILURE(MakeDiskFillingInput(&in));
+  const std::string& events = in.events;
 
   Workspace ws;
   const std::filesystem::path disk = ws.dir / "disk";
   SmallFileSystem fs(disk, 24);
   ASSERT_TRUE(fs.mounted()) << fs.error();
-  WriteFile(ws.config, "[state]\ndir = \"" + (disk / "state").string() +
-                           "\"\n[sink.sqlite]\npath = \"" + (disk / "out.db").string() + "\"\n");
+  ConfigOnDisk(ws, disk);
   Child child({kAtfill, "ingest", ws.config, events}, ws.dir.path());
   const auto said = [&] {
     return ReadFileOrDie(child.err_path()).find("the sink refuses batch") != std::string::npos;
@@ -862,7 +872,7 @@ TEST(IngestTest, CtrlCWhileTheSinkRefusesABatchPausesTheJobAndTheResumeLosesNoth
   auto again = ws.Atfill({"ingest", ws.config, events});
   ASSERT_EQ(again.exit_code, 0) << Describe(again);
   EXPECT_THAT(again.err, HasSubstr("resuming job 1 (paused)"));
-  EXPECT_EQ(Content((disk / "out.db").string()), expected);
+  EXPECT_EQ(Content((disk / "out.db").string()), in.expected);
 }
 
 // A verb that writes the state, started on a full disk, says so and waits for space rather than
@@ -880,8 +890,7 @@ TEST(IngestTest, AVerbStartedOnAFullDiskSaysSoAndWaitsForSpaceInsteadOfAborting)
   const std::filesystem::path disk = ws.dir / "disk";
   SmallFileSystem fs(disk, 24);
   ASSERT_TRUE(fs.mounted()) << fs.error();
-  WriteFile(ws.config, "[state]\ndir = \"" + (disk / "state").string() +
-                           "\"\n[sink.sqlite]\npath = \"" + (disk / "out.db").string() + "\"\n");
+  ConfigOnDisk(ws, disk);
   auto made = ws.Atfill({"ingest", ws.config, first});
   ASSERT_EQ(made.exit_code, 0) << Describe(made);
   {
