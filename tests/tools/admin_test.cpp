@@ -1452,6 +1452,25 @@ class RawClient {
 
 constexpr const char* kHalfSentHead = "GET / HTTP/1.1\r\nHost: x\r\n";
 
+// A client that sends `Expect: 100-continue` (curl does for a body over 1 KiB) holds its body back
+// until the interim answer comes: it gets that at once, then the request's own answer.
+TEST_F(AdminServerTest, AnExpectContinueRequestGetsTheInterimAnswerThenItsOwn) {
+  StartServer();
+  RawClient c(server_.port());
+  const std::string body = R"({"collections":["app.bsky.feed.like"]})";
+  ASSERT_TRUE(c.Send(std::string("POST /admin/backfill HTTP/1.1\r\nHost: x\r\nAuthorization: "
+                                 "Bearer ") +
+                     kToken +
+                     "\r\nContent-Type: application/json\r\nExpect: 100-continue\r\n"
+                     "Content-Length: " +
+                     std::to_string(body.size()) + "\r\n\r\n"));
+  EXPECT_EQ(c.ReadAnswer(std::chrono::milliseconds(2000)), 100);  // before the body is sent
+  ASSERT_TRUE(c.Send(body));
+  std::string answer;
+  EXPECT_EQ(c.ReadAnswer(std::chrono::milliseconds(2000), &answer), 202) << answer;
+  EXPECT_EQ(backend_.started().size(), 1u);
+}
+
 class AdminSlowClientsTest : public AdminServerTest {
  protected:
   void SetUp() override {

@@ -504,6 +504,24 @@ class AdminServer::Impl::Connection : public std::enable_shared_from_this<Connec
     if (parser_->content_length() && *parser_->content_length() > server_.options.max_body_bytes) {
       return Refuse(413);
     }
+    if (beast::iequals(parser_->get()[http::field::expect], "100-continue")) {
+      // The client holds its body back until it hears this (curl does so for a body over
+      // 1 KiB, and otherwise waits a second first).
+      static constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
+      stream_.expires_after(std::chrono::seconds(server_.options.io_timeout_s));
+      asio::async_write(stream_, asio::buffer(kContinue.data(), kContinue.size()),
+                        [self = shared_from_this()](beast::error_code ec, size_t) {
+                          if (self->phase_ == Phase::kClosed) return;
+                          if (ec == beast::error::timeout) return self->Fail("admin_write_timeout");
+                          if (ec) return self->Close();
+                          self->ReadBody();
+                        });
+      return;
+    }
+    ReadBody();
+  }
+
+  void ReadBody() {
     stream_.expires_after(std::chrono::seconds(server_.options.body_timeout_s));
     http::async_read(
         stream_, buffer_, *parser_,
