@@ -53,9 +53,8 @@ struct MstEditor::Impl {
   std::deque<Node> pool;   // every node of this editor; deque: growing it moves none
   NodePtr root = nullptr;  // null: the empty tree
   int layer = -1;
-  // Encode's buffers: one list of entries per depth (a node's children are encoded while its own
-  // list is being filled) and one block, reused when the blocks are only hashed.
-  std::vector<std::vector<MstEntryView>> views;
+  // Encode's buffers, reused from node to node (a node is encoded after its subtrees).
+  std::vector<MstEntryView> views;
   Bytes block;
 
   NodePtr Stub(const std::optional<Cid>& cid) {
@@ -119,11 +118,11 @@ struct MstEditor::Impl {
     ATFILL_RETURN_IF_ERROR(
         Split(node->ChildBefore(i), layer - 1, key, &child_before, &child_after));
     NodePtr right = Fresh();
-    right->left = std::move(child_after);
+    right->left = child_after;
     right->entries.assign(std::make_move_iterator(node->entries.begin() + i),
                           std::make_move_iterator(node->entries.end()));
     node->entries.resize(i);
-    node->ChildBefore(i) = std::move(child_before);
+    node->ChildBefore(i) = child_before;
     node->cid.reset();
     *before = node->Empty() ? nullptr : node;
     *after = right->Empty() ? nullptr : right;
@@ -184,23 +183,17 @@ struct MstEditor::Impl {
     return Status::OK();
   }
 
-  Result<Cid> Encode(Node* node, BlockStore* out, size_t depth = 0) {
+  Result<Cid> Encode(Node* node, BlockStore* out) {
     if (node->cid) return *node->cid;
-    std::optional<Cid> left;
-    if (node->left) {
-      ATFILL_ASSIGN_OR_RETURN(left, Encode(node->left, out, depth + 1));
-    }
-    if (views.size() <= depth) views.resize(depth + 1);
-    views[depth].clear();
+    // The subtrees first: each then holds its CID, which this node's block links to.
+    if (node->left) ATFILL_RETURN_IF_ERROR(Encode(node->left, out).status());
     for (Node::Entry& e : node->entries) {
-      std::optional<Cid> tree;
-      if (e.tree) {
-        ATFILL_ASSIGN_OR_RETURN(tree, Encode(e.tree, out, depth + 1));
-      }
-      // Indexed anew after each child: encoding one may have grown `views`.
-      views[depth].push_back({e.key, e.value, tree});
+      if (e.tree) ATFILL_RETURN_IF_ERROR(Encode(e.tree, out).status());
     }
-    EncodeMstNodeTo(left, views[depth], &block);
+    auto cid_of = [](const Node* n) { return n ? n->cid : std::nullopt; };
+    views.clear();
+    for (const Node::Entry& e : node->entries) views.push_back({e.key, e.value, cid_of(e.tree)});
+    EncodeMstNodeTo(cid_of(node->left), views, &block);
     const Cid cid = Cid::Compute(Cid::Codec::kDagCbor, block);
     if (out != nullptr) out->Put(cid, block);
     node->cid = cid;

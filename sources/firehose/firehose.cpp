@@ -496,6 +496,9 @@ Result<bool> FirehoseSource::Read(pipeline::EventChunk* chunk) {
       s.WantResync(did);
     } else {
       s.desynced.erase(did);
+      // Its repo came (a getRepo in flight when an #account said inactive): the mark goes, or a
+      // later desync would wait for an #account that never comes.
+      s.SetActive(did, chunk);
     }
   }
   for (auto& [did, outcome] : resolved) s.Resolved(did, std::move(outcome), payload.get(), chunk);

@@ -181,7 +181,8 @@ struct FirehoseSource::Impl {
   // next (the mark is written with `chunk`).
   void SetInactive(const std::string& did, std::string status, pipeline::EventChunk* chunk);
 
-  // The account is active again (or moved): a resync put off for it starts.
+  // The account is active again (or moved), or its repo came: its inactive mark goes, and a
+  // resync put off for it starts if the repo is still desynchronized.
   void SetActive(const std::string& did, pipeline::EventChunk* chunk);
 
   // A frame whose account's earlier frames are all taken: into the chunk, or false when it needs

@@ -479,7 +479,7 @@ class AdminServer::Impl::Connection : public std::enable_shared_from_this<Connec
  private:
   enum class Phase : uint8_t { kWaiting, kBusy, kClosed };
   // What follows a write.
-  enum class Then : uint8_t { kNextRequest, kLinger, kStream, kStreamEnded };
+  enum class Then : uint8_t { kNextRequest, kLinger, kStream, kStreamEnded, kReadBody };
 
   void ReadHead() {
     phase_ = Phase::kWaiting;
@@ -507,21 +507,13 @@ class AdminServer::Impl::Connection : public std::enable_shared_from_this<Connec
     if (beast::iequals(parser_->get()[http::field::expect], "100-continue")) {
       // The client holds its body back until it hears this (curl does so for a body over
       // 1 KiB, and otherwise waits a second first).
-      static constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
-      stream_.expires_after(std::chrono::seconds(server_.options.io_timeout_s));
-      asio::async_write(stream_, asio::buffer(kContinue.data(), kContinue.size()),
-                        [self = shared_from_this()](beast::error_code ec, size_t) {
-                          if (self->phase_ == Phase::kClosed) return;
-                          if (ec == beast::error::timeout) return self->Fail("admin_write_timeout");
-                          if (ec) return self->Close();
-                          self->ReadBody();
-                        });
-      return;
+      return Write("HTTP/1.1 100 Continue\r\n\r\n", Then::kReadBody);
     }
     ReadBody();
   }
 
   void ReadBody() {
+    phase_ = Phase::kWaiting;  // on the client again, as while its head came in
     stream_.expires_after(std::chrono::seconds(server_.options.body_timeout_s));
     http::async_read(
         stream_, buffer_, *parser_,
@@ -611,6 +603,8 @@ class AdminServer::Impl::Connection : public std::enable_shared_from_this<Connec
     if (ec == beast::error::timeout) return Fail("admin_write_timeout");
     if (ec) return Close();
     switch (then) {
+      case Then::kReadBody:  // after an interim 100 Continue
+        return ReadBody();
       case Then::kStream:
         return NextTick();
       case Then::kStreamEnded:
