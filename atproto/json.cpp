@@ -593,7 +593,7 @@ class JsonEncoder {
 // One parse and encode. On the first pass, sets *needs_exact when a number must be judged from
 // its digits; on the exact pass every number is already a plain integer.
 Status EncodeOnce(ThreadState& state, std::string_view json, Bytes* out, TopLevel top,
-                  bool exact_pass, bool* needs_exact) {
+                  bool exact_pass, bool* needs_exact, ParsedRecordVisitor* visitor) {
   const size_t need = json.size() + simdjson::SIMDJSON_PADDING;
   if (state.padded_capacity < need) {
     const size_t capacity = std::max(need, state.padded_capacity * 2);
@@ -624,19 +624,21 @@ Status EncodeOnce(ThreadState& state, std::string_view json, Bytes* out, TopLeve
     return encoder.TakeError();
   }
   writer.Finish();
+  if (visitor != nullptr) visitor->Visit(parsed.value_unsafe());
   return Status::OK();
 }
 
-Status Encode(std::string_view json, Bytes* out, TopLevel top) {
+Status Encode(std::string_view json, Bytes* out, TopLevel top,
+              ParsedRecordVisitor* visitor = nullptr) {
   ThreadState& state = State();
   bool needs_exact = false;
-  Status st = EncodeOnce(state, json, out, top, /*exact_pass=*/false, &needs_exact);
+  Status st = EncodeOnce(state, json, out, top, /*exact_pass=*/false, &needs_exact, visitor);
   if (!needs_exact) return st;
   // A number simdjson could not hold exactly: decide from its digits, then encode the copy in
   // which every number is a plain integer.
   ATFILL_RETURN_IF_ERROR(RewriteNumbers(json, &state.exact));
   needs_exact = false;
-  st = EncodeOnce(state, state.exact, out, top, /*exact_pass=*/true, &needs_exact);
+  st = EncodeOnce(state, state.exact, out, top, /*exact_pass=*/true, &needs_exact, visitor);
   if (needs_exact) return Status::Internal("a number stayed inexact after exact rewriting");
   return st;
 }
@@ -652,10 +654,10 @@ Result<Value> ToValue(std::string_view json, TopLevel top) {
   return DecodeCbor(cbor, limits);
 }
 
-Result<Cid> CidOf(std::string_view json, TopLevel top) {
+Result<Cid> CidOf(std::string_view json, TopLevel top, ParsedRecordVisitor* visitor = nullptr) {
   Bytes& cbor = State().scratch;
   cbor.clear();
-  ATFILL_RETURN_IF_ERROR(Encode(json, &cbor, top));
+  ATFILL_RETURN_IF_ERROR(Encode(json, &cbor, top, visitor));
   return Cid::Compute(Cid::Codec::kDagCbor, cbor);
 }
 
@@ -734,5 +736,9 @@ Status JsonToCbor(std::string_view json, Bytes* out) { return Encode(json, out, 
 Result<Cid> CidOfJson(std::string_view json) { return CidOf(json, TopLevel::kAny); }
 
 Result<Cid> CidOfRecord(std::string_view json) { return CidOf(json, TopLevel::kRecord); }
+
+Result<Cid> CidOfRecord(std::string_view json, ParsedRecordVisitor* visitor) {
+  return CidOf(json, TopLevel::kRecord, visitor);
+}
 
 }  // namespace atfill::atproto

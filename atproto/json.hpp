@@ -26,6 +26,10 @@
 #include "base/bytes.hpp"
 #include "base/status.hpp"
 
+namespace simdjson::dom {
+class element;
+}  // namespace simdjson::dom
+
 namespace atfill::atproto {
 
 inline constexpr size_t kJsonMaxDepth = 128;
@@ -51,5 +55,17 @@ Result<Cid> CidOfJson(std::string_view json);
 // CID of a record: like CidOfJson, but the document must be an object with a non-empty string
 // `$type` (a record as a PDS or Jetstream serves it).
 Result<Cid> CidOfRecord(std::string_view json);
+
+// Sees a record's parsed document while CidOfRecord holds it, so that a caller checking more of
+// the record (lexicon validation) does not parse it again. The element lives only for the call.
+class ParsedRecordVisitor {
+ public:
+  virtual void Visit(const simdjson::dom::element& record) = 0;
+
+ protected:
+  ~ParsedRecordVisitor() = default;
+};
+// CidOfRecord, calling `visitor` (when not null) once the record encoded without error.
+Result<Cid> CidOfRecord(std::string_view json, ParsedRecordVisitor* visitor);
 
 }  // namespace atfill::atproto

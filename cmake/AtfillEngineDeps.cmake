@@ -19,8 +19,9 @@ atfill_pkg_dependency(LUA lua5.4)
 atfill_pkg_dependency(LIBPQ libpq)
 atfill_pkg_dependency(XXHASH libxxhash)
 atfill_pkg_dependency(SECP256K1 libsecp256k1)
+atfill_pkg_dependency(UTF8PROC libutf8proc)
 
 # The same dependencies as pkg-config modules, for the installed atfill.pc (Boost.System and the
 # threads library have none there: atfill.pc names them in Libs).
 set(ATFILL_PC_REQUIRES
-    "openssl simdjson libzstd tbb libcurl rocksdb sqlite3 tomlplusplus lua5.4 libpq libxxhash libsecp256k1")
+    "openssl simdjson libzstd tbb libcurl rocksdb sqlite3 tomlplusplus lua5.4 libpq libxxhash libsecp256k1 libutf8proc")

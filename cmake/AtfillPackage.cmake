@@ -173,7 +173,7 @@ set(CPACK_DEBIAN_PACKAGE_DEPENDS "adduser")
 # What a program that embeds the library needs to build (the headers of the dependencies).
 set(CPACK_DEBIAN_PACKAGE_SUGGESTS "g++, cmake, pkg-config, libtbb-dev, libcurl4-openssl-dev, \
 libsimdjson-dev, librocksdb-dev, libsqlite3-dev, libzstd-dev, libssl-dev, liblua5.4-dev, libpq-dev, \
-libboost-system-dev, libtomlplusplus-dev, libxxhash-dev, libsecp256k1-dev")
+libboost-system-dev, libtomlplusplus-dev, libxxhash-dev, libsecp256k1-dev, libutf8proc-dev")
 set(CPACK_DEBIAN_PACKAGE_CONTROL_EXTRA ${_deb}/postinst ${_deb}/prerm ${_deb}/postrm
   ${_deb}/conffiles)
 set(CPACK_DEBIAN_PACKAGE_CONTROL_STRICT_PERMISSION ON)

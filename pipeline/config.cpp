@@ -24,6 +24,12 @@ struct ConfigFile::Impl {
   Status TypeError(const toml::node* node, std::string_view key, std::string_view want) const {
     return Status::Invalid(Line(node) + ": " + std::string(key) + " must be " + std::string(want));
   }
+  // A path relative to the config file's folder, made absolute against it.
+  std::string Resolve(std::string_view path) const {
+    std::filesystem::path p(path);
+    if (p.is_relative() && !dir.empty()) p = std::filesystem::path(dir) / p;
+    return p.lexically_normal().string();
+  }
 };
 
 ConfigFile::ConfigFile(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -138,9 +144,20 @@ Status ConfigFile::ReadPath(std::string_view key, std::string* out) {
   ATFILL_RETURN_IF_ERROR(ReadString(key, &v));
   if (!present) return Status::OK();
   if (v.empty()) return Status::Invalid(Where(key) + " must not be empty");
-  std::filesystem::path p(v);
-  if (p.is_relative() && !impl_->dir.empty()) p = std::filesystem::path(impl_->dir) / p;
-  *out = p.lexically_normal().string();
+  *out = impl_->Resolve(v);
+  return Status::OK();
+}
+
+Status ConfigFile::ReadPathList(std::string_view key, std::vector<std::string>* out) {
+  std::vector<std::string> values;
+  const bool present = Has(key);
+  ATFILL_RETURN_IF_ERROR(ReadStringList(key, &values));
+  if (!present) return Status::OK();
+  for (std::string& v : values) {
+    if (v.empty()) return Status::Invalid(Where(key) + " must not hold an empty path");
+    v = impl_->Resolve(v);
+  }
+  *out = std::move(values);
   return Status::OK();
 }
 
@@ -157,9 +174,7 @@ Status ConfigFile::ReadPathTable(std::string_view key, std::map<std::string, std
     if (!node.is_string() || !v) return impl_->TypeError(&node, entry, "a path (a string)");
     if (v->empty())
       return Status::Invalid(impl_->Line(&node) + ": " + entry + " must not be empty");
-    std::filesystem::path p(*v);
-    if (p.is_relative() && !impl_->dir.empty()) p = std::filesystem::path(impl_->dir) / p;
-    values[std::string(k.str())] = p.lexically_normal().string();
+    values[std::string(k.str())] = impl_->Resolve(*v);
   }
   *out = std::move(values);
   return Status::OK();

@@ -41,6 +41,8 @@ class ConfigFile {
   Status ReadStringList(std::string_view key, std::vector<std::string>* out);
   // A path relative to the config file's folder becomes absolute against it.
   Status ReadPath(std::string_view key, std::string* out);
+  // An array of paths, each resolved like ReadPath.
+  Status ReadPathList(std::string_view key, std::vector<std::string>* out);
   // A table whose keys are names (they may hold dots: quoted NSIDs) and whose values are paths,
   // each resolved like ReadPath: [scripts.collections] "app.bsky.feed.post" = "post.lua".
   Status ReadPathTable(std::string_view key, std::map<std::string, std::string>* out);

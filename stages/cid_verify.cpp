@@ -1,12 +1,44 @@
 #include "stages/cid_verify.hpp"
 
+#include <simdjson.h>
+
 #include <algorithm>
 
 #include "atproto/json.hpp"
 
 namespace atfill::stages {
+namespace {
+
+// The lexicon verdict of the record CidOfRecord has parsed.
+class LexiconVisitor final : public atproto::ParsedRecordVisitor {
+ public:
+  explicit LexiconVisitor(const atproto::LexiconCatalog* catalog) : catalog_(catalog) {}
+
+  void Start(const pipeline::RecordEvent* record) {
+    record_ = record;
+    visited_ = false;
+  }
+  void Visit(const simdjson::dom::element& body) override {
+    verdict_ = catalog_->Validate(record_->collection, record_->rkey, body);
+    visited_ = true;
+  }
+  bool visited() const { return visited_; }
+  const atproto::LexiconVerdict& verdict() const { return verdict_; }
+
+ private:
+  const atproto::LexiconCatalog* catalog_;
+  const pipeline::RecordEvent* record_ = nullptr;
+  atproto::LexiconVerdict verdict_;
+  bool visited_ = false;
+};
+
+}  // namespace
 
 Status CidVerify::Process(pipeline::TransformState* /*state*/, pipeline::EventChunk* chunk) const {
+  std::shared_ptr<const atproto::LexiconCatalog> catalog;
+  if (lexicons_) catalog = lexicons_->catalog();
+  LexiconVisitor visitor(catalog.get());
+  LexiconCheck::Tally tally;
   auto& events = chunk->events;
   // Compacts in place: kept events slide forward, order preserved.
   size_t keep = 0;
@@ -14,7 +46,8 @@ Status CidVerify::Process(pipeline::TransformState* /*state*/, pipeline::EventCh
     auto* record = std::get_if<pipeline::RecordEvent>(&events[i]);
     bool ok = true;
     if (record != nullptr && record->operation != pipeline::Operation::kDelete) {
-      auto cid = atproto::CidOfRecord(record->body);
+      visitor.Start(record);
+      auto cid = atproto::CidOfRecord(record->body, catalog ? &visitor : nullptr);
       if (!cid.ok()) {
         chunk->errors.push_back({"bad_record", record->Uri(),
                                  "record is not valid atproto data: " + cid.status().message()});
@@ -24,6 +57,8 @@ Status CidVerify::Process(pipeline::TransformState* /*state*/, pipeline::EventCh
             {"cid_mismatch", record->Uri(),
              "record hashes to " + cid->ToString() + ", source said " + record->cid.ToString()});
         ok = false;
+      } else if (visitor.visited()) {
+        ok = lexicons_->Apply(*record, visitor.verdict(), chunk, &tally);
       }
     }
     if (ok) {
@@ -34,6 +69,7 @@ Status CidVerify::Process(pipeline::TransformState* /*state*/, pipeline::EventCh
     }
   }
   events.resize(keep);
+  if (lexicons_) LexiconCheck::Count(tally, chunk);
   return Status::OK();
 }
 

@@ -1,5 +1,7 @@
 #include "stages/components.hpp"
 
+#include <optional>
+
 #include "stages/cid_verify.hpp"
 #include "stages/ingest_guard.hpp"
 #include "stages/live_hold.hpp"
@@ -7,6 +9,29 @@
 
 namespace atfill::stages {
 namespace {
+
+// [lexicons] dirs and mode; the documents are loaded and checked here, so a bad one stops the
+// config with its file and reason.
+Status ReadLexicons(pipeline::ConfigFile& file, LexiconSettings* out) {
+  std::vector<std::string> dirs;
+  ATFILL_RETURN_IF_ERROR(file.ReadPathList("lexicons.dirs", &dirs));
+  std::string mode(LexiconModeName(out->mode));
+  ATFILL_RETURN_IF_ERROR(file.ReadEnum("lexicons.mode", &mode, {"reject", "log", "off"}));
+  out->mode = *ParseLexiconMode(mode);
+  if (dirs.empty()) return Status::OK();
+  auto documents = std::make_shared<atproto::LexiconCatalog::Builder>();
+  for (const std::string& dir : dirs) {
+    if (Status s = documents->AddPath(dir); !s.ok()) {
+      return s.WithContext(file.Where("lexicons.dirs"));
+    }
+  }
+  auto catalog = documents->Build();
+  if (!catalog.ok()) return catalog.status().WithContext(file.Where("lexicons.dirs"));
+  out->dirs = std::move(dirs);
+  out->registry = std::make_shared<LexiconRegistry>(std::move(*catalog));
+  out->documents = std::move(documents);
+  return Status::OK();
+}
 
 Status ReadStageConfig(pipeline::ConfigFile& file, pipeline::Settings& settings) {
   StageSettings& c = settings.Mutable<StageSettings>();
@@ -26,16 +51,37 @@ Status ReadStageConfig(pipeline::ConfigFile& file, pipeline::Settings& settings)
   ATFILL_RETURN_IF_ERROR(
       file.ReadInt("live.account_check_timeout_ms", &c.account_check.timeout_ms, 1, 600'000));
   if (Status s = sc.Validate(); !s.ok()) return s.WithContext(file.source_name() + ": [scripts]");
-  return Status::OK();
+  return ReadLexicons(file, &c.lexicons);
 }
 
 const StageSettings& Of(const pipeline::Environment& env) {
   return env.settings->Get<StageSettings>();
 }
 
+// The lexicon check, when lexicons are configured and not turned off.
+std::optional<LexiconCheck> LexiconCheckOf(const pipeline::Environment& env) {
+  const LexiconSettings& l = Of(env).lexicons;
+  if (l.registry == nullptr || l.mode == LexiconMode::kOff) return std::nullopt;
+  return LexiconCheck(l.registry, l.mode);
+}
+
+// CID verification; with lexicons, it also reaches each record's lexicon verdict on the same
+// parse of the record.
 Status AddCidVerify(const pipeline::Environment& env, pipeline::PlanDraft& draft) {
-  if (Of(env).verify_cids)
-    draft.plan->stages.cid_verify = draft.Keep(std::make_unique<CidVerify>());
+  if (!Of(env).verify_cids) return Status::OK();
+  auto check = LexiconCheckOf(env);
+  draft.plan->stages.cid_verify = draft.Keep(check ? std::make_unique<CidVerify>(std::move(*check))
+                                                   : std::make_unique<CidVerify>());
+  return Status::OK();
+}
+
+// Lexicon validation on its own, for jobs that do not verify CIDs.
+Status AddLexiconValidate(const pipeline::Environment& env, pipeline::PlanDraft& draft) {
+  if (Of(env).verify_cids) return Status::OK();
+  auto check = LexiconCheckOf(env);
+  if (check) {
+    draft.plan->stages.lexicon = draft.Keep(std::make_unique<LexiconValidate>(std::move(*check)));
+  }
   return Status::OK();
 }
 
@@ -119,6 +165,7 @@ Status AddIngestGuard(const pipeline::Environment& env, pipeline::PlanDraft& dra
 void Register(pipeline::Components& components) {
   components.AddConfigReader(ReadStageConfig);
   components.AddStage("cid_verify", AddCidVerify);
+  components.AddStage("lexicon_validate", AddLexiconValidate);
   components.AddStage("script", AddScript);
   components.AddStage("account_check", AddAccountCheck);
   components.AddStage("live_hold", AddLiveHold);

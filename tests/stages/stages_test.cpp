@@ -8,6 +8,7 @@
 #include "pipeline/engine.hpp"
 #include "stages/cid_verify.hpp"
 #include "stages/ingest_guard.hpp"
+#include "stages/lexicon_validate.hpp"
 #include "state/kv_store.hpp"
 #include "state/tombstones.hpp"
 
@@ -77,6 +78,102 @@ TEST(CidVerifyTest, KeepsMatchesDropsMismatchesAndBadBodies) {
   EXPECT_EQ(chunk.errors[0].kind, "cid_mismatch");
   EXPECT_EQ(chunk.errors[0].key, "at://" + kDid + "/app.bsky.feed.post/b");
   EXPECT_EQ(chunk.errors[1].kind, "bad_record");
+}
+
+// A catalog with one record type: app.bsky.feed.post with a required text of at most 5 graphemes.
+atproto::LexiconCatalog PostCatalog() {
+  atproto::LexiconCatalog::Builder b;
+  EXPECT_TRUE(b.Add(R"({"lexicon":1,"id":"app.bsky.feed.post","defs":{"main":{"type":"record",
+      "key":"any","record":{"type":"object","required":["text"],
+      "properties":{"text":{"type":"string","maxGraphemes":5}}}}}})")
+                  .ok());
+  return std::move(*b.Build());
+}
+std::shared_ptr<LexiconRegistry> PostLexicon() {
+  return std::make_shared<LexiconRegistry>(PostCatalog());
+}
+
+RecordEvent Other(const std::string& rkey) {
+  RecordEvent r = Record(Operation::kCreate, rkey, "3l2222222222a");
+  r.collection = "app.bsky.feed.like";
+  r.body = R"({"$type":"app.bsky.feed.like"})";
+  r.cid = *atproto::CidOfRecord(r.body);
+  return r;
+}
+
+std::map<std::string, int64_t> Counters(const EventChunk& chunk) {
+  std::map<std::string, int64_t> out;
+  for (const auto& [name, n] : chunk.counters) out[name] += n;
+  return out;
+}
+
+TEST(LexiconStageTest, RejectModeDropsRecordsThatDoNotMatchTheirLexicon) {
+  // Both forms: CidVerify on its own parse, and the stage for jobs that do not verify CIDs.
+  CidVerify verify(LexiconCheck(PostLexicon(), LexiconMode::kReject));
+  LexiconValidate validate(LexiconCheck(PostLexicon(), LexiconMode::kReject));
+  for (const pipeline::Transform* stage :
+       std::initializer_list<const pipeline::Transform*>{&verify, &validate}) {
+    EventChunk chunk;
+    chunk.events.push_back(Record(Operation::kCreate, "a", "3l2222222222a", "short"));
+    chunk.events.push_back(Record(Operation::kCreate, "b", "3l2222222222a", "too long"));
+    chunk.events.push_back(Other("c"));
+    chunk.events.push_back(Record(Operation::kDelete, "d", "3l2222222222a"));
+    RecordEvent missing = Record(Operation::kUpdate, "e", "3l2222222222a");
+    missing.body = R"({"$type":"app.bsky.feed.post"})";
+    missing.cid = *atproto::CidOfRecord(missing.body);
+    chunk.events.push_back(missing);
+    ASSERT_TRUE(stage->Process(nullptr, &chunk).ok());
+    EXPECT_EQ(Kept(chunk),
+              (std::vector<std::string>{"create a@3l2222222222a", "create c@3l2222222222a",
+                                        "delete d@3l2222222222a"}))
+        << stage->name();
+    EXPECT_EQ(chunk.dropped, 2u);
+    ASSERT_EQ(chunk.errors.size(), 2u);
+    EXPECT_EQ(chunk.errors[0].kind, "lexicon_invalid");
+    EXPECT_EQ(chunk.errors[0].key, "at://" + kDid + "/app.bsky.feed.post/b");
+    EXPECT_EQ(chunk.errors[0].message,
+              "record does not match its lexicon: text: string is longer than 5 graphemes (8)");
+    EXPECT_EQ(chunk.errors[1].message,
+              "record does not match its lexicon: text: required field is missing");
+    EXPECT_EQ(Counters(chunk),
+              (std::map<std::string, int64_t>{
+                  {"lexicon_invalid", 2}, {"lexicon_unknown", 1}, {"lexicon_valid", 1}}));
+  }
+}
+
+TEST(LexiconStageTest, LogModeWritesAndLogsAndACidMismatchIsNotValidated) {
+  CidVerify verify(LexiconCheck(PostLexicon(), LexiconMode::kLog));
+  EventChunk chunk;
+  chunk.events.push_back(Record(Operation::kCreate, "a", "3l2222222222a", "too long"));
+  RecordEvent wrong = Record(Operation::kCreate, "b", "3l2222222222a", "also too long");
+  wrong.cid = *atproto::CidOfRecord("{\"$type\":\"x.y.z\"}");
+  chunk.events.push_back(wrong);
+  ASSERT_TRUE(verify.Process(nullptr, &chunk).ok());
+  EXPECT_EQ(Kept(chunk), (std::vector<std::string>{"create a@3l2222222222a"}));
+  EXPECT_EQ(chunk.dropped, 1u);
+  ASSERT_EQ(chunk.errors.size(), 2u);
+  EXPECT_EQ(chunk.errors[0].kind, "lexicon_invalid");
+  EXPECT_EQ(chunk.errors[0].message,
+            "record does not match its lexicon: text: string is longer than 5 graphemes (8) "
+            "(written: mode is log)");
+  EXPECT_EQ(chunk.errors[1].kind, "cid_mismatch");
+  EXPECT_EQ(Counters(chunk), (std::map<std::string, int64_t>{{"lexicon_invalid", 1}}));
+}
+
+TEST(LexiconStageTest, ACatalogReplacedWhileJobsRunIsUsedFromTheNextChunk) {
+  auto registry = std::make_shared<LexiconRegistry>();
+  CidVerify verify(LexiconCheck(registry, LexiconMode::kReject));
+  auto run = [&] {
+    EventChunk chunk;
+    chunk.events.push_back(Record(Operation::kCreate, "a", "3l2222222222a", "too long"));
+    EXPECT_TRUE(verify.Process(nullptr, &chunk).ok());
+    return chunk.events.size();
+  };
+  EXPECT_EQ(run(), 1u);  // no lexicon: passes as unknown
+  registry->Set(PostCatalog());
+  EXPECT_EQ(run(), 0u);
+  registry->Set(atproto::LexiconCatalog());
+  EXPECT_EQ(run(), 1u);
 }
 
 class GuardTest : public ::testing::Test {

@@ -62,6 +62,47 @@ TEST(CliTest, CidPrintsOneLinePerInputLineAndFlagsBadOnes) {
   EXPECT_THAT(missing.err, HasSubstr("cannot open"));
 }
 
+TEST(CliTest, ValidateSaysValidOrWhereAndWhyNotPerLine) {
+  ATFILL_SHARED_PATH(lexicons, "lexicons");
+  TempDir dir;
+  WriteFile(
+      dir / "records.jsonl",
+      R"({"$type":"app.bsky.feed.like","subject":{"uri":"at://did:plc:ewvi7nxzyoun6zhxrhs64oiz/app.bsky.feed.post/3lbqzb5ddb22a","cid":"bafyreiclp443lavogvhj3d2ob2cxbfuscni2k5jk7bebjzg7khl3esabwq"},"createdAt":"2026-11-30T09:00:00Z"})"
+      "\n"
+      R"({"$type":"app.bsky.feed.like","subject":{"uri":"nope","cid":"x"},"createdAt":"2026-11-30T09:00:00Z"})"
+      "\n"
+      R"({"$type":"com.example.thing"})"
+      "\n"
+      "not json\n");
+  auto r =
+      Atfill(dir, {"validate", "--lexicons", lexicons.string(), (dir / "records.jsonl").string()});
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  const auto out = Lines(r.out);
+  ASSERT_EQ(out.size(), 4u) << r.out;
+  EXPECT_EQ(out[0], "valid");
+  EXPECT_THAT(out[1], ::testing::StartsWith("invalid: subject.uri: not a valid aturi: "));
+  EXPECT_EQ(out[2], "unknown: no lexicon for com.example.thing");
+  EXPECT_THAT(out[3], ::testing::StartsWith("invalid: not an atproto record: "));
+
+  // stdin, every line valid: exit 0.
+  WriteFile(dir / "one.jsonl",
+            "{\"$type\":\"app.bsky.graph.block\",\"subject\":"
+            "\"did:plc:ewvi7nxzyoun6zhxrhs64oiz\",\"createdAt\":"
+            "\"2026-11-30T09:00:00Z\"}\n");
+  auto ok = RunProcess({"/bin/sh", "-c", "exec \"$0\" validate --lexicons \"$1\" < \"$2\"", kAtfill,
+                        lexicons.string(), (dir / "one.jsonl").string()},
+                       dir.path());
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
+  EXPECT_EQ(ok.out, "valid\n");
+
+  // A lexicon that is not one: exit 1 naming the file; no --lexicons: a usage error.
+  WriteFile(dir / "bad.json", R"({"lexicon":2,"id":"com.example.x","defs":{}})");
+  auto bad = Atfill(dir, {"validate", "--lexicons", (dir / "bad.json").string()});
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_THAT(bad.err, HasSubstr("bad.json: lexicon must be the integer 1"));
+  EXPECT_EQ(Atfill(dir, {"validate", (dir / "records.jsonl").string()}).exit_code, 2);
+}
+
 // Blocks of lines are hashed on every core; what comes out is what one core would print: a line
 // per input line in input order, across files, and each error with its own line number.
 TEST(CliTest, CidOfManyLinesKeepsTheirOrderAndLineNumbers) {

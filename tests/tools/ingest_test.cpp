@@ -143,6 +143,75 @@ TEST(IngestTest, BadInputIsSkippedCountedAndLoggedWithItsLine) {
   EXPECT_THAT(json.out, HasSubstr("\"started_by\":\"cli\""));
 }
 
+// [lexicons]: records are checked against the atproto lexicons on their way in; one that does not
+// match is logged with its path and reason and not written, one of a collection no lexicon
+// describes is written and counted.
+TEST(IngestTest, RecordsThatDoNotMatchTheirLexiconAreLoggedAndNotWritten) {
+  ATFILL_SHARED_PATH(lexicons, "lexicons");
+  const std::string did = "did:plc:ewvi7nxzyoun6zhxrhs64oiz";
+  auto line = [&](const std::string& collection, const std::string& rkey,
+                  const std::string& record) {
+    return "{\"did\":\"" + did +
+           "\",\"time_us\":1780000000000000,\"kind\":\"commit\",\"commit\":{\"rev\":"
+           "\"3lbqzbaaaaa2a\",\"operation\":\"create\",\"collection\":\"" +
+           collection + "\",\"rkey\":\"" + rkey + "\",\"record\":" + record + ",\"cid\":\"" +
+           atproto::CidOfRecord(record)->ToString() + "\"}}\n";
+  };
+  const std::string at = R"(,"createdAt":"2026-11-30T09:00:00.000Z")";
+  std::string text;
+  text += line("app.bsky.feed.post", "3lbqzb5ddb22a",
+               R"({"$type":"app.bsky.feed.post","text":"fine")" + at + "}");
+  text +=
+      line("app.bsky.feed.post", "3lbqzb5ddb22b", R"({"$type":"app.bsky.feed.post","text":"x"})");
+  text +=
+      line("app.bsky.feed.post", "3lbqzb5ddb22c",
+           R"({"$type":"app.bsky.feed.post","text":")" + std::string(301, 'a') + "\"" + at + "}");
+  text += line(
+      "app.bsky.feed.post", "3lbqzb5ddb22d",
+      R"({"$type":"app.bsky.feed.post","text":"pic")" + at +
+          R"(,"embed":{"$type":"app.bsky.embed.images","images":[{"alt":7,"image":)"
+          R"({"$type":"blob","ref":{"$link":"bafkreiclp443lavogvhj3d2ob2cxbfuscni2k5jk7bebjzg7khl3esabwq"},)"
+          R"("mimeType":"image/png","size":10}}]}})");
+  text += line("app.bsky.actor.profile", "3lbqzb5ddb22e",
+               R"({"$type":"app.bsky.actor.profile","displayName":"not self"})");
+  text += line("com.example.thing", "3lbqzb5ddb22f", R"({"$type":"com.example.thing","n":1})");
+  Workspace ws("[lexicons]\ndirs = [\"" + lexicons.string() + "\"]\n");
+  WriteFile(ws.dir / "events.jsonl", text);
+  auto r = ws.Atfill({"ingest", ws.config, (ws.dir / "events.jsonl").string()});
+  ASSERT_EQ(r.exit_code, 1) << Describe(r);
+  EXPECT_THAT(r.err, HasSubstr("6 events read, 2 records written"));
+  EXPECT_THAT(r.err, HasSubstr("lexicons: 1 valid, 4 invalid, 1 unknown"));
+  const auto rows = Rows(ws.db());
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[0].uri, "at://" + did + "/app.bsky.feed.post/3lbqzb5ddb22a");
+  EXPECT_EQ(rows[1].uri, "at://" + did + "/com.example.thing/3lbqzb5ddb22f");
+
+  auto errors = ws.Atfill({"job", ws.config, "1", "--errors"});
+  ASSERT_EQ(errors.exit_code, 0) << Describe(errors);
+  EXPECT_THAT(errors.out, HasSubstr("lexicon_invalid"));
+  EXPECT_THAT(errors.out, HasSubstr("app.bsky.feed.post/3lbqzb5ddb22b"));
+  EXPECT_THAT(errors.out, HasSubstr("createdAt: required field is missing"));
+  EXPECT_THAT(errors.out, HasSubstr("text: string is longer than 300 graphemes (301)"));
+  EXPECT_THAT(errors.out, HasSubstr("embed.images[0].alt: expected a string, got an integer"));
+  EXPECT_THAT(errors.out, HasSubstr("record key \"3lbqzb5ddb22e\": must be \"self\""));
+
+  // In log mode the same records are written, and still logged.
+  Workspace logged("[lexicons]\ndirs = [\"" + lexicons.string() + "\"]\nmode = \"log\"\n");
+  WriteFile(logged.dir / "events.jsonl", text);
+  auto l = logged.Atfill({"ingest", logged.config, (logged.dir / "events.jsonl").string()});
+  EXPECT_THAT(l.err, HasSubstr("6 records written")) << Describe(l);
+  EXPECT_EQ(Rows(logged.db()).size(), 6u);
+
+  // A lexicon that is not one stops the config, naming the file and the reason.
+  std::filesystem::create_directories(ws.dir / "lex");
+  WriteFile(ws.dir / "lex" / "bad.json",
+            R"({"lexicon":1,"id":"com.example.bad","defs":{"main":{"type":"ref","ref":"#x"}}})");
+  Workspace bad("[lexicons]\ndirs = [\"" + (ws.dir / "lex").string() + "\"]\n");
+  auto b = bad.Atfill({"ingest", bad.config, (ws.dir / "events.jsonl").string()});
+  EXPECT_EQ(b.exit_code, 2) << Describe(b);
+  EXPECT_THAT(b.err, HasSubstr("bad.json: com.example.bad: defs.main: type ref is not allowed"));
+}
+
 // The README's exit codes, verb by verb, for the verbs that run or steer jobs (the inspection
 // verbs' are in cli_test): 0 success, 1 some input invalid (the rest processed) or the request
 // cannot be carried out, 2 bad command line or config, 3 a file or the state unreadable, 4 the

@@ -24,6 +24,7 @@ struct Verb {
 bool WantsHelp(const Verb& verb, std::span<char* const> args);
 
 int RunCid(std::span<char* const> args);
+int RunValidate(std::span<char* const> args);
 int RunCar(std::span<char* const> args);
 int RunSyntax(std::span<char* const> args);
 int RunDemo(std::span<char* const> args);

@@ -91,6 +91,14 @@ std::string ProgressLine(const state::JobRecord& job, int64_t now_us) {
   if (auto it = job.counters.extra.find("refused"); it != job.counters.extra.end()) {
     line += " | " + FormatCount(it->second) + " refused";
   }
+  if (job.counters.extra.contains("lexicon_valid") ||
+      job.counters.extra.contains("lexicon_invalid") ||
+      job.counters.extra.contains("lexicon_unknown")) {
+    // Lexicon validation ([lexicons]): what matched, what did not, what had no lexicon.
+    line += " | lexicons: " + FormatCount(extra("lexicon_valid")) + " valid, " +
+            FormatCount(extra("lexicon_invalid")) + " invalid, " +
+            FormatCount(extra("lexicon_unknown")) + " unknown";
+  }
   if (const auto protocol = job.params.find("protocol");
       protocol != job.params.end() && protocol->second == "firehose") {
     // The relay firehose: what verification refused, and the repos whose chain broke.

@@ -160,6 +160,16 @@ std::span<const Verb> Verbs() {
        "'error: line N: <reason>' on stderr, so outputs stay aligned with inputs.\n\n"
        "exit: 0 all lines valid, 1 some line failed, 2 usage, 3 a file could not be read\n",
        RunCid},
+      {"validate", "check records against their lexicons (one JSON object per line)",
+       "usage: atfill validate --lexicons PATH [--lexicons PATH]... [FILE...]\n\n"
+       "Loads lexicon documents (a .json file, or every .json file under a folder: a checkout\n"
+       "of the atproto lexicons, say), each checked as it loads, then reads records, one JSON\n"
+       "object per line, from each FILE (or stdin when none is given). Each record's $type\n"
+       "names its lexicon. Prints one line per input line: 'valid', 'invalid: <path>: <reason>'\n"
+       "or 'unknown: no lexicon for <nsid>'.\n\n"
+       "exit: 0 no record invalid, 1 some record (or lexicon) invalid, 2 usage, 3 a file could\n"
+       "not be read\n",
+       RunValidate},
       {"car", "verify a CAR repository and print its records",
        "usage: atfill car FILE.car [--key did:key:...]\n\n"
        "Verifies every block's hash and the repository structure, then prints every record as a\n"
