@@ -2,6 +2,7 @@
 // the record validator (lexicon_validate.cpp). Not part of the library's interface.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -82,6 +83,10 @@ struct Node {
   // object (and params)
   std::vector<Property> properties;
   size_t required_count = 0;
+  // A field name's property by PropertySlot(name): index + 1, 0 for none, kSlotShared where two
+  // properties share the slot (those are found by a scan).
+  static constexpr uint8_t kSlotShared = 255;
+  std::array<uint8_t, 64> property_slots{};
 
   // ref: the target's full name ("nsid#name", main as plain "nsid"), resolved when built
   std::string ref;
@@ -104,6 +109,13 @@ struct Node {
   std::string key_literal;
   const Node* record = nullptr;  // its object
 };
+
+inline size_t PropertySlot(std::string_view name) {
+  if (name.empty()) return 0;
+  return (name.size() * 31 + static_cast<unsigned char>(name.front()) * 7 +
+          static_cast<unsigned char>(name.back())) &
+         63;
+}
 
 // Maps by name that a string_view can look up.
 struct NameHash {

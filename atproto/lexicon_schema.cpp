@@ -461,6 +461,11 @@ class Compiler {
       if (p == nullptr) return Fail("nullable field '" + n + "' is not among the properties");
       p->nullable = true;
     }
+    for (size_t i = 0; i < node->properties.size(); ++i) {
+      uint8_t& slot = node->property_slots[PropertySlot(node->properties[i].name)];
+      slot = (slot == 0 && i + 1 < Node::kSlotShared) ? static_cast<uint8_t>(i + 1)
+                                                      : Node::kSlotShared;
+    }
     return Status::OK();
   }
 

@@ -183,13 +183,7 @@ class Validator {
     if (props.size() > 64) seen_many.resize(props.size());
     for (auto field : o) {
       const std::string_view key = field.key;
-      size_t i = 0;
-      for (; i < props.size(); ++i) {
-        const std::string& name = props[i].name;
-        if (name.size() == key.size() && std::memcmp(name.data(), key.data(), key.size()) == 0) {
-          break;
-        }
-      }
+      const size_t i = Find(n, key);
       if (i == props.size()) continue;  // a field the schema does not name
       if (props.size() > 64) {
         seen_many[i] = true;
@@ -216,6 +210,22 @@ class Validator {
   bool Fail(std::string reason) {
     reason_ = std::move(reason);
     return false;
+  }
+
+  // The index of `key`'s property in n.properties; their count when the schema does not name it.
+  static size_t Find(const Node& n, std::string_view key) {
+    const std::vector<Property>& props = n.properties;
+    const auto equal = [&](size_t i) {
+      const std::string& name = props[i].name;
+      return name.size() == key.size() && std::memcmp(name.data(), key.data(), key.size()) == 0;
+    };
+    const uint8_t slot = n.property_slots[lexicon_internal::PropertySlot(key)];
+    if (slot == 0) return props.size();
+    if (slot != Node::kSlotShared) return equal(slot - 1u) ? slot - 1u : props.size();
+    for (size_t i = 0; i < props.size(); ++i) {
+      if (equal(i)) return i;
+    }
+    return props.size();
   }
 
   std::string Path() const {
@@ -417,13 +427,15 @@ class Validator {
 
   bool Union(const Node& n, dom::element v) {
     dom::object o;
-    if (v.get_object().get(o) != simdjson::SUCCESS || Got(v) != "an object") {
+    if (v.get_object().get(o) != simdjson::SUCCESS) {
       return Fail(Expected("an object with a $type (a union)", v));
     }
     std::string_view type;
     if (o["$type"].get_string().get(type) != simdjson::SUCCESS) {
+      if (Got(v) != "an object") return Fail(Expected("an object with a $type (a union)", v));
       return Fail("a union member needs a $type");
     }
+    if (type == "blob") return Fail(Expected("an object with a $type (a union)", v));
     type = MemberName(type);
     for (size_t i = 0; i < n.refs.size(); ++i) {
       if (n.refs[i] != type) continue;

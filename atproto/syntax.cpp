@@ -13,15 +13,41 @@ constexpr bool IsDigit(char c) { return c >= '0' && c <= '9'; }
 constexpr bool IsLower(char c) { return c >= 'a' && c <= 'z'; }
 constexpr bool IsUpper(char c) { return c >= 'A' && c <= 'Z'; }
 constexpr bool IsAlpha(char c) { return IsLower(c) || IsUpper(c); }
-constexpr bool IsAlnum(char c) { return IsAlpha(c) || IsDigit(c); }
 constexpr char ToLower(char c) { return IsUpper(c) ? static_cast<char>(c - 'A' + 'a') : c; }
 
-constexpr bool IsDidChar(char c) {
-  return IsAlnum(c) || c == '.' || c == '_' || c == ':' || c == '%' || c == '-';
+// Character classes as one table lookup each: identifiers are checked byte by byte on every
+// event (DIDs, collections, record keys) and in every lexicon-validated string.
+enum CharClass : uint8_t {
+  kAlnum = 1,
+  kDidChar = 2,        // [A-Za-z0-9._:%-]
+  kRecordKeyChar = 4,  // [A-Za-z0-9._:~-]
+  kHandleChar = 8,     // [A-Za-z0-9-]
+  kCidChar = 16,       // [A-Za-z0-9+=]
+  kAtUriChar = 32,     // printable ASCII but space, '#' and '?'
+};
+constexpr std::array<uint8_t, 256> kCharClasses = [] {
+  std::array<uint8_t, 256> t{};
+  for (int c = 0; c < 256; ++c) {
+    const char ch = static_cast<char>(c);
+    const bool alnum = IsAlpha(ch) || IsDigit(ch);
+    uint8_t v = 0;
+    if (alnum) v |= kAlnum | kDidChar | kRecordKeyChar | kHandleChar | kCidChar;
+    if (ch == '.' || ch == '_' || ch == ':' || ch == '-') v |= kDidChar | kRecordKeyChar;
+    if (ch == '%') v |= kDidChar;
+    if (ch == '~') v |= kRecordKeyChar;
+    if (ch == '-') v |= kHandleChar;
+    if (ch == '+' || ch == '=') v |= kCidChar;
+    if (c > 0x20 && c < 0x7f && ch != '#' && ch != '?') v |= kAtUriChar;
+    t[static_cast<size_t>(c)] = v;
+  }
+  return t;
+}();
+constexpr bool Is(char c, CharClass k) {
+  return (kCharClasses[static_cast<unsigned char>(c)] & k) != 0;
 }
-constexpr bool IsRecordKeyChar(char c) {
-  return IsAlnum(c) || c == '.' || c == '-' || c == '_' || c == ':' || c == '~';
-}
+constexpr bool IsAlnum(char c) { return Is(c, kAlnum); }
+constexpr bool IsDidChar(char c) { return Is(c, kDidChar); }
+constexpr bool IsRecordKeyChar(char c) { return Is(c, kRecordKeyChar); }
 
 std::string Num(size_t n) { return std::to_string(n); }
 
@@ -87,7 +113,7 @@ Status CheckHandle(std::string_view s, size_t base) {
   size_t start = 0;
   for (size_t i = 0; i <= s.size(); ++i) {
     if (i < s.size() && s[i] != '.') {
-      if (!IsAlnum(s[i]) && s[i] != '-') return BadChar("handle", s[i], base + i);
+      if (!Is(s[i], kHandleChar)) return BadChar("handle", s[i], base + i);
       continue;
     }
     const size_t len = i - start;
@@ -124,7 +150,7 @@ Status CheckNsid(std::string_view s, size_t base) {
   size_t start = 0;
   for (size_t i = 0; i < name_start; ++i) {
     if (s[i] != '.') {
-      if (!IsAlnum(s[i]) && s[i] != '-') return BadChar("nsid", s[i], base + i);
+      if (!Is(s[i], kHandleChar)) return BadChar("nsid", s[i], base + i);
       continue;
     }
     const size_t len = i - start;
@@ -173,13 +199,12 @@ Status CheckAtIdentifier(std::string_view s, size_t base) {
 }
 
 // Splits as it validates so Parse can keep the offsets; see AtUri for their meaning.
-Status CheckAtUri(std::string_view s, size_t* authority_end, size_t* collection_end) {
-  constexpr std::string_view kPrefix = "at://";
-  if (s.empty()) return Status::Invalid("at-uri is empty");
-  if (s.size() > kMaxAtUriLength) return TooLong("at-uri", kMaxAtUriLength);
-  if (!s.starts_with(kPrefix)) return Status::Invalid("at-uri does not start with \"at://\"");
+// The characters of an AT URI: printable ASCII, no query, no fragment. The segment checks below
+// refuse every other character too, so this runs only to name the fault when one of them failed.
+Status CheckAtUriChars(std::string_view s) {
   for (size_t i = 0; i < s.size(); ++i) {
     const char c = s[i];
+    if (Is(c, kAtUriChar)) continue;
     if (c == '#') {
       return Status::Invalid("at-uri has a fragment ('#' at offset " + Num(i) +
                              "); fragments are not allowed");
@@ -188,10 +213,13 @@ Status CheckAtUri(std::string_view s, size_t* authority_end, size_t* collection_
       return Status::Invalid("at-uri has a query ('?' at offset " + Num(i) +
                              "); queries are not allowed");
     }
-    if (static_cast<unsigned char>(c) <= 0x20 || static_cast<unsigned char>(c) >= 0x7f) {
-      return BadChar("at-uri", c, i);
-    }
+    return BadChar("at-uri", c, i);
   }
+  return Status::OK();
+}
+
+Status CheckAtUriSegments(std::string_view s, size_t* authority_end, size_t* collection_end) {
+  constexpr std::string_view kPrefix = "at://";
   const size_t auth_start = kPrefix.size();
   size_t auth_end = s.find('/', auth_start);
   if (auth_end == std::string_view::npos) auth_end = s.size();
@@ -223,6 +251,18 @@ Status CheckAtUri(std::string_view s, size_t* authority_end, size_t* collection_
     return st.WithContext("at-uri record key");
   }
   return Status::OK();
+}
+
+Status CheckAtUri(std::string_view s, size_t* authority_end, size_t* collection_end) {
+  constexpr std::string_view kPrefix = "at://";
+  if (s.empty()) return Status::Invalid("at-uri is empty");
+  if (s.size() > kMaxAtUriLength) return TooLong("at-uri", kMaxAtUriLength);
+  if (!s.starts_with(kPrefix)) return Status::Invalid("at-uri does not start with \"at://\"");
+  Status st = CheckAtUriSegments(s, authority_end, collection_end);
+  if (st.ok()) return st;
+  // A character no AT URI has is the fault to name first, wherever it stands.
+  ATFILL_RETURN_IF_ERROR(CheckAtUriChars(s));
+  return st;
 }
 
 // --- Datetime ---
@@ -522,7 +562,7 @@ Status ValidateCid(std::string_view text) {
   if (text.size() > kMaxCidStringLength) return TooLong("cid", kMaxCidStringLength);
   for (size_t i = 0; i < text.size(); ++i) {
     const char c = text[i];
-    if (!IsAlnum(c) && c != '+' && c != '=') return BadChar("cid", c, i);
+    if (!Is(c, kCidChar)) return BadChar("cid", c, i);
   }
   // A CIDv0 is a bare base58btc sha2-256 multihash: 46 characters starting "Qm".
   if (text.size() == 46 && text.starts_with("Qm")) {
