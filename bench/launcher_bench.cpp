@@ -20,6 +20,8 @@
 //   ATFILL_LAUNCHER_SINK=0   skips the sink-alone runs
 //   ATFILL_LAUNCHER_LIVE_EVENTS  events of the Jetstream backlog (default 300,000)
 //   ATFILL_LAUNCHER_BIN      the launcher (default: the one this build made)
+//   ATFILL_LAUNCHER_LEXICONS=0  skips the runs with and without lexicon validation
+//                            (BM_LauncherLexicons; the atproto lexicons from $ATFILL_SHARED)
 //
 //   build/bench/launcher_bench                                     (Release build)
 //   ATFILL_LAUNCHER_ROWS=1000000 build/bench/launcher_bench        (what the test suite runs)
@@ -112,12 +114,19 @@ bool WriteWindow(gen::EventGenerator* g, uint64_t count, const fs::path& path) {
   return out.good();
 }
 
-// A launcher config as the README's minimal one, in `dir`.
-fs::path WriteConfig(const fs::path& dir) {
+// A launcher config as the README's minimal one, in `dir`, and `extra` after it.
+fs::path WriteConfig(const fs::path& dir, const std::string& extra = "") {
   fs::create_directories(dir);
   const fs::path path = dir / "atfill.toml";
-  std::ofstream(path) << "[state]\ndir = \"atfill-state\"\n[sink.sqlite]\npath = \"atfill.db\"\n";
+  std::ofstream(path) << "[state]\ndir = \"atfill-state\"\n[sink.sqlite]\npath = \"atfill.db\"\n"
+                      << extra;
   return path;
+}
+
+// The atproto lexicons (../shared/lexicons, or $ATFILL_SHARED/lexicons).
+fs::path LexiconsDir() {
+  const char* shared = std::getenv("ATFILL_SHARED");
+  return fs::path(shared != nullptr ? shared : ATFILL_SOURCE_DIR "/../shared") / "lexicons";
 }
 
 struct ProcessRun {
@@ -239,6 +248,43 @@ void BM_LauncherRepoOrder(benchmark::State& state) {
     RepoRate() = static_cast<double>(events) / run.wall_s;
   }
   fs::remove(file);
+  fs::remove_all(dir);
+  state.SetItemsProcessed(static_cast<int64_t>(events * state.iterations()));
+}
+
+// Lexicon validation's cost to the whole process: the same 1,000,000 interleaved events (or
+// ATFILL_LAUNCHER_ROWS when fewer), each run into an empty table, without [lexicons] and with the
+// atproto lexicons (reject mode), alternately (off, on, off, on); vs_off is the second "on" run's
+// rate over the second "off" run's.
+double& LexiconsOffRate() {
+  static double rate = 0;
+  return rate;
+}
+
+void BM_LauncherLexicons(benchmark::State& state) {
+  const bool on = state.range(0) != 0;
+  const uint64_t events = std::min<uint64_t>(1'000'000, Cfg().rows);
+  const fs::path file = Dir() / "lexicons.jsonl";
+  if (!fs::exists(file)) {
+    gen::EventGenerator g(Events(Cfg().accounts, 1, 13));
+    if (!WriteWindow(&g, events, file)) return Fail(state, "cannot write the events");
+  }
+  if (on && !fs::is_directory(LexiconsDir())) {
+    return Fail(state, "no lexicons at " + LexiconsDir().string());
+  }
+  const fs::path dir = Dir() / (on ? "lexicons-on" : "lexicons-off");
+  for (auto _ : state) {
+    fs::remove_all(dir);
+    const fs::path config = WriteConfig(
+        dir, on ? "[lexicons]\ndirs = [\"" + LexiconsDir().string() + "\"]\n" : std::string());
+    const ProcessRun run = RunIngest(config, file, dir / "ingest.log");
+    if (!run.error.empty()) return Fail(state, run.error);
+    state.SetIterationTime(run.wall_s);
+    ReportProcess(state, run, events);
+    const double rate = static_cast<double>(events) / run.wall_s;
+    if (!on) LexiconsOffRate() = rate;
+    if (on && LexiconsOffRate() > 0) state.counters["vs_off"] = rate / LexiconsOffRate();
+  }
   fs::remove_all(dir);
   state.SetItemsProcessed(static_cast<int64_t>(events * state.iterations()));
 }
@@ -391,6 +437,18 @@ void Register() {
       ->Iterations(1)
       ->UseManualTime()
       ->Unit(benchmark::kSecond);
+  if (EnvUint("ATFILL_LAUNCHER_LEXICONS", 1) != 0) {
+    for (int round = 0; round < 2; ++round) {
+      for (int on = 0; on < 2; ++on) {
+        benchmark::RegisterBenchmark(on != 0 ? "BM_LauncherLexicons/on" : "BM_LauncherLexicons/off",
+                                     BM_LauncherLexicons)
+            ->Arg(on)
+            ->Iterations(1)
+            ->UseManualTime()
+            ->Unit(benchmark::kSecond);
+      }
+    }
+  }
   const uint64_t windows = (Cfg().rows + Cfg().window - 1) / std::max<uint64_t>(1, Cfg().window);
   for (uint64_t w = 1; w <= windows; ++w) {
     const uint64_t upto = std::min(Cfg().rows, w * Cfg().window);
