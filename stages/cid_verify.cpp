@@ -37,6 +37,8 @@ class LexiconVisitor final : public atproto::ParsedRecordVisitor {
 Status CidVerify::Process(pipeline::TransformState* /*state*/, pipeline::EventChunk* chunk) const {
   std::shared_ptr<const atproto::LexiconCatalog> catalog;
   if (lexicons_) catalog = lexicons_->catalog();
+  // No lexicon (yet; one may be added while the job runs): the plain CID check.
+  if (catalog != nullptr && catalog->size() == 0) catalog.reset();
   LexiconVisitor visitor(catalog.get());
   LexiconCheck::Tally tally;
   auto& events = chunk->events;
@@ -69,7 +71,7 @@ Status CidVerify::Process(pipeline::TransformState* /*state*/, pipeline::EventCh
     }
   }
   events.resize(keep);
-  if (lexicons_) LexiconCheck::Count(tally, chunk);
+  if (catalog != nullptr) LexiconCheck::Count(tally, chunk);
   return Status::OK();
 }
 

@@ -11,25 +11,22 @@ namespace atfill::stages {
 namespace {
 
 // [lexicons] dirs and mode; the documents are loaded and checked here, so a bad one stops the
-// config with its file and reason.
+// config with its file and reason. The registry is made even without dirs: lexicons may be added
+// while `atfill run` runs.
 Status ReadLexicons(pipeline::ConfigFile& file, LexiconSettings* out) {
   std::vector<std::string> dirs;
   ATFILL_RETURN_IF_ERROR(file.ReadPathList("lexicons.dirs", &dirs));
   std::string mode(LexiconModeName(out->mode));
   ATFILL_RETURN_IF_ERROR(file.ReadEnum("lexicons.mode", &mode, {"reject", "log", "off"}));
   out->mode = *ParseLexiconMode(mode);
-  if (dirs.empty()) return Status::OK();
-  auto documents = std::make_shared<atproto::LexiconCatalog::Builder>();
+  atproto::LexiconCatalog::Builder documents;
   for (const std::string& dir : dirs) {
-    if (Status s = documents->AddPath(dir); !s.ok()) {
+    if (Status s = documents.AddPath(dir); !s.ok()) {
       return s.WithContext(file.Where("lexicons.dirs"));
     }
   }
-  auto catalog = documents->Build();
-  if (!catalog.ok()) return catalog.status().WithContext(file.Where("lexicons.dirs"));
   out->dirs = std::move(dirs);
-  out->registry = std::make_shared<LexiconRegistry>(std::move(*catalog));
-  out->documents = std::move(documents);
+  out->registry = std::make_shared<LexiconRegistry>(std::move(documents));
   return Status::OK();
 }
 
@@ -58,18 +55,23 @@ const StageSettings& Of(const pipeline::Environment& env) {
   return env.settings->Get<StageSettings>();
 }
 
-// The lexicon check, when lexicons are configured and not turned off.
-std::optional<LexiconCheck> LexiconCheckOf(const pipeline::Environment& env) {
+// The lexicon check, unless it is turned off; the lexicons added at run time and kept in state
+// join the config's first.
+Result<std::optional<LexiconCheck>> LexiconCheckOf(const pipeline::Environment& env) {
   const LexiconSettings& l = Of(env).lexicons;
-  if (l.registry == nullptr || l.mode == LexiconMode::kOff) return std::nullopt;
-  return LexiconCheck(l.registry, l.mode);
+  if (l.registry == nullptr || l.mode == LexiconMode::kOff) return std::optional<LexiconCheck>();
+  if (env.kv != nullptr) {
+    state::LexiconStore kept(*env.kv);
+    ATFILL_RETURN_IF_ERROR(l.registry->LoadKept(kept));
+  }
+  return std::optional<LexiconCheck>(LexiconCheck(l.registry, l.mode));
 }
 
 // CID verification; with lexicons, it also reaches each record's lexicon verdict on the same
 // parse of the record.
 Status AddCidVerify(const pipeline::Environment& env, pipeline::PlanDraft& draft) {
   if (!Of(env).verify_cids) return Status::OK();
-  auto check = LexiconCheckOf(env);
+  ATFILL_ASSIGN_OR_RETURN(auto check, LexiconCheckOf(env));
   draft.plan->stages.cid_verify = draft.Keep(check ? std::make_unique<CidVerify>(std::move(*check))
                                                    : std::make_unique<CidVerify>());
   return Status::OK();
@@ -78,7 +80,7 @@ Status AddCidVerify(const pipeline::Environment& env, pipeline::PlanDraft& draft
 // Lexicon validation on its own, for jobs that do not verify CIDs.
 Status AddLexiconValidate(const pipeline::Environment& env, pipeline::PlanDraft& draft) {
   if (Of(env).verify_cids) return Status::OK();
-  auto check = LexiconCheckOf(env);
+  ATFILL_ASSIGN_OR_RETURN(auto check, LexiconCheckOf(env));
   if (check) {
     draft.plan->stages.lexicon = draft.Keep(std::make_unique<LexiconValidate>(std::move(*check)));
   }

@@ -16,11 +16,10 @@ namespace atfill::stages {
 struct LexiconSettings {
   std::vector<std::string> dirs;  // dirs: lexicon files or folders of them
   LexiconMode mode = LexiconMode::kReject;
-  // Built from `dirs` when the config is read (each document checked then); shared by every job
-  // of the process, so that a lexicon added at run time reaches them all. Null without dirs.
+  // Made from `dirs` when the config is read (each document checked then), with the documents
+  // added at run time joining it; shared by every job of the process, so that a lexicon added
+  // while they run reaches them all.
   std::shared_ptr<LexiconRegistry> registry;
-  // The documents the registry's catalog was built from, for rebuilding it.
-  std::shared_ptr<atproto::LexiconCatalog::Builder> documents;
 };
 
 struct StageSettings {

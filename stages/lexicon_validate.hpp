@@ -11,11 +11,13 @@
 
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <string_view>
 
 #include "atproto/lexicon.hpp"
 #include "pipeline/transform.hpp"
+#include "state/lexicon_store.hpp"
 
 namespace atfill::stages {
 
@@ -24,27 +26,52 @@ enum class LexiconMode : uint8_t { kOff, kLog, kReject };
 Result<LexiconMode> ParseLexiconMode(std::string_view text);
 std::string_view LexiconModeName(LexiconMode mode);
 
-// The catalog records are validated against. Replaced whole when lexicons are added or removed
-// while jobs run; each chunk validates against the catalog it took at its start. Thread-safe.
+// The catalog records are validated against: the documents of [lexicons] dirs, and those added
+// while atfill runs (POST /admin/lexicons), which are kept in state so that a restart has them
+// too. Replaced whole when a document is added or removed; each chunk validates against the
+// catalog it took at its start. Thread-safe.
 class LexiconRegistry {
  public:
-  LexiconRegistry() : catalog_(std::make_shared<atproto::LexiconCatalog>()) {}
-  explicit LexiconRegistry(atproto::LexiconCatalog catalog)
-      : catalog_(std::make_shared<atproto::LexiconCatalog>(std::move(catalog))) {}
+  LexiconRegistry();
+  // The config's documents (each checked when it was added to `documents`).
+  explicit LexiconRegistry(atproto::LexiconCatalog::Builder documents);
+  // A catalog made elsewhere (tests, programs that embed the library); nothing is kept in state.
+  explicit LexiconRegistry(atproto::LexiconCatalog catalog);
 
-  std::shared_ptr<const atproto::LexiconCatalog> catalog() const {
-    std::lock_guard lock(mu_);
-    return catalog_;
-  }
-  void Set(atproto::LexiconCatalog catalog) {
-    auto next = std::make_shared<const atproto::LexiconCatalog>(std::move(catalog));
-    std::lock_guard lock(mu_);
-    catalog_ = std::move(next);
-  }
+  std::shared_ptr<const atproto::LexiconCatalog> catalog() const;
+  void Set(atproto::LexiconCatalog catalog);
+
+  // Adds the documents kept in `store`, once: later calls return at once.
+  Status LoadKept(state::LexiconStore& store);
+
+  struct Added {
+    std::string nsid;
+    bool record = false;    // it defines a record type
+    bool replaced = false;  // a document of that NSID was there before
+  };
+  // One document added at run time (checked first: Invalid names the reason), kept in `store`.
+  Result<Added> Add(std::string_view document, state::LexiconStore& store);
+  // Removes a document added at run time. NotFound when there is none; Invalid for one of the
+  // config's dirs (remove it there).
+  Status Remove(std::string_view nsid, state::LexiconStore& store);
+
+  struct Entry {
+    std::string nsid;
+    bool record = false;
+    bool from_config = false;
+  };
+  // Every document, in NSID order.
+  std::vector<Entry> List() const;
 
  private:
+  Status Rebuild();  // mu_ held
+
   mutable std::mutex mu_;
   std::shared_ptr<const atproto::LexiconCatalog> catalog_;
+  atproto::LexiconCatalog::Builder documents_;  // every document
+  std::set<std::string, std::less<>> from_config_;
+  bool loaded_kept_ = false;
+  bool fixed_ = false;  // made from a catalog: nothing to rebuild from
 };
 
 // The verdict's consequences for one chunk, shared by CidVerify and LexiconValidate.

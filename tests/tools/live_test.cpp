@@ -1,6 +1,7 @@
 // The live consumer against simnet's Jetstream over loopback: v2 and v1, compressed or not, with
 // disconnects, and `atfill run` killed with SIGKILL mid-stream: the table always ends equal to the
 // ground truth of applying the whole log.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <signal.h>
@@ -14,6 +15,7 @@
 #include <string>
 #include <thread>
 
+#include "atproto/lexicon.hpp"
 #include "pipeline/run.hpp"
 #include "sinks/sqlite_reader.hpp"
 #include "sinks/sqlite_sink.hpp"
@@ -1165,5 +1167,159 @@ INSTANTIATE_TEST_SUITE_P(Ways, LiveCollections,
                                            CollectionsCase{true, JetstreamProtocol::kV1, "api_v1"}),
                          [](const auto& info) { return std::string(info.param.name); });
 
+// HappyView's way, over the admin API: a record lexicon posted while the live consumer runs makes
+// its collection indexed: backfilled from the repos and followed on the stream, every record of it
+// validated from then on (a post longer than the posted lexicon allows is logged and not
+// written); the catalog is kept in state across a restart; DELETE stops it.
+TEST(LiveLexicons, ALexiconPostedMidStreamIsBackfilledFollowedAndItsRecordsValidated) {
+  simnet::SimnetOptions so = CrawledNetwork(16000);
+  so.collections = {kPostNsid, kLikeNsid};
+  so.jetstream.events_per_second = 1500;
+  so.jetstream.account_share = 0;
+  auto net = simnet::Simnet::Start(so);
+  ASSERT_TRUE(net.ok()) << net.status().ToString();
+  TempDir dir;
+  const std::string config = RunConfig(
+      dir.path(), **net,
+      "[engine]\nbatch_ms = 50\nbatch_records = 500\n[progress]\ninterval_s = 60\n"
+      "[crawl]\nrelay = \"" +
+          (*net)->relay_url() +
+          "\"\ncollections = [\"app.bsky.feed.like\"]\nmode = \"getRepo\"\n"
+          "allow_loopback_endpoints = true\nbatch_records = 500\nbatch_ms = 50\n"
+          "[resolver]\nplc = \"" +
+          (*net)->plc_url() + "\"\n[admin]\nport = 0\ntoken = \"t0ken\"\n",
+      "collections = [\"app.bsky.feed.like\"]\nbatch_records = 500\nbatch_ms = 50\n", 2500);
+  const std::string db = (dir.path() / "db.sqlite").string();
+  auto start = [&](std::unique_ptr<testing::Child>* child, int* port) {
+    *child = std::make_unique<testing::Child>(
+        std::vector<std::string>{ATFILL_BINARY, "run", config}, dir.path());
+    *port = 0;
+    testing::WaitUntil(
+        [&] {
+          std::ifstream in((*child)->err_path());
+          const std::string e((std::istreambuf_iterator<char>(in)),
+                              std::istreambuf_iterator<char>());
+          const auto at = e.find("dashboard on http://127.0.0.1:");
+          if (at != std::string::npos) *port = std::atoi(e.c_str() + at + 30);
+          return *port != 0 || !(*child)->Running();
+        },
+        std::chrono::seconds(30));
+  };
+  std::unique_ptr<testing::Child> child;
+  int port = 0;
+  start(&child, &port);
+  ASSERT_NE(port, 0);
+  const auto err = [&] {
+    std::ifstream in(child->err_path());
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  };
+  const auto client = [&] {
+    httplib::Client c("127.0.0.1", port);
+    c.set_bearer_token_auth("t0ken");
+    c.set_read_timeout(30, 0);
+    return c;
+  };
+  // Posts of every length (simnet's are 1-30 words); this lexicon lets through 60 graphemes.
+  const std::string lexicon = R"({"lexicon":1,"id":"app.bsky.feed.post","defs":{"main":{
+      "type":"record","key":"tid","record":{"type":"object","required":["text","createdAt"],
+      "properties":{"text":{"type":"string","maxGraphemes":60},
+      "createdAt":{"type":"string","format":"datetime"},
+      "langs":{"type":"array","items":{"type":"string","format":"language"}}}}}}})";
+  const auto posts = [&] {
+    std::vector<std::string> texts;
+    auto rows = sinks::ReadAllRecords(db);
+    if (!rows.ok()) return texts;
+    for (const auto& r : *rows) {
+      if (r.collection != kPostNsid) continue;
+      simdjson::dom::parser parser;
+      std::string_view text;
+      if (parser.parse(r.record)["text"].get_string().get(text) == simdjson::SUCCESS) {
+        texts.emplace_back(text);
+      } else {
+        texts.emplace_back("(no text)");
+      }
+    }
+    return texts;
+  };
+  const auto rows_of = [&](const std::string& collection) -> size_t {
+    auto rows = sinks::ReadAllRecords(db);
+    if (!rows.ok()) return 0;
+    return static_cast<size_t>(std::count_if(
+        rows->begin(), rows->end(), [&](const auto& r) { return r.collection == collection; }));
+  };
+  // Gate: the likes land before the lexicon is posted; no post does.
+  ASSERT_TRUE(testing::WaitUntil([&] { return rows_of(kLikeNsid) >= 200 || !child->Running(); },
+                                 std::chrono::seconds(60)))
+      << err();
+  ASSERT_TRUE(child->Running()) << err();
+  EXPECT_EQ(rows_of(kPostNsid), 0u);
+
+  auto bad = client().Post("/admin/lexicons", R"({"lexicon":1,"id":"x"})", "application/json");
+  ASSERT_TRUE(bad);
+  EXPECT_EQ(bad->status, 400) << bad->body;
+  EXPECT_THAT(bad->body, ::testing::HasSubstr("not a valid lexicon: id 'x' is not an NSID"));
+  auto added = client().Post("/admin/lexicons", lexicon, "application/json");
+  ASSERT_TRUE(added);
+  ASSERT_EQ(added->status, 201) << added->body;
+  EXPECT_THAT(added->body, ::testing::HasSubstr(R"("nsid":"app.bsky.feed.post","record":true)"));
+  EXPECT_THAT(added->body,
+              ::testing::HasSubstr(R"("collections":["app.bsky.feed.like","app.bsky.feed.post"])"));
+  EXPECT_THAT(added->body, ::testing::HasSubstr(R"("collection_added":true)"));
+  EXPECT_EQ(added->body.find(R"("backfill_job":null)"), std::string::npos) << added->body;
+
+  // The posts arrive, backfilled and followed, and none is longer than the lexicon allows.
+  ASSERT_TRUE(testing::WaitUntil([&] { return posts().size() >= 100 || !child->Running(); },
+                                 std::chrono::seconds(90)))
+      << err();
+  for (const std::string& text : posts()) {
+    EXPECT_LE(atproto::CountGraphemes(text), 60u) << text;
+  }
+  auto listed = client().Get("/admin/lexicons");
+  ASSERT_TRUE(listed);
+  EXPECT_EQ(listed->body,
+            R"({"lexicons":[{"nsid":"app.bsky.feed.post","record":true,"source":"api"}]})");
+
+  // A restart keeps the catalog (and the collection): posts are still validated.
+  child->Kill(SIGTERM);
+  EXPECT_EQ(child->Wait(std::chrono::seconds(120)).exit_code, 0) << err();
+  const std::string first_log = err();
+  start(&child, &port);
+  ASSERT_NE(port, 0) << err();
+  auto relisted = client().Get("/admin/lexicons");
+  ASSERT_TRUE(relisted);
+  EXPECT_EQ(relisted->body, listed->body);
+  const size_t posts_before = posts().size();
+  ASSERT_TRUE(
+      testing::WaitUntil([&] { return posts().size() >= posts_before + 50 || !child->Running(); },
+                         std::chrono::seconds(90)))
+      << err();
+  for (const std::string& text : posts()) {
+    EXPECT_LE(atproto::CountGraphemes(text), 60u) << text;
+  }
+  // DELETE: the catalog forgets it and the live consumer stops taking posts.
+  auto removed = client().Delete("/admin/lexicons/app.bsky.feed.post");
+  ASSERT_TRUE(removed);
+  EXPECT_EQ(removed->status, 200) << removed->body;
+  EXPECT_THAT(removed->body, ::testing::HasSubstr(R"("collections":["app.bsky.feed.like"])"));
+  EXPECT_THAT(removed->body, ::testing::HasSubstr(R"("collection_removed":true)"));
+  auto again = client().Delete("/admin/lexicons/app.bsky.feed.post");
+  ASSERT_TRUE(again);
+  EXPECT_EQ(again->status, 404) << again->body;
+  child->Kill(SIGTERM);
+  EXPECT_EQ(child->Wait(std::chrono::seconds(120)).exit_code, 0) << err();
+
+  // Invalid posts were logged with their reason, by the backfill and by the live consumer.
+  auto jobs = testing::RunProcess({ATFILL_BINARY, "jobs", config, "--json"}, dir.path());
+  ASSERT_EQ(jobs.exit_code, 0) << jobs.err;
+  size_t logged = 0;
+  for (uint64_t id = 1; id <= 4; ++id) {
+    auto errors = testing::RunProcess(
+        {ATFILL_BINARY, "job", config, std::to_string(id), "--errors"}, dir.path());
+    if (errors.out.find("text: string is longer than 60 graphemes") != std::string::npos) ++logged;
+  }
+  EXPECT_GE(logged, 2u) << "both the backfill and the live consumer refuse long posts\n"
+                        << jobs.out;
+  EXPECT_THAT(first_log, ::testing::HasSubstr("lexicon app.bsky.feed.post added"));
+}
 }  // namespace
 }  // namespace atfill

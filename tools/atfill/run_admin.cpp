@@ -11,6 +11,8 @@
 #include "net/http_client.hpp"
 #include "pipeline/job.hpp"
 #include "sources/labels/labeler.hpp"
+#include "stages/components.hpp"
+#include "state/lexicon_store.hpp"
 #include "tools/atfill/admin/admin_server.hpp"
 #include "tools/atfill/admin/metrics.hpp"
 #include "tools/atfill/cli.hpp"
@@ -21,6 +23,16 @@
 namespace atfill::cli {
 
 namespace {
+
+// The process's lexicon catalog (made when the config was read, never null), with the documents
+// kept in state (which the first job's plan would load too).
+Result<stages::LexiconRegistry*> LexiconsOf(const AppConfig& config, OpenedState& st) {
+  stages::LexiconRegistry* registry =
+      config.settings.Get<stages::StageSettings>().lexicons.registry.get();
+  state::LexiconStore store(*st.kv);
+  ATFILL_RETURN_IF_ERROR(registry->LoadKept(store));
+  return registry;
+}
 
 std::string Name(state::JobStatus status) { return std::string(state::JobStatusName(status)); }
 
@@ -301,6 +313,81 @@ Result<admin::CollectionsAnswer> RunAdmin::ChangeCollections(
   a.removed = std::move(outcome.change.removed);
   a.backfill_job = outcome.backfill_job.value_or(0);
   a.purged = std::move(outcome.purged);
+  return a;
+}
+
+Result<std::vector<admin::LexiconInfo>> RunAdmin::Lexicons() {
+  ATFILL_ASSIGN_OR_RETURN(stages::LexiconRegistry * registry, LexiconsOf(config_, st_));
+  std::vector<admin::LexiconInfo> out;
+  for (const auto& e : registry->List()) out.push_back({e.nsid, e.record, e.from_config});
+  return out;
+}
+
+// A record type's lexicon drives what is indexed: its NSID joins the live consumer's collections
+// (which backfills it beside the stream) or, without a live consumer, gets a backfill of its own.
+Result<admin::LexiconAnswer> RunAdmin::AddLexicon(std::string_view document, bool backfill) {
+  {
+    std::lock_guard lock(mu_);
+    if (stopping_) return Status::Unavailable("atfill is shutting down; nothing changes now");
+  }
+  ATFILL_ASSIGN_OR_RETURN(stages::LexiconRegistry * registry, LexiconsOf(config_, st_));
+  state::LexiconStore store(*st_.kv);
+  ATFILL_ASSIGN_OR_RETURN(auto added, registry->Add(document, store));
+  std::fprintf(stderr, "atfill run: lexicon %s %s (%s)\n", added.nsid.c_str(),
+               added.replaced ? "replaced" : "added", added.record ? "a record type" : "no record");
+  admin::LexiconAnswer a;
+  a.nsid = added.nsid;
+  a.record = added.record;
+  a.replaced = added.replaced;
+  if (!added.record) return a;
+  const std::string context = "the lexicon " + a.nsid + " was added, but its collection";
+  if (collections_ != nullptr) {
+    ATFILL_ASSIGN_OR_RETURN(std::vector<std::string> now, collections_->Current());
+    if (!now.empty()) {  // empty: the consumer takes every collection, this one too
+      auto outcome = collections_->Change({a.nsid}, {}, backfill, false, "api");
+      if (!outcome.ok()) return outcome.status().WithContext(context + " was not followed");
+      a.collections = std::move(outcome->change.now);
+      a.collection_changed = !outcome->change.added.empty();
+      a.backfill_job = outcome->backfill_job.value_or(0);
+      return a;
+    }
+    a.collections = std::move(now);
+  }
+  if (backfill) {
+    admin::BackfillRequest request;
+    request.collections = {a.nsid};
+    auto job = StartBackfill(request);
+    if (!job.ok()) return job.status().WithContext(context + " was not backfilled");
+    a.backfill_job = *job;
+  }
+  return a;
+}
+
+Result<admin::LexiconAnswer> RunAdmin::RemoveLexicon(std::string_view nsid) {
+  {
+    std::lock_guard lock(mu_);
+    if (stopping_) return Status::Unavailable("atfill is shutting down; nothing changes now");
+  }
+  ATFILL_ASSIGN_OR_RETURN(stages::LexiconRegistry * registry, LexiconsOf(config_, st_));
+  admin::LexiconAnswer a;
+  a.nsid = std::string(nsid);
+  a.record = registry->catalog()->HasRecord(nsid);
+  state::LexiconStore store(*st_.kv);
+  ATFILL_RETURN_IF_ERROR(registry->Remove(nsid, store));
+  std::fprintf(stderr, "atfill run: lexicon %s removed\n", a.nsid.c_str());
+  if (!a.record || collections_ == nullptr) return a;
+  ATFILL_ASSIGN_OR_RETURN(std::vector<std::string> now, collections_->Current());
+  if (std::find(now.begin(), now.end(), a.nsid) == now.end()) {
+    a.collections = std::move(now);
+    return a;
+  }
+  auto outcome = collections_->Change({}, {a.nsid}, false, false, "api");
+  if (!outcome.ok()) {
+    return outcome.status().WithContext("the lexicon " + a.nsid +
+                                        " was removed, but its collection is still followed");
+  }
+  a.collections = std::move(outcome->change.now);
+  a.collection_changed = !outcome->change.removed.empty();
   return a;
 }
 

@@ -60,6 +60,9 @@ class RunAdmin : public admin::AdminBackend {
   Result<admin::CollectionsAnswer> Collections() override;
   Result<admin::CollectionsAnswer> ChangeCollections(
       const admin::CollectionsRequest& request) override;
+  Result<std::vector<admin::LexiconInfo>> Lexicons() override;
+  Result<admin::LexiconAnswer> AddLexicon(std::string_view document, bool backfill) override;
+  Result<admin::LexiconAnswer> RemoveLexicon(std::string_view nsid) override;
 
   // The live consumer's collections as they change while this process runs (nullptr when it
   // runs no live consumer).

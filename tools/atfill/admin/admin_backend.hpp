@@ -73,6 +73,23 @@ struct CollectionsAnswer {
   std::vector<std::pair<std::string, uint64_t>> purged;  // POST with purge: rows deleted
 };
 
+// GET /admin/lexicons: one lexicon document of the catalog records are validated against.
+struct LexiconInfo {
+  std::string nsid;
+  bool record = false;       // it defines a record type
+  bool from_config = false;  // from [lexicons] dirs (else added through the API)
+};
+
+// POST /admin/lexicons and DELETE /admin/lexicons/{nsid}.
+struct LexiconAnswer {
+  std::string nsid;
+  bool record = false;
+  bool replaced = false;                 // POST: a document of that NSID was there before
+  std::vector<std::string> collections;  // the live consumer's set after (empty: none runs)
+  bool collection_changed = false;       // the NSID joined (POST) or left (DELETE) that set
+  uint64_t backfill_job = 0;             // POST: the job backfilling it; 0 = none
+};
+
 // One labeler of the label subscriptions: its saved cursor.
 struct LabelerCursor {
   std::string did;
@@ -174,6 +191,20 @@ class AdminBackend {
   }
   virtual Result<CollectionsAnswer> ChangeCollections(const CollectionsRequest&) {
     return Status::Unsupported("this process runs no live consumer ([live] hosts)");
+  }
+
+  // The lexicon catalog (stages/lexicon_validate.hpp). AddLexicon takes one lexicon document
+  // (Invalid with the reason when it is not one); a record type's NSID joins the live consumer's
+  // collections and, with `backfill`, is backfilled; its records are validated from then on, and
+  // the document is kept in state. RemoveLexicon undoes that for a document the API added.
+  virtual Result<std::vector<LexiconInfo>> Lexicons() {
+    return Status::Unsupported("lexicons are managed by atfill run");
+  }
+  virtual Result<LexiconAnswer> AddLexicon(std::string_view /*document*/, bool /*backfill*/) {
+    return Status::Unsupported("lexicons are managed by atfill run");
+  }
+  virtual Result<LexiconAnswer> RemoveLexicon(std::string_view /*nsid*/) {
+    return Status::Unsupported("lexicons are managed by atfill run");
   }
 
   // The per-batch audit trail of job `id` (kept with [jobs] record_batches): entries with

@@ -182,12 +182,15 @@ enum class RouteId : uint8_t {
   kLiveHistory,
   kCollections,
   kChangeCollections,
+  kLexicons,
+  kAddLexicon,
+  kRemoveLexicon,
   kMetrics,
 };
 
 struct Route {
   std::string_view method;
-  std::string_view pattern;  // "{id}" stands for one path segment, the job id
+  std::string_view pattern;  // "{id}" stands for one path segment: a job id, or an NSID
   RouteId id;
 };
 
@@ -208,6 +211,9 @@ constexpr Route kRoutes[] = {
     {"GET", "/admin/jetstream/history", RouteId::kLiveHistory},
     {"GET", "/admin/collections", RouteId::kCollections},
     {"POST", "/admin/collections", RouteId::kChangeCollections},
+    {"GET", "/admin/lexicons", RouteId::kLexicons},
+    {"POST", "/admin/lexicons", RouteId::kAddLexicon},
+    {"DELETE", "/admin/lexicons/{id}", RouteId::kRemoveLexicon},
     {"GET", "/metrics", RouteId::kMetrics},
 };
 
@@ -249,6 +255,9 @@ Result<BackfillRequest> ParseBackfillRequest(std::string_view body);
 Result<CollectionsRequest> ParseCollectionsRequest(std::string_view body);
 
 std::string CollectionsJson(const CollectionsAnswer& a, bool change);
+std::string LexiconsJson(const std::vector<LexiconInfo>& lexicons);
+// POST (`added`) or DELETE /admin/lexicons.
+std::string LexiconAnswerJson(const LexiconAnswer& a, bool added);
 
 // --- Event streams ---
 

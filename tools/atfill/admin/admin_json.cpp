@@ -257,6 +257,35 @@ std::string CollectionsJson(const CollectionsAnswer& a, bool change) {
   return w.Take();
 }
 
+std::string LexiconsJson(const std::vector<LexiconInfo>& lexicons) {
+  JsonWriter w;
+  w.BeginObject().Key("lexicons").BeginArray();
+  for (const auto& l : lexicons) {
+    w.BeginObject().Key("nsid").String(l.nsid).Key("record").Bool(l.record);
+    w.Key("source").String(l.from_config ? "config" : "api").EndObject();
+  }
+  w.EndArray().EndObject();
+  return w.Take();
+}
+
+std::string LexiconAnswerJson(const LexiconAnswer& a, bool added) {
+  JsonWriter w;
+  w.BeginObject().Key("nsid").String(a.nsid).Key("record").Bool(a.record);
+  if (added) w.Key("replaced").Bool(a.replaced);
+  w.Key("collections").BeginArray();
+  for (const auto& c : a.collections) w.String(c);
+  w.EndArray().Key(added ? "collection_added" : "collection_removed").Bool(a.collection_changed);
+  if (added) {
+    if (a.backfill_job != 0) {
+      w.Key("backfill_job").Uint(a.backfill_job);
+    } else {
+      w.Key("backfill_job").Null();
+    }
+  }
+  w.EndObject();
+  return w.Take();
+}
+
 std::string EndEvent(uint64_t id, state::JobStatus status, std::string_view reason) {
   JsonWriter w;
   w.BeginObject().Key("id").Uint(id).Key("status").String(state::JobStatusName(status));

@@ -1,5 +1,7 @@
 #include "tools/atfill/admin/admin_internal.hpp"
 
+#include "base/strings.hpp"
+
 namespace atfill::admin {
 
 std::string FormatTime(int64_t unix_us) { return pipeline::FormatUtc(unix_us); }
@@ -139,6 +141,9 @@ struct AdminServer::Impl {
   void LiveHistory(Response& res);
   void Collections(Response& res);
   void ChangeCollections(const Request& req, Response& res);
+  void Lexicons(Response& res);
+  void AddLexicon(const Request& req, Response& res);
+  void RemoveLexicon(const Request& req, Response& res);
   void ServeMetrics(Response& res);
 
   std::string Poll(EventStream& stream);
@@ -172,7 +177,7 @@ void AdminServer::Impl::ServeFile(const EmbeddedFile& file, Response& res) const
 void AdminServer::Impl::Handle(const Route& route, const Request& req, Response& res) {
   if (!Authorized(req)) return SendUnauthorized(res);
   uint64_t id = 0;
-  if (route.pattern.find("{id}") != std::string_view::npos) {
+  if (route.pattern.find("{id}") != std::string_view::npos && route.id != RouteId::kRemoveLexicon) {
     const std::string& text = req.id_segment;
     if (!ParseJobId(text, &id)) return SendError(res, 404, "no job '" + text + "'");
   }
@@ -205,6 +210,12 @@ void AdminServer::Impl::Handle(const Route& route, const Request& req, Response&
       return Collections(res);
     case RouteId::kChangeCollections:
       return ChangeCollections(req, res);
+    case RouteId::kLexicons:
+      return Lexicons(res);
+    case RouteId::kAddLexicon:
+      return AddLexicon(req, res);
+    case RouteId::kRemoveLexicon:
+      return RemoveLexicon(req, res);
     case RouteId::kMetrics:
       return ServeMetrics(res);
   }
@@ -266,6 +277,43 @@ void AdminServer::Impl::ChangeCollections(const Request& req, Response& res) {
   auto answer = backend->ChangeCollections(*request);
   if (!answer.ok()) return SendStatus(res, answer.status());
   SendJson(res, 200, CollectionsJson(*answer, true));
+}
+
+void AdminServer::Impl::Lexicons(Response& res) {
+  auto lexicons = backend->Lexicons();
+  if (!lexicons.ok()) return SendStatus(res, lexicons.status());
+  SendJson(res, 200, LexiconsJson(*lexicons));
+}
+
+// The body is the lexicon document as it is (a file of the atproto lexicons, say); ?backfill=false
+// adds it without backfilling its collection.
+void AdminServer::Impl::AddLexicon(const Request& req, Response& res) {
+  bool backfill = true;
+  if (req.has_param("backfill")) {
+    const std::string v = req.get_param_value("backfill");
+    if (v != "true" && v != "false") {
+      return SendError(res, 400, "backfill must be true or false, not " + QuoteForMessage(v));
+    }
+    backfill = v == "true";
+  }
+  auto answer = backend->AddLexicon(req.body, backfill);
+  if (!answer.ok()) {
+    if (answer.status().code() == StatusCode::kInvalid) {
+      return SendError(res, 400, "not a valid lexicon: " + answer.status().message());
+    }
+    return SendStatus(res, answer.status());
+  }
+  SendJson(res, answer->replaced ? 200 : 201, LexiconAnswerJson(*answer, true));
+}
+
+void AdminServer::Impl::RemoveLexicon(const Request& req, Response& res) {
+  if (Status s = atproto::ValidateNsid(req.id_segment); !s.ok()) {
+    return SendError(res, 404,
+                     "no lexicon " + QuoteForMessage(req.id_segment) + ": " + s.message());
+  }
+  auto answer = backend->RemoveLexicon(req.id_segment);
+  if (!answer.ok()) return SendStatus(res, answer.status());
+  SendJson(res, 200, LexiconAnswerJson(*answer, false));
 }
 
 void AdminServer::Impl::StartBackfill(const Request& req, Response& res) {
@@ -759,7 +807,9 @@ void AdminServer::Impl::Serve(Request& req, Response& res) {
     for (const Route& r : kRoutes) {
       if (r.method != method) continue;
       std::string id;
-      if (!MatchPath(r.pattern, req.path, &id) || id.size() > kMaxIdSegment) continue;
+      const size_t longest =
+          r.id == RouteId::kRemoveLexicon ? atproto::kMaxNsidLength : kMaxIdSegment;
+      if (!MatchPath(r.pattern, req.path, &id) || id.size() > longest) continue;
       req.id_segment = std::move(id);
       return Handle(r, req, res);
     }
