@@ -225,10 +225,22 @@ Status MigrateTo6(PGconn* conn, const std::string& schema) {
   return Exec(conn, WithSchema(kSchemaV6, schema).c_str(), nullptr);
 }
 
+// Version 7: the lexicons the network publishes (com.atproto.lexicon.schema records, whose key is
+// the NSID they define), as [lexicons] track_network keeps them, under names of their own.
+constexpr std::string_view kSchemaV7 = R"sql(
+CREATE OR REPLACE VIEW {S}.atfill_lexicons(nsid, did, document, cid, seen_at) AS
+SELECT rkey, did, record, cid, indexed_at FROM {S}.atfill_records
+WHERE collection = 'com.atproto.lexicon.schema';
+)sql";
+
+Status MigrateTo7(PGconn* conn, const std::string& schema) {
+  return Exec(conn, WithSchema(kSchemaV7, schema).c_str(), nullptr);
+}
+
 // kMigrations[n] takes the tables from version n to n + 1.
 using Migration = Status (*)(PGconn*, const std::string&);
-constexpr std::array<Migration, 6> kMigrations = {MigrateTo1, MigrateTo2, MigrateTo3,
-                                                  MigrateTo4, MigrateTo5, MigrateTo6};
+constexpr std::array<Migration, 7> kMigrations = {MigrateTo1, MigrateTo2, MigrateTo3, MigrateTo4,
+                                                  MigrateTo5, MigrateTo6, MigrateTo7};
 static_assert(kMigrations.size() == kPostgresSchemaVersion);
 
 // Any key both sides agree on; the second half is the schema's name, so that sinks on different

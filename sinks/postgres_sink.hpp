@@ -32,7 +32,7 @@
 namespace atfill::sinks {
 
 // The schema version this build writes and reads.
-inline constexpr int kPostgresSchemaVersion = 6;
+inline constexpr int kPostgresSchemaVersion = 7;
 
 struct PostgresSinkOptions {
   // libpq connection string ("host=db.example port=5432 dbname=atfill user=atfill") or URI

@@ -195,9 +195,20 @@ Status MigrateTo4(sqlite3* db) {
   return Exec(db, RecordsView(kDecodingView).c_str());
 }
 
+// Version 5: the lexicons the network publishes (com.atproto.lexicon.schema records, whose key is
+// the NSID they define), as [lexicons] track_network keeps them, under names of their own.
+constexpr const char* kSchemaV5 = R"sql(
+CREATE VIEW atfill_lexicons(nsid, did, document, cid, seen_at) AS
+SELECT rkey, did, record, cid, indexed_at FROM atfill_records
+WHERE collection = 'com.atproto.lexicon.schema';
+)sql";
+
+Status MigrateTo5(sqlite3* db) { return Exec(db, kSchemaV5); }
+
 // kMigrations[n] takes a database from version n to n + 1.
 using Migration = Status (*)(sqlite3*);
-constexpr std::array<Migration, 4> kMigrations = {MigrateTo1, MigrateTo2, MigrateTo3, MigrateTo4};
+constexpr std::array<Migration, 5> kMigrations = {MigrateTo1, MigrateTo2, MigrateTo3, MigrateTo4,
+                                                  MigrateTo5};
 static_assert(kMigrations.size() == kSqliteSchemaVersion);
 
 using Clock = std::chrono::steady_clock;

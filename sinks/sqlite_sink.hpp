@@ -32,7 +32,7 @@
 namespace atfill::sinks {
 
 // The schema version this build writes and reads.
-inline constexpr int kSqliteSchemaVersion = 4;
+inline constexpr int kSqliteSchemaVersion = 5;
 
 // When a commit reaches the disk. The sink always runs in WAL mode.
 enum class SqliteSynchronous : uint8_t {

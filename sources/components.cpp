@@ -50,6 +50,9 @@ Result<std::unique_ptr<Archive>> OpenArchive(const SourceSettings& settings,
 
 namespace {
 
+// The record type of the lexicons accounts publish (its record key is the NSID it defines).
+constexpr const char* kLexiconSchemaNsid = "com.atproto.lexicon.schema";
+
 using pipeline::ConfigFile;
 
 // [archive] retry_delays_ms: ConfigFile reads no integer list, so the elements are read one by one
@@ -181,6 +184,13 @@ Status ReadLive(ConfigFile& file, SourceSettings& c) {
   ATFILL_RETURN_IF_ERROR(file.ReadUint("live.max_waiting_mb", &waiting_mb, 1, 1'000'000));
   f.max_waiting_bytes = waiting_mb << 20;
   ATFILL_RETURN_IF_ERROR(file.ReadStringList("live.collections", &l.collections));
+  // [lexicons] track_network: the live consumer also takes the lexicons the network publishes
+  // (their records land as any other; the sinks' atfill_lexicons view names them).
+  bool track_lexicons = false;
+  ATFILL_RETURN_IF_ERROR(file.ReadBool("lexicons.track_network", &track_lexicons));
+  if (track_lexicons && !pipeline::CollectionMatches(kLexiconSchemaNsid, l.collections)) {
+    l.collections.emplace_back(kLexiconSchemaNsid);
+  }
   ATFILL_RETURN_IF_ERROR(file.ReadStringList("live.dids", &l.dids));
   ATFILL_RETURN_IF_ERROR(file.ReadUint("live.start_seq", &l.start_seq, 0, INT64_MAX));
   ATFILL_RETURN_IF_ERROR(file.ReadBool("live.compress", &l.compress));

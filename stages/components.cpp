@@ -19,6 +19,18 @@ Status ReadLexicons(pipeline::ConfigFile& file, LexiconSettings* out) {
   std::string mode(LexiconModeName(out->mode));
   ATFILL_RETURN_IF_ERROR(file.ReadEnum("lexicons.mode", &mode, {"reject", "log", "off"}));
   out->mode = *ParseLexiconMode(mode);
+  bool use_network = false;
+  ATFILL_RETURN_IF_ERROR(file.ReadBool("lexicons.use_network", &use_network));
+  if (use_network) {
+    // Anyone may publish a lexicon for any NSID; its authority is the DID its domain names in
+    // DNS (_lexicon TXT), which atfill does not resolve, so network lexicons are kept
+    // (track_network) but never validate records.
+    return Status::Unsupported(
+        file.Where("lexicons.use_network") +
+        ": validating with the network's lexicons is not supported: atfill cannot check that a "
+        "lexicon's publisher owns its NSID (that needs the NSID's DNS record); give the "
+        "lexicons you trust in dirs, or add them with POST /admin/lexicons");
+  }
   atproto::LexiconCatalog::Builder documents;
   for (const std::string& dir : dirs) {
     if (Status s = documents.AddPath(dir); !s.ok()) {

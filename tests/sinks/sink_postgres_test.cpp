@@ -230,11 +230,12 @@ TEST_F(PostgresSinkTest, CreatesTheSchemaAndTheDocumentedView) {
   ASSERT_NE(sink, nullptr);
   EXPECT_EQ(Column("SELECT version FROM atfill_schema_version"),
             std::vector<std::string>{std::to_string(kPostgresSchemaVersion)});
-  EXPECT_EQ(Column("SELECT table_name FROM information_schema.tables WHERE table_schema = "
-                   "'public' ORDER BY table_name"),
-            (std::vector<std::string>{"atfill_collections", "atfill_dids", "atfill_label_rows",
-                                      "atfill_labels", "atfill_record_epochs", "atfill_record_rows",
-                                      "atfill_records", "atfill_schema_version"}));
+  EXPECT_EQ(
+      Column("SELECT table_name FROM information_schema.tables WHERE table_schema = "
+             "'public' ORDER BY table_name"),
+      (std::vector<std::string>{"atfill_collections", "atfill_dids", "atfill_label_rows",
+                                "atfill_labels", "atfill_lexicons", "atfill_record_epochs",
+                                "atfill_record_rows", "atfill_records", "atfill_schema_version"}));
   EXPECT_EQ(Column("SELECT column_name FROM information_schema.columns WHERE table_name = "
                    "'atfill_records' ORDER BY ordinal_position"),
             (std::vector<std::string>{"uri", "did", "collection", "rkey", "record", "cid", "rev",
@@ -263,6 +264,17 @@ TEST_F(PostgresSinkTest, CreatesTheSchemaAndTheDocumentedView) {
   EXPECT_EQ(Column("SELECT (rev IS NULL)::text || ' ' || (created_at IS NULL)::text FROM "
                    "atfill_records WHERE rkey = '3kp2'"),
             std::vector<std::string>{"true true"});
+  // The lexicons accounts publish, by the NSID they define ([lexicons] track_network).
+  const std::string lexicon =
+      R"({"$type":"com.atproto.lexicon.schema","lexicon":1,"id":"com.example.thing","defs":{}})";
+  ASSERT_TRUE(sink->Write(std::vector<Event>{MakeCreate(kAlice, "com.atproto.lexicon.schema",
+                                                        "com.example.thing", lexicon)})
+                  .ok());
+  EXPECT_EQ(Column("SELECT nsid || ' ' || did || ' ' || cid || ' ' || seen_at FROM "
+                   "atfill_lexicons"),
+            std::vector<std::string>{"com.example.thing " + std::string(kAlice) + " " +
+                                     testing::CidOf(lexicon) + " 2026-11-30T09:00:00.123456Z"});
+  EXPECT_EQ(Column("SELECT document FROM atfill_lexicons"), std::vector<std::string>{lexicon});
 }
 
 // Mixed batches (creates, updates, deletes, purges, resyncs, bounded ones, one URI several times
@@ -453,11 +465,12 @@ TEST_F(PostgresSinkTest, TablesGoInTheConfiguredSchema) {
   auto sink = MustOpen();
   ASSERT_NE(sink, nullptr);
   ASSERT_TRUE(sink->Write(std::vector<Event>{MakeCreate(kAlice, kPost, "a", kBody, kRev1)}).ok());
-  EXPECT_EQ(Column("SELECT table_name FROM information_schema.tables WHERE table_schema = "
-                   "'atfill \"data\"' ORDER BY table_name"),
-            (std::vector<std::string>{"atfill_collections", "atfill_dids", "atfill_label_rows",
-                                      "atfill_labels", "atfill_record_epochs", "atfill_record_rows",
-                                      "atfill_records", "atfill_schema_version"}));
+  EXPECT_EQ(
+      Column("SELECT table_name FROM information_schema.tables WHERE table_schema = "
+             "'atfill \"data\"' ORDER BY table_name"),
+      (std::vector<std::string>{"atfill_collections", "atfill_dids", "atfill_label_rows",
+                                "atfill_labels", "atfill_lexicons", "atfill_record_epochs",
+                                "atfill_record_rows", "atfill_records", "atfill_schema_version"}));
   EXPECT_EQ(Column("SELECT count(*) FROM information_schema.tables WHERE table_schema = "
                    "'public'"),
             std::vector<std::string>{"0"});

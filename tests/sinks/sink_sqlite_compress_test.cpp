@@ -495,10 +495,12 @@ TEST_F(SqliteCompressTest, MigratesAVersion3DatabaseWithoutRewritingRows) {
     MustWrite(*sink, Likes("old", 30, 1));
   }
   {
-    // Back to what version 3 wrote: text CIDs, the view through atfill_json only.
+    // Back to what version 3 wrote: text CIDs, the view through atfill_json only, no lexicons
+    // view (version 5).
     RawDb db(Path());
     ASSERT_EQ(db.Exec("UPDATE atfill_record_rows SET cid = atfill_cid(cid); DROP VIEW "
-                      "atfill_records; CREATE VIEW atfill_records(uri, did, collection, rkey, "
+                      "atfill_lexicons; DROP VIEW atfill_records; CREATE VIEW atfill_records(uri, "
+                      "did, collection, rkey, "
                       "record, cid, rev, indexed_at, created_at) AS SELECT 'at://' || d.did || "
                       "'/' || c.nsid || '/' || r.rkey, d.did, c.nsid, r.rkey, "
                       "atfill_json(r.record), r.cid, r.rev, strftime('%Y-%m-%dT%H:%M:%S', "

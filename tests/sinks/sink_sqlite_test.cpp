@@ -189,14 +189,14 @@ TEST_F(SqliteSinkTest, CreatesTheSchemaInAnEmptyFile) {
   RawDb db(Path());
   EXPECT_EQ(db.Column("SELECT version FROM atfill_schema_version"),
             std::vector<std::string>{std::to_string(kSqliteSchemaVersion)});
-  EXPECT_EQ(
-      db.Column("SELECT name FROM sqlite_schema WHERE type IN ('table', 'view') "
-                "ORDER BY name"),
-      (std::vector<std::string>{"atfill_collections", "atfill_dicts", "atfill_dids",
-                                "atfill_record_rows", "atfill_records", "atfill_schema_version",
-                                // SQLite's own: the planner's statistics (the schema's
-                                // hints for the record table's indexes)
-                                "sqlite_stat1"}));
+  EXPECT_EQ(db.Column("SELECT name FROM sqlite_schema WHERE type IN ('table', 'view') "
+                      "ORDER BY name"),
+            (std::vector<std::string>{"atfill_collections", "atfill_dicts", "atfill_dids",
+                                      "atfill_lexicons", "atfill_record_rows", "atfill_records",
+                                      "atfill_schema_version",
+                                      // SQLite's own: the planner's statistics (the schema's
+                                      // hints for the record table's indexes)
+                                      "sqlite_stat1"}));
   EXPECT_EQ(db.Column("PRAGMA journal_mode"), std::vector<std::string>{"wal"});
 }
 

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "pipeline/components.hpp"
+#include "sources/components.hpp"
 #include "state/kv_store.hpp"
 
 namespace atfill::sources {
@@ -71,6 +73,30 @@ TEST(LiveCollectionsTest, EveryCollectionCannotChange) {
   auto refused = live.Apply({"app.bsky.feed.like"}, {});
   EXPECT_EQ(refused.status().code(), StatusCode::kInvalid);
   EXPECT_NE(refused.status().message().find("every collection"), std::string::npos);
+}
+
+// [lexicons] track_network: the live consumer also takes the lexicon records accounts publish,
+// whatever its collections (unless they already take them).
+TEST(LiveCollectionsTest, TrackingTheNetworksLexiconsAddsTheirCollection) {
+  pipeline::Components components;
+  Register(components);
+  auto collections = [&](const std::string& text) -> Names {
+    auto settings = components.ParseConfig(text, "test.toml");
+    EXPECT_TRUE(settings.ok()) << settings.status().ToString();
+    if (!settings.ok()) return {};
+    return settings->Get<SourceSettings>().live.collections;
+  };
+  const std::string live = "[live]\nhosts = [\"wss://jetstream.example\"]\n";
+  EXPECT_EQ(collections(live + "collections = [\"app.bsky.feed.like\"]\n"),
+            Names{"app.bsky.feed.like"});
+  EXPECT_EQ(collections(live + "collections = [\"app.bsky.feed.like\"]\n[lexicons]\n"
+                               "track_network = true\n"),
+            (Names{"app.bsky.feed.like", "com.atproto.lexicon.schema"}));
+  EXPECT_EQ(collections(live + "collections = [\"com.atproto.*\"]\n[lexicons]\n"
+                               "track_network = true\n"),
+            Names{"com.atproto.*"});
+  // No collections: the consumer takes every one, lexicons included.
+  EXPECT_EQ(collections(live + "[lexicons]\ntrack_network = true\n"), Names{});
 }
 
 }  // namespace

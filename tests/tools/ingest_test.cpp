@@ -175,16 +175,28 @@ TEST(IngestTest, RecordsThatDoNotMatchTheirLexiconAreLoggedAndNotWritten) {
   text += line("app.bsky.actor.profile", "3lbqzb5ddb22e",
                R"({"$type":"app.bsky.actor.profile","displayName":"not self"})");
   text += line("com.example.thing", "3lbqzb5ddb22f", R"({"$type":"com.example.thing","n":1})");
+  // A lexicon an account publishes: a record like any other, named in the atfill_lexicons view.
+  const std::string published =
+      R"({"$type":"com.atproto.lexicon.schema","lexicon":1,"id":"com.example.thing",)"
+      R"("defs":{"main":{"type":"record","key":"tid","record":{"type":"object"}}}})";
+  text += line("com.atproto.lexicon.schema", "com.example.thing", published);
   Workspace ws("[lexicons]\ndirs = [\"" + lexicons.string() + "\"]\n");
   WriteFile(ws.dir / "events.jsonl", text);
   auto r = ws.Atfill({"ingest", ws.config, (ws.dir / "events.jsonl").string()});
   ASSERT_EQ(r.exit_code, 1) << Describe(r);
-  EXPECT_THAT(r.err, HasSubstr("6 events read, 2 records written"));
-  EXPECT_THAT(r.err, HasSubstr("lexicons: 1 valid, 4 invalid, 1 unknown"));
+  EXPECT_THAT(r.err, HasSubstr("7 events read, 3 records written"));
+  EXPECT_THAT(r.err, HasSubstr("lexicons: 2 valid, 4 invalid, 1 unknown"));
   const auto rows = Rows(ws.db());
-  ASSERT_EQ(rows.size(), 2u);
+  ASSERT_EQ(rows.size(), 3u);
   EXPECT_EQ(rows[0].uri, "at://" + did + "/app.bsky.feed.post/3lbqzb5ddb22a");
-  EXPECT_EQ(rows[1].uri, "at://" + did + "/com.example.thing/3lbqzb5ddb22f");
+  EXPECT_EQ(rows[1].uri, "at://" + did + "/com.atproto.lexicon.schema/com.example.thing");
+  EXPECT_EQ(rows[2].uri, "at://" + did + "/com.example.thing/3lbqzb5ddb22f");
+  testing::RawDb raw(ws.db());
+  EXPECT_EQ(raw.Column("SELECT nsid || ' ' || did || ' ' || cid FROM atfill_lexicons"),
+            std::vector<std::string>{"com.example.thing " + did + " " +
+                                     atproto::CidOfRecord(published)->ToString()});
+  EXPECT_EQ(raw.Column("SELECT document FROM atfill_lexicons"),
+            std::vector<std::string>{published});
 
   auto errors = ws.Atfill({"job", ws.config, "1", "--errors"});
   ASSERT_EQ(errors.exit_code, 0) << Describe(errors);
@@ -199,8 +211,8 @@ TEST(IngestTest, RecordsThatDoNotMatchTheirLexiconAreLoggedAndNotWritten) {
   Workspace logged("[lexicons]\ndirs = [\"" + lexicons.string() + "\"]\nmode = \"log\"\n");
   WriteFile(logged.dir / "events.jsonl", text);
   auto l = logged.Atfill({"ingest", logged.config, (logged.dir / "events.jsonl").string()});
-  EXPECT_THAT(l.err, HasSubstr("6 records written")) << Describe(l);
-  EXPECT_EQ(Rows(logged.db()).size(), 6u);
+  EXPECT_THAT(l.err, HasSubstr("7 records written")) << Describe(l);
+  EXPECT_EQ(Rows(logged.db()).size(), 7u);
 
   // A lexicon that is not one stops the config, naming the file and the reason.
   std::filesystem::create_directories(ws.dir / "lex");
@@ -210,6 +222,11 @@ TEST(IngestTest, RecordsThatDoNotMatchTheirLexiconAreLoggedAndNotWritten) {
   auto b = bad.Atfill({"ingest", bad.config, (ws.dir / "events.jsonl").string()});
   EXPECT_EQ(b.exit_code, 2) << Describe(b);
   EXPECT_THAT(b.err, HasSubstr("bad.json: com.example.bad: defs.main: type ref is not allowed"));
+  // The network's lexicons are kept, never trusted: use_network is refused, saying why.
+  Workspace trusting("[lexicons]\nuse_network = true\n");
+  auto t = trusting.Atfill({"ingest", trusting.config, (ws.dir / "events.jsonl").string()});
+  EXPECT_EQ(t.exit_code, 2) << Describe(t);
+  EXPECT_THAT(t.err, HasSubstr("cannot check that a lexicon's publisher owns its NSID"));
 }
 
 // The README's exit codes, verb by verb, for the verbs that run or steer jobs (the inspection
