@@ -20,8 +20,6 @@
 // A Builder is thread-compatible.
 #pragma once
 
-#include <simdjson.h>
-
 #include <cstdint>
 #include <filesystem>
 #include <map>
@@ -31,6 +29,10 @@
 #include <vector>
 
 #include "base/status.hpp"
+
+namespace simdjson::dom {
+class element;
+}  // namespace simdjson::dom
 
 namespace atfill::atproto {
 
@@ -68,7 +70,7 @@ class LexiconCatalog {
   // (not checked when empty). kUnknown when the catalog has no record lexicon for `collection`.
   // The record's $type must be the collection.
   LexiconVerdict Validate(std::string_view collection, std::string_view rkey,
-                          simdjson::dom::element record) const;
+                          const simdjson::dom::element& record) const;
   // The same from JSON text (parsed with this thread's parser); a document that is not JSON is
   // kInvalid.
   LexiconVerdict ValidateJson(std::string_view collection, std::string_view rkey,

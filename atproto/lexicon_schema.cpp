@@ -1,5 +1,7 @@
 // Lexicon documents: checked against the Lexicon language and compiled into nodes
 // (lexicon_internal.hpp), and the catalog's Builder.
+#include <simdjson.h>
+
 #include <algorithm>
 #include <fstream>
 #include <sstream>

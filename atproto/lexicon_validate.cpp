@@ -1,5 +1,6 @@
 // Records against compiled lexicons (lexicon_internal.hpp). The walk allocates nothing while a
 // record is valid: a failure records its reason and, unwinding, the path segments to it.
+#include <simdjson.h>
 #include <utf8proc.h>
 
 #include <algorithm>
@@ -514,7 +515,7 @@ LexiconCatalog::LexiconCatalog(LexiconCatalog&&) noexcept = default;
 LexiconCatalog& LexiconCatalog::operator=(LexiconCatalog&&) noexcept = default;
 
 LexiconVerdict LexiconCatalog::Validate(std::string_view collection, std::string_view rkey,
-                                        dom::element record) const {
+                                        const dom::element& record) const {
   LexiconVerdict verdict;
   auto it = store_->records.find(collection);
   if (it == store_->records.end()) {

@@ -445,7 +445,7 @@ INSERT INTO v5.atfill_label_rows VALUES ('did:plc:a', 'did:plc:labelerlabelerlab
   ASSERT_TRUE(sink.ok()) << sink.status().ToString();
   auto v = (*conn)->Column("SELECT version FROM v5.atfill_schema_version");
   ASSERT_TRUE(v.ok());
-  EXPECT_EQ(v->at(0), "6");
+  EXPECT_EQ(v->at(0), std::to_string(sinks::kPostgresSchemaVersion));
   ASSERT_EQ(said.size(), 2u);  // the upgrade and its end
   const std::vector<Row> kept = {{"did:plc:a", "spam", "2025-01-01T00:00:01Z", ""}};
   EXPECT_EQ(PgView(o.conninfo, "v5"), kept);

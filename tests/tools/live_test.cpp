@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <signal.h>
+#include <simdjson.h>
 
 #include <algorithm>
 #include <chrono>

@@ -14,6 +14,7 @@
 
 #include "atproto/cbor.hpp"
 #include "atproto/json.hpp"
+#include "atproto/lexicon.hpp"
 #include "atproto/mst.hpp"
 #include "atproto/tid.hpp"
 #include "atproto/value.hpp"
@@ -144,6 +145,50 @@ TEST(FirehoseFramesTest, EveryCommitOfTheRelayCaptureVerifies) {
   EXPECT_EQ(operations[pipeline::Operation::kCreate], ManifestInt(corpus, "creates"));
   EXPECT_EQ(operations[pipeline::Operation::kUpdate], ManifestInt(corpus, "updates"));
   EXPECT_EQ(operations[pipeline::Operation::kDelete], ManifestInt(corpus, "deletes"));
+}
+
+// The capture's records (production bytes from the relay) against the atproto lexicons: every
+// record of a collection they describe passes, its key included.
+TEST(FirehoseFramesTest, TheCapturesRecordsMatchTheAtprotoLexicons) {
+  ATFILL_SHARED_PATH(dir, kCorpusDir);
+  ATFILL_SHARED_PATH(lexicons, "lexicons");
+  Corpus corpus;
+  LoadCorpus(dir, &corpus);
+  ASSERT_FALSE(HasFatalFailure());
+  atproto::LexiconCatalog::Builder builder;
+  ASSERT_TRUE(builder.AddPath(lexicons).ok());
+  auto catalog = builder.Build();
+  ASSERT_TRUE(catalog.ok());
+  std::map<std::string, int> known;
+  int unknown = 0;
+  for (const Bytes& bytes : corpus.frames) {
+    FirehoseFrame frame = Decode(bytes);
+    const auto* commit = std::get_if<FirehoseCommit>(&frame.payload);
+    if (commit == nullptr) continue;
+    VerifiedCommit verified;
+    std::string kind;
+    ASSERT_TRUE(VerifyFirehoseCommit(*commit, corpus.keys.at(commit->repo), &verified, &kind).ok());
+    std::vector<pipeline::Event> events;
+    ASSERT_TRUE(
+        FirehoseCommitEvents(*commit, verified, pipeline::Origin::kLive, &events, &kind).ok());
+    for (const pipeline::Event& event : events) {
+      const auto& r = std::get<pipeline::RecordEvent>(event);
+      if (r.operation == pipeline::Operation::kDelete) continue;
+      const atproto::LexiconVerdict v = catalog->ValidateJson(r.collection, r.rkey, r.body);
+      if (v.outcome == atproto::LexiconVerdict::Outcome::kUnknown) {
+        ++unknown;
+        continue;
+      }
+      ++known[r.collection];
+      EXPECT_TRUE(v.valid()) << r.Uri() << ": " << v.Describe() << "\n" << r.body;
+    }
+  }
+  int total = 0;
+  for (const auto& [collection, n] : known) total += n;
+  EXPECT_GT(total, 100) << "the capture's records of the atproto collections";
+  EXPECT_GE(known.size(), 5u);
+  std::cout << total << " records validated in " << known.size() << " collections, " << unknown
+            << " of collections without a lexicon\n";
 }
 
 // Rewrites the CAR of `commit`: `edit` may change, drop or add blocks (by CID) and the roots.
