@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "atproto/cbor.hpp"
+#include "atproto/json_check.hpp"
 #include "base/encoding.hpp"
 
 namespace atfill::atproto {
@@ -143,26 +144,6 @@ struct ThreadState {
 ThreadState& State() {
   thread_local ThreadState state;
   return state;
-}
-
-const char* TypeName(dom::element e) {
-  switch (e.type()) {
-    case dom::element_type::ARRAY:
-      return "an array";
-    case dom::element_type::OBJECT:
-      return "an object";
-    case dom::element_type::INT64:
-    case dom::element_type::UINT64:
-    case dom::element_type::DOUBLE:
-      return "a number";
-    case dom::element_type::STRING:
-      return "a string";
-    case dom::element_type::BOOL:
-      return "a boolean";
-    case dom::element_type::NULL_VALUE:
-      return "null";
-  }
-  return "an unknown JSON type";
 }
 
 // Insertion sort: objects are small, and JSON writers often emit keys nearly in order.
@@ -306,7 +287,7 @@ class JsonEncoder {
   bool Encode(dom::element root) {
     if (top_ != TopLevel::kAny && root.type() != dom::element_type::OBJECT) {
       return Fail(StatusCode::kInvalid,
-                  std::string("the top level must be a JSON object, not ") + TypeName(root));
+                  std::string("the top level must be a JSON object, not ") + JsonTypeName(root));
     }
     return Element(root, 0);
   }
@@ -444,7 +425,7 @@ class JsonEncoder {
       if (t.type() != dom::element_type::STRING) {
         AddPath("$type");
         return Fail(StatusCode::kInvalid,
-                    std::string("$type must be a string, not ") + TypeName(t));
+                    std::string("$type must be a string, not ") + JsonTypeName(t));
       }
       const std::string_view name = t.get_string().value_unsafe();
       if (name.empty()) {
@@ -480,7 +461,7 @@ class JsonEncoder {
     const dom::element v = entries_[base].value;
     if (v.type() != dom::element_type::STRING) {
       return Fail(StatusCode::kInvalid,
-                  std::string(name) + " must be a string, not " + TypeName(v));
+                  std::string(name) + " must be a string, not " + JsonTypeName(v));
     }
     const std::string_view text = v.get_string().value_unsafe();
     if (is_link) {
@@ -531,7 +512,7 @@ class JsonEncoder {
             t != dom::element_type::DOUBLE) {
           AddPath(key);
           return Fail(StatusCode::kInvalid,
-                      std::string("blob size must be an integer, not ") + TypeName(v));
+                      std::string("blob size must be an integer, not ") + JsonTypeName(v));
         }
         int64_t size = 0;
         if (!Number(v, &size)) {
@@ -555,7 +536,7 @@ class JsonEncoder {
   bool CheckBlobRef(dom::element v) {
     if (v.type() != dom::element_type::OBJECT) {
       return Fail(StatusCode::kInvalid,
-                  std::string("blob ref must be a $link object, not ") + TypeName(v));
+                  std::string("blob ref must be a $link object, not ") + JsonTypeName(v));
     }
     const dom::object ref = v.get_object().value_unsafe();
     auto begin = ref.begin();
@@ -565,7 +546,7 @@ class JsonEncoder {
     const dom::element link = (*begin).value;
     if (link.type() != dom::element_type::STRING) {
       return Fail(StatusCode::kInvalid,
-                  std::string("$link must be a string, not ") + TypeName(link));
+                  std::string("$link must be a string, not ") + JsonTypeName(link));
     }
     const std::string_view text = link.get_string().value_unsafe();
     auto cid = Cid::Parse(text);

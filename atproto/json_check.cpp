@@ -1,6 +1,26 @@
 #include "atproto/json_check.hpp"
 
 namespace atfill::atproto {
+
+const char* JsonTypeName(simdjson::dom::element e) {
+  switch (e.type()) {
+    case simdjson::dom::element_type::ARRAY:
+      return "an array";
+    case simdjson::dom::element_type::OBJECT:
+      return "an object";
+    case simdjson::dom::element_type::INT64:
+    case simdjson::dom::element_type::UINT64:
+    case simdjson::dom::element_type::DOUBLE:
+      return "a number";
+    case simdjson::dom::element_type::STRING:
+      return "a string";
+    case simdjson::dom::element_type::BOOL:
+      return "a boolean";
+    case simdjson::dom::element_type::NULL_VALUE:
+      return "null";
+  }
+  return "an unknown JSON type";
+}
 namespace {
 
 namespace od = simdjson::ondemand;

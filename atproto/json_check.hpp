@@ -11,6 +11,10 @@
 
 namespace atfill::atproto {
 
+// What a parsed JSON value is, for a message: "an array", "an object", "a number", "a string",
+// "a boolean" or "null".
+const char* JsonTypeName(simdjson::dom::element e);
+
 // The RFC 8259 number grammar: -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?
 bool IsJsonNumber(std::string_view s);
 

@@ -7,6 +7,7 @@
 #include <sstream>
 #include <system_error>
 
+#include "atproto/json_check.hpp"
 #include "atproto/lexicon.hpp"
 #include "atproto/lexicon_internal.hpp"
 
@@ -15,26 +16,6 @@ namespace lexicon_internal {
 namespace {
 
 namespace dom = simdjson::dom;
-
-std::string_view JsonTypeName(dom::element e) {
-  switch (e.type()) {
-    case dom::element_type::ARRAY:
-      return "an array";
-    case dom::element_type::OBJECT:
-      return "an object";
-    case dom::element_type::INT64:
-    case dom::element_type::UINT64:
-    case dom::element_type::DOUBLE:
-      return "a number";
-    case dom::element_type::STRING:
-      return "a string";
-    case dom::element_type::BOOL:
-      return "a boolean";
-    case dom::element_type::NULL_VALUE:
-      return "null";
-  }
-  return "an unknown JSON type";
-}
 
 struct TypeEntry {
   std::string_view name;

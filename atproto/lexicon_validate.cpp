@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "atproto/cid.hpp"
+#include "atproto/json_check.hpp"
 #include "atproto/lexicon.hpp"
 #include "atproto/lexicon_internal.hpp"
 #include "atproto/tid.hpp"
@@ -22,34 +23,24 @@ using lexicon_internal::Property;
 using lexicon_internal::RecordKey;
 using lexicon_internal::Type;
 
+// JsonTypeName, with the data model's own objects told apart: bytes, a link, a blob.
 std::string_view Got(dom::element e) {
-  switch (e.type()) {
-    case dom::element_type::ARRAY:
-      return "an array";
-    case dom::element_type::OBJECT: {
-      dom::object o = e.get_object().value_unsafe();
-      if (o.size() == 1) {
-        const std::string_view key = (*o.begin()).key;
-        if (key == "$bytes") return "bytes";
-        if (key == "$link") return "a cid-link";
-      }
-      std::string_view type;
-      if (o["$type"].get_string().get(type) == simdjson::SUCCESS && type == "blob") return "a blob";
-      return "an object";
+  if (e.type() == dom::element_type::OBJECT) {
+    dom::object o = e.get_object().value_unsafe();
+    if (o.size() == 1) {
+      const std::string_view key = (*o.begin()).key;
+      if (key == "$bytes") return "bytes";
+      if (key == "$link") return "a cid-link";
     }
-    case dom::element_type::INT64:
-    case dom::element_type::UINT64:
-      return "an integer";
-    case dom::element_type::DOUBLE:
-      return "a number";
-    case dom::element_type::STRING:
-      return "a string";
-    case dom::element_type::BOOL:
-      return "a boolean";
-    case dom::element_type::NULL_VALUE:
-      return "null";
+    std::string_view type;
+    if (o["$type"].get_string().get(type) == simdjson::SUCCESS && type == "blob") return "a blob";
+    return "an object";
   }
-  return "an unknown JSON type";
+  // An integer is the data model's; another number is none of its values.
+  if (e.type() == dom::element_type::INT64 || e.type() == dom::element_type::UINT64) {
+    return "an integer";
+  }
+  return JsonTypeName(e);
 }
 
 std::string Expected(std::string_view what, dom::element got) {

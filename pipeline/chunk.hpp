@@ -77,4 +77,21 @@ struct EventChunk {
   std::optional<state::JobStage> stage;
 };
 
+// Keeps the chunk's events for which keep(event) is true, in their order, and counts the others
+// in chunk->dropped: what a stage that removes bad input does (keep may add to chunk->errors).
+template <typename Keep>
+void KeepEvents(EventChunk* chunk, Keep&& keep) {
+  std::vector<Event>& events = chunk->events;
+  size_t kept = 0;
+  for (size_t i = 0; i < events.size(); ++i) {
+    if (!keep(events[i])) {
+      ++chunk->dropped;
+      continue;
+    }
+    if (kept != i) events[kept] = std::move(events[i]);
+    ++kept;
+  }
+  events.resize(kept);
+}
+
 }  // namespace atfill::pipeline

@@ -41,36 +41,24 @@ Status CidVerify::Process(pipeline::TransformState* /*state*/, pipeline::EventCh
   if (catalog != nullptr && catalog->size() == 0) catalog.reset();
   LexiconVisitor visitor(catalog.get());
   LexiconCheck::Tally tally;
-  auto& events = chunk->events;
-  // Compacts in place: kept events slide forward, order preserved.
-  size_t keep = 0;
-  for (size_t i = 0; i < events.size(); ++i) {
-    auto* record = std::get_if<pipeline::RecordEvent>(&events[i]);
-    bool ok = true;
-    if (record != nullptr && record->operation != pipeline::Operation::kDelete) {
-      visitor.Start(record);
-      auto cid = atproto::CidOfRecord(record->body, catalog ? &visitor : nullptr);
-      if (!cid.ok()) {
-        chunk->errors.push_back({"bad_record", record->Uri(),
-                                 "record is not valid atproto data: " + cid.status().message()});
-        ok = false;
-      } else if (*cid != record->cid) {
-        chunk->errors.push_back(
-            {"cid_mismatch", record->Uri(),
-             "record hashes to " + cid->ToString() + ", source said " + record->cid.ToString()});
-        ok = false;
-      } else if (visitor.visited()) {
-        ok = lexicons_->Apply(*record, visitor.verdict(), chunk, &tally);
-      }
+  pipeline::KeepEvents(chunk, [&](const pipeline::Event& event) {
+    const auto* record = std::get_if<pipeline::RecordEvent>(&event);
+    if (record == nullptr || record->operation == pipeline::Operation::kDelete) return true;
+    visitor.Start(record);
+    auto cid = atproto::CidOfRecord(record->body, catalog ? &visitor : nullptr);
+    if (!cid.ok()) {
+      chunk->errors.push_back({"bad_record", record->Uri(),
+                               "record is not valid atproto data: " + cid.status().message()});
+      return false;
     }
-    if (ok) {
-      if (keep != i) events[keep] = std::move(events[i]);
-      ++keep;
-    } else {
-      ++chunk->dropped;
+    if (*cid != record->cid) {
+      chunk->errors.push_back(
+          {"cid_mismatch", record->Uri(),
+           "record hashes to " + cid->ToString() + ", source said " + record->cid.ToString()});
+      return false;
     }
-  }
-  events.resize(keep);
+    return !visitor.visited() || lexicons_->Apply(*record, visitor.verdict(), chunk, &tally);
+  });
   if (catalog != nullptr) LexiconCheck::Count(tally, chunk);
   return Status::OK();
 }

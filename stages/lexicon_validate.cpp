@@ -137,24 +137,13 @@ Status LexiconValidate::Process(pipeline::TransformState* /*state*/,
   const auto catalog = check_.catalog();
   if (catalog->size() == 0) return Status::OK();  // no lexicon (yet): nothing to check
   LexiconCheck::Tally tally;
-  auto& events = chunk->events;
-  size_t keep = 0;
-  for (size_t i = 0; i < events.size(); ++i) {
-    auto* record = std::get_if<pipeline::RecordEvent>(&events[i]);
-    bool ok = true;
-    if (record != nullptr && record->operation != pipeline::Operation::kDelete) {
-      ok = check_.Apply(*record,
+  pipeline::KeepEvents(chunk, [&](const pipeline::Event& event) {
+    const auto* record = std::get_if<pipeline::RecordEvent>(&event);
+    if (record == nullptr || record->operation == pipeline::Operation::kDelete) return true;
+    return check_.Apply(*record,
                         catalog->ValidateJson(record->collection, record->rkey, record->body),
                         chunk, &tally);
-    }
-    if (ok) {
-      if (keep != i) events[keep] = std::move(events[i]);
-      ++keep;
-    } else {
-      ++chunk->dropped;
-    }
-  }
-  events.resize(keep);
+  });
   LexiconCheck::Count(tally, chunk);
   return Status::OK();
 }

@@ -11,6 +11,7 @@
 #include "atproto/json.hpp"
 #include "atproto/json_check.hpp"
 #include "base/encoding.hpp"
+#include "tests/common/jetstream_lines.hpp"
 #include "tests/common/test_util.hpp"
 
 namespace atfill::atproto {
@@ -166,13 +167,7 @@ TEST(JsonFixtureTest, JetstreamRecordsMatchTheirCids) {
   dom::parser parser;
   size_t checked = 0;
   for (const auto& path : {corpus, golden}) {
-    std::ifstream in(path);
-    for (std::string line; std::getline(in, line);) {
-      dom::element event = parser.parse(line).value();
-      dom::element commit;
-      if (event["commit"].get(commit) != simdjson::SUCCESS) continue;
-      const std::string_view op = commit["operation"].get_string().value();
-      if (op != "create" && op != "update") continue;
+    testing::ForEachRecordCommit(path, parser, [&](dom::element commit) {
       const std::string record = simdjson::minify(commit["record"]);
       const std::string_view want = commit["cid"].get_string().value();
       auto cid = CidOfRecord(record);
@@ -186,7 +181,7 @@ TEST(JsonFixtureTest, JetstreamRecordsMatchTheirCids) {
       EXPECT_EQ(*DecodeCbor(direct), v);
       EXPECT_EQ(Parse(ValueToJson(v)), v);
       ++checked;
-    }
+    });
   }
   EXPECT_GT(checked, 100u);
 }

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/common/jetstream_lines.hpp"
 #include "tests/common/test_util.hpp"
 
 namespace atfill::atproto {
@@ -366,23 +367,18 @@ TEST(AtprotoLexiconsTest, ProductionRecordsValidate) {
   size_t known = 0;
   size_t unknown = 0;
   for (const auto& path : {corpus, golden}) {
-    std::ifstream in(path);
-    for (std::string line; std::getline(in, line);) {
-      dom::element event = parser.parse(line).value();
-      dom::element commit;
-      if (event["commit"].get(commit) != simdjson::SUCCESS) continue;
-      const std::string_view op = commit["operation"].get_string().value();
-      if (op != "create" && op != "update") continue;
+    testing::ForEachRecordCommit(path, parser, [&](dom::element commit) {
       const std::string collection(commit["collection"].get_string().value());
       const std::string rkey(commit["rkey"].get_string().value());
       auto v = catalog.Validate(collection, rkey, commit["record"].value());
       if (v.outcome == LexiconVerdict::Outcome::kUnknown) {
         ++unknown;
-        continue;
+        return;
       }
       ++known;
-      EXPECT_TRUE(v.valid()) << collection << "/" << rkey << ": " << v.Describe() << "\n" << line;
-    }
+      EXPECT_TRUE(v.valid()) << collection << "/" << rkey << ": " << v.Describe() << "\n"
+                             << simdjson::minify(commit);
+    });
   }
   EXPECT_GT(known, 100u);
   std::cout << known << " records validated, " << unknown << " of collections without a lexicon\n";
