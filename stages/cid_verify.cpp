@@ -43,7 +43,11 @@ Status CidVerify::Process(pipeline::TransformState* /*state*/, pipeline::EventCh
   LexiconCheck::Tally tally;
   pipeline::KeepEvents(chunk, [&](const pipeline::Event& event) {
     const auto* record = std::get_if<pipeline::RecordEvent>(&event);
-    if (record == nullptr || record->operation == pipeline::Operation::kDelete) return true;
+    if (record == nullptr) return true;
+    if (record->operation == pipeline::Operation::kDelete) {
+      if (lexicons_) lexicons_->Observe(*record, chunk);
+      return true;
+    }
     visitor.Start(record);
     auto cid = atproto::CidOfRecord(record->body, catalog ? &visitor : nullptr);
     if (!cid.ok()) {
@@ -57,7 +61,11 @@ Status CidVerify::Process(pipeline::TransformState* /*state*/, pipeline::EventCh
            "record hashes to " + cid->ToString() + ", source said " + record->cid.ToString()});
       return false;
     }
-    return !visitor.visited() || lexicons_->Apply(*record, visitor.verdict(), chunk, &tally);
+    if (visitor.visited() && !lexicons_->Apply(*record, visitor.verdict(), chunk, &tally)) {
+      return false;
+    }
+    if (lexicons_) lexicons_->Observe(*record, chunk);
+    return true;
   });
   if (catalog != nullptr) LexiconCheck::Count(tally, chunk);
   return Status::OK();

@@ -19,18 +19,7 @@ Status ReadLexicons(pipeline::ConfigFile& file, LexiconSettings* out) {
   std::string mode(LexiconModeName(out->mode));
   ATFILL_RETURN_IF_ERROR(file.ReadEnum("lexicons.mode", &mode, {"reject", "log", "off"}));
   out->mode = *ParseLexiconMode(mode);
-  bool use_network = false;
-  ATFILL_RETURN_IF_ERROR(file.ReadBool("lexicons.use_network", &use_network));
-  if (use_network) {
-    // Anyone may publish a lexicon for any NSID; its authority is the DID its domain names in
-    // DNS (_lexicon TXT), which atfill does not resolve, so network lexicons are kept
-    // (track_network) but never validate records.
-    return Status::Unsupported(
-        file.Where("lexicons.use_network") +
-        ": validating with the network's lexicons is not supported: atfill cannot check that a "
-        "lexicon's publisher owns its NSID (that needs the NSID's DNS record); give the "
-        "lexicons you trust in dirs, or add them with POST /admin/lexicons");
-  }
+  ATFILL_RETURN_IF_ERROR(file.ReadBool("lexicons.use_network", &out->use_network));
   atproto::LexiconCatalog::Builder documents;
   for (const std::string& dir : dirs) {
     if (Status s = documents.AddPath(dir); !s.ok()) {
@@ -73,6 +62,7 @@ Result<std::optional<LexiconCheck>> LexiconCheckOf(const pipeline::Environment& 
   const LexiconSettings& l = Of(env).lexicons;
   if (l.registry == nullptr || l.mode == LexiconMode::kOff) return std::optional<LexiconCheck>();
   if (env.kv != nullptr) {
+    if (l.use_network) ATFILL_RETURN_IF_ERROR(l.registry->UseNetwork(env.kv));
     state::LexiconStore kept(*env.kv);
     ATFILL_RETURN_IF_ERROR(l.registry->LoadKept(kept));
   }

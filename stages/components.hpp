@@ -16,6 +16,10 @@ namespace atfill::stages {
 struct LexiconSettings {
   std::vector<std::string> dirs;  // dirs: lexicon files or folders of them
   LexiconMode mode = LexiconMode::kReject;
+  // use_network: the lexicons accounts publish (com.atproto.lexicon.schema records the jobs see)
+  // validate records of their NSIDs too, unless dirs or the API give that NSID. Nothing checks
+  // that a publisher owns the NSID (its DNS record): anyone's lexicon can then reject records.
+  bool use_network = false;
   // Made from `dirs` when the config is read (each document checked then), with the documents
   // added at run time joining it; shared by every job of the process, so that a lexicon added
   // while they run reaches them all.

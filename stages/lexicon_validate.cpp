@@ -1,5 +1,7 @@
 #include "stages/lexicon_validate.hpp"
 
+#include <algorithm>
+
 namespace atfill::stages {
 
 Result<LexiconMode> ParseLexiconMode(std::string_view text) {
@@ -47,7 +49,11 @@ void LexiconRegistry::Set(atproto::LexiconCatalog catalog) {
 }
 
 Status LexiconRegistry::Rebuild() {
-  ATFILL_ASSIGN_OR_RETURN(atproto::LexiconCatalog built, documents_.Build());
+  atproto::LexiconCatalog::Builder all = documents_;
+  for (const auto& [nsid, p] : published_) {
+    if (!documents_.Contains(nsid)) ATFILL_RETURN_IF_ERROR(all.Add(p.document));
+  }
+  ATFILL_ASSIGN_OR_RETURN(atproto::LexiconCatalog built, all.Build());
   catalog_ = std::make_shared<const atproto::LexiconCatalog>(std::move(built));
   return Status::OK();
 }
@@ -62,6 +68,46 @@ Status LexiconRegistry::LoadKept(state::LexiconStore& store) {
   }
   loaded_kept_ = true;
   return kept.empty() ? Status::OK() : Rebuild();
+}
+
+Status LexiconRegistry::UseNetwork(state::KvStore* kv) {
+  std::lock_guard lock(mu_);
+  if (network_kv_ != nullptr || fixed_) return Status::OK();
+  ATFILL_ASSIGN_OR_RETURN(auto published, state::LexiconStore(*kv).ListPublished());
+  network_kv_ = kv;
+  for (auto& p : published) {
+    std::string nsid = p.nsid;
+    published_.insert_or_assign(std::move(nsid), std::move(p));
+  }
+  return published_.empty() ? Status::OK() : Rebuild();
+}
+
+bool LexiconRegistry::uses_network() const {
+  std::lock_guard lock(mu_);
+  return network_kv_ != nullptr;
+}
+
+Status LexiconRegistry::SeePublished(std::string_view did, std::string_view nsid,
+                                     std::string_view document) {
+  if (!document.empty()) {
+    std::string id;
+    if (!atproto::CheckLexiconDocument(document, &id).ok() || id != nsid) return Status::OK();
+  }
+  std::lock_guard lock(mu_);
+  if (network_kv_ == nullptr || fixed_) return Status::OK();
+  state::LexiconStore store(*network_kv_);
+  if (document.empty()) {
+    auto it = published_.find(nsid);
+    // Only its publisher's delete takes it out.
+    if (it == published_.end() || it->second.did != did) return Status::OK();
+    ATFILL_RETURN_IF_ERROR(store.DeletePublished(nsid));
+    published_.erase(it);
+  } else {
+    state::LexiconStore::Published p{std::string(nsid), std::string(did), std::string(document)};
+    ATFILL_RETURN_IF_ERROR(store.PutPublished(p));
+    published_.insert_or_assign(std::string(nsid), std::move(p));
+  }
+  return documents_.Contains(nsid) ? Status::OK() : Rebuild();
 }
 
 Result<LexiconRegistry::Added> LexiconRegistry::Add(std::string_view document,
@@ -100,8 +146,12 @@ std::vector<LexiconRegistry::Entry> LexiconRegistry::List() const {
   std::lock_guard lock(mu_);
   std::vector<Entry> out;
   for (const auto& [nsid, text] : documents_.documents()) {
-    out.push_back({nsid, catalog_->HasRecord(nsid), from_config_.contains(nsid)});
+    out.push_back({nsid, catalog_->HasRecord(nsid), from_config_.contains(nsid), {}});
   }
+  for (const auto& [nsid, p] : published_) {
+    if (!documents_.Contains(nsid)) out.push_back({nsid, catalog_->HasRecord(nsid), false, p.did});
+  }
+  std::sort(out.begin(), out.end(), [](const Entry& a, const Entry& b) { return a.nsid < b.nsid; });
   return out;
 }
 
@@ -126,6 +176,17 @@ bool LexiconCheck::Apply(const pipeline::RecordEvent& record,
   return mode_ != LexiconMode::kReject;
 }
 
+void LexiconCheck::Observe(const pipeline::RecordEvent& record, pipeline::EventChunk* chunk) const {
+  if (record.collection != kLexiconSchemaNsid || !registry_->uses_network()) return;
+  const bool deleted = record.operation == pipeline::Operation::kDelete;
+  if (Status s = registry_->SeePublished(record.did, record.rkey,
+                                         deleted ? std::string_view() : record.body);
+      !s.ok()) {
+    chunk->errors.push_back(
+        {"lexicon_not_kept", record.Uri(), "the published lexicon was not kept: " + s.message()});
+  }
+}
+
 void LexiconCheck::Count(const Tally& tally, pipeline::EventChunk* chunk) {
   if (tally.valid > 0) chunk->counters.emplace_back("lexicon_valid", tally.valid);
   if (tally.invalid > 0) chunk->counters.emplace_back("lexicon_invalid", tally.invalid);
@@ -135,14 +196,20 @@ void LexiconCheck::Count(const Tally& tally, pipeline::EventChunk* chunk) {
 Status LexiconValidate::Process(pipeline::TransformState* /*state*/,
                                 pipeline::EventChunk* chunk) const {
   const auto catalog = check_.catalog();
-  if (catalog->size() == 0) return Status::OK();  // no lexicon (yet): nothing to check
+  // No lexicon (yet): nothing to check, unless published ones are taken.
+  if (catalog->size() == 0 && !check_.observes()) return Status::OK();
   LexiconCheck::Tally tally;
   pipeline::KeepEvents(chunk, [&](const pipeline::Event& event) {
     const auto* record = std::get_if<pipeline::RecordEvent>(&event);
-    if (record == nullptr || record->operation == pipeline::Operation::kDelete) return true;
-    return check_.Apply(*record,
-                        catalog->ValidateJson(record->collection, record->rkey, record->body),
-                        chunk, &tally);
+    if (record == nullptr) return true;
+    if (record->operation != pipeline::Operation::kDelete &&
+        !check_.Apply(*record,
+                      catalog->ValidateJson(record->collection, record->rkey, record->body), chunk,
+                      &tally)) {
+      return false;
+    }
+    check_.Observe(*record, chunk);
+    return true;
   });
   LexiconCheck::Count(tally, chunk);
   return Status::OK();

@@ -9,6 +9,7 @@
 // LexiconValidate stage parses the record itself where CIDs are not verified.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -22,6 +23,9 @@
 namespace atfill::stages {
 
 enum class LexiconMode : uint8_t { kOff, kLog, kReject };
+
+// The record type of the lexicons accounts publish; its record key is the NSID it defines.
+inline constexpr std::string_view kLexiconSchemaNsid = "com.atproto.lexicon.schema";
 // "off", "log", "reject"
 Result<LexiconMode> ParseLexiconMode(std::string_view text);
 std::string_view LexiconModeName(LexiconMode mode);
@@ -55,10 +59,23 @@ class LexiconRegistry {
   // config's dirs (remove it there).
   Status Remove(std::string_view nsid, state::LexiconStore& store);
 
+  // [lexicons] use_network: the lexicons accounts publish (com.atproto.lexicon.schema records
+  // the jobs see) join the catalog, kept in `kv` across restarts. A document of the config or the
+  // API of the same NSID wins over a published one; among published ones the last seen wins.
+  // Nothing checks that the publisher owns the NSID (that is the NSID's DNS record).
+  // Once: later calls return at once. Loads the published lexicons kept in `kv`.
+  Status UseNetwork(state::KvStore* kv);
+  bool uses_network() const;
+  // A com.atproto.lexicon.schema record a job let through: its document (checked first; one that
+  // is not a lexicon, or whose id is not its record key, is ignored) joins the catalog. A delete
+  // (empty `document`) by its publisher removes it.
+  Status SeePublished(std::string_view did, std::string_view nsid, std::string_view document);
+
   struct Entry {
     std::string nsid;
     bool record = false;
     bool from_config = false;
+    std::string published_by;  // the publisher's DID, for a document from the network
   };
   // Every document, in NSID order.
   std::vector<Entry> List() const;
@@ -68,7 +85,9 @@ class LexiconRegistry {
 
   mutable std::mutex mu_;
   std::shared_ptr<const atproto::LexiconCatalog> catalog_;
-  atproto::LexiconCatalog::Builder documents_;  // every document
+  atproto::LexiconCatalog::Builder documents_;  // the config's and the API's
+  state::KvStore* network_kv_ = nullptr;        // set by UseNetwork
+  std::map<std::string, state::LexiconStore::Published, std::less<>> published_;
   std::set<std::string, std::less<>> from_config_;
   bool loaded_kept_ = false;
   bool fixed_ = false;  // made from a catalog: nothing to rebuild from
@@ -77,7 +96,7 @@ class LexiconRegistry {
 // The verdict's consequences for one chunk, shared by CidVerify and LexiconValidate.
 class LexiconCheck {
  public:
-  LexiconCheck(std::shared_ptr<const LexiconRegistry> registry, LexiconMode mode)
+  LexiconCheck(std::shared_ptr<LexiconRegistry> registry, LexiconMode mode)
       : registry_(std::move(registry)), mode_(mode) {}
 
   std::shared_ptr<const atproto::LexiconCatalog> catalog() const { return registry_->catalog(); }
@@ -93,9 +112,14 @@ class LexiconCheck {
              pipeline::EventChunk* chunk, Tally* tally) const;
   // The chunk's counts into its counters.
   static void Count(const Tally& tally, pipeline::EventChunk* chunk);
+  // With use_network, a lexicon record the stage lets through (or its delete) reaches the
+  // registry; a failure to keep it is an error of the chunk, the record is written all the same.
+  void Observe(const pipeline::RecordEvent& record, pipeline::EventChunk* chunk) const;
+  // Whether Observe takes published lexicons (use_network).
+  bool observes() const { return registry_->uses_network(); }
 
  private:
-  std::shared_ptr<const LexiconRegistry> registry_;
+  std::shared_ptr<LexiconRegistry> registry_;
   LexiconMode mode_;
 };
 

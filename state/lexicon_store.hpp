@@ -1,5 +1,6 @@
-// The lexicon documents added while atfill runs (POST /admin/lexicons), kept so that a restart
-// validates with them again. Keyed by NSID in the meta family ("lexicon/<nsid>").
+// The lexicon documents added while atfill runs (POST /admin/lexicons), and with [lexicons]
+// use_network those accounts published, kept so that a restart validates with them again. Keyed
+// by NSID in the meta family ("lexicon/<nsid>", "lexicon-published/<nsid>").
 #pragma once
 
 #include <string>
@@ -19,6 +20,15 @@ class LexiconStore {
   Status Delete(std::string_view nsid);
   // (NSID, document) pairs in NSID order.
   Result<std::vector<std::pair<std::string, std::string>>> List() const;
+
+  struct Published {
+    std::string nsid;
+    std::string did;  // the account that published it
+    std::string document;
+  };
+  Status PutPublished(const Published& lexicon);
+  Status DeletePublished(std::string_view nsid);
+  Result<std::vector<Published>> ListPublished() const;
 
  private:
   KvStore& kv_;

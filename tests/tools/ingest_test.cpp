@@ -222,11 +222,57 @@ TEST(IngestTest, RecordsThatDoNotMatchTheirLexiconAreLoggedAndNotWritten) {
   auto b = bad.Atfill({"ingest", bad.config, (ws.dir / "events.jsonl").string()});
   EXPECT_EQ(b.exit_code, 2) << Describe(b);
   EXPECT_THAT(b.err, HasSubstr("bad.json: com.example.bad: defs.main: type ref is not allowed"));
-  // The network's lexicons are kept, never trusted: use_network is refused, saying why.
+  // use_network: a lexicon an account publishes validates the records of its NSID from then on
+  // (here the next run: it is kept in the state), until its publisher deletes it.
   Workspace trusting("[lexicons]\nuse_network = true\n");
-  auto t = trusting.Atfill({"ingest", trusting.config, (ws.dir / "events.jsonl").string()});
-  EXPECT_EQ(t.exit_code, 2) << Describe(t);
-  EXPECT_THAT(t.err, HasSubstr("cannot check that a lexicon's publisher owns its NSID"));
+  const std::string needs_n =
+      R"({"$type":"com.atproto.lexicon.schema","lexicon":1,"id":"com.example.thing","defs":)"
+      R"({"main":{"type":"record","key":"tid","record":{"type":"object","required":["n"],)"
+      R"("properties":{"n":{"type":"integer"}}}}}})";
+  WriteFile(trusting.dir / "publish.jsonl",
+            line("com.atproto.lexicon.schema", "com.example.thing", needs_n));
+  auto publish =
+      trusting.Atfill({"ingest", trusting.config, (trusting.dir / "publish.jsonl").string()});
+  EXPECT_EQ(publish.exit_code, 0) << Describe(publish);
+  WriteFile(
+      trusting.dir / "things.jsonl",
+      line("com.example.thing", "3lbqzb5ddb22g", R"({"$type":"com.example.thing","n":1})") +
+          line("com.example.thing", "3lbqzb5ddb22h", R"({"$type":"com.example.thing","n":"one"})"));
+  auto things =
+      trusting.Atfill({"ingest", trusting.config, (trusting.dir / "things.jsonl").string()});
+  EXPECT_EQ(things.exit_code, 1) << Describe(things);
+  EXPECT_THAT(things.err, HasSubstr("lexicons: 1 valid, 1 invalid, 0 unknown")) << Describe(things);
+  auto refused = trusting.Atfill({"job", trusting.config, "2", "--errors"});
+  EXPECT_THAT(refused.out, HasSubstr("n: expected an integer, got a string"));
+  // Another account's delete does not take it out; its publisher's does.
+  const std::string other = "did:plc:vwzwgnygau7ed7b7wt5ux7y2";
+  auto delete_line = [&](const std::string& who) {
+    return "{\"did\":\"" + who +
+           "\",\"time_us\":1780000000000001,\"kind\":\"commit\",\"commit\":{\"rev\":"
+           "\"3lbqzbaaaaa3a\",\"operation\":\"delete\",\"collection\":"
+           "\"com.atproto.lexicon.schema\",\"rkey\":\"com.example.thing\"}}\n";
+  };
+  WriteFile(trusting.dir / "other.jsonl", delete_line(other));
+  EXPECT_EQ(trusting.Atfill({"ingest", trusting.config, (trusting.dir / "other.jsonl").string()})
+                .exit_code,
+            0);
+  WriteFile(trusting.dir / "more.jsonl",
+            line("com.example.thing", "3lbqzb5ddb22i", R"({"$type":"com.example.thing"})"));
+  auto more = trusting.Atfill({"ingest", trusting.config, (trusting.dir / "more.jsonl").string()});
+  EXPECT_THAT(more.err, HasSubstr("lexicons: 0 valid, 1 invalid, 0 unknown")) << Describe(more);
+  WriteFile(trusting.dir / "withdraw.jsonl", delete_line(did));
+  EXPECT_EQ(trusting.Atfill({"ingest", trusting.config, (trusting.dir / "withdraw.jsonl").string()})
+                .exit_code,
+            0);
+  WriteFile(trusting.dir / "last.jsonl",
+            line("com.example.thing", "3lbqzb5ddb22j", R"({"$type":"com.example.thing"})"));
+  auto last = trusting.Atfill({"ingest", trusting.config, (trusting.dir / "last.jsonl").string()});
+  EXPECT_EQ(last.exit_code, 0) << Describe(last);
+  EXPECT_THAT(last.err, HasSubstr("1 records written")) << Describe(last);
+  // Without use_network the published lexicon is only kept, never used.
+  WriteFile(ws.dir / "things.jsonl", ReadFileOrDie(trusting.dir / "things.jsonl"));
+  auto untrusted = ws.Atfill({"ingest", ws.config, (ws.dir / "things.jsonl").string()});
+  EXPECT_EQ(untrusted.exit_code, 0) << Describe(untrusted);
 }
 
 // The README's exit codes, verb by verb, for the verbs that run or steer jobs (the inspection

@@ -27,8 +27,9 @@ namespace {
 // The process's lexicon catalog (made when the config was read, never null), with the documents
 // kept in state (which the first job's plan would load too).
 Result<stages::LexiconRegistry*> LexiconsOf(const AppConfig& config, OpenedState& st) {
-  stages::LexiconRegistry* registry =
-      config.settings.Get<stages::StageSettings>().lexicons.registry.get();
+  const stages::LexiconSettings& settings = config.settings.Get<stages::StageSettings>().lexicons;
+  stages::LexiconRegistry* registry = settings.registry.get();
+  if (settings.use_network) ATFILL_RETURN_IF_ERROR(registry->UseNetwork(st.kv.get()));
   state::LexiconStore store(*st.kv);
   ATFILL_RETURN_IF_ERROR(registry->LoadKept(store));
   return registry;
@@ -319,7 +320,9 @@ Result<admin::CollectionsAnswer> RunAdmin::ChangeCollections(
 Result<std::vector<admin::LexiconInfo>> RunAdmin::Lexicons() {
   ATFILL_ASSIGN_OR_RETURN(stages::LexiconRegistry * registry, LexiconsOf(config_, st_));
   std::vector<admin::LexiconInfo> out;
-  for (const auto& e : registry->List()) out.push_back({e.nsid, e.record, e.from_config});
+  for (const auto& e : registry->List()) {
+    out.push_back({e.nsid, e.record, e.from_config, e.published_by});
+  }
   return out;
 }
 

@@ -77,7 +77,8 @@ struct CollectionsAnswer {
 struct LexiconInfo {
   std::string nsid;
   bool record = false;       // it defines a record type
-  bool from_config = false;  // from [lexicons] dirs (else added through the API)
+  bool from_config = false;  // from [lexicons] dirs
+  std::string published_by;  // with use_network: the DID that published it (else the API's)
 };
 
 // POST /admin/lexicons and DELETE /admin/lexicons/{nsid}.

@@ -262,7 +262,9 @@ std::string LexiconsJson(const std::vector<LexiconInfo>& lexicons) {
   w.BeginObject().Key("lexicons").BeginArray();
   for (const auto& l : lexicons) {
     w.BeginObject().Key("nsid").String(l.nsid).Key("record").Bool(l.record);
-    w.Key("source").String(l.from_config ? "config" : "api").EndObject();
+    w.Key("source").String(l.from_config ? "config" : !l.published_by.empty() ? "network" : "api");
+    if (!l.published_by.empty()) w.Key("published_by").String(l.published_by);
+    w.EndObject();
   }
   w.EndArray().EndObject();
   return w.Take();
