@@ -167,6 +167,10 @@ class Validator {
   bool Object(const Node& n, dom::element v) {
     dom::object o;
     if (v.get_object().get(o) != simdjson::SUCCESS) return Fail(Expected("an object", v));
+    if (o.size() == 1) {  // {"$bytes": ...} and {"$link": ...} are bytes and links, not objects
+      const std::string_view only = (*o.begin()).key;
+      if (only == "$bytes" || only == "$link") return Fail(Expected("an object", v));
+    }
     const std::vector<Property>& props = n.properties;
     // Which properties are present; objects with more than 64 (none in the atproto lexicons)
     // count their required fields in a vector.

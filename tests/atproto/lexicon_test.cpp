@@ -153,6 +153,7 @@ TEST(LexiconVectorsTest, VerdictsSayWhatIsWrong) {
             "graphemeString: string is longer than 20 graphemes (23)");
   EXPECT_EQ(check(R"(,"array":[1,2,true])"), "array[2]: expected an integer, got a boolean");
   EXPECT_EQ(check(R"(,"object":{"a":"x"})"), "object.a: expected an integer, got a string");
+  EXPECT_EQ(check(R"(,"object":{"$bytes":"AAEC"})"), "object: expected an object, got bytes");
   EXPECT_EQ(check(R"(,"union":{"$type":"example.lexicon.record#demoObject","a":"x"})"),
             "union.a: expected an integer, got a string");
   EXPECT_EQ(check(R"(,"formats":{"did":"123"})").substr(0, 25), "formats.did: not a valid ");
