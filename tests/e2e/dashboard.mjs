@@ -4,16 +4,19 @@
 // bars, the live consumer's lag chart, the recent repos 20 a page) and saves a screenshot.
 // Prints one JSON object on stdout.
 //
-//   node dashboard.mjs URL TOKEN COLLECTION SCREENSHOT [ADD_TO_LIVE]
+//   node dashboard.mjs URL TOKEN COLLECTION SCREENSHOT [ADD_TO_LIVE [LEXICON_FILE]]
 //
 // With ADD_TO_LIVE (an NSID), it then adds that collection to the live consumer from the
-// collections panel and follows the backfill job that starts to its end.
+// collections panel and follows the backfill job that starts to its end. With LEXICON_FILE (a
+// record lexicon), it then pastes that lexicon into the lexicons panel (without a backfill), reads
+// the list and the live collections, and removes it again.
 //
 // Run by tests/integration/admin_run_test.cpp (DashboardTest), which starts atfill against simnet and checks the
 // numbers printed here against the API and the database.
+import { readFileSync } from 'node:fs';
 import { chromium } from 'playwright-core';
 
-const [url, token, collection, screenshot, addToLive] = process.argv.slice(2);
+const [url, token, collection, screenshot, addToLive, lexiconFile] = process.argv.slice(2);
 if (!screenshot) {
   console.error('usage: node dashboard.mjs URL TOKEN COLLECTION SCREENSHOT');
   process.exit(2);
@@ -150,6 +153,34 @@ try {
     `job-status-${job}`, { timeout: 120_000 });
     out.collections_job_status = (await page.getByTestId(`job-status-${job}`).innerText()).trim();
     out.live_collections_after = await page.locator('#collections-list li code').allInnerTexts();
+  }
+  if (lexiconFile) {
+    const lexicon = JSON.parse(readFileSync(lexiconFile, 'utf8'));
+    await page.getByTestId('lexicons-panel').waitFor({ state: 'visible', timeout: 20_000 });
+    await page.getByTestId('lexicon-document').fill('{"lexicon": 1, "id": "not-an-nsid"}');
+    await page.getByTestId('lexicon-submit').click();
+    await page.waitForFunction(
+      () => /^Not added: /.test(
+        document.querySelector('[data-testid="lexicon-message"]')?.textContent || ''),
+      null, { timeout: 20_000 });
+    out.lexicon_refused = (await page.getByTestId('lexicon-message').innerText()).trim();
+    // The refused call (400) is logged; only errors other than it count below.
+    out.errors_for_refused_lexicon = consoleErrors.splice(0);
+    await page.getByTestId('lexicon-backfill').uncheck();
+    await page.getByTestId('lexicon-document').fill(JSON.stringify(lexicon, null, 2));
+    await page.getByTestId('lexicon-submit').click();
+    await page.waitForFunction(
+      () => /^Lexicon .* added\./.test(
+        document.querySelector('[data-testid="lexicon-message"]')?.textContent || ''),
+      null, { timeout: 20_000 });
+    out.lexicon_message = (await page.getByTestId('lexicon-message').innerText()).trim();
+    await page.getByTestId(`lexicon-${lexicon.id}`).waitFor({ state: 'visible', timeout: 20_000 });
+    out.lexicons_listed = (await page.getByTestId('lexicons-list').innerText()).trim();
+    out.live_collections_with_lexicon =
+      await page.locator('#collections-list li code').allInnerTexts();
+    await page.getByTestId(`lexicon-remove-${lexicon.id}`).click();
+    await page.getByTestId(`lexicon-${lexicon.id}`).waitFor({ state: 'detached', timeout: 20_000 });
+    out.lexicon_removed = (await page.getByTestId('lexicon-message').innerText()).trim();
   }
   out.console_errors = consoleErrors;
 } finally {

@@ -591,11 +591,16 @@ TEST(DashboardTest, ABackfillStartedFromThePageIsFollowedToCompletion) {
   const std::filesystem::path shot = std::filesystem::path(ATFILL_TEST_ARTIFACTS) / "dashboard.png";
   std::filesystem::create_directories(shot.parent_path());
   std::filesystem::remove(shot);
-  auto drive =
-      testing::RunProcess({"/bin/sh", "-c",
-                           "exec node '" + (e2e / "dashboard.mjs").string() + "' '" + server.url() +
-                               "' '" + kToken + "' " + kPost + " '" + shot.string() + "' " + kPost},
-                          server.dir(), std::chrono::seconds(240));
+  // A record lexicon pasted into the lexicons panel, then removed.
+  const std::filesystem::path lexicon = server.dir() / "note.json";
+  testing::WriteFile(lexicon,
+                     R"({"lexicon":1,"id":"com.example.note","defs":{"main":{"type":"record",)"
+                     R"("key":"tid","record":{"type":"object","properties":{}}}}})");
+  auto drive = testing::RunProcess(
+      {"/bin/sh", "-c",
+       "exec node '" + (e2e / "dashboard.mjs").string() + "' '" + server.url() + "' '" + kToken +
+           "' " + kPost + " '" + shot.string() + "' " + kPost + " '" + lexicon.string() + "'"},
+      server.dir(), std::chrono::seconds(240));
   ASSERT_EQ(drive.exit_code, 0) << drive.out << drive.err << server.log();
   const std::string& page = drive.out;
   EXPECT_THAT(page, HasSubstr("The server refused the token"));
@@ -669,6 +674,28 @@ TEST(DashboardTest, ABackfillStartedFromThePageIsFollowedToCompletion) {
   auto listed = server.Client().Get("/admin/collections");
   ASSERT_TRUE(listed);
   EXPECT_EQ(listed->body, R"({"collections":["app.bsky.feed.like","app.bsky.feed.post"]})");
+  // The lexicons panel: a document that is not one is refused with the server's reason; the
+  // record lexicon is added, listed, its NSID followed by the live consumer, then removed.
+  EXPECT_THAT(page, HasSubstr(R"x("errors_for_refused_lexicon":["Failed to load resource: the )x"
+                              R"x(server responded with a status of 400 (Bad Request)"])x"))
+      << page;
+  EXPECT_THAT(StringAfter(page, "lexicon_refused"),
+              ::testing::StartsWith("Not added: not a valid lexicon: id 'not-an-nsid'"))
+      << page;
+  EXPECT_EQ(StringAfter(page, "lexicon_message"),
+            "Lexicon com.example.note added. Collections now: app.bsky.feed.like, "
+            "app.bsky.feed.post, com.example.note.")
+      << page;
+  EXPECT_THAT(StringAfter(page, "lexicons_listed"),
+              HasSubstr("com.example.note (record, from api)"))
+      << page;
+  EXPECT_THAT(page, HasSubstr(R"("live_collections_with_lexicon":["app.bsky.feed.like",)"
+                              R"("app.bsky.feed.post","com.example.note"])"))
+      << page;
+  EXPECT_EQ(StringAfter(page, "lexicon_removed"),
+            "Lexicon com.example.note removed. Collections now: app.bsky.feed.like, "
+            "app.bsky.feed.post.")
+      << page;
   // The screenshot is a real PNG of the page.
   const std::string png = Slurp(shot);
   ASSERT_GT(png.size(), 10'000u);

@@ -339,12 +339,13 @@
 
   // --- The API ---
 
+  // `body`: an object sent as JSON, or a string sent as it is (a lexicon document).
   async function api(method, path, body) {
     const headers = { Authorization: 'Bearer ' + state.token };
     const init = { method, headers, cache: 'no-store' };
     if (body !== undefined) {
       headers['Content-Type'] = 'application/json';
-      init.body = JSON.stringify(body);
+      init.body = typeof body === 'string' ? body : JSON.stringify(body);
     }
     const res = await fetch(path, init);
     const text = await res.text();
@@ -415,6 +416,11 @@
         })
         : null;
       renderCollections(collections);
+      // Unsupported (409) where the process keeps no lexicon catalog.
+      renderLexicons(await api('GET', '/admin/lexicons').catch((e) => {
+        if (e instanceof AuthError) throw e;
+        return null;
+      }));
       state.lag = (history && history.samples) || [];
       state.jobs = list.jobs || [];
       if (state.detail) {
@@ -551,6 +557,58 @@
       return;
     }
     await changeCollections({ add, backfill: $('collections-backfill').checked });
+  }
+
+  function renderLexicons(l) {
+    $('lexicons-panel').hidden = !l;
+    if (!l) return;
+    $('lexicons-list').replaceChildren(...l.lexicons.map((x) => {
+      const about = ' (' + (x.record ? 'record, ' : '') + 'from ' +
+          (x.source === 'network' ? x.published_by : x.source) + ') ';
+      const children = [el('code', { text: x.nsid }), document.createTextNode(about)];
+      if (x.source === 'api') {
+        const remove = el('button', { type: 'button', text: 'Remove',
+          'data-testid': 'lexicon-remove-' + x.nsid });
+        remove.addEventListener('click', () => removeLexicon(x.nsid));
+        children.push(remove);
+      }
+      return el('li', { 'data-testid': 'lexicon-' + x.nsid }, children);
+    }));
+  }
+
+  async function onAddLexicon(ev) {
+    ev.preventDefault();
+    const msg = $('lexicon-message');
+    const text = $('lexicon-document').value.trim();
+    if (!text) {
+      msg.textContent = 'Paste a lexicon document.';
+      return;
+    }
+    try {
+      const backfill = $('lexicon-backfill').checked;
+      const r = await api('POST', '/admin/lexicons?backfill=' + backfill, text);
+      let said = 'Lexicon ' + r.nsid + (r.replaced ? ' replaced' : ' added') + '.';
+      if (r.collection_added) said += ' Collections now: ' + r.collections.join(', ') + '.';
+      if (r.backfill_job != null) said += ' Backfill job ' + r.backfill_job + ' started.';
+      msg.textContent = said;
+      $('lexicon-document').value = '';
+      await refresh();
+      if (r.backfill_job != null) await selectJob(r.backfill_job);
+    } catch (e) {
+      if (!(e instanceof AuthError)) msg.textContent = 'Not added: ' + e.message;
+    }
+  }
+
+  async function removeLexicon(nsid) {
+    const msg = $('lexicon-message');
+    try {
+      const r = await api('DELETE', '/admin/lexicons/' + encodeURIComponent(nsid));
+      msg.textContent = 'Lexicon ' + r.nsid + ' removed.' +
+          (r.collection_removed ? ' Collections now: ' + r.collections.join(', ') + '.' : '');
+      await refresh();
+    } catch (e) {
+      if (!(e instanceof AuthError)) msg.textContent = 'Not removed: ' + e.message;
+    }
   }
 
   // --- The selected job ---
@@ -893,6 +951,7 @@
     });
     $('start-backfill').addEventListener('submit', onStartBackfill);
     $('add-collections').addEventListener('submit', onAddCollections);
+    $('add-lexicon').addEventListener('submit', onAddLexicon);
     if (state.token) start();
     else showTokenForm('');
   });
