@@ -1,5 +1,6 @@
 #include "tests/common/http_test_server.hpp"
 #include "base/low_port.hpp"
+#include "tools/simnet/http_session.hpp"
 
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
@@ -181,43 +182,46 @@ struct HttpTestServer::Impl {
   }
 };
 
-class HttpTestServer::Impl::Session : public std::enable_shared_from_this<Session> {
+// The request stops counting as served (OnAnswering) before a byte of the answer leaves, so a
+// client that reacts to the answer can never be seen exceeding its limit.
+class HttpTestServer::Impl::Session : public simnet::HttpSession {
  public:
   Session(Impl* server, tcp::socket socket, uint64_t id)
-      : server_(server), stream_(std::move(socket)), timer_(stream_.get_executor()), id_(id) {}
-
-  void Read() {
-    parser_.emplace();
-    parser_->body_limit(kMaxRequestBodyBytes);
-    http::async_read(
-        stream_, buffer_, *parser_,
-        [self = shared_from_this()](beast::error_code ec, size_t) { self->OnRead(ec); });
-  }
+      : HttpSession(std::move(socket), kMaxRequestBodyBytes, "atfill-test"),
+        server_(server),
+        id_(id) {}
 
   // Runs a parked or delayed response on this session's executor.
-  void Continue(TestResponse response) {
-    if (response.delay_ms > 0) {
-      timer_.expires_after(std::chrono::milliseconds(response.delay_ms));
-      response.delay_ms = 0;
-      timer_.async_wait(
-          [self = shared_from_this(), r = std::move(response)](beast::error_code ec) mutable {
-            if (ec) {
-              self->server_->Leave();
-              return;
-            }
-            self->Respond(std::move(r));
-          });
-      return;
-    }
-    Respond(std::move(response));
-  }
-
-  beast::tcp_stream& stream() { return stream_; }
+  void Continue(TestResponse response) { Answer(ToReply(std::move(response))); }
 
  private:
-  void OnRead(beast::error_code ec) {
-    if (ec) return Close();
-    http::request<http::string_body> req = parser_->release();
+  static simnet::HttpReply ToReply(TestResponse r) {
+    simnet::HttpReply out;
+    out.status = r.status;
+    out.headers = std::move(r.headers);
+    out.body = std::move(r.body);
+    out.content_type = std::move(r.content_type);
+    out.delay_ms = r.delay_ms;
+    out.chunked = r.chunked;
+    switch (r.fault) {
+      case TestResponse::Fault::kNone:
+        out.fault = simnet::HttpReply::Fault::kNone;
+        break;
+      case TestResponse::Fault::kDropMidBody:
+        out.fault = simnet::HttpReply::Fault::kDropMidBody;
+        break;
+      case TestResponse::Fault::kCloseWithoutResponse:
+        out.fault = simnet::HttpReply::Fault::kCloseWithoutResponse;
+        break;
+      case TestResponse::Fault::kReset:
+        out.fault = simnet::HttpReply::Fault::kReset;
+        break;
+    }
+    return out;
+  }
+
+  void OnRequest(Parser& parser) override {
+    http::request<http::string_body> req = parser.release();
     TestRequest request;
     request.method = std::string(req.method_string());
     request.target = std::string(req.target());
@@ -230,8 +234,6 @@ class HttpTestServer::Impl::Session : public std::enable_shared_from_this<Sessio
     request.body = std::move(req.body());
     request.connection = id_;
     request.arrived = std::chrono::steady_clock::now();
-    keep_alive_ = req.keep_alive();
-    version_ = req.version();
     server_->Enter();
     {
       std::lock_guard lock(server_->mu);
@@ -239,65 +241,15 @@ class HttpTestServer::Impl::Session : public std::enable_shared_from_this<Sessio
       server_->changed.notify_all();
     }
     TestResponse response = server_->handler(request);
-    if (server_->MaybePark(shared_from_this(), response)) return;
+    auto self = std::static_pointer_cast<Session>(shared_from_this());
+    if (server_->MaybePark(self, response)) return;
     Continue(std::move(response));
   }
 
-  // The request stops counting as served before a byte of the answer leaves, so a client that
-  // reacts to the answer can never be seen exceeding its limit.
-  void Respond(TestResponse r) {
-    server_->Leave();
-    using Fault = TestResponse::Fault;
-    if (r.fault == Fault::kCloseWithoutResponse) return Close();
-    if (r.fault == Fault::kReset) {
-      beast::error_code ignored;
-      stream_.socket().set_option(asio::socket_base::linger(true, 0), ignored);
-      stream_.socket().close(ignored);
-      return;
-    }
-    if (r.fault == Fault::kDropMidBody) {
-      raw_ = "HTTP/1.1 200 OK\r\nContent-Type: " + r.content_type +
-             "\r\nContent-Length: " + std::to_string(r.body.size()) + "\r\n\r\n" +
-             r.body.substr(0, r.body.size() / 2);
-      asio::async_write(stream_.socket(), asio::buffer(raw_),
-                        [self = shared_from_this()](beast::error_code, size_t) { self->Close(); });
-      return;
-    }
-    response_.emplace(static_cast<http::status>(r.status), version_);
-    response_->set(http::field::server, "atfill-test");
-    response_->set(http::field::content_type, r.content_type);
-    for (const auto& [name, value] : r.headers) response_->insert(name, value);
-    response_->body() = std::move(r.body);
-    response_->keep_alive(keep_alive_);
-    if (r.chunked) {
-      response_->chunked(true);
-    } else {
-      response_->prepare_payload();
-    }
-    http::async_write(stream_, *response_,
-                      [self = shared_from_this()](beast::error_code ec, size_t) {
-                        if (ec || !self->keep_alive_) return self->Close();
-                        self->response_.reset();
-                        self->Read();
-                      });
-  }
-
-  void Close() {
-    beast::error_code ignored;
-    stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
-    stream_.socket().close(ignored);
-  }
+  void OnAnswering() override { server_->Leave(); }
 
   Impl* server_;
-  beast::tcp_stream stream_;
-  asio::steady_timer timer_;
   uint64_t id_;
-  beast::flat_buffer buffer_;
-  std::optional<http::request_parser<http::string_body>> parser_;
-  std::optional<http::response<http::string_body>> response_;
-  std::string raw_;
-  bool keep_alive_ = true;
-  unsigned version_ = 11;
 };
 
 void HttpTestServer::Impl::Accept() {
@@ -309,7 +261,7 @@ void HttpTestServer::Impl::Accept() {
       id = static_cast<uint64_t>(++connection_count);
       changed.notify_all();
     }
-    std::make_shared<Session>(this, std::move(socket), id)->Read();
+    std::make_shared<Session>(this, std::move(socket), id)->Start();
     Accept();
   });
 }

@@ -19,6 +19,7 @@
 #include "base/json_writer.hpp"
 #include "base/low_port.hpp"
 #include "tools/simnet/archive_server.hpp"
+#include "tools/simnet/http_session.hpp"
 #include "tools/simnet/http_util.hpp"
 #include "tools/simnet/jetstream_server.hpp"
 #include "tools/simnet/labeler_server.hpp"
@@ -37,15 +38,7 @@ using tcp = asio::ip::tcp;
 
 constexpr size_t kLockStripes = 64;
 
-struct Reply {
-  enum class Fault { kNone, kTruncate, kHold };
-  int status = 200;
-  std::vector<std::pair<std::string, std::string>> headers;
-  std::string body;
-  std::string content_type = "application/json";
-  int64_t delay_ms = 0;
-  Fault fault = Fault::kNone;
-};
+using Reply = HttpReply;
 
 Reply Json(int status, std::string body) {
   Reply r;
@@ -139,25 +132,14 @@ struct Simnet::Impl {
   }
 };
 
-class Simnet::Impl::Session : public std::enable_shared_from_this<Session> {
+class Simnet::Impl::Session : public HttpSession {
  public:
   Session(Impl* server, tcp::socket socket)
-      : server_(server), stream_(std::move(socket)), timer_(stream_.get_executor()) {}
-
-  void Read() {
-    parser_.emplace();
-    parser_->body_limit(1 << 20);
-    http::async_read(
-        stream_, buffer_, *parser_,
-        [self = shared_from_this()](beast::error_code ec, size_t) { self->OnRead(ec); });
-  }
+      : HttpSession(std::move(socket), 1 << 20, "atfill-simnet"), server_(server) {}
 
  private:
-  void OnRead(beast::error_code ec) {
-    if (ec) return Close();
-    const http::request<http::string_body>& req = parser_->get();
-    keep_alive_ = req.keep_alive();
-    version_ = req.version();
+  void OnRequest(Parser& parser) override {
+    const http::request<http::string_body>& req = parser.get();
     const auto host = req[http::field::host];
     if (server_->archive != nullptr) {
       std::optional<ArchiveServer::Answer> answer =
@@ -170,95 +152,47 @@ class Simnet::Impl::Session : public std::enable_shared_from_this<Session> {
         r.content_type = std::move(answer->content_type);
         r.headers = std::move(answer->headers);
         r.body = std::move(answer->body);
-        if (answer->fault == ArchiveServer::Answer::Fault::kDrop) r.fault = Reply::Fault::kHold;
+        if (answer->fault == ArchiveServer::Answer::Fault::kDrop) {
+          r.fault = Reply::Fault::kCloseWithoutResponse;
+        }
         if (answer->fault == ArchiveServer::Answer::Fault::kTruncate) {
-          r.fault = Reply::Fault::kTruncate;
+          r.fault = Reply::Fault::kDropMidBody;
         }
         r.delay_ms = server_->net->options().latency_ms;
-        return RespondLater(std::move(r));
+        return Answer(std::move(r));
       }
     }
     if (server_->jetstream != nullptr &&
         IsHost(std::string_view(host.data(), host.size()), "jetstream.localhost")) {
       ++server_->requests;
       std::optional<JetstreamServer::HttpAnswer> answer =
-          server_->jetstream->Handle(parser_->release(), stream_);
+          server_->jetstream->Handle(parser.release(), stream());
       if (!answer) return;  // the connection is now a WebSocket session's
       server_->CountStatus(answer->status);
       Reply r;
       r.status = answer->status;
       r.content_type = std::move(answer->content_type);
       r.body = std::move(answer->body);
-      return Respond(std::move(r));
+      return Answer(std::move(r));
     }
     if (server_->labeler != nullptr &&
         IsHost(std::string_view(host.data(), host.size()), "labeler.localhost")) {
       ++server_->requests;
-      auto answer = server_->labeler->Handle(parser_->release(), stream_);
+      auto answer = server_->labeler->Handle(parser.release(), stream());
       if (!answer) return;  // the connection is now a WebSocket session's
       server_->CountStatus(answer->first);
       Reply r;
       r.status = answer->first;
       r.content_type = "application/json";
       r.body = std::move(answer->second);
-      return Respond(std::move(r));
+      return Answer(std::move(r));
     }
     const auto target = req.target();
-    RespondLater(server_->Handle(std::string_view(host.data(), host.size()),
-                                 std::string_view(target.data(), target.size())));
-  }
-
-  // Respond() after the reply's delay.
-  void RespondLater(Reply reply) {
-    if (reply.delay_ms <= 0) return Respond(std::move(reply));
-    timer_.expires_after(std::chrono::milliseconds(reply.delay_ms));
-    timer_.async_wait(
-        [self = shared_from_this(), r = std::move(reply)](beast::error_code ec) mutable {
-          if (ec) return self->Close();
-          self->Respond(std::move(r));
-        });
-  }
-
-  void Respond(Reply r) {
-    if (r.fault == Reply::Fault::kHold) return Close();
-    if (r.fault == Reply::Fault::kTruncate) {
-      raw_ = "HTTP/1.1 " + std::to_string(r.status) + " OK\r\nContent-Type: " + r.content_type +
-             "\r\nContent-Length: " + std::to_string(r.body.size()) + "\r\n\r\n" +
-             r.body.substr(0, r.body.size() / 2);
-      asio::async_write(stream_.socket(), asio::buffer(raw_),
-                        [self = shared_from_this()](beast::error_code, size_t) { self->Close(); });
-      return;
-    }
-    response_.emplace(static_cast<http::status>(r.status), version_);
-    response_->set(http::field::server, "atfill-simnet");
-    response_->set(http::field::content_type, r.content_type);
-    for (const auto& [name, value] : r.headers) response_->insert(name, value);
-    response_->body() = std::move(r.body);
-    response_->keep_alive(keep_alive_);
-    response_->prepare_payload();
-    http::async_write(stream_, *response_,
-                      [self = shared_from_this()](beast::error_code ec, size_t) {
-                        if (ec || !self->keep_alive_) return self->Close();
-                        self->response_.reset();
-                        self->Read();
-                      });
-  }
-
-  void Close() {
-    beast::error_code ignored;
-    stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
-    stream_.socket().close(ignored);
+    Answer(server_->Handle(std::string_view(host.data(), host.size()),
+                           std::string_view(target.data(), target.size())));
   }
 
   Impl* server_;
-  beast::tcp_stream stream_;
-  asio::steady_timer timer_;
-  beast::flat_buffer buffer_;
-  std::optional<http::request_parser<http::string_body>> parser_;
-  std::optional<http::response<http::string_body>> response_;
-  std::string raw_;
-  bool keep_alive_ = true;
-  unsigned version_ = 11;
 };
 
 void Simnet::Impl::Accept() {
@@ -266,7 +200,7 @@ void Simnet::Impl::Accept() {
     if (ec == asio::error::operation_aborted || !acceptor.is_open()) return;
     if (!ec) {
       ++connections;
-      std::make_shared<Session>(this, std::move(socket))->Read();
+      std::make_shared<Session>(this, std::move(socket))->Start();
     }
     Accept();
   });
@@ -292,7 +226,7 @@ Reply Simnet::Impl::Handle(std::string_view host_header, std::string_view target
   if (f.timeout.Hits(n, random(1))) {
     ++timeouts;
     Reply r;
-    r.fault = Reply::Fault::kHold;
+    r.fault = Reply::Fault::kCloseWithoutResponse;
     r.delay_ms = std::max<int64_t>(net->options().timeout_hold_ms, 1);
     return r;
   }
@@ -317,7 +251,7 @@ Reply Simnet::Impl::Handle(std::string_view host_header, std::string_view target
     CountStatus(reply.status);
     if (f.truncate.Hits(n, random(4))) {
       ++truncated;
-      reply.fault = Reply::Fault::kTruncate;
+      reply.fault = Reply::Fault::kDropMidBody;
     }
   }
   reply.delay_ms = delay;
