@@ -192,34 +192,9 @@ class HttpTestServer::Impl::Session : public simnet::HttpSession {
         id_(id) {}
 
   // Runs a parked or delayed response on this session's executor.
-  void Continue(TestResponse response) { Answer(ToReply(std::move(response))); }
+  void Continue(TestResponse response) { Answer(std::move(response)); }
 
  private:
-  static simnet::HttpReply ToReply(TestResponse r) {
-    simnet::HttpReply out;
-    out.status = r.status;
-    out.headers = std::move(r.headers);
-    out.body = std::move(r.body);
-    out.content_type = std::move(r.content_type);
-    out.delay_ms = r.delay_ms;
-    out.chunked = r.chunked;
-    switch (r.fault) {
-      case TestResponse::Fault::kNone:
-        out.fault = simnet::HttpReply::Fault::kNone;
-        break;
-      case TestResponse::Fault::kDropMidBody:
-        out.fault = simnet::HttpReply::Fault::kDropMidBody;
-        break;
-      case TestResponse::Fault::kCloseWithoutResponse:
-        out.fault = simnet::HttpReply::Fault::kCloseWithoutResponse;
-        break;
-      case TestResponse::Fault::kReset:
-        out.fault = simnet::HttpReply::Fault::kReset;
-        break;
-    }
-    return out;
-  }
-
   void OnRequest(Parser& parser) override {
     http::request<http::string_body> req = parser.release();
     TestRequest request;

@@ -20,6 +20,8 @@
 #include <utility>
 #include <vector>
 
+#include "tools/simnet/http_reply.hpp"
+
 namespace atfill::testing {
 
 using TestHeaders = std::vector<std::pair<std::string, std::string>>;
@@ -36,22 +38,8 @@ struct TestRequest {
   std::string_view Header(std::string_view name) const;
 };
 
-struct TestResponse {
-  enum class Fault {
-    kNone,
-    kDropMidBody,           // announce Content-Length, send half the body, close
-    kCloseWithoutResponse,  // close the connection without a byte of response
-    kReset,                 // reset the connection (RST) without a byte of response
-  };
-  int status = 200;
-  TestHeaders headers;
-  std::string body;
-  std::string content_type = "application/json";
-  int64_t delay_ms = 0;  // latency before responding, in milliseconds
-  bool chunked = false;  // chunked transfer encoding instead of Content-Length
-  Fault fault = Fault::kNone;
-};
-
+// A response, its delay, or a fault of the connection (tools/simnet/http_reply.hpp).
+using TestResponse = simnet::HttpReply;
 // Response helpers.
 TestResponse JsonResponse(int status, std::string body);
 // {"error":<error>,"message":<message>} with `status`.

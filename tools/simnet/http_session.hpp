@@ -9,6 +9,8 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
+#include "tools/simnet/http_reply.hpp"
+
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -18,22 +20,6 @@
 #include <vector>
 
 namespace atfill::simnet {
-
-struct HttpReply {
-  enum class Fault {
-    kNone,
-    kDropMidBody,           // announce Content-Length, send half the body, close
-    kCloseWithoutResponse,  // close the connection without a byte of response
-    kReset,                 // reset the connection (RST) without a byte of response
-  };
-  int status = 200;
-  std::vector<std::pair<std::string, std::string>> headers;
-  std::string body;
-  std::string content_type = "application/json";
-  int64_t delay_ms = 0;  // before the reply (or its fault) is written
-  bool chunked = false;  // chunked transfer encoding instead of Content-Length
-  Fault fault = Fault::kNone;
-};
 
 class HttpSession : public std::enable_shared_from_this<HttpSession> {
  public:
