@@ -14,7 +14,7 @@
 //
 // Records are validated on simdjson's DOM of their atproto JSON, as the CID check already parsed
 // it (atproto/json.hpp), so a record is not parsed twice. A verdict names the path and the reason:
-// "embed.images[2].alt: string is longer than 1000 graphemes".
+// "embed.images[2].alt: expected a string, got an integer".
 //
 // Thread-safety: a built LexiconCatalog is immutable and may validate on many threads at once.
 // A Builder is thread-compatible.
@@ -53,7 +53,7 @@ struct LexiconVerdict {
   std::string reason;
 
   bool valid() const { return outcome == Outcome::kValid; }
-  // "embed.images[2].alt: string is longer than 1000 graphemes", or the reason alone at the top.
+  // "embed.images[2].alt: expected a string, got an integer". or the reason alone at the top.
   std::string Describe() const;
 };
 
