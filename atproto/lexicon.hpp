@@ -53,7 +53,7 @@ struct LexiconVerdict {
   std::string reason;
 
   bool valid() const { return outcome == Outcome::kValid; }
-  // "embed.images[2].alt: expected a string, got an integer". or the reason alone at the top.
+  // "embed.images[2].alt: expected a string, got an integer", or the reason alone at the top.
   std::string Describe() const;
 };
 
