@@ -95,6 +95,27 @@ TEST(CliTest, ValidateSaysValidOrWhereAndWhyNotPerLine) {
   EXPECT_EQ(ok.exit_code, 0) << ok.err;
   EXPECT_EQ(ok.out, "valid\n");
 
+  // Many lines, validated on every core: one verdict per line, in input order.
+  std::string many;
+  for (int i = 0; i < 5000; ++i) {
+    many += i % 3 == 0
+                ? R"({"$type":"com.example.thing"})"
+                  "\n"
+                : R"({"$type":"app.bsky.graph.block","subject":"did:plc:ewvi7nxzyoun6zhxrhs64oiz",)"
+                  R"("createdAt":"2026-11-30T09:00:00Z"})"
+                  "\n";
+  }
+  WriteFile(dir / "many.jsonl", many);
+  auto ordered =
+      Atfill(dir, {"validate", "--lexicons", lexicons.string(), (dir / "many.jsonl").string()});
+  EXPECT_EQ(ordered.exit_code, 0) << ordered.err;
+  const auto verdicts = Lines(ordered.out);
+  ASSERT_EQ(verdicts.size(), 5000u);
+  for (size_t i = 0; i < verdicts.size(); ++i) {
+    ASSERT_EQ(verdicts[i], i % 3 == 0 ? "unknown: no lexicon for com.example.thing" : "valid")
+        << "line " << i + 1;
+  }
+
   // A lexicon that is not one: exit 1 naming the file; no --lexicons: a usage error.
   WriteFile(dir / "bad.json", R"({"lexicon":2,"id":"com.example.x","defs":{}})");
   auto bad = Atfill(dir, {"validate", "--lexicons", (dir / "bad.json").string()});

@@ -1,5 +1,3 @@
-#include <oneapi/tbb/parallel_pipeline.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
@@ -13,23 +11,12 @@
 #include "atproto/json.hpp"
 #include "tools/atfill/args.hpp"
 #include "tools/atfill/cli.hpp"
+#include "tools/atfill/line_blocks.hpp"
 
 namespace atfill::cli {
 namespace {
 
-// Lines in blocks of this many: large enough that a worker's hand-offs cost nothing beside the
-// block's CIDs, small enough that the blocks in flight stay a few MB.
-constexpr size_t kBlockLines = 2048;
-
-// One block of input lines and what they print, in input order.
-struct Block {
-  size_t first_line = 0;  // the line number of lines[0]
-  std::vector<std::string> lines;
-  std::string out;     // one CID (or an empty line) per input line
-  std::string errors;  // "error: line N: ..." lines; empty when every line had a CID
-};
-
-void Compute(Block* b) {
+void Compute(LineBlock* b) {
   for (size_t i = 0; i < b->lines.size(); ++i) {
     std::string_view line = b->lines[i];
     if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
@@ -39,51 +26,17 @@ void Compute(Block* b) {
     } else {
       b->errors +=
           "error: line " + std::to_string(b->first_line + i) + ": " + cid.status().message() + "\n";
+      ++b->bad;
     }
     b->out.push_back('\n');
   }
 }
 
 // Processes one stream; returns false when some line failed. `line_no` continues across files.
-// Reading and writing are serial and in order; the CIDs of a block are computed on any core (a
-// oneTBB pipeline), so the output is the same as one core's, line for line.
+// The CIDs of a block are computed on any core, and the output is the same as one core's, line
+// for line (RunLineBlocks).
 bool CidLines(std::istream& in, size_t* line_no) {
-  bool all_ok = true;
-  const size_t tokens = 4 * static_cast<size_t>(std::max(1u, std::thread::hardware_concurrency()));
-  tbb::parallel_pipeline(
-      tokens,
-      tbb::make_filter<void, Block*>(tbb::filter_mode::serial_in_order,
-                                     [&](tbb::flow_control& fc) -> Block* {
-                                       auto b = std::make_unique<Block>();
-                                       b->first_line = *line_no + 1;
-                                       std::string line;
-                                       while (b->lines.size() < kBlockLines &&
-                                              std::getline(in, line)) {
-                                         b->lines.push_back(std::move(line));
-                                       }
-                                       if (b->lines.empty()) {
-                                         fc.stop();
-                                         return nullptr;
-                                       }
-                                       *line_no += b->lines.size();
-                                       return b.release();
-                                     }) &
-          tbb::make_filter<Block*, Block*>(tbb::filter_mode::parallel,
-                                           [](Block* b) {
-                                             Compute(b);
-                                             return b;
-                                           }) &
-          tbb::make_filter<Block*, void>(tbb::filter_mode::serial_in_order, [&](Block* raw) {
-            std::unique_ptr<Block> b(raw);
-            // Each error goes out just before the CIDs of its block, as one core would print it.
-            if (!b->errors.empty()) {
-              std::fflush(stdout);
-              std::fwrite(b->errors.data(), 1, b->errors.size(), stderr);
-            }
-            std::fwrite(b->out.data(), 1, b->out.size(), stdout);
-            all_ok = all_ok && b->errors.empty();
-          }));
-  return all_ok;
+  return RunLineBlocks(in, line_no, Compute) == 0;
 }
 
 }  // namespace

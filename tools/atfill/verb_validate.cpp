@@ -12,6 +12,7 @@
 #include "atproto/lexicon.hpp"
 #include "tools/atfill/args.hpp"
 #include "tools/atfill/cli.hpp"
+#include "tools/atfill/line_blocks.hpp"
 
 namespace atfill::cli {
 namespace {
@@ -35,27 +36,29 @@ class Verdict final : public atproto::ParsedRecordVisitor {
   atproto::LexiconVerdict verdict_;
 };
 
-// Prints a verdict per line of `in`; counts the invalid ones.
-void ValidateLines(std::istream& in, const atproto::LexiconCatalog& catalog, size_t* invalid) {
-  Verdict verdict(catalog);
-  std::string out;
-  for (std::string line; std::getline(in, line);) {
-    std::string_view text = line;
-    if (!text.empty() && text.back() == '\r') text.remove_suffix(1);
-    auto cid = atproto::CidOfRecord(text, &verdict);
-    if (!cid.ok()) {
-      out = "invalid: not an atproto record: " + cid.status().message();
-    } else if (verdict.verdict().outcome == atproto::LexiconVerdict::Outcome::kUnknown) {
-      out = "unknown: no lexicon for " + verdict.nsid();
-    } else if (verdict.verdict().valid()) {
-      out = "valid";
-    } else {
-      out = "invalid: " + verdict.verdict().Describe();
+// A verdict per line of `in`, computed on every core and printed in input order (RunLineBlocks);
+// returns the invalid ones.
+size_t ValidateLines(std::istream& in, const atproto::LexiconCatalog& catalog, size_t* line_no) {
+  return RunLineBlocks(in, line_no, [&catalog](LineBlock* b) {
+    Verdict verdict(catalog);
+    for (const std::string& line : b->lines) {
+      std::string_view text = line;
+      if (!text.empty() && text.back() == '\r') text.remove_suffix(1);
+      auto cid = atproto::CidOfRecord(text, &verdict);
+      if (!cid.ok()) {
+        b->out += "invalid: not an atproto record: " + cid.status().message();
+        ++b->bad;
+      } else if (verdict.verdict().outcome == atproto::LexiconVerdict::Outcome::kUnknown) {
+        b->out += "unknown: no lexicon for " + verdict.nsid();
+      } else if (verdict.verdict().valid()) {
+        b->out += "valid";
+      } else {
+        b->out += "invalid: " + verdict.verdict().Describe();
+        ++b->bad;
+      }
+      b->out += '\n';
     }
-    if (out.starts_with("invalid")) ++*invalid;
-    out += '\n';
-    std::fwrite(out.data(), 1, out.size(), stdout);
-  }
+  });
 }
 
 }  // namespace
@@ -87,8 +90,9 @@ int RunValidate(std::span<char* const> args) {
                  ref.c_str());
   }
   size_t invalid = 0;
+  size_t line_no = 0;
   if (paths.empty()) {
-    ValidateLines(std::cin, *catalog, &invalid);
+    invalid = ValidateLines(std::cin, *catalog, &line_no);
   } else {
     for (const std::string& path : paths) {
       std::ifstream in(path, std::ios::binary);
@@ -97,7 +101,7 @@ int RunValidate(std::span<char* const> args) {
         std::fprintf(stderr, "error: cannot open %s\n", path.c_str());
         return kExitIo;
       }
-      ValidateLines(in, *catalog, &invalid);
+      invalid += ValidateLines(in, *catalog, &line_no);
     }
   }
   std::fflush(stdout);
