@@ -583,19 +583,18 @@ Status CompileDocument(std::string_view json, Store* store, std::string* nsid_ou
 
 void ResolveRefs(Store* store) {
   store->unresolved.clear();
-  auto find = [&](const std::string& name, const Node* from) -> const Node* {
+  auto find = [&](const std::string& name) -> const Node* {
     auto it = store->defs.find(name);
     if (it != store->defs.end()) return it->second;
-    (void)from;
     store->unresolved.push_back(name);
     return nullptr;
   };
   for (Node* n : store->ref_nodes) {
     if (n->type == Type::kRef) {
-      n->target = find(n->ref, n);
+      n->target = find(n->ref);
     } else {
       n->targets.clear();
-      for (const std::string& r : n->refs) n->targets.push_back(find(r, n));
+      for (const std::string& r : n->refs) n->targets.push_back(find(r));
     }
   }
   std::sort(store->unresolved.begin(), store->unresolved.end());

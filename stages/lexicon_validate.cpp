@@ -34,18 +34,9 @@ LexiconRegistry::LexiconRegistry(atproto::LexiconCatalog::Builder documents)
                                                                   : atproto::LexiconCatalog());
 }
 
-LexiconRegistry::LexiconRegistry(atproto::LexiconCatalog catalog)
-    : catalog_(std::make_shared<atproto::LexiconCatalog>(std::move(catalog))), fixed_(true) {}
-
 std::shared_ptr<const atproto::LexiconCatalog> LexiconRegistry::catalog() const {
   std::lock_guard lock(mu_);
   return catalog_;
-}
-
-void LexiconRegistry::Set(atproto::LexiconCatalog catalog) {
-  auto next = std::make_shared<const atproto::LexiconCatalog>(std::move(catalog));
-  std::lock_guard lock(mu_);
-  catalog_ = std::move(next);
 }
 
 Status LexiconRegistry::Rebuild() {
@@ -60,7 +51,7 @@ Status LexiconRegistry::Rebuild() {
 
 Status LexiconRegistry::LoadKept(state::LexiconStore& store) {
   std::lock_guard lock(mu_);
-  if (loaded_kept_ || fixed_) return Status::OK();
+  if (loaded_kept_) return Status::OK();
   ATFILL_ASSIGN_OR_RETURN(auto kept, store.List());
   for (const auto& [nsid, document] : kept) {
     ATFILL_RETURN_IF_ERROR(documents_.Add(document, "the lexicon " + nsid + " kept in state"));
@@ -72,7 +63,7 @@ Status LexiconRegistry::LoadKept(state::LexiconStore& store) {
 
 Status LexiconRegistry::UseNetwork(state::KvStore* kv) {
   std::lock_guard lock(mu_);
-  if (network_kv_ != nullptr || fixed_) return Status::OK();
+  if (network_kv_ != nullptr) return Status::OK();
   ATFILL_ASSIGN_OR_RETURN(auto published, state::LexiconStore(*kv).ListPublished());
   network_kv_ = kv;
   for (auto& p : published) {
@@ -94,7 +85,7 @@ Status LexiconRegistry::SeePublished(std::string_view did, std::string_view nsid
     if (!atproto::CheckLexiconDocument(document, &id).ok() || id != nsid) return Status::OK();
   }
   std::lock_guard lock(mu_);
-  if (network_kv_ == nullptr || fixed_) return Status::OK();
+  if (network_kv_ == nullptr) return Status::OK();
   state::LexiconStore store(*network_kv_);
   if (document.empty()) {
     auto it = published_.find(nsid);
@@ -114,17 +105,13 @@ Result<LexiconRegistry::Added> LexiconRegistry::Add(std::string_view document,
                                                     state::LexiconStore& store) {
   Added added;
   ATFILL_RETURN_IF_ERROR(atproto::CheckLexiconDocument(document, &added.nsid));
-  atproto::LexiconCatalog::Builder one;
-  ATFILL_RETURN_IF_ERROR(one.Add(document));
-  ATFILL_ASSIGN_OR_RETURN(atproto::LexiconCatalog alone, one.Build());
-  added.record = alone.HasRecord(added.nsid);
   std::lock_guard lock(mu_);
-  if (fixed_) return Status::Unsupported("this catalog was made whole; it takes no documents");
   added.replaced = documents_.Contains(added.nsid);
   ATFILL_RETURN_IF_ERROR(store.Put(added.nsid, document));
   ATFILL_RETURN_IF_ERROR(documents_.Add(document));
   from_config_.erase(added.nsid);
   ATFILL_RETURN_IF_ERROR(Rebuild());
+  added.record = catalog_->HasRecord(added.nsid);
   return added;
 }
 
@@ -169,7 +156,6 @@ bool LexiconCheck::Apply(const pipeline::RecordEvent& record,
       break;
   }
   ++tally->invalid;
-  if (mode_ == LexiconMode::kOff) return true;
   chunk->errors.push_back({"lexicon_invalid", record.Uri(),
                            "record does not match its lexicon: " + verdict.Describe() +
                                (mode_ == LexiconMode::kLog ? " (written: mode is log)" : "")});

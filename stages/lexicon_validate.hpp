@@ -39,11 +39,8 @@ class LexiconRegistry {
   LexiconRegistry();
   // The config's documents (each checked when it was added to `documents`).
   explicit LexiconRegistry(atproto::LexiconCatalog::Builder documents);
-  // A catalog made elsewhere (tests, programs that embed the library); nothing is kept in state.
-  explicit LexiconRegistry(atproto::LexiconCatalog catalog);
 
   std::shared_ptr<const atproto::LexiconCatalog> catalog() const;
-  void Set(atproto::LexiconCatalog catalog);
 
   // Adds the documents kept in `store`, once: later calls return at once.
   Status LoadKept(state::LexiconStore& store);
@@ -90,7 +87,6 @@ class LexiconRegistry {
   std::map<std::string, state::LexiconStore::Published, std::less<>> published_;
   std::set<std::string, std::less<>> from_config_;
   bool loaded_kept_ = false;
-  bool fixed_ = false;  // made from a catalog: nothing to rebuild from
 };
 
 // The verdict's consequences for one chunk, shared by CidVerify and LexiconValidate.

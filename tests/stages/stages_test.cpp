@@ -80,17 +80,15 @@ TEST(CidVerifyTest, KeepsMatchesDropsMismatchesAndBadBodies) {
   EXPECT_EQ(chunk.errors[1].kind, "bad_record");
 }
 
-// A catalog with one record type: app.bsky.feed.post with a required text of at most 5 graphemes.
-atproto::LexiconCatalog PostCatalog() {
-  atproto::LexiconCatalog::Builder b;
-  EXPECT_TRUE(b.Add(R"({"lexicon":1,"id":"app.bsky.feed.post","defs":{"main":{"type":"record",
-      "key":"any","record":{"type":"object","required":["text"],
-      "properties":{"text":{"type":"string","maxGraphemes":5}}}}}})")
-                  .ok());
-  return std::move(*b.Build());
-}
+// One record type: app.bsky.feed.post with a required text of at most 5 graphemes.
+constexpr const char* kPostLexicon = R"({"lexicon":1,"id":"app.bsky.feed.post","defs":{"main":{
+    "type":"record","key":"any","record":{"type":"object","required":["text"],
+    "properties":{"text":{"type":"string","maxGraphemes":5}}}}}})";
+
 std::shared_ptr<LexiconRegistry> PostLexicon() {
-  return std::make_shared<LexiconRegistry>(PostCatalog());
+  atproto::LexiconCatalog::Builder b;
+  EXPECT_TRUE(b.Add(kPostLexicon).ok());
+  return std::make_shared<LexiconRegistry>(std::move(b));
 }
 
 RecordEvent Other(const std::string& rkey) {
@@ -169,10 +167,14 @@ TEST(LexiconStageTest, ACatalogReplacedWhileJobsRunIsUsedFromTheNextChunk) {
     EXPECT_TRUE(verify.Process(nullptr, &chunk).ok());
     return chunk.events.size();
   };
+  auto kv = state::NewMemoryKvStore();
+  state::LexiconStore store(*kv);
   EXPECT_EQ(run(), 1u);  // no lexicon: passes as unknown
-  registry->Set(PostCatalog());
+  auto added = registry->Add(kPostLexicon, store);
+  ASSERT_TRUE(added.ok()) << added.status().ToString();
+  EXPECT_TRUE(added->record);
   EXPECT_EQ(run(), 0u);
-  registry->Set(atproto::LexiconCatalog());
+  ASSERT_TRUE(registry->Remove("app.bsky.feed.post", store).ok());
   EXPECT_EQ(run(), 1u);
 }
 
